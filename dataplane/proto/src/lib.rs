@@ -1,0 +1,1 @@
+//! Sans-IO RDS protocol engine.
