@@ -1,0 +1,669 @@
+//! Single-producer / single-consumer ring of variable-length records, built to live in memory
+//! shared by two processes that do not trust each other.
+//!
+//! * Positions are monotonic `u64` byte counters (never pointers), so the ring means the same in
+//!   every address space and a wrapped index can't be confused with an empty ring.
+//! * The producer and consumer counters sit on their own 128-byte lines (no false sharing, even
+//!   with the adjacent-line prefetcher).
+//! * Records are `[RecordHeader (16 B)][payload][pad to 16 B]` and never straddle the end of the
+//!   data area: a `PAD` record fills the tail instead. With 16-byte alignment every gap at the end
+//!   is at least one header long.
+//! * Batching: `push` and `consume` only move private cursors; `publish` / `release` make a whole
+//!   batch visible with one release store.
+//! * The consumer copies the header out, then checks it against the published producer position
+//!   before trusting any length. A peer that scribbles on the ring gets [`RingCorrupt`], never an
+//!   out-of-bounds access.
+//!
+//! The algorithm is generic over [`RingMemory`] so the same code runs on a shared mapping
+//! ([`RawRing`]), in Miri on the heap, and under loom (see `tests/loom_ring.rs`).
+
+use crate::sync::{AtomicU64, Ordering};
+
+/// Bytes of every record header.
+pub const RECORD_HEADER_LEN: usize = 16;
+/// Alignment of every record.
+pub const RECORD_ALIGN: usize = 16;
+
+/// A message record.
+pub const KIND_DATA: u16 = 1;
+/// Filler that skips to the end of the data area.
+pub const KIND_PAD: u16 = 2;
+
+/// Fixed header in front of every record. Little-endian on the ring.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecordHeader {
+    /// Payload length in bytes.
+    pub len: u32,
+    /// `KIND_DATA` or `KIND_PAD`.
+    pub kind: u16,
+    /// Per-direction flags (see `layout`).
+    pub flags: u16,
+    /// IPv4 address in host order: destination on tx rings, source on rx rings.
+    pub addr: u32,
+    /// RDS port: destination on tx rings, source on rx rings.
+    pub port: u16,
+    /// Spare; zero today.
+    pub aux: u16,
+}
+
+impl RecordHeader {
+    /// A data record header.
+    pub fn data(len: u32, addr: u32, port: u16) -> Self {
+        RecordHeader { len, kind: KIND_DATA, flags: 0, addr, port, aux: 0 }
+    }
+
+    fn to_bytes(self) -> [u8; RECORD_HEADER_LEN] {
+        let mut b = [0u8; RECORD_HEADER_LEN];
+        b[0..4].copy_from_slice(&self.len.to_le_bytes());
+        b[4..6].copy_from_slice(&self.kind.to_le_bytes());
+        b[6..8].copy_from_slice(&self.flags.to_le_bytes());
+        b[8..12].copy_from_slice(&self.addr.to_le_bytes());
+        b[12..14].copy_from_slice(&self.port.to_le_bytes());
+        b[14..16].copy_from_slice(&self.aux.to_le_bytes());
+        b
+    }
+
+    fn from_bytes(b: &[u8; RECORD_HEADER_LEN]) -> Self {
+        RecordHeader {
+            len: u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            kind: u16::from_le_bytes([b[4], b[5]]),
+            flags: u16::from_le_bytes([b[6], b[7]]),
+            addr: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
+            port: u16::from_le_bytes([b[12], b[13]]),
+            aux: u16::from_le_bytes([b[14], b[15]]),
+        }
+    }
+}
+
+/// Bytes a record with `payload_len` bytes of payload takes on the ring.
+pub const fn record_size(payload_len: usize) -> usize {
+    RECORD_HEADER_LEN + ((payload_len + RECORD_ALIGN - 1) & !(RECORD_ALIGN - 1))
+}
+
+/// Where a ring's counters and bytes live.
+pub trait RingMemory {
+    /// Bytes produced so far (written by the producer only).
+    fn producer(&self) -> &AtomicU64;
+    /// Bytes consumed so far (written by the consumer only).
+    fn consumer(&self) -> &AtomicU64;
+    /// Size of the data area: a power of two, a multiple of [`RECORD_ALIGN`].
+    fn capacity(&self) -> usize;
+    /// Copies `src` to `off` in the data area. Callers guarantee `off + src.len() <= capacity`.
+    fn write(&self, off: usize, src: &[u8]);
+    /// Copies from `off` in the data area into `dst`. Callers guarantee the range is in bounds.
+    fn read(&self, off: usize, dst: &mut [u8]);
+}
+
+/// Why a push did not happen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PushError {
+    /// Not enough free space now; retry after the consumer releases.
+    Full,
+    /// The record can never fit in this ring.
+    TooLarge,
+}
+
+/// The peer broke the ring protocol; the ring can't be used any more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingCorrupt(pub &'static str);
+
+impl std::fmt::Display for RingCorrupt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ring corrupt: {}", self.0)
+    }
+}
+
+/// The writing end. Exactly one per ring.
+pub struct Producer<M: RingMemory> {
+    mem: M,
+    head: u64,
+    cached_tail: u64,
+}
+
+impl<M: RingMemory> Producer<M> {
+    /// Takes the producing end of `mem`, continuing from its published position.
+    pub fn new(mem: M) -> Self {
+        let head = mem.producer().load(Ordering::Relaxed);
+        let cached_tail = mem.consumer().load(Ordering::Acquire);
+        Producer { mem, head, cached_tail }
+    }
+
+    /// The memory behind this ring.
+    pub fn memory(&self) -> &M {
+        &self.mem
+    }
+
+    fn refresh_tail(&mut self) -> Result<(), PushError> {
+        let tail = self.mem.consumer().load(Ordering::Acquire);
+        // A consumer can't be ahead of what was produced; treat nonsense as "no space".
+        if self.head.wrapping_sub(tail) > self.mem.capacity() as u64 {
+            return Err(PushError::Full);
+        }
+        self.cached_tail = tail;
+        Ok(())
+    }
+
+    fn free(&self) -> usize {
+        self.mem.capacity() - (self.head - self.cached_tail) as usize
+    }
+
+    /// Bytes free for records right now (refreshing the consumer position).
+    pub fn free_bytes(&mut self) -> usize {
+        if self.refresh_tail().is_err() {
+            return 0;
+        }
+        self.free()
+    }
+
+    /// True if nothing pushed is still unconsumed (as far as the consumer has released).
+    pub fn is_drained(&mut self) -> bool {
+        self.refresh_tail().is_ok() && self.cached_tail == self.head
+    }
+
+    /// Appends a record whose payload is written by `fill(memory, offset)`. Not visible to the
+    /// consumer until [`publish`](Self::publish). A `Full` answer publishes everything pushed
+    /// before it: a producer that is full is about to wait, and the consumer must see the batch
+    /// (and any pad written to make room) to free space.
+    pub fn push_with(
+        &mut self,
+        header: RecordHeader,
+        fill: impl FnOnce(&M, usize),
+    ) -> Result<(), PushError> {
+        let cap = self.mem.capacity();
+        let total = record_size(header.len as usize);
+        if total > cap {
+            return Err(PushError::TooLarge);
+        }
+        let idx = (self.head as usize) & (cap - 1);
+        let to_end = cap - idx;
+        if total > to_end {
+            // Fill the tail with a PAD record first; it becomes reclaimable on its own, so a
+            // record of up to `cap` bytes always fits eventually.
+            if self.free() < to_end {
+                self.refresh_tail()?;
+                if self.free() < to_end {
+                    self.publish();
+                    return Err(PushError::Full);
+                }
+            }
+            let pad = RecordHeader {
+                len: (to_end - RECORD_HEADER_LEN) as u32,
+                kind: KIND_PAD,
+                ..RecordHeader::default()
+            };
+            self.mem.write(idx, &pad.to_bytes());
+            self.head += to_end as u64;
+            if self.free() < total {
+                self.refresh_tail()?;
+                if self.free() < total {
+                    self.publish();
+                    return Err(PushError::Full);
+                }
+            }
+        } else if self.free() < total {
+            self.refresh_tail()?;
+            if self.free() < total {
+                self.publish();
+                return Err(PushError::Full);
+            }
+        }
+        let idx = (self.head as usize) & (cap - 1);
+        self.mem.write(idx, &header.to_bytes());
+        fill(&self.mem, idx + RECORD_HEADER_LEN);
+        self.head += total as u64;
+        Ok(())
+    }
+
+    /// Appends a record carrying `payload` (`header.len` is set from it).
+    pub fn push(&mut self, mut header: RecordHeader, payload: &[u8]) -> Result<(), PushError> {
+        header.len = u32::try_from(payload.len()).map_err(|_| PushError::TooLarge)?;
+        self.push_with(header, |mem, off| mem.write(off, payload))
+    }
+
+    /// Makes everything pushed so far visible to the consumer.
+    pub fn publish(&mut self) {
+        self.mem.producer().store(self.head, Ordering::Release);
+    }
+}
+
+/// A record seen by the consumer. Its payload stays in the ring until consumed and released.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The header, copied out and validated.
+    pub header: RecordHeader,
+    /// Offset of the payload in the data area.
+    pub payload_offset: usize,
+    next: u64,
+}
+
+/// The reading end. Exactly one per ring.
+pub struct Consumer<M: RingMemory> {
+    mem: M,
+    tail: u64,
+    cached_head: u64,
+}
+
+impl<M: RingMemory> Consumer<M> {
+    /// Takes the consuming end of `mem`, continuing from its released position.
+    pub fn new(mem: M) -> Self {
+        let tail = mem.consumer().load(Ordering::Relaxed);
+        Consumer { mem, tail, cached_head: tail }
+    }
+
+    /// The memory behind this ring.
+    pub fn memory(&self) -> &M {
+        &self.mem
+    }
+
+    fn refresh_head(&mut self) -> Result<(), RingCorrupt> {
+        let head = self.mem.producer().load(Ordering::Acquire);
+        let avail = head.wrapping_sub(self.tail);
+        if avail > self.mem.capacity() as u64 {
+            return Err(RingCorrupt("producer position out of range"));
+        }
+        if avail % RECORD_ALIGN as u64 != 0 {
+            return Err(RingCorrupt("producer position misaligned"));
+        }
+        self.cached_head = head;
+        Ok(())
+    }
+
+    /// The next record, if one is published. Skips padding. Validates everything it reads.
+    pub fn peek(&mut self) -> Result<Option<Record>, RingCorrupt> {
+        let cap = self.mem.capacity();
+        loop {
+            if self.cached_head == self.tail {
+                self.refresh_head()?;
+                if self.cached_head == self.tail {
+                    return Ok(None);
+                }
+            }
+            let avail = (self.cached_head - self.tail) as usize;
+            let idx = (self.tail as usize) & (cap - 1);
+            let to_end = cap - idx;
+            let mut raw = [0u8; RECORD_HEADER_LEN];
+            self.mem.read(idx, &mut raw);
+            let header = RecordHeader::from_bytes(&raw);
+            match header.kind {
+                KIND_PAD => {
+                    if header.len as usize + RECORD_HEADER_LEN != to_end || to_end > avail {
+                        return Err(RingCorrupt("bad pad record"));
+                    }
+                    self.tail += to_end as u64;
+                    // Hand the pad back at once: a producer waiting for a large record may need
+                    // exactly this space, and pads are rare (one per lap).
+                    self.release();
+                }
+                KIND_DATA => {
+                    let total = record_size(header.len as usize);
+                    if header.len as usize > cap || total > to_end || total > avail {
+                        return Err(RingCorrupt("record length out of range"));
+                    }
+                    return Ok(Some(Record {
+                        header,
+                        payload_offset: idx + RECORD_HEADER_LEN,
+                        next: self.tail + total as u64,
+                    }));
+                }
+                _ => return Err(RingCorrupt("unknown record kind")),
+            }
+        }
+    }
+
+    /// Copies up to `dst.len()` payload bytes of `record` into `dst`; returns how many.
+    pub fn read_payload(&self, record: &Record, dst: &mut [u8]) -> usize {
+        let n = dst.len().min(record.header.len as usize);
+        self.mem.read(record.payload_offset, &mut dst[..n]);
+        n
+    }
+
+    /// Drops `record` (which must be the one `peek` returned last).
+    pub fn consume(&mut self, record: &Record) {
+        debug_assert!(record.next > self.tail && record.next <= self.cached_head);
+        self.tail = record.next;
+    }
+
+    /// Hands consumed space back to the producer.
+    pub fn release(&mut self) {
+        self.mem.consumer().store(self.tail, Ordering::Release);
+    }
+
+    /// True if nothing is published beyond what was consumed.
+    pub fn is_empty(&mut self) -> Result<bool, RingCorrupt> {
+        if self.cached_head != self.tail {
+            return Ok(false);
+        }
+        self.refresh_head()?;
+        Ok(self.cached_head == self.tail)
+    }
+}
+
+#[cfg(not(loom))]
+pub use raw::{RawRing, RingHeader, RING_HEADER_LEN};
+
+#[cfg(not(loom))]
+mod raw {
+    use super::RingMemory;
+    use std::ptr::NonNull;
+    use std::sync::atomic::AtomicU64;
+
+    /// The two counters at the start of every ring in shared memory.
+    #[repr(C, align(128))]
+    pub struct RingHeader {
+        /// Bytes produced.
+        pub producer: AtomicU64,
+        _pad0: [u8; 120],
+        /// Bytes consumed.
+        pub consumer: AtomicU64,
+        _pad1: [u8; 120],
+    }
+
+    /// Bytes taken by [`RingHeader`]; the data area follows it.
+    pub const RING_HEADER_LEN: usize = std::mem::size_of::<RingHeader>();
+    const _: () = assert!(RING_HEADER_LEN == 256);
+
+    /// A ring in memory this process does not own exclusively (a shared mapping, or a test
+    /// buffer): a header pointer and a data pointer.
+    #[derive(Clone, Copy, Debug)]
+    pub struct RawRing {
+        header: NonNull<RingHeader>,
+        data: NonNull<u8>,
+        capacity: usize,
+    }
+
+    // SAFETY: a RawRing is only a pair of pointers into memory that outlives it (the caller of
+    // `new` promises that); the counters are atomics and data accesses are ordered by them.
+    unsafe impl Send for RawRing {}
+    // SAFETY: as above; every shared access goes through atomics or the SPSC protocol.
+    unsafe impl Sync for RawRing {}
+
+    impl RawRing {
+        /// # Safety
+        /// `base` must point to `RING_HEADER_LEN + capacity` bytes, 128-byte aligned, that stay
+        /// mapped and writable for the life of the returned value and of every copy of it.
+        /// `capacity` must be a power of two and a multiple of 16.
+        pub unsafe fn new(base: NonNull<u8>, capacity: usize) -> Self {
+            assert!(capacity.is_power_of_two() && capacity >= super::RECORD_ALIGN);
+            assert_eq!(base.as_ptr() as usize % 128, 0);
+            RawRing {
+                header: base.cast(),
+                // SAFETY: within the allocation the caller described.
+                data: unsafe { NonNull::new_unchecked(base.as_ptr().add(RING_HEADER_LEN)) },
+                capacity,
+            }
+        }
+
+        /// Start of the data area (for copies straight between two rings).
+        pub fn data_ptr(&self) -> *mut u8 {
+            self.data.as_ptr()
+        }
+
+        fn header(&self) -> &RingHeader {
+            // SAFETY: `new`'s contract keeps the header mapped; it holds only atomics.
+            unsafe { self.header.as_ref() }
+        }
+    }
+
+    impl RingMemory for RawRing {
+        fn producer(&self) -> &AtomicU64 {
+            &self.header().producer
+        }
+        fn consumer(&self) -> &AtomicU64 {
+            &self.header().consumer
+        }
+        fn capacity(&self) -> usize {
+            self.capacity
+        }
+        fn write(&self, off: usize, src: &[u8]) {
+            assert!(off <= self.capacity && src.len() <= self.capacity - off);
+            // SAFETY: in bounds (checked above). The SPSC protocol gives the producer exclusive
+            // use of this range until it publishes; a peer that breaks the protocol can only
+            // make the bytes garbage, which the reader validates.
+            unsafe {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), self.data.as_ptr().add(off), src.len())
+            }
+        }
+        fn read(&self, off: usize, dst: &mut [u8]) {
+            assert!(off <= self.capacity && dst.len() <= self.capacity - off);
+            // SAFETY: in bounds (checked above); the range was published to us with Acquire.
+            // The bytes are treated as untrusted input by every caller.
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.data.as_ptr().add(off), dst.as_mut_ptr(), dst.len())
+            }
+        }
+    }
+
+    /// A ring on the heap with the same layout as a shared one, for tests and Miri.
+    pub struct HeapRing {
+        buf: Vec<u128>,
+        ring: RawRing,
+    }
+
+    impl HeapRing {
+        /// A zeroed ring of `capacity` data bytes.
+        pub fn new(capacity: usize) -> Self {
+            let words = (super::RING_HEADER_LEN + capacity).div_ceil(16) + 8;
+            let mut buf = vec![0u128; words];
+            let addr = buf.as_mut_ptr() as usize;
+            let aligned = (addr + 127) & !127;
+            let base = NonNull::new(aligned as *mut u8).expect("non-null");
+            // SAFETY: `buf` is large enough for the aligned header + data, lives as long as the
+            // HeapRing, and is never reallocated.
+            let ring = unsafe { RawRing::new(base, capacity) };
+            HeapRing { buf, ring }
+        }
+
+        /// The ring, to hand to a producer and a consumer.
+        pub fn ring(&self) -> RawRing {
+            let _ = self.buf.len();
+            self.ring
+        }
+    }
+
+}
+
+#[cfg(not(loom))]
+pub use raw::HeapRing;
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+
+    fn pair(cap: usize) -> (HeapRing, Producer<RawRing>, Consumer<RawRing>) {
+        let heap = HeapRing::new(cap);
+        let p = Producer::new(heap.ring());
+        let c = Consumer::new(heap.ring());
+        (heap, p, c)
+    }
+
+    fn pop(c: &mut Consumer<RawRing>) -> Option<(RecordHeader, Vec<u8>)> {
+        let rec = c.peek().expect("valid")?;
+        let mut v = vec![0; rec.header.len as usize];
+        c.read_payload(&rec, &mut v);
+        c.consume(&rec);
+        c.release();
+        Some((rec.header, v))
+    }
+
+    #[test]
+    fn push_pop_roundtrip_with_wrap() {
+        let (_h, mut p, mut c) = pair(256);
+        let mut oracle = VecDeque::new();
+        for i in 0..1000u32 {
+            let len = (i as usize * 7) % 100;
+            let payload: Vec<u8> = (0..len).map(|b| (b as u32 + i) as u8).collect();
+            match p.push(RecordHeader::data(0, i, i as u16), &payload) {
+                Ok(()) => {
+                    p.publish();
+                    oracle.push_back((i, payload));
+                }
+                Err(PushError::Full) => {}
+                Err(e) => panic!("{e:?}"),
+            }
+            if i % 3 == 0 {
+                while let Some((h, v)) = pop(&mut c) {
+                    let (oi, ov) = oracle.pop_front().expect("oracle has it");
+                    assert_eq!(h.addr, oi);
+                    assert_eq!(v, ov);
+                }
+            }
+        }
+        assert!(!oracle.is_empty() || c.is_empty().unwrap());
+    }
+
+    #[test]
+    fn largest_record_fits_from_any_position() {
+        let (_h, mut p, mut c) = pair(1024);
+        for shift in [0usize, 16, 500, 1008] {
+            p.push(RecordHeader::data(0, 0, 0), &vec![1; shift.saturating_sub(16)]).ok();
+            p.publish();
+            while pop(&mut c).is_some() {}
+            let big = vec![7u8; 1024 - RECORD_HEADER_LEN];
+            // Either it fits now or after the consumer skips the pad.
+            if p.push(RecordHeader::data(0, 1, 1), &big) == Err(PushError::Full) {
+                assert!(pop(&mut c).is_none());
+                p.push(RecordHeader::data(0, 1, 1), &big).expect("fits after pad");
+            }
+            p.publish();
+            let (h, v) = pop(&mut c).expect("big record");
+            assert_eq!(h.addr, 1);
+            assert_eq!(v, big);
+        }
+        assert_eq!(
+            p.push(RecordHeader::data(0, 0, 0), &vec![0; 1024]),
+            Err(PushError::TooLarge)
+        );
+    }
+
+    #[test]
+    fn batch_is_invisible_until_published() {
+        let (_h, mut p, mut c) = pair(256);
+        p.push(RecordHeader::data(0, 1, 1), b"a").unwrap();
+        p.push(RecordHeader::data(0, 2, 2), b"b").unwrap();
+        assert!(c.peek().unwrap().is_none());
+        p.publish();
+        assert_eq!(pop(&mut c).unwrap().1, b"a");
+        assert_eq!(pop(&mut c).unwrap().1, b"b");
+    }
+
+    #[test]
+    fn full_until_released() {
+        let (_h, mut p, mut c) = pair(64);
+        p.push(RecordHeader::data(0, 0, 0), &[0; 16]).unwrap();
+        p.push(RecordHeader::data(0, 0, 0), &[0; 16]).unwrap();
+        assert_eq!(p.push(RecordHeader::data(0, 0, 0), &[0; 1]), Err(PushError::Full));
+        p.publish();
+        let r = c.peek().unwrap().unwrap();
+        c.consume(&r);
+        assert_eq!(p.push(RecordHeader::data(0, 0, 0), &[0; 1]), Err(PushError::Full));
+        c.release();
+        p.push(RecordHeader::data(0, 0, 0), &[0; 1]).unwrap();
+    }
+
+    #[test]
+    fn garbage_is_detected_not_trusted() {
+        let heap = HeapRing::new(256);
+        let ring = heap.ring();
+        let mut c = Consumer::new(ring);
+        ring.producer().store(10_000, Ordering::Release);
+        assert!(c.peek().is_err(), "producer beyond capacity");
+        ring.producer().store(8, Ordering::Release);
+        let mut c = Consumer::new(ring);
+        assert!(c.peek().is_err(), "misaligned producer");
+        // A header claiming a huge length.
+        let mut c = Consumer::new(ring);
+        ring.write(0, &RecordHeader::data(u32::MAX, 0, 0).to_bytes());
+        ring.producer().store(32, Ordering::Release);
+        assert!(c.peek().is_err(), "huge length");
+        // Unknown kind.
+        let mut c = Consumer::new(ring);
+        let mut h = RecordHeader::data(0, 0, 0);
+        h.kind = 77;
+        ring.write(0, &h.to_bytes());
+        assert!(c.peek().is_err(), "unknown kind");
+        // A pad that does not reach the end.
+        let mut c = Consumer::new(ring);
+        h.kind = KIND_PAD;
+        h.len = 0;
+        ring.write(0, &h.to_bytes());
+        assert!(c.peek().is_err(), "short pad");
+    }
+
+    #[test]
+    fn two_threads_stream() {
+        let heap = HeapRing::new(512);
+        let mut p = Producer::new(heap.ring());
+        let mut c = Consumer::new(heap.ring());
+        let n = if cfg!(miri) { 200u32 } else { 20_000 };
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                let mut i = 0u32;
+                while i < n {
+                    let payload = i.to_le_bytes().repeat((i % 9) as usize);
+                    if p.push(RecordHeader::data(0, i, 0), &payload).is_ok() {
+                        i += 1;
+                        if i % 4 == 0 {
+                            p.publish();
+                        }
+                    } else {
+                        p.publish();
+                        std::thread::yield_now();
+                    }
+                }
+                p.publish();
+            });
+            let mut expect = 0u32;
+            while expect < n {
+                match c.peek().unwrap() {
+                    Some(r) => {
+                        assert_eq!(r.header.addr, expect);
+                        let mut v = vec![0; r.header.len as usize];
+                        c.read_payload(&r, &mut v);
+                        assert_eq!(v, expect.to_le_bytes().repeat((expect % 9) as usize));
+                        c.consume(&r);
+                        c.release();
+                        expect += 1;
+                    }
+                    None => std::thread::yield_now(),
+                }
+            }
+        });
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(if cfg!(miri) { 2 } else { 64 }))]
+        /// Arbitrary interleavings of push / publish / pop match a VecDeque oracle.
+        #[test]
+        fn matches_vecdeque_oracle(ops in proptest::collection::vec((0u8..4, 0usize..200), 1..300)) {
+            let (_h, mut p, mut c) = pair(512);
+            let mut pushed: VecDeque<Vec<u8>> = VecDeque::new();
+            let mut published = 0usize;
+            let mut seq = 0u8;
+            for (op, len) in ops {
+                match op {
+                    0 | 1 => {
+                        let payload = vec![seq; len];
+                        match p.push(RecordHeader::data(0, 0, 0), &payload) {
+                            Ok(()) => { pushed.push_back(payload); seq = seq.wrapping_add(1); }
+                            // A Full push publishes the batch.
+                            Err(PushError::Full) => published = pushed.len(),
+                            Err(PushError::TooLarge) => proptest::prop_assert!(false),
+                        }
+                    }
+                    2 => { p.publish(); published = pushed.len(); }
+                    _ => {
+                        match pop(&mut c) {
+                            Some((_, v)) => {
+                                proptest::prop_assert!(published > 0);
+                                proptest::prop_assert_eq!(Some(v), pushed.pop_front());
+                                published -= 1;
+                            }
+                            None => proptest::prop_assert_eq!(published, 0),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
