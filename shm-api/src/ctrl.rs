@@ -1,0 +1,237 @@
+//! The control protocol on rdsd's Unix `SOCK_SEQPACKET` socket (slow path only).
+//!
+//! One request datagram, one reply datagram. Requests are a fixed 24 bytes; replies are 16
+//! bytes plus an optional body (hello info, counters). File descriptors travel as SCM_RIGHTS.
+//! Little-endian. Both sides treat everything they receive as untrusted: [`Request::decode`]
+//! rejects unknown opcodes and short datagrams.
+
+use std::net::Ipv4Addr;
+
+/// Bytes in every request.
+pub const REQUEST_LEN: usize = 24;
+/// Bytes in a reply before its body.
+pub const REPLY_HEADER_LEN: usize = 16;
+/// Largest datagram either side sends.
+pub const MAX_DATAGRAM: usize = 64 * 1024;
+
+/// What an app asks rdsd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// First message: the library's layout version. Reply carries the region fds.
+    Hello { version: u32 },
+    /// Open a socket slot. Reply: slot index, and the socket's pollable fd.
+    SocketOpen,
+    /// Bind a slot to addr:port (port 0 = pick one). Reply: the bound port.
+    Bind { slot: u32, addr: Ipv4Addr, port: u16 },
+    /// Set the receive-buffer limit used for congestion marking.
+    SetRcvBuf { slot: u32, bytes: u32 },
+    /// Tell rdsd the send-buffer limit (for POLLOUT).
+    SetSndBuf { slot: u32, bytes: u32 },
+    /// Turn RDS_CONG_MONITOR on or off.
+    SetCongMonitor { slot: u32, on: bool },
+    /// Drop queued messages to addr:port (`None` = every destination).
+    CancelSentTo { slot: u32, dest: Option<(Ipv4Addr, u16)> },
+    /// Start keeping the socket's pollable fd in sync with its rings.
+    EnableReadiness { slot: u32 },
+    /// Close a slot.
+    Close { slot: u32 },
+    /// Read the counters (text body, `name value` per line).
+    Stats,
+}
+
+const OP_HELLO: u32 = 1;
+const OP_SOCKET_OPEN: u32 = 2;
+const OP_BIND: u32 = 3;
+const OP_SET_RCVBUF: u32 = 4;
+const OP_SET_SNDBUF: u32 = 5;
+const OP_SET_CONG_MONITOR: u32 = 6;
+const OP_CANCEL_SENT_TO: u32 = 7;
+const OP_ENABLE_READINESS: u32 = 8;
+const OP_CLOSE: u32 = 9;
+const OP_STATS: u32 = 10;
+
+/// A request that could not be decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BadRequest;
+
+impl Request {
+    /// Encodes into the fixed request layout: op, slot, addr, port, flag, value.
+    pub fn encode(&self) -> [u8; REQUEST_LEN] {
+        let (op, slot, addr, port, flag, value): (u32, u32, u32, u16, u16, u64) = match *self {
+            Request::Hello { version } => (OP_HELLO, 0, 0, 0, 0, version as u64),
+            Request::SocketOpen => (OP_SOCKET_OPEN, 0, 0, 0, 0, 0),
+            Request::Bind { slot, addr, port } => (OP_BIND, slot, addr.into(), port, 0, 0),
+            Request::SetRcvBuf { slot, bytes } => (OP_SET_RCVBUF, slot, 0, 0, 0, bytes as u64),
+            Request::SetSndBuf { slot, bytes } => (OP_SET_SNDBUF, slot, 0, 0, 0, bytes as u64),
+            Request::SetCongMonitor { slot, on } => (OP_SET_CONG_MONITOR, slot, 0, 0, 0, on as u64),
+            Request::CancelSentTo { slot, dest } => match dest {
+                Some((a, p)) => (OP_CANCEL_SENT_TO, slot, a.into(), p, 1, 0),
+                None => (OP_CANCEL_SENT_TO, slot, 0, 0, 0, 0),
+            },
+            Request::EnableReadiness { slot } => (OP_ENABLE_READINESS, slot, 0, 0, 0, 0),
+            Request::Close { slot } => (OP_CLOSE, slot, 0, 0, 0, 0),
+            Request::Stats => (OP_STATS, 0, 0, 0, 0, 0),
+        };
+        let mut b = [0u8; REQUEST_LEN];
+        b[0..4].copy_from_slice(&op.to_le_bytes());
+        b[4..8].copy_from_slice(&slot.to_le_bytes());
+        b[8..12].copy_from_slice(&addr.to_le_bytes());
+        b[12..14].copy_from_slice(&port.to_le_bytes());
+        b[14..16].copy_from_slice(&flag.to_le_bytes());
+        b[16..24].copy_from_slice(&value.to_le_bytes());
+        b
+    }
+
+    /// Decodes a request datagram.
+    pub fn decode(b: &[u8]) -> Result<Request, BadRequest> {
+        if b.len() != REQUEST_LEN {
+            return Err(BadRequest);
+        }
+        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let op = u32_at(0);
+        let slot = u32_at(4);
+        let addr = Ipv4Addr::from(u32_at(8));
+        let port = u16::from_le_bytes([b[12], b[13]]);
+        let flag = u16::from_le_bytes([b[14], b[15]]);
+        let value = u64::from_le_bytes(b[16..24].try_into().expect("8 bytes"));
+        let bytes = || u32::try_from(value).map_err(|_| BadRequest);
+        Ok(match op {
+            OP_HELLO => Request::Hello { version: bytes()? },
+            OP_SOCKET_OPEN => Request::SocketOpen,
+            OP_BIND => Request::Bind { slot, addr, port },
+            OP_SET_RCVBUF => Request::SetRcvBuf { slot, bytes: bytes()? },
+            OP_SET_SNDBUF => Request::SetSndBuf { slot, bytes: bytes()? },
+            OP_SET_CONG_MONITOR => Request::SetCongMonitor { slot, on: value != 0 },
+            OP_CANCEL_SENT_TO => {
+                Request::CancelSentTo { slot, dest: if flag != 0 { Some((addr, port)) } else { None } }
+            }
+            OP_ENABLE_READINESS => Request::EnableReadiness { slot },
+            OP_CLOSE => Request::Close { slot },
+            OP_STATS => Request::Stats,
+            _ => return Err(BadRequest),
+        })
+    }
+}
+
+/// rdsd's answer: an errno (0 = success), a value, and an optional body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    /// 0, or the errno the operation fails with.
+    pub errno: i32,
+    /// Operation-specific result.
+    pub value: u64,
+    /// Operation-specific body.
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    /// A success carrying `value`.
+    pub fn ok(value: u64) -> Reply {
+        Reply { errno: 0, value, body: Vec::new() }
+    }
+
+    /// A failure with `errno`.
+    pub fn err(errno: i32) -> Reply {
+        Reply { errno, value: 0, body: Vec::new() }
+    }
+
+    /// Wire form.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(REPLY_HEADER_LEN + self.body.len());
+        v.extend_from_slice(&self.errno.to_le_bytes());
+        v.extend_from_slice(&0u32.to_le_bytes());
+        v.extend_from_slice(&self.value.to_le_bytes());
+        v.extend_from_slice(&self.body);
+        v
+    }
+
+    /// Parses a reply datagram.
+    pub fn decode(b: &[u8]) -> Option<Reply> {
+        if b.len() < REPLY_HEADER_LEN {
+            return None;
+        }
+        Some(Reply {
+            errno: i32::from_le_bytes(b[0..4].try_into().ok()?),
+            value: u64::from_le_bytes(b[8..16].try_into().ok()?),
+            body: b[REPLY_HEADER_LEN..].to_vec(),
+        })
+    }
+}
+
+/// Body of a successful Hello reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HelloInfo {
+    /// Bytes of the app region (fd 0).
+    pub region_len: u64,
+    /// Bytes of the daemon region (fd 1).
+    pub daemon_region_len: u64,
+    /// 1 if the app region is on hugetlbfs pages.
+    pub hugetlb: u32,
+}
+
+impl HelloInfo {
+    /// Wire form.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(20);
+        v.extend_from_slice(&self.region_len.to_le_bytes());
+        v.extend_from_slice(&self.daemon_region_len.to_le_bytes());
+        v.extend_from_slice(&self.hugetlb.to_le_bytes());
+        v
+    }
+
+    /// Parses the body.
+    pub fn decode(b: &[u8]) -> Option<HelloInfo> {
+        if b.len() < 20 {
+            return None;
+        }
+        Some(HelloInfo {
+            region_len: u64::from_le_bytes(b[0..8].try_into().ok()?),
+            daemon_region_len: u64::from_le_bytes(b[8..16].try_into().ok()?),
+            hugetlb: u32::from_le_bytes(b[16..20].try_into().ok()?),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_roundtrip() {
+        let a = Ipv4Addr::new(127, 0, 0, 7);
+        for r in [
+            Request::Hello { version: 1 },
+            Request::SocketOpen,
+            Request::Bind { slot: 3, addr: a, port: 4000 },
+            Request::SetRcvBuf { slot: 1, bytes: 5000 },
+            Request::SetSndBuf { slot: 1, bytes: 6000 },
+            Request::SetCongMonitor { slot: 2, on: true },
+            Request::CancelSentTo { slot: 2, dest: Some((a, 9)) },
+            Request::CancelSentTo { slot: 2, dest: None },
+            Request::EnableReadiness { slot: 5 },
+            Request::Close { slot: 5 },
+            Request::Stats,
+        ] {
+            assert_eq!(Request::decode(&r.encode()), Ok(r));
+        }
+    }
+
+    #[test]
+    fn garbage_requests_are_rejected() {
+        assert_eq!(Request::decode(&[0; 3]), Err(BadRequest));
+        let mut b = Request::Stats.encode();
+        b[0] = 200;
+        assert_eq!(Request::decode(&b), Err(BadRequest));
+        let mut b = Request::SetRcvBuf { slot: 0, bytes: 1 }.encode();
+        b[20] = 1; // value above u32
+        assert_eq!(Request::decode(&b), Err(BadRequest));
+    }
+
+    #[test]
+    fn replies_roundtrip() {
+        let r = Reply { errno: 98, value: 7, body: b"x".to_vec() };
+        assert_eq!(Reply::decode(&r.encode()), Some(r));
+        let h = HelloInfo { region_len: 1 << 26, daemon_region_len: 4096, hugetlb: 1 };
+        assert_eq!(HelloInfo::decode(&h.encode()), Some(h));
+    }
+}

@@ -1,0 +1,282 @@
+//! The shared-memory layout both sides agree on. Bumping anything here bumps [`LAYOUT_VERSION`].
+//!
+//! Two kinds of region:
+//! * **App region** (one per attached process, read-write for that app only): a header, then
+//!   `max_sockets` socket slots. A slot is a control block followed by a tx ring (app → rdsd)
+//!   and an rx ring (rdsd → app).
+//! * **Daemon region** (one per rdsd, mapped read-only by every app): the poll core's sleep flag
+//!   and the congestion maps, so the library's congestion check is one bit test.
+//!
+//! Every field written by the app is untrusted input to rdsd.
+
+#[cfg(not(loom))]
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// "RDSDSHM1", little-endian.
+pub const SHM_MAGIC: u64 = u64::from_le_bytes(*b"RDSDSHM1");
+/// Version of this layout and of the control protocol.
+pub const LAYOUT_VERSION: u32 = 1;
+/// Largest RDS payload (`RDS_MAX_MSG_SIZE`).
+pub const MAX_MSG_SIZE: usize = 1 << 20;
+/// Default `SO_SNDBUF` / `SO_RCVBUF` (half of Linux's usual `wmem_default`, as RDS uses).
+pub const DEFAULT_BUF: u32 = 106_496;
+/// Smallest buffer size accepted by the setters.
+pub const MIN_BUF: u32 = 1024;
+/// Largest buffer size accepted by the setters.
+pub const MAX_BUF: u32 = 1 << 30;
+/// Bytes in one congestion map (one bit per RDS port).
+pub const CONG_MAP_BYTES: usize = 8192;
+/// Entries in the daemon region's congestion table (local and peer addresses).
+pub const CONG_ENTRIES: usize = 256;
+
+/// Header at offset 0 of an app region. Written once by rdsd before the region is sent.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AppRegionHeader {
+    /// [`SHM_MAGIC`].
+    pub magic: u64,
+    /// [`LAYOUT_VERSION`].
+    pub version: u32,
+    /// Number of socket slots.
+    pub max_sockets: u32,
+    /// Total mapped length.
+    pub region_len: u64,
+    /// Offset of slot 0.
+    pub slots_offset: u64,
+    /// Bytes per slot.
+    pub slot_len: u64,
+    /// Data bytes of each tx ring.
+    pub tx_ring_capacity: u32,
+    /// Data bytes of each rx ring.
+    pub rx_ring_capacity: u32,
+}
+
+/// Offset of slot 0 in an app region.
+pub const SLOTS_OFFSET: usize = 4096;
+/// Bytes of the control block at the start of each slot.
+pub const SLOT_CONTROL_LEN: usize = 512;
+
+/// Per-socket control block. Each group of fields has one writer.
+#[cfg(not(loom))]
+#[repr(C, align(128))]
+pub struct SlotControl {
+    // -- written by the app --
+    /// Payload bytes the app has queued on the tx ring, ever.
+    pub tx_sent_bytes: AtomicU64,
+    /// Payload bytes the app has taken off the rx ring, ever.
+    pub rx_consumed_bytes: AtomicU64,
+    /// Number of app threads blocked on `wake_seq`.
+    pub waiters: AtomicU32,
+    _pad_a: u32,
+    /// Ports (bit = port % 64) whose un-congestion the app wants reported (set on ENOBUFS).
+    pub cong_interest: AtomicU64,
+    _pad_b: [u8; 96],
+    // -- written by rdsd --
+    /// Payload bytes rdsd has released from the send buffer (delivered, acked, cancelled, dropped).
+    pub tx_released_bytes: AtomicU64,
+    /// Payload bytes rdsd has put on the rx ring, ever.
+    pub rx_produced_bytes: AtomicU64,
+    /// Futex word: bumped on every event a blocked app thread may wait for.
+    pub wake_seq: AtomicU32,
+    _pad_c: u32,
+    /// Congestion-update mask for monitor mode (rdsd ORs bits in, the app takes them).
+    pub cong_notify: AtomicU64,
+    _pad_d: [u8; 96],
+}
+
+#[cfg(not(loom))]
+const _: () = assert!(std::mem::size_of::<SlotControl>() <= SLOT_CONTROL_LEN);
+
+/// Layout of one app region, derived from its header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionGeometry {
+    /// Socket slots.
+    pub max_sockets: u32,
+    /// Data bytes of each tx ring.
+    pub tx_ring_capacity: u32,
+    /// Data bytes of each rx ring.
+    pub rx_ring_capacity: u32,
+}
+
+/// Ring header size (two cache-line-padded counters).
+pub const RING_HEADER_LEN: usize = 256;
+
+impl RegionGeometry {
+    /// Bytes of one slot: control block, tx ring, rx ring, rounded to a page.
+    pub fn slot_len(&self) -> usize {
+        let raw = SLOT_CONTROL_LEN
+            + RING_HEADER_LEN
+            + self.tx_ring_capacity as usize
+            + RING_HEADER_LEN
+            + self.rx_ring_capacity as usize;
+        raw.div_ceil(4096) * 4096
+    }
+
+    /// Offset of slot `i`'s control block.
+    pub fn slot_offset(&self, i: u32) -> usize {
+        SLOTS_OFFSET + i as usize * self.slot_len()
+    }
+
+    /// Offset of slot `i`'s tx ring header.
+    pub fn tx_ring_offset(&self, i: u32) -> usize {
+        self.slot_offset(i) + SLOT_CONTROL_LEN
+    }
+
+    /// Offset of slot `i`'s rx ring header.
+    pub fn rx_ring_offset(&self, i: u32) -> usize {
+        self.tx_ring_offset(i) + RING_HEADER_LEN + self.tx_ring_capacity as usize
+    }
+
+    /// Bytes of the whole region, rounded up to `align` (the page size backing it).
+    pub fn region_len(&self, align: usize) -> usize {
+        (SLOTS_OFFSET + self.max_sockets as usize * self.slot_len()).div_ceil(align) * align
+    }
+
+    /// Checks the numbers a header claims before anything is derived from them.
+    pub fn validate(&self) -> Result<(), &'static str> {
+        let ring_ok = |c: u32| c.is_power_of_two() && c as usize >= crate::ring::record_size(MAX_MSG_SIZE);
+        if !ring_ok(self.tx_ring_capacity) || !ring_ok(self.rx_ring_capacity) {
+            return Err("ring capacity must be a power of two that holds a 1 MiB message");
+        }
+        if self.max_sockets == 0 || self.max_sockets > 4096 {
+            return Err("max_sockets out of range");
+        }
+        Ok(())
+    }
+}
+
+/// Header of the daemon region (read-only for apps).
+#[cfg(not(loom))]
+#[repr(C, align(128))]
+pub struct DaemonHeader {
+    /// [`SHM_MAGIC`].
+    pub magic: u64,
+    /// [`LAYOUT_VERSION`].
+    pub version: u32,
+    /// Non-zero when the poll core may park: apps then ring the doorbell after queueing work.
+    pub may_sleep: AtomicU32,
+    /// Non-zero while the poll core is parked (or about to park).
+    pub poll_sleeping: AtomicU32,
+    /// Bumped on every congestion-map change.
+    pub cong_seq: AtomicU32,
+    _pad: [u8; 104],
+}
+
+/// Offset of the congestion table (entries) in the daemon region.
+pub const CONG_TABLE_OFFSET: usize = 4096;
+/// Offset of the first congestion map in the daemon region.
+pub const CONG_MAPS_OFFSET: usize = 8192;
+/// Bytes of the daemon region.
+pub const DAEMON_REGION_LEN: usize = CONG_MAPS_OFFSET + CONG_ENTRIES * CONG_MAP_BYTES;
+
+/// One row of the congestion table: which address map `i` belongs to (0 = free).
+#[cfg(not(loom))]
+#[repr(C)]
+pub struct CongEntry {
+    /// IPv4 address in host order, or 0.
+    pub addr: AtomicU32,
+    /// Reserved.
+    pub flags: AtomicU32,
+}
+
+/// Typed view of a mapped daemon region.
+#[cfg(not(loom))]
+#[derive(Clone, Copy)]
+pub struct DaemonView {
+    base: *mut u8,
+}
+
+// SAFETY: a DaemonView only points at atomics in a mapping that its owner keeps alive.
+#[cfg(not(loom))]
+unsafe impl Send for DaemonView {}
+// SAFETY: as above; all access is through atomics.
+#[cfg(not(loom))]
+unsafe impl Sync for DaemonView {}
+
+#[cfg(not(loom))]
+impl DaemonView {
+    /// # Safety
+    /// `base` must point to a mapping of at least [`DAEMON_REGION_LEN`] bytes, page aligned, that
+    /// outlives the view. Apps may map it read-only: they must only call the read methods.
+    pub unsafe fn new(base: *mut u8) -> Self {
+        DaemonView { base }
+    }
+
+    /// The header.
+    pub fn header(&self) -> &DaemonHeader {
+        // SAFETY: offset 0, aligned, inside the mapping (see `new`); only atomics inside.
+        unsafe { &*(self.base as *const DaemonHeader) }
+    }
+
+    /// Row `i` of the congestion table.
+    pub fn entry(&self, i: usize) -> &CongEntry {
+        assert!(i < CONG_ENTRIES);
+        // SAFETY: in bounds (asserted), 8-byte aligned, atomics only.
+        unsafe { &*(self.base.add(CONG_TABLE_OFFSET + i * 8) as *const CongEntry) }
+    }
+
+    /// Map `i` as 1024 little-endian u64 words (port P = bit P%64 of word P/64).
+    pub fn map(&self, i: usize) -> &[AtomicU64] {
+        assert!(i < CONG_ENTRIES);
+        // SAFETY: in bounds (asserted), 8-byte aligned, atomics only.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base.add(CONG_MAPS_OFFSET + i * CONG_MAP_BYTES) as *const AtomicU64,
+                CONG_MAP_BYTES / 8,
+            )
+        }
+    }
+
+    /// Index of the map for `addr`, if there is one.
+    pub fn find(&self, addr: u32) -> Option<usize> {
+        if addr == 0 {
+            return None;
+        }
+        (0..CONG_ENTRIES).find(|&i| self.entry(i).addr.load(Ordering::Acquire) == addr)
+    }
+
+    /// Is `addr:port` congested? `hint` caches the table index between calls.
+    pub fn is_congested(&self, addr: u32, port: u16, hint: &mut usize) -> bool {
+        let idx = if *hint < CONG_ENTRIES && self.entry(*hint).addr.load(Ordering::Acquire) == addr {
+            *hint
+        } else {
+            match self.find(addr) {
+                Some(i) => {
+                    *hint = i;
+                    i
+                }
+                None => return false,
+            }
+        };
+        let word = self.map(idx)[port as usize / 64].load(Ordering::Acquire);
+        word & (1u64 << (port % 64)) != 0
+    }
+}
+
+/// `RDS_CONG_MONITOR` mask bit for a port.
+pub const fn cong_monitor_bit(port: u16) -> u64 {
+    1u64 << (port % 64)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn geometry_is_consistent() {
+        let g = RegionGeometry { max_sockets: 4, tx_ring_capacity: 2 << 20, rx_ring_capacity: 2 << 20 };
+        g.validate().unwrap();
+        assert_eq!(g.slot_offset(1) - g.slot_offset(0), g.slot_len());
+        assert!(g.rx_ring_offset(0) + RING_HEADER_LEN + (2 << 20) <= g.slot_offset(1));
+        assert_eq!(g.tx_ring_offset(0) % 128, 0);
+        assert_eq!(g.rx_ring_offset(0) % 128, 0);
+        assert!(g.region_len(2 << 20) % (2 << 20) == 0);
+        let bad = RegionGeometry { tx_ring_capacity: 1 << 20, ..g };
+        assert!(bad.validate().is_err(), "a 1 MiB ring can't hold a 1 MiB message + header");
+    }
+
+    #[test]
+    fn ring_header_len_matches_ring_module() {
+        assert_eq!(RING_HEADER_LEN, crate::ring::RING_HEADER_LEN);
+    }
+}

@@ -1,0 +1,700 @@
+//! The application API: [`Rdsd`] (an attachment to the daemon) and [`Socket`] (an RDS socket
+//! with the semantics of rds(7)). Data moves through the app's shared region with no syscall;
+//! only bind/options/close and blocking waits talk to the kernel.
+
+use crate::ctrl::{HelloInfo, Reply, Request, MAX_DATAGRAM, REQUEST_LEN};
+use crate::layout::{
+    cong_monitor_bit, AppRegionHeader, DaemonView, RegionGeometry, SlotControl, DAEMON_REGION_LEN, DEFAULT_BUF,
+    LAYOUT_VERSION, MAX_BUF, MAX_MSG_SIZE, MIN_BUF, SHM_MAGIC,
+};
+use crate::ring::{Consumer, Producer, PushError, RawRing, RecordHeader};
+use crate::sys::{self, Mapping};
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Default control socket path (override with `RDSD_SOCKET`).
+pub const DEFAULT_CONTROL_SOCKET: &str = "/run/rdsd/rdsd.sock";
+
+/// How long a blocked call sleeps before it checks that rdsd is still alive.
+const LIVENESS_SLICE: Duration = Duration::from_millis(100);
+
+fn errno(e: i32) -> io::Error {
+    io::Error::from_raw_os_error(e)
+}
+
+/// The error every call returns once rdsd has gone away. Attach again with [`Rdsd::attach`].
+pub fn daemon_gone() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionReset,
+        "rdsd is gone (its control socket closed); attach again once it is back",
+    )
+}
+
+/// True if `e` is the error of [`daemon_gone`].
+pub fn is_daemon_gone(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::ConnectionReset && e.raw_os_error().is_none()
+}
+
+struct Client {
+    ctrl: Mutex<UnixStream>,
+    ctrl_fd: RawFd,
+    region: Mapping,
+    _daemon: Mapping,
+    daemon_view: DaemonView,
+    geometry: RegionGeometry,
+    doorbell: OwnedFd,
+    dead: AtomicBool,
+    hugetlb: bool,
+}
+
+impl Client {
+    fn request(&self, req: Request) -> io::Result<(Reply, Vec<OwnedFd>)> {
+        if self.dead.load(Ordering::Relaxed) {
+            return Err(daemon_gone());
+        }
+        let ctrl = self.ctrl.lock().unwrap_or_else(|p| p.into_inner());
+        let fail = |e: io::Error| {
+            if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN)) {
+                self.dead.store(true, Ordering::Relaxed);
+                daemon_gone()
+            } else {
+                e
+            }
+        };
+        sys::send_with_fds(ctrl.as_raw_fd(), &req.encode(), &[]).map_err(fail)?;
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        let (n, fds) = sys::recv_with_fds(ctrl.as_raw_fd(), &mut buf, 0).map_err(fail)?;
+        if n == 0 {
+            self.dead.store(true, Ordering::Relaxed);
+            return Err(daemon_gone());
+        }
+        let reply = Reply::decode(&buf[..n]).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad reply from rdsd"))?;
+        if reply.errno != 0 {
+            return Err(errno(reply.errno));
+        }
+        Ok((reply, fds))
+    }
+
+    /// Errors out if rdsd is gone. One poll(2): only called on slow paths.
+    fn check_alive(&self) -> io::Result<()> {
+        if self.dead.load(Ordering::Relaxed) {
+            return Err(daemon_gone());
+        }
+        let rev = sys::poll_one(self.ctrl_fd, libc::POLLRDHUP, 0).unwrap_or(0);
+        if rev & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+            self.dead.store(true, Ordering::Relaxed);
+            return Err(daemon_gone());
+        }
+        Ok(())
+    }
+
+    /// Wakes the poll core if it parked. Costs a fence and a load unless it sleeps.
+    fn ring_doorbell(&self) {
+        let h = self.daemon_view.header();
+        if h.may_sleep.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        // Pairs with the poll core's fence between setting `poll_sleeping` and its last scan.
+        fence(Ordering::SeqCst);
+        if h.poll_sleeping.load(Ordering::Relaxed) != 0 {
+            sys::eventfd_signal(self.doorbell.as_raw_fd());
+        }
+    }
+
+    fn slot_control(&self, slot: u32) -> &SlotControl {
+        let off = self.geometry.slot_offset(slot);
+        assert!(off + std::mem::size_of::<SlotControl>() <= self.region.len());
+        // SAFETY: in bounds (asserted), 128-aligned (slots are page aligned), and SlotControl
+        // holds only atomics and padding. The region outlives `self`.
+        unsafe { &*(self.region.as_ptr().add(off) as *const SlotControl) }
+    }
+
+    fn ring(&self, off: usize, capacity: u32) -> RawRing {
+        assert!(off + crate::layout::RING_HEADER_LEN + capacity as usize <= self.region.len());
+        // SAFETY: the range is inside our mapping (asserted) and 128-aligned; the mapping lives
+        // as long as the Client, which every Socket holding the ring keeps alive through an Arc.
+        unsafe { RawRing::new(NonNull::new(self.region.as_ptr().add(off)).expect("non-null"), capacity as usize) }
+    }
+}
+
+/// An attachment to rdsd: one control connection and one shared region for this process.
+/// Cheap to clone; sockets keep it alive.
+#[derive(Clone)]
+pub struct Rdsd {
+    client: Arc<Client>,
+}
+
+impl Rdsd {
+    /// Attaches to rdsd at `$RDSD_SOCKET`, or [`DEFAULT_CONTROL_SOCKET`].
+    pub fn attach() -> io::Result<Rdsd> {
+        let path = std::env::var_os("RDSD_SOCKET").map(PathBuf::from).unwrap_or_else(|| DEFAULT_CONTROL_SOCKET.into());
+        Rdsd::attach_at(&path)
+    }
+
+    /// Attaches to the rdsd listening at `path`.
+    pub fn attach_at(path: &Path) -> io::Result<Rdsd> {
+        let ctrl = connect_seqpacket(path)?;
+        sys::send_with_fds(ctrl.as_raw_fd(), &Request::Hello { version: LAYOUT_VERSION }.encode(), &[])?;
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        let (n, mut fds) = sys::recv_with_fds(ctrl.as_raw_fd(), &mut buf, 0)?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::ConnectionRefused, "rdsd closed the connection during attach"));
+        }
+        let reply = Reply::decode(&buf[..n]).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad hello reply"))?;
+        if reply.errno == libc::EPROTONOSUPPORT {
+            return Err(version_mismatch(reply.value as u32));
+        }
+        if reply.errno != 0 {
+            return Err(errno(reply.errno));
+        }
+        let info = HelloInfo::decode(&reply.body).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad hello body"))?;
+        if fds.len() != 3 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "rdsd sent the wrong number of descriptors"));
+        }
+        let doorbell = fds.pop().expect("3 fds");
+        let daemon_fd = fds.pop().expect("3 fds");
+        let region_fd = fds.pop().expect("3 fds");
+        if info.daemon_region_len as usize != DAEMON_REGION_LEN {
+            return Err(version_mismatch(0));
+        }
+        let region = Mapping::new(region_fd.as_raw_fd(), info.region_len as usize, true, false)?;
+        let daemon = Mapping::new(daemon_fd.as_raw_fd(), DAEMON_REGION_LEN, false, false)?;
+        if region.len() < std::mem::size_of::<AppRegionHeader>() {
+            return Err(version_mismatch(0));
+        }
+        // SAFETY: the mapping is at least a header long (checked) and page aligned.
+        let hdr = unsafe { std::ptr::read(region.as_ptr() as *const AppRegionHeader) };
+        if hdr.magic != SHM_MAGIC || hdr.version != LAYOUT_VERSION {
+            return Err(version_mismatch(hdr.version));
+        }
+        let geometry = RegionGeometry {
+            max_sockets: hdr.max_sockets,
+            tx_ring_capacity: hdr.tx_ring_capacity,
+            rx_ring_capacity: hdr.rx_ring_capacity,
+        };
+        geometry.validate().map_err(|m| io::Error::new(io::ErrorKind::InvalidData, m))?;
+        if geometry.region_len(1) > region.len() {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "region smaller than its header claims"));
+        }
+        // SAFETY: a read-only mapping of DAEMON_REGION_LEN bytes that the Client owns; the
+        // library only reads through the view.
+        let daemon_view = unsafe { DaemonView::new(daemon.as_ptr()) };
+        let ctrl_fd = ctrl.as_raw_fd();
+        Ok(Rdsd {
+            client: Arc::new(Client {
+                ctrl: Mutex::new(ctrl),
+                ctrl_fd,
+                region,
+                _daemon: daemon,
+                daemon_view,
+                geometry,
+                doorbell,
+                dead: AtomicBool::new(false),
+                hugetlb: info.hugetlb != 0,
+            }),
+        })
+    }
+
+    /// Opens a new RDS socket.
+    pub fn socket(&self) -> io::Result<Socket> {
+        let (reply, mut fds) = self.client.request(Request::SocketOpen)?;
+        let slot = reply.value as u32;
+        if slot >= self.client.geometry.max_sockets || fds.len() != 1 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "bad socket-open reply"));
+        }
+        let c = &self.client;
+        let g = c.geometry;
+        let tx = c.ring(g.tx_ring_offset(slot), g.tx_ring_capacity);
+        let rx = c.ring(g.rx_ring_offset(slot), g.rx_ring_capacity);
+        let ctl = c.slot_control(slot);
+        Ok(Socket {
+            client: self.client.clone(),
+            slot,
+            fd: fds.pop().expect("one fd"),
+            readiness: AtomicBool::new(false),
+            bound: AtomicU64::new(0),
+            peer: AtomicU64::new(0),
+            nonblocking: AtomicBool::new(false),
+            monitor: AtomicBool::new(false),
+            sndbuf: AtomicU32::new(DEFAULT_BUF),
+            rcvbuf: AtomicU32::new(DEFAULT_BUF),
+            timeouts: Mutex::new((None, None)),
+            tx: Mutex::new(TxSide {
+                producer: Producer::new(tx),
+                sent: ctl.tx_sent_bytes.load(Ordering::Relaxed),
+                cong_hint: usize::MAX,
+            }),
+            rx: Mutex::new(RxSide { consumer: Consumer::new(rx), consumed: ctl.rx_consumed_bytes.load(Ordering::Relaxed) }),
+        })
+    }
+
+    /// rdsd's counters, one `name value` per line.
+    pub fn stats(&self) -> io::Result<String> {
+        let (reply, _) = self.client.request(Request::Stats)?;
+        Ok(String::from_utf8_lossy(&reply.body).into_owned())
+    }
+
+    /// True if this process's region is backed by hugetlbfs pages.
+    pub fn uses_hugepages(&self) -> bool {
+        self.client.hugetlb
+    }
+
+    /// True unless rdsd has been seen to go away.
+    pub fn is_alive(&self) -> bool {
+        self.client.check_alive().is_ok()
+    }
+
+    /// Raw access to this process's own region, for isolation tests that scribble on it.
+    #[doc(hidden)]
+    pub fn region_for_tests(&self) -> (*mut u8, usize) {
+        (self.client.region.as_ptr(), self.client.region.len())
+    }
+
+    /// Byte offset of a socket slot in the region, for isolation tests.
+    #[doc(hidden)]
+    pub fn slot_offset_for_tests(&self, slot: u32) -> usize {
+        self.client.geometry.slot_offset(slot)
+    }
+}
+
+fn version_mismatch(daemon: u32) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!(
+            "shm layout mismatch: rdsd speaks v{daemon}, this shm-api speaks v{LAYOUT_VERSION}; \
+             build the application and rdsd from the same release"
+        ),
+    )
+}
+
+fn connect_seqpacket(path: &Path) -> io::Result<UnixStream> {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: plain socket(2); the fd is checked and then owned.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh fd we own. UnixStream is only used as an owned fd holder here.
+    let sock = unsafe { <UnixStream as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    // SAFETY: zeroed sockaddr_un is valid; we fill sun_path within bounds below.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(errno(libc::ENAMETOOLONG));
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: addr is a valid sockaddr_un of the given length.
+    let r = unsafe {
+        libc::connect(fd, &addr as *const _ as *const libc::sockaddr, std::mem::size_of::<libc::sockaddr_un>() as u32)
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(sock)
+}
+
+struct TxSide {
+    producer: Producer<RawRing>,
+    sent: u64,
+    cong_hint: usize,
+}
+
+struct RxSide {
+    consumer: Consumer<RawRing>,
+    consumed: u64,
+}
+
+/// Flags for [`Socket::recv_msg`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecvFlags {
+    /// MSG_PEEK: leave the message queued.
+    pub peek: bool,
+    /// MSG_TRUNC: return the full message length even if the buffer was shorter.
+    pub trunc: bool,
+    /// MSG_DONTWAIT: don't block this call.
+    pub dontwait: bool,
+}
+
+/// What [`Socket::recv_msg`] got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvMsg {
+    /// Bytes copied, or the full length with `RecvFlags::trunc`.
+    pub len: usize,
+    /// The sender (`None` for a congestion notification).
+    pub from: Option<SocketAddrV4>,
+    /// MSG_TRUNC in msg_flags: the message was longer than the buffer.
+    pub truncated: bool,
+    /// RDS_CMSG_CONG_UPDATE: ports (bit = port % 64) that became uncongested.
+    pub cong_update: Option<u64>,
+}
+
+/// An RDS socket (`socket(AF_RDS, SOCK_SEQPACKET, 0)`) served by rdsd.
+pub struct Socket {
+    client: Arc<Client>,
+    slot: u32,
+    fd: OwnedFd,
+    readiness: AtomicBool,
+    bound: AtomicU64,
+    peer: AtomicU64,
+    nonblocking: AtomicBool,
+    monitor: AtomicBool,
+    sndbuf: AtomicU32,
+    rcvbuf: AtomicU32,
+    timeouts: Mutex<(Option<Duration>, Option<Duration>)>,
+    tx: Mutex<TxSide>,
+    rx: Mutex<RxSide>,
+}
+
+const PRESENT: u64 = 1 << 48;
+
+fn pack(a: SocketAddrV4) -> u64 {
+    PRESENT | (u32::from(*a.ip()) as u64) << 16 | a.port() as u64
+}
+
+fn unpack(v: u64) -> Option<SocketAddrV4> {
+    (v & PRESENT != 0).then(|| SocketAddrV4::new(Ipv4Addr::from((v >> 16) as u32), v as u16))
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn bad_unicast(ip: &Ipv4Addr) -> bool {
+    ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast()
+}
+
+impl Socket {
+    /// Binds to a specific local IPv4 address. Port 0 picks a free port.
+    /// EINVAL for a wildcard, broadcast or multicast address, port 1, or a second bind;
+    /// EADDRINUSE if taken; EADDRNOTAVAIL if the address is not local to rdsd.
+    pub fn bind(&self, addr: SocketAddrV4) -> io::Result<()> {
+        if self.local_addr().is_some() || bad_unicast(addr.ip()) || addr.port() == 1 {
+            return Err(errno(libc::EINVAL));
+        }
+        let (reply, _) = self.client.request(Request::Bind { slot: self.slot, addr: *addr.ip(), port: addr.port() })?;
+        self.bound.store(pack(SocketAddrV4::new(*addr.ip(), reply.value as u16)), Ordering::Release);
+        Ok(())
+    }
+
+    /// The bound address, if any.
+    pub fn local_addr(&self) -> Option<SocketAddrV4> {
+        unpack(self.bound.load(Ordering::Acquire))
+    }
+
+    /// Records a default destination (nothing goes on the wire).
+    pub fn connect(&self, addr: SocketAddrV4) -> io::Result<()> {
+        if addr.ip().is_unspecified() {
+            return Err(errno(libc::EDESTADDRREQ));
+        }
+        if addr.ip().is_broadcast() || addr.ip().is_multicast() {
+            return Err(errno(libc::EINVAL));
+        }
+        self.peer.store(pack(addr), Ordering::Release);
+        Ok(())
+    }
+
+    /// The default destination; ENOTCONN if none.
+    pub fn peer_addr(&self) -> io::Result<SocketAddrV4> {
+        unpack(self.peer.load(Ordering::Acquire)).ok_or_else(|| errno(libc::ENOTCONN))
+    }
+
+    /// Sends one message to `dest`; returns its length.
+    pub fn send_to(&self, buf: &[u8], dest: SocketAddrV4) -> io::Result<usize> {
+        self.send_inner(buf, Some(dest), false)
+    }
+
+    /// Sends one message to the connected destination.
+    pub fn send(&self, buf: &[u8]) -> io::Result<usize> {
+        self.send_inner(buf, None, false)
+    }
+
+    /// `sendmsg` with MSG_DONTWAIT when `dontwait`.
+    pub fn send_msg(&self, buf: &[u8], dest: Option<SocketAddrV4>, dontwait: bool) -> io::Result<usize> {
+        self.send_inner(buf, dest, dontwait)
+    }
+
+    fn send_inner(&self, buf: &[u8], dest: Option<SocketAddrV4>, dontwait: bool) -> io::Result<usize> {
+        if let Some(d) = dest {
+            if bad_unicast(d.ip()) {
+                return Err(errno(libc::EINVAL));
+            }
+        }
+        if self.local_addr().is_none() {
+            return Err(errno(libc::ENOTCONN));
+        }
+        let dest = dest.or_else(|| unpack(self.peer.load(Ordering::Acquire))).ok_or_else(|| errno(libc::ENOTCONN))?;
+        let sndbuf = self.sndbuf.load(Ordering::Relaxed) as usize;
+        if buf.len() > MAX_MSG_SIZE || buf.len() > sndbuf {
+            return Err(errno(libc::EMSGSIZE));
+        }
+        let nonblock = dontwait || self.nonblocking.load(Ordering::Relaxed);
+        let c = &*self.client;
+        let ctl = c.slot_control(self.slot);
+        let dest_ip = u32::from(*dest.ip());
+        let mut deadline = None;
+        let mut tx = lock(&self.tx);
+        loop {
+            if c.dead.load(Ordering::Relaxed) {
+                return Err(daemon_gone());
+            }
+            if c.daemon_view.is_congested(dest_ip, dest.port(), &mut tx.cong_hint) {
+                if nonblock {
+                    if self.monitor.load(Ordering::Relaxed) {
+                        ctl.cong_interest.fetch_or(cong_monitor_bit(dest.port()), Ordering::Release);
+                    }
+                    return Err(errno(libc::ENOBUFS));
+                }
+                let mut hint = tx.cong_hint;
+                self.wait(&mut deadline, true, || !c.daemon_view.is_congested(dest_ip, dest.port(), &mut hint))?;
+                continue;
+            }
+            let queued = tx.sent.wrapping_sub(ctl.tx_released_bytes.load(Ordering::Acquire));
+            let room = (queued as usize) < sndbuf;
+            let pushed = if room {
+                tx.producer.push(RecordHeader::data(0, dest_ip, dest.port()), buf)
+            } else {
+                Err(PushError::Full)
+            };
+            match pushed {
+                Ok(()) => {
+                    tx.sent += buf.len() as u64;
+                    ctl.tx_sent_bytes.store(tx.sent, Ordering::Release);
+                    tx.producer.publish();
+                    c.ring_doorbell();
+                    return Ok(buf.len());
+                }
+                Err(PushError::TooLarge) => return Err(errno(libc::EMSGSIZE)),
+                Err(PushError::Full) => {
+                    if nonblock {
+                        c.check_alive()?;
+                        c.ring_doorbell();
+                        return Err(errno(libc::EAGAIN));
+                    }
+                    let sent = tx.sent;
+                    let producer = &mut tx.producer;
+                    let need = crate::ring::record_size(buf.len());
+                    self.wait(&mut deadline, true, || {
+                        let q = sent.wrapping_sub(ctl.tx_released_bytes.load(Ordering::Acquire)) as usize;
+                        q < sndbuf && producer.free_bytes() >= need
+                    })?;
+                }
+            }
+        }
+    }
+
+    /// Receives one message; returns (length, sender).
+    pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddrV4)> {
+        let m = self.recv_msg(buf, RecvFlags::default())?;
+        // A congestion notification reads as 0 bytes from 0.0.0.0:0.
+        Ok((m.len, m.from.unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))))
+    }
+
+    /// Receives one message; returns its length.
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.recv_from(buf).map(|(n, _)| n)
+    }
+
+    /// `recvmsg` with MSG_PEEK / MSG_TRUNC / MSG_DONTWAIT. In monitor mode a pending
+    /// congestion update comes first, as a 0-byte message with `cong_update` set.
+    pub fn recv_msg(&self, buf: &mut [u8], flags: RecvFlags) -> io::Result<RecvMsg> {
+        let nonblock = flags.dontwait || self.nonblocking.load(Ordering::Relaxed);
+        let c = &*self.client;
+        let ctl = c.slot_control(self.slot);
+        let mut deadline = None;
+        let mut rx = lock(&self.rx);
+        loop {
+            if c.dead.load(Ordering::Relaxed) {
+                return Err(daemon_gone());
+            }
+            if self.monitor.load(Ordering::Relaxed) {
+                let mask = ctl.cong_notify.load(Ordering::Acquire);
+                if mask != 0 {
+                    if !flags.peek {
+                        ctl.cong_notify.fetch_and(!mask, Ordering::AcqRel);
+                    }
+                    return Ok(RecvMsg { len: 0, from: None, truncated: false, cong_update: Some(mask) });
+                }
+            }
+            let rec = rx.consumer.peek().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+            if let Some(rec) = rec {
+                let full = rec.header.len as usize;
+                let copied = rx.consumer.read_payload(&rec, buf);
+                let from = SocketAddrV4::new(Ipv4Addr::from(rec.header.addr), rec.header.port);
+                if !flags.peek {
+                    rx.consumer.consume(&rec);
+                    rx.consumer.release();
+                    rx.consumed += full as u64;
+                    ctl.rx_consumed_bytes.store(rx.consumed, Ordering::Release);
+                    c.ring_doorbell();
+                }
+                return Ok(RecvMsg {
+                    len: if flags.trunc { full } else { copied },
+                    from: Some(from),
+                    truncated: full > buf.len(),
+                    cong_update: None,
+                });
+            }
+            if nonblock {
+                c.check_alive()?;
+                return Err(errno(libc::EAGAIN));
+            }
+            let monitor = self.monitor.load(Ordering::Relaxed);
+            let consumer = &mut rx.consumer;
+            self.wait(&mut deadline, false, || {
+                !consumer.is_empty().unwrap_or(false) || (monitor && ctl.cong_notify.load(Ordering::Acquire) != 0)
+            })?;
+        }
+    }
+
+    /// Blocks until `ready()` or an event from rdsd, honouring SO_SNDTIMEO/SO_RCVTIMEO
+    /// (ETIMEDOUT on expiry) and noticing rdsd's death.
+    fn wait(&self, deadline: &mut Option<Option<Instant>>, sending: bool, mut ready: impl FnMut() -> bool) -> io::Result<()> {
+        let c = &*self.client;
+        let ctl = c.slot_control(self.slot);
+        let dl = *deadline.get_or_insert_with(|| {
+            let t = lock(&self.timeouts);
+            let timeout = if sending { t.0 } else { t.1 };
+            timeout.map(|d| Instant::now() + d)
+        });
+        let seq = ctl.wake_seq.load(Ordering::Acquire);
+        ctl.waiters.fetch_add(1, Ordering::SeqCst);
+        // Pairs with rdsd's fence between changing state and reading `waiters`.
+        fence(Ordering::SeqCst);
+        let result = if ready() {
+            Ok(())
+        } else {
+            let now = Instant::now();
+            match dl {
+                Some(d) if now >= d => Err(errno(libc::ETIMEDOUT)),
+                _ => {
+                    let slice = dl.map_or(LIVENESS_SLICE, |d| (d - now).min(LIVENESS_SLICE));
+                    c.ring_doorbell();
+                    sys::futex_wait(&ctl.wake_seq, seq, Some(slice));
+                    if ctl.wake_seq.load(Ordering::Acquire) == seq {
+                        c.check_alive()
+                    } else {
+                        Ok(())
+                    }
+                }
+            }
+        };
+        ctl.waiters.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+
+    /// O_NONBLOCK for later sends and receives.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        self.nonblocking.store(on, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// SO_SNDTIMEO (`None` = wait forever).
+    pub fn set_send_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        lock(&self.timeouts).0 = t;
+        Ok(())
+    }
+
+    /// SO_RCVTIMEO (`None` = wait forever).
+    pub fn set_recv_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        lock(&self.timeouts).1 = t;
+        Ok(())
+    }
+
+    /// SO_SNDBUF. The value is the effective limit (getsockopt on Linux reports twice it).
+    pub fn set_send_buffer_size(&self, bytes: usize) -> io::Result<()> {
+        let b = bytes.clamp(MIN_BUF as usize, MAX_BUF as usize) as u32;
+        self.client.request(Request::SetSndBuf { slot: self.slot, bytes: b })?;
+        self.sndbuf.store(b, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The effective SO_SNDBUF limit.
+    pub fn send_buffer_size(&self) -> usize {
+        self.sndbuf.load(Ordering::Relaxed) as usize
+    }
+
+    /// SO_RCVBUF: the port becomes congested above this many queued bytes.
+    pub fn set_recv_buffer_size(&self, bytes: usize) -> io::Result<()> {
+        let b = bytes.clamp(MIN_BUF as usize, MAX_BUF as usize) as u32;
+        self.client.request(Request::SetRcvBuf { slot: self.slot, bytes: b })?;
+        self.rcvbuf.store(b, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The effective SO_RCVBUF limit.
+    pub fn recv_buffer_size(&self) -> usize {
+        self.rcvbuf.load(Ordering::Relaxed) as usize
+    }
+
+    /// RDS_CONG_MONITOR. Turning it off clears pending notifications.
+    pub fn set_cong_monitor(&self, on: bool) -> io::Result<()> {
+        self.client.request(Request::SetCongMonitor { slot: self.slot, on })?;
+        self.monitor.store(on, Ordering::Relaxed);
+        if !on {
+            let ctl = self.client.slot_control(self.slot);
+            ctl.cong_notify.store(0, Ordering::Release);
+            ctl.cong_interest.store(0, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// RDS_CANCEL_SENT_TO: drop messages queued to `dest` (every destination if `None`).
+    /// ENOTCONN if unbound.
+    pub fn cancel_sent_to(&self, dest: Option<SocketAddrV4>) -> io::Result<()> {
+        if self.local_addr().is_none() {
+            return Err(errno(libc::ENOTCONN));
+        }
+        self.client.request(Request::CancelSentTo { slot: self.slot, dest: dest.map(|d| (*d.ip(), d.port())) })?;
+        Ok(())
+    }
+
+    /// The socket's pollable descriptor: POLLIN when a message or notification is queued,
+    /// POLLOUT while there is send-buffer room. rdsd keeps it in sync from the first call on.
+    pub fn pollable_fd(&self) -> io::Result<RawFd> {
+        if !self.readiness.swap(true, Ordering::AcqRel) {
+            if let Err(e) = self.client.request(Request::EnableReadiness { slot: self.slot }) {
+                self.readiness.store(false, Ordering::Release);
+                return Err(e);
+            }
+        }
+        Ok(self.fd.as_raw_fd())
+    }
+
+    /// This socket's slot in the region.
+    #[doc(hidden)]
+    pub fn slot_for_tests(&self) -> u32 {
+        self.slot
+    }
+}
+
+impl AsRawFd for Socket {
+    /// Same as [`Socket::pollable_fd`]; if rdsd can't be asked, the fd is returned anyway.
+    fn as_raw_fd(&self) -> RawFd {
+        let _ = self.pollable_fd();
+        self.fd.as_raw_fd()
+    }
+}
+
+impl Drop for Socket {
+    fn drop(&mut self) {
+        let _ = self.client.request(Request::Close { slot: self.slot });
+    }
+}
+
+impl std::fmt::Debug for Socket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Socket").field("slot", &self.slot).field("local", &self.local_addr()).finish()
+    }
+}
+
+const _: () = assert!(REQUEST_LEN == 24);

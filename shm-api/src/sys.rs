@@ -1,0 +1,244 @@
+//! Thin, checked wrappers over the few Linux calls both sides use: memfd, mmap, futex,
+//! SCM_RIGHTS, socketpair. All of them are slow-path only, except `futex_wake`, which runs only
+//! when a peer thread has announced that it sleeps.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
+
+fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Size of a huge page on this machine (2 MiB on x86-64).
+pub const HUGE_PAGE: usize = 2 << 20;
+
+/// Creates a memfd of `len` bytes. With `huge`, backed by hugetlbfs (MFD_HUGETLB).
+pub fn memfd(name: &str, len: usize, huge: bool) -> io::Result<OwnedFd> {
+    let cname = std::ffi::CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let mut flags = libc::MFD_CLOEXEC;
+    if huge {
+        flags |= libc::MFD_HUGETLB;
+    }
+    // SAFETY: a valid NUL-terminated name; the returned fd is checked and then owned.
+    let fd = cvt(unsafe { libc::memfd_create(cname.as_ptr(), flags) })?;
+    // SAFETY: `fd` is a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain syscall on our own fd.
+    cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) })?;
+    Ok(fd)
+}
+
+/// A shared mapping, unmapped on drop.
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; concurrent access is governed by the layout's
+// atomics and ring protocol, never by Rust references to non-atomic data.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes of `fd` shared. `writable` false maps it read-only.
+    pub fn new(fd: RawFd, len: usize, writable: bool, populate: bool) -> io::Result<Mapping> {
+        let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
+        let mut flags = libc::MAP_SHARED;
+        if populate {
+            flags |= libc::MAP_POPULATE;
+        }
+        // SAFETY: a fresh mapping chosen by the kernel; the result is checked.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping { ptr: NonNull::new(p as *mut u8).expect("mmap never returns null"), len })
+    }
+
+    /// Start of the mapping.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true: mappings have a length.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Asks for transparent huge pages (for regions that could not get hugetlbfs pages).
+    pub fn advise_hugepage(&self) -> io::Result<()> {
+        // SAFETY: advice on our own mapping.
+        cvt(unsafe { libc::madvise(self.ptr.as_ptr() as *mut _, self.len, libc::MADV_HUGEPAGE) })?;
+        Ok(())
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: we own this mapping; nothing borrows it past the owner's life.
+        unsafe { libc::munmap(self.ptr.as_ptr() as *mut _, self.len) };
+    }
+}
+
+/// Blocks while `*word == expected`, at most `timeout`. Returns on wake, change, timeout or signal.
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
+    let ts = timeout.map(|d| libc::timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    });
+    let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `word` is a valid, aligned u32 for the call's duration. FUTEX_WAIT (not PRIVATE)
+    // because the word lives in memory shared with another process.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, ts_ptr, 0usize, 0u32);
+    }
+}
+
+/// Wakes every thread, in any process, waiting on `word`.
+pub fn futex_wake(word: &AtomicU32) {
+    // SAFETY: as in `futex_wait`.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX, 0usize, 0usize, 0u32);
+    }
+}
+
+/// Creates a non-blocking, close-on-exec eventfd.
+pub fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall; the fd is checked and owned.
+    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
+    // SAFETY: fresh fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds 1 to an eventfd (ignores EAGAIN: the counter is already non-zero).
+pub fn eventfd_signal(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a valid u64.
+    unsafe { libc::write(fd, &one as *const u64 as *const _, 8) };
+}
+
+/// Resets an eventfd to 0.
+pub fn eventfd_drain(fd: RawFd) {
+    let mut v: u64 = 0;
+    // SAFETY: reads 8 bytes into a valid u64; the fd is non-blocking.
+    unsafe { libc::read(fd, &mut v as *mut u64 as *mut _, 8) };
+}
+
+/// A connected pair of AF_UNIX sockets of `ty` (close-on-exec).
+pub fn socketpair(ty: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` has room for two descriptors.
+    cvt(unsafe { libc::socketpair(libc::AF_UNIX, ty | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) })?;
+    // SAFETY: both fds are fresh and owned here.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Most descriptors passed in one control message.
+pub const MAX_FDS: usize = 4;
+
+/// Sends `data` with `fds` attached (SCM_RIGHTS) on a connected seqpacket socket.
+pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<usize> {
+    assert!(fds.len() <= MAX_FDS);
+    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut _, iov_len: data.len() };
+    let mut cmsg_buf = [0u64; 8]; // 64 bytes, aligned; enough for MAX_FDS ints
+    // SAFETY: msghdr is plain data; zeroed is a valid initial state.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        // SAFETY: CMSG_SPACE is a pure computation.
+        let space = unsafe { libc::CMSG_SPACE((fds.len() * 4) as u32) } as usize;
+        assert!(space <= std::mem::size_of_val(&cmsg_buf));
+        msg.msg_control = cmsg_buf.as_mut_ptr() as *mut _;
+        msg.msg_controllen = space;
+        // SAFETY: msg_control points at `space` valid bytes, so the first header fits; the
+        // data copy writes exactly fds.len() ints inside CMSG_LEN.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN((fds.len() * 4) as u32) as usize;
+            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c) as *mut RawFd, fds.len());
+        }
+    }
+    // SAFETY: msg points at live buffers for the duration of the call.
+    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// Receives one message into `buf`, taking ownership of any descriptors attached.
+/// Returns 0 bytes on EOF.
+pub fn recv_with_fds(sock: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut _, iov_len: buf.len() };
+    let mut cmsg_buf = [0u64; 8];
+    // SAFETY: zeroed msghdr is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cmsg_buf.as_mut_ptr() as *mut _;
+    msg.msg_controllen = std::mem::size_of_val(&cmsg_buf);
+    // SAFETY: all pointers in msg are live for the call.
+    let n = unsafe { libc::recvmsg(sock, &mut msg, flags | libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fds = Vec::new();
+    // SAFETY: the kernel filled msg_control with well-formed headers up to msg_controllen; we
+    // walk them with the CMSG macros and take each fd exactly once.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data_len = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let p = libc::CMSG_DATA(c) as *const RawFd;
+                for i in 0..data_len / 4 {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(p.add(i))));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "control message truncated"));
+    }
+    Ok((n as usize, fds))
+}
+
+/// `poll(2)` on one descriptor; returns the revents (0 on timeout).
+pub fn poll_one(fd: RawFd, events: libc::c_short, timeout_ms: libc::c_int) -> io::Result<libc::c_short> {
+    let mut p = libc::pollfd { fd, events, revents: 0 };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(p.revents)
+    }
+}
+
+/// Sets or clears O_NONBLOCK.
+pub fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor the caller owns.
+    let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+    let flags = if on { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
+    // SAFETY: as above.
+    cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) })?;
+    Ok(())
+}
