@@ -122,10 +122,18 @@ pub struct Producer<M: RingMemory> {
 
 impl<M: RingMemory> Producer<M> {
     /// Takes the producing end of `mem`, continuing from its published position.
+    ///
+    /// Both counters live in memory the peer can write, so they are validated like everything
+    /// else: a misaligned producer position, or a consumer position that is not within one
+    /// capacity behind it, leaves the ring permanently "full" (every push answers
+    /// [`PushError::Full`]) instead of letting `push` index outside a record slot.
     pub fn new(mem: M) -> Self {
         let head = mem.producer().load(Ordering::Relaxed);
-        let cached_tail = mem.consumer().load(Ordering::Acquire);
-        Producer { mem, head, cached_tail }
+        // Start with no free space: `refresh_tail` only adopts a consumer position it validated.
+        let cached_tail = head.wrapping_sub(mem.capacity() as u64);
+        let mut p = Producer { mem, head, cached_tail };
+        let _ = p.refresh_tail();
+        p
     }
 
     /// The memory behind this ring.
@@ -135,8 +143,12 @@ impl<M: RingMemory> Producer<M> {
 
     fn refresh_tail(&mut self) -> Result<(), PushError> {
         let tail = self.mem.consumer().load(Ordering::Acquire);
-        // A consumer can't be ahead of what was produced; treat nonsense as "no space".
-        if self.head.wrapping_sub(tail) > self.mem.capacity() as u64 {
+        // A consumer can't be ahead of what was produced; treat nonsense as "no space". A
+        // misaligned head (only possible if the peer scribbled the producer counter before
+        // `new`) would let a record or pad straddle the end of the data area: also "no space".
+        if self.head.wrapping_sub(tail) > self.mem.capacity() as u64
+            || self.head % RECORD_ALIGN as u64 != 0
+        {
             return Err(PushError::Full);
         }
         self.cached_tail = tail;
@@ -144,7 +156,9 @@ impl<M: RingMemory> Producer<M> {
     }
 
     fn free(&self) -> usize {
-        self.mem.capacity() - (self.head - self.cached_tail) as usize
+        // Positions are free-running u64 counters: wrapping arithmetic throughout (the
+        // invariant `head - cached_tail <= capacity` holds modulo 2^64).
+        self.mem.capacity() - self.head.wrapping_sub(self.cached_tail) as usize
     }
 
     /// Bytes free for records right now (refreshing the consumer position).
@@ -192,7 +206,7 @@ impl<M: RingMemory> Producer<M> {
                 ..RecordHeader::default()
             };
             self.mem.write(idx, &pad.to_bytes());
-            self.head += to_end as u64;
+            self.head = self.head.wrapping_add(to_end as u64);
             if self.free() < total {
                 self.refresh_tail()?;
                 if self.free() < total {
@@ -210,7 +224,7 @@ impl<M: RingMemory> Producer<M> {
         let idx = (self.head as usize) & (cap - 1);
         self.mem.write(idx, &header.to_bytes());
         fill(&self.mem, idx + RECORD_HEADER_LEN);
-        self.head += total as u64;
+        self.head = self.head.wrapping_add(total as u64);
         Ok(())
     }
 
@@ -234,6 +248,13 @@ pub struct Record {
     /// Offset of the payload in the data area.
     pub payload_offset: usize,
     next: u64,
+}
+
+impl Record {
+    /// Ring position just past this record (monotonic, comparable with producer positions).
+    pub fn end(&self) -> u64 {
+        self.next
+    }
 }
 
 /// The reading end. Exactly one per ring.
@@ -264,6 +285,12 @@ impl<M: RingMemory> Consumer<M> {
         if avail % RECORD_ALIGN as u64 != 0 {
             return Err(RingCorrupt("producer position misaligned"));
         }
+        // `tail` comes from the shared consumer counter when `new` attaches, so the peer may
+        // have made it misaligned; a header read at a misaligned tail could run past the end of
+        // the data area (fewer than RECORD_HEADER_LEN bytes left before the wrap).
+        if self.tail % RECORD_ALIGN as u64 != 0 {
+            return Err(RingCorrupt("consumer position misaligned"));
+        }
         self.cached_head = head;
         Ok(())
     }
@@ -278,7 +305,7 @@ impl<M: RingMemory> Consumer<M> {
                     return Ok(None);
                 }
             }
-            let avail = (self.cached_head - self.tail) as usize;
+            let avail = self.cached_head.wrapping_sub(self.tail) as usize;
             let idx = (self.tail as usize) & (cap - 1);
             let to_end = cap - idx;
             let mut raw = [0u8; RECORD_HEADER_LEN];
@@ -289,7 +316,7 @@ impl<M: RingMemory> Consumer<M> {
                     if header.len as usize + RECORD_HEADER_LEN != to_end || to_end > avail {
                         return Err(RingCorrupt("bad pad record"));
                     }
-                    self.tail += to_end as u64;
+                    self.tail = self.tail.wrapping_add(to_end as u64);
                     // Hand the pad back at once: a producer waiting for a large record may need
                     // exactly this space, and pads are rare (one per lap).
                     self.release();
@@ -302,7 +329,7 @@ impl<M: RingMemory> Consumer<M> {
                     return Ok(Some(Record {
                         header,
                         payload_offset: idx + RECORD_HEADER_LEN,
-                        next: self.tail + total as u64,
+                        next: self.tail.wrapping_add(total as u64),
                     }));
                 }
                 _ => return Err(RingCorrupt("unknown record kind")),
@@ -317,9 +344,22 @@ impl<M: RingMemory> Consumer<M> {
         n
     }
 
+    /// Position of the next unread byte (monotonic).
+    pub fn position(&self) -> u64 {
+        self.tail
+    }
+
+    /// The producer's published position, as last seen (monotonic).
+    pub fn published(&self) -> u64 {
+        self.cached_head
+    }
+
     /// Drops `record` (which must be the one `peek` returned last).
     pub fn consume(&mut self, record: &Record) {
-        debug_assert!(record.next > self.tail && record.next <= self.cached_head);
+        debug_assert!({
+            let step = record.next.wrapping_sub(self.tail);
+            step != 0 && step <= self.cached_head.wrapping_sub(self.tail)
+        });
         self.tail = record.next;
     }
 
@@ -444,9 +484,13 @@ mod raw {
         pub fn new(capacity: usize) -> Self {
             let words = (super::RING_HEADER_LEN + capacity).div_ceil(16) + 8;
             let mut buf = vec![0u128; words];
-            let addr = buf.as_mut_ptr() as usize;
-            let aligned = (addr + 127) & !127;
-            let base = NonNull::new(aligned as *mut u8).expect("non-null");
+            let start = buf.as_mut_ptr().cast::<u8>();
+            let addr = start as usize;
+            let skip = ((addr + 127) & !127) - addr;
+            // Derive the aligned pointer from `buf`'s own pointer (no integer-to-pointer cast),
+            // so it keeps the allocation's provenance and Miri can check every access.
+            // SAFETY: `skip < 128` and `buf` has 128 spare bytes, so this stays in bounds.
+            let base = unsafe { NonNull::new_unchecked(start.add(skip)) };
             // SAFETY: `buf` is large enough for the aligned header + data, lives as long as the
             // HeapRing, and is never reallocated.
             let ring = unsafe { RawRing::new(base, capacity) };
@@ -590,6 +634,57 @@ mod tests {
         assert!(c.peek().is_err(), "short pad");
     }
 
+    /// The peer can scribble both counters before an end (re)attaches with `new`: the consumer
+    /// must answer `RingCorrupt` (not read a header across the end of the data area), the
+    /// producer must answer `Full` (not write a pad across it), and neither may overflow.
+    #[test]
+    fn attach_to_scribbled_counters_never_panics() {
+        let positions = [0u64, 8, 48, 56, 1 << 40, u64::MAX - 15, u64::MAX - 7, u64::MAX];
+        for &tail in &positions {
+            for delta in [0u64, 8, 16, 32, 64, 80, u64::MAX - 15] {
+                let heap = HeapRing::new(64);
+                let ring = heap.ring();
+                let head = tail.wrapping_add(delta);
+                ring.consumer().store(tail, Ordering::Release);
+                ring.producer().store(head, Ordering::Release);
+                let mut c = Consumer::new(ring);
+                for _ in 0..4 {
+                    match c.peek() {
+                        Ok(Some(r)) => c.consume(&r),
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+                let mut p = Producer::new(ring);
+                for len in [0usize, 20, 5, 40, 0, 1] {
+                    match p.push(RecordHeader::data(0, 0, 0), &vec![9; len]) {
+                        Ok(()) | Err(PushError::Full) => {}
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+                p.publish();
+                let _ = p.free_bytes();
+                let _ = p.is_drained();
+            }
+        }
+        // A sane attach far along the u64 counter space works across the 2^64 wrap.
+        let heap = HeapRing::new(64);
+        let ring = heap.ring();
+        ring.consumer().store(u64::MAX - 31, Ordering::Release);
+        ring.producer().store(u64::MAX - 31, Ordering::Release);
+        let mut p = Producer::new(ring);
+        let mut c = Consumer::new(ring);
+        for i in 0..10u32 {
+            if p.push(RecordHeader::data(0, i, 0), &[i as u8; 20]) == Err(PushError::Full) {
+                // The pad at the end of the lap was published; skipping it frees the space.
+                assert!(pop(&mut c).is_none());
+                p.push(RecordHeader::data(0, i, 0), &[i as u8; 20]).expect("fits after pad");
+            }
+            p.publish();
+            let (h, v) = pop(&mut c).expect("record");
+            assert_eq!((h.addr, v), (i, vec![i as u8; 20]));
+        }
+    }
+
     #[test]
     fn two_threads_stream() {
         let heap = HeapRing::new(512);
@@ -632,7 +727,17 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(if cfg!(miri) { 2 } else { 64 }))]
+        // Under Miri: few cases, and no failure-persistence file (it needs getcwd, which Miri's
+        // isolation refuses).
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: if cfg!(miri) { 2 } else { 64 },
+            failure_persistence: if cfg!(miri) {
+                None
+            } else {
+                proptest::prelude::ProptestConfig::default().failure_persistence
+            },
+            ..proptest::prelude::ProptestConfig::default()
+        })]
         /// Arbitrary interleavings of push / publish / pop match a VecDeque oracle.
         #[test]
         fn matches_vecdeque_oracle(ops in proptest::collection::vec((0u8..4, 0usize..200), 1..300)) {

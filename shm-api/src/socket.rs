@@ -140,7 +140,7 @@ impl Rdsd {
 
     /// Attaches to the rdsd listening at `path`.
     pub fn attach_at(path: &Path) -> io::Result<Rdsd> {
-        let ctrl = connect_seqpacket(path)?;
+        let ctrl = sys::connect_seqpacket(path)?;
         sys::send_with_fds(ctrl.as_raw_fd(), &Request::Hello { version: LAYOUT_VERSION }.encode(), &[])?;
         let mut buf = vec![0u8; MAX_DATAGRAM];
         let (n, mut fds) = sys::recv_with_fds(ctrl.as_raw_fd(), &mut buf, 0)?;
@@ -272,35 +272,6 @@ fn version_mismatch(daemon: u32) -> io::Error {
              build the application and rdsd from the same release"
         ),
     )
-}
-
-fn connect_seqpacket(path: &Path) -> io::Result<UnixStream> {
-    use std::os::unix::ffi::OsStrExt;
-    // SAFETY: plain socket(2); the fd is checked and then owned.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh fd we own. UnixStream is only used as an owned fd holder here.
-    let sock = unsafe { <UnixStream as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    // SAFETY: zeroed sockaddr_un is valid; we fill sun_path within bounds below.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let bytes = path.as_os_str().as_bytes();
-    if bytes.len() >= addr.sun_path.len() {
-        return Err(errno(libc::ENAMETOOLONG));
-    }
-    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    // SAFETY: addr is a valid sockaddr_un of the given length.
-    let r = unsafe {
-        libc::connect(fd, &addr as *const _ as *const libc::sockaddr, std::mem::size_of::<libc::sockaddr_un>() as u32)
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(sock)
 }
 
 struct TxSide {

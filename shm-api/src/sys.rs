@@ -242,3 +242,34 @@ pub fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
     cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) })?;
     Ok(())
 }
+
+/// Connects a SOCK_SEQPACKET socket to the Unix socket at `path`.
+pub fn connect_seqpacket(path: &std::path::Path) -> io::Result<std::os::unix::net::UnixStream> {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: plain socket(2); the fd is checked and then owned.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh fd we own. UnixStream is only used as an owned fd holder here.
+    let sock = unsafe { <std::os::unix::net::UnixStream as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    // SAFETY: zeroed sockaddr_un is valid; we fill sun_path within bounds below.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: addr is a valid sockaddr_un of the given length.
+    let r = unsafe {
+        libc::connect(fd, &addr as *const _ as *const libc::sockaddr, std::mem::size_of::<libc::sockaddr_un>() as u32)
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(sock)
+}
+

@@ -1,0 +1,260 @@
+//! Configuration: an embedded default (`default.toml`), an optional TOML file laid over it, and
+//! command-line flags laid over both. Unknown keys are errors, so typos don't pass silently.
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+/// The embedded default configuration.
+pub const DEFAULT_TOML: &str = include_str!("default.toml");
+
+/// How a poll core waits when it has nothing to do.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum IdleMode {
+    /// Spin, then yield, then park until an app or the control thread rings the doorbell.
+    Backoff,
+    /// Busy-poll forever: lowest latency, one full core.
+    Spin,
+}
+
+/// Whether app regions use hugetlbfs pages.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum HugepageMode {
+    /// Hugetlbfs when pages are free, else 4 KiB pages with MADV_HUGEPAGE.
+    Auto,
+    /// Fail the attach if no hugetlbfs pages are free.
+    Require,
+    /// Never use hugetlbfs.
+    Off,
+}
+
+/// An IPv4 prefix such as `127.0.0.0/8`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prefix {
+    /// Network address.
+    pub addr: Ipv4Addr,
+    /// Prefix length, 0..=32.
+    pub len: u8,
+}
+
+impl Prefix {
+    /// True if `ip` is inside the prefix.
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        let mask = if self.len == 0 { 0 } else { u32::MAX << (32 - self.len) };
+        u32::from(ip) & mask == u32::from(self.addr) & mask
+    }
+}
+
+impl std::str::FromStr for Prefix {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Prefix> {
+        let (a, l) = s.split_once('/').unwrap_or((s, "32"));
+        let addr: Ipv4Addr = a.parse().with_context(|| format!("bad address in prefix {s:?}"))?;
+        let len: u8 = l.parse().with_context(|| format!("bad length in prefix {s:?}"))?;
+        if len > 32 {
+            bail!("prefix length above 32 in {s:?}");
+        }
+        Ok(Prefix { addr, len })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    control_socket: PathBuf,
+    control_group: String,
+    local_addrs: Vec<String>,
+    control_core: i64,
+    poll_cores: Vec<i64>,
+    idle: IdleMode,
+    spin_iterations: u32,
+    yield_iterations: u32,
+    park_timeout_ms: u64,
+    hugepages: HugepageMode,
+    max_apps: u32,
+    max_sockets_per_app: u32,
+    tx_ring_bytes: u32,
+    rx_ring_bytes: u32,
+}
+
+/// rdsd's validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Control socket path.
+    pub control_socket: PathBuf,
+    /// Group allowed to attach, if any.
+    pub control_group: Option<String>,
+    /// Local address prefixes.
+    pub local_addrs: Vec<Prefix>,
+    /// Control thread CPU (`None` = don't pin).
+    pub control_core: Option<usize>,
+    /// Poll thread CPUs; one poll thread each (`None` = don't pin that thread).
+    pub poll_cores: Vec<Option<usize>>,
+    /// Idle strategy.
+    pub idle: IdleMode,
+    /// Backoff: spins before yielding.
+    pub spin_iterations: u32,
+    /// Backoff: yields before parking.
+    pub yield_iterations: u32,
+    /// Backoff: longest park.
+    pub park_timeout_ms: u64,
+    /// Hugepage policy.
+    pub hugepages: HugepageMode,
+    /// Most attached processes.
+    pub max_apps: u32,
+    /// Socket slots per process.
+    pub max_sockets_per_app: u32,
+    /// Bytes of each tx ring.
+    pub tx_ring_bytes: u32,
+    /// Bytes of each rx ring.
+    pub rx_ring_bytes: u32,
+}
+
+/// Command-line overrides (all optional).
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct Overrides {
+    /// Control socket path.
+    #[arg(long)]
+    pub control_socket: Option<PathBuf>,
+    /// Local address prefix (repeatable; replaces the configured list).
+    #[arg(long = "local-addr")]
+    pub local_addrs: Vec<String>,
+    /// Poll-thread CPU (repeatable; -1 = last CPU, "none" is spelled -2 = don't pin).
+    #[arg(long = "poll-core", allow_hyphen_values = true)]
+    pub poll_cores: Vec<i64>,
+    /// Control-thread CPU (-2 = don't pin).
+    #[arg(long, allow_hyphen_values = true)]
+    pub control_core: Option<i64>,
+    /// Idle strategy.
+    #[arg(long, value_enum)]
+    pub idle: Option<IdleMode>,
+    /// Hugepage policy.
+    #[arg(long, value_enum)]
+    pub hugepages: Option<HugepageMode>,
+    /// Socket slots per process.
+    #[arg(long)]
+    pub max_sockets_per_app: Option<u32>,
+}
+
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        base.insert(k, v);
+    }
+}
+
+fn core(n: i64, ncpu: usize) -> Result<Option<usize>> {
+    match n {
+        -2 => Ok(None),
+        -1 => Ok(Some(ncpu.saturating_sub(1))),
+        n if n >= 0 && (n as usize) < ncpu.max(1) => Ok(Some(n as usize)),
+        n => bail!("cpu {n} does not exist (this machine has {ncpu})"),
+    }
+}
+
+impl Config {
+    /// The embedded default, then `file` (if any), then `over`.
+    pub fn load(file: Option<&std::path::Path>, over: &Overrides) -> Result<Config> {
+        let mut table: toml::Table = DEFAULT_TOML.parse().context("embedded default config")?;
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let t: toml::Table = text.parse().with_context(|| format!("parsing {}", path.display()))?;
+            merge(&mut table, t);
+        }
+        let raw: RawConfig = table.try_into().context("invalid configuration")?;
+        Config::from_raw(raw, over)
+    }
+
+    fn from_raw(raw: RawConfig, over: &Overrides) -> Result<Config> {
+        let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let addrs = if over.local_addrs.is_empty() { raw.local_addrs } else { over.local_addrs.clone() };
+        let local_addrs = addrs.iter().map(|s| s.parse()).collect::<Result<Vec<Prefix>>>()?;
+        if local_addrs.is_empty() {
+            bail!("local_addrs is empty: rdsd needs at least one local address");
+        }
+        let polls = if over.poll_cores.is_empty() { raw.poll_cores } else { over.poll_cores.clone() };
+        let poll_cores = polls.iter().map(|&n| core(n, ncpu)).collect::<Result<Vec<_>>>()?;
+        if poll_cores.len() != 1 {
+            bail!("this release runs exactly one poll thread (poll_cores has {})", poll_cores.len());
+        }
+        let cfg = Config {
+            control_socket: over.control_socket.clone().unwrap_or(raw.control_socket),
+            control_group: (!raw.control_group.is_empty()).then_some(raw.control_group),
+            local_addrs,
+            control_core: core(over.control_core.unwrap_or(raw.control_core), ncpu)?,
+            poll_cores,
+            idle: over.idle.unwrap_or(raw.idle),
+            spin_iterations: raw.spin_iterations,
+            yield_iterations: raw.yield_iterations,
+            park_timeout_ms: raw.park_timeout_ms.clamp(1, 10_000),
+            hugepages: over.hugepages.unwrap_or(raw.hugepages),
+            max_apps: raw.max_apps,
+            max_sockets_per_app: over.max_sockets_per_app.unwrap_or(raw.max_sockets_per_app),
+            tx_ring_bytes: raw.tx_ring_bytes,
+            rx_ring_bytes: raw.rx_ring_bytes,
+        };
+        if cfg.max_apps == 0 || cfg.max_apps > 4096 {
+            bail!("max_apps must be 1..=4096");
+        }
+        cfg.geometry().validate().map_err(|m| anyhow::anyhow!("invalid ring configuration: {m}"))?;
+        Ok(cfg)
+    }
+
+    /// The app-region layout this configuration asks for.
+    pub fn geometry(&self) -> shm_api::layout::RegionGeometry {
+        shm_api::layout::RegionGeometry {
+            max_sockets: self.max_sockets_per_app,
+            tx_ring_capacity: self.tx_ring_bytes,
+            rx_ring_capacity: self.rx_ring_bytes,
+        }
+    }
+
+    /// True if `ip` is one of this host's RDS addresses.
+    pub fn is_local(&self, ip: Ipv4Addr) -> bool {
+        self.local_addrs.iter().any(|p| p.contains(ip))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_loads_without_a_file() {
+        let c = Config::load(None, &Overrides::default()).unwrap();
+        assert!(c.is_local("127.3.4.5".parse().unwrap()));
+        assert!(!c.is_local("10.0.0.1".parse().unwrap()));
+        assert_eq!(c.idle, IdleMode::Backoff);
+        assert_eq!(c.control_socket, PathBuf::from("/run/rdsd/rdsd.sock"));
+    }
+
+    #[test]
+    fn file_and_flags_override_and_typos_fail() {
+        let dir = std::env::temp_dir().join(format!("rdsd-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("c.toml");
+        std::fs::write(&f, "idle = \"spin\"\nlocal_addrs = [\"10.1.0.0/16\"]\n").unwrap();
+        let over = Overrides { control_socket: Some("/tmp/x.sock".into()), ..Default::default() };
+        let c = Config::load(Some(&f), &over).unwrap();
+        assert_eq!(c.idle, IdleMode::Spin);
+        assert!(c.is_local("10.1.2.3".parse().unwrap()));
+        assert_eq!(c.control_socket, PathBuf::from("/tmp/x.sock"));
+        std::fs::write(&f, "idel = \"spin\"\n").unwrap();
+        let e = Config::load(Some(&f), &Overrides::default()).unwrap_err();
+        assert!(format!("{e:#}").contains("idel"), "{e:#}");
+        std::fs::write(&f, "tx_ring_bytes = 1000\n").unwrap();
+        assert!(Config::load(Some(&f), &Overrides::default()).is_err());
+    }
+
+    #[test]
+    fn prefixes() {
+        let p: Prefix = "192.168.0.0/16".parse().unwrap();
+        assert!(p.contains("192.168.7.1".parse().unwrap()));
+        assert!(!p.contains("192.169.0.1".parse().unwrap()));
+        assert!("1.2.3.4/33".parse::<Prefix>().is_err());
+        let all: Prefix = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains("8.8.8.8".parse().unwrap()));
+    }
+}

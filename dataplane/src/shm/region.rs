@@ -1,0 +1,240 @@
+//! Creating the shared regions: one per app (read-write for that app only) and the daemon
+//! region (sealed so that apps can only ever map it read-only).
+
+use crate::config::HugepageMode;
+use shm_api::layout::{
+    AppRegionHeader, DaemonHeader, DaemonView, RegionGeometry, SlotControl, DAEMON_REGION_LEN, LAYOUT_VERSION,
+    SHM_MAGIC,
+};
+use shm_api::ring::RawRing;
+use shm_api::sys::{self, Mapping, HUGE_PAGE};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::ptr::NonNull;
+
+/// Seals the size of a memfd so a hostile holder can't shrink it under rdsd (which would turn
+/// rdsd's next access into SIGBUS).
+fn seal_size(fd: &OwnedFd, extra: libc::c_int) -> io::Result<()> {
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | extra | libc::F_SEAL_SEAL;
+    // SAFETY: fcntl on our own fd.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn sealable_memfd(name: &str, len: usize, huge: bool) -> io::Result<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let cname = std::ffi::CString::new(name).expect("no NUL");
+    let mut flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    if huge {
+        flags |= libc::MFD_HUGETLB;
+    }
+    // SAFETY: valid name; result checked and owned.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh fd.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: our own fd.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// One app's region, as rdsd sees it.
+pub struct AppRegion {
+    map: Mapping,
+    fd: OwnedFd,
+    geometry: RegionGeometry,
+    hugetlb: bool,
+}
+
+impl AppRegion {
+    /// Creates and initialises a region laid out by `geometry`.
+    pub fn create(name: &str, geometry: RegionGeometry, mode: HugepageMode) -> io::Result<AppRegion> {
+        let mut huge_err = None;
+        if mode != HugepageMode::Off {
+            let len = geometry.region_len(HUGE_PAGE);
+            // mmap of a hugetlbfs file reserves its pages up front, so running out shows here
+            // and never as SIGBUS later.
+            match sealable_memfd(name, len, true).and_then(|fd| {
+                seal_size(&fd, 0)?;
+                let map = Mapping::new(fd.as_raw_fd(), len, true, false)?;
+                Ok((fd, map))
+            }) {
+                Ok((fd, map)) => return Ok(AppRegion::init(fd, map, geometry, true)),
+                Err(e) if mode == HugepageMode::Require => return Err(e),
+                Err(e) => huge_err = Some(e),
+            }
+        }
+        let len = geometry.region_len(4096);
+        let fd = sealable_memfd(name, len, false)?;
+        seal_size(&fd, 0)?;
+        let map = Mapping::new(fd.as_raw_fd(), len, true, false)?;
+        let _ = map.advise_hugepage();
+        if let Some(e) = huge_err {
+            tracing::debug!(error = %e, "no hugetlbfs pages for this region; using 4 KiB pages");
+        }
+        Ok(AppRegion::init(fd, map, geometry, false))
+    }
+
+    fn init(fd: OwnedFd, map: Mapping, geometry: RegionGeometry, hugetlb: bool) -> AppRegion {
+        let header = AppRegionHeader {
+            magic: SHM_MAGIC,
+            version: LAYOUT_VERSION,
+            max_sockets: geometry.max_sockets,
+            region_len: map.len() as u64,
+            slots_offset: geometry.slot_offset(0) as u64,
+            slot_len: geometry.slot_len() as u64,
+            tx_ring_capacity: geometry.tx_ring_capacity,
+            rx_ring_capacity: geometry.rx_ring_capacity,
+        };
+        // SAFETY: offset 0 of a fresh mapping far larger than the header; nobody else has it yet.
+        unsafe { std::ptr::write(map.as_ptr() as *mut AppRegionHeader, header) };
+        AppRegion { map, fd, geometry, hugetlb }
+    }
+
+    /// The memfd to pass to the app.
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    /// Mapped length.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Never true.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// True if backed by hugetlbfs pages.
+    pub fn hugetlb(&self) -> bool {
+        self.hugetlb
+    }
+
+    /// The layout.
+    pub fn geometry(&self) -> RegionGeometry {
+        self.geometry
+    }
+
+    /// Slot `slot`'s control block. Every field in it may be scribbled on by the app.
+    pub fn slot_control(&self, slot: u32) -> &SlotControl {
+        assert!(slot < self.geometry.max_sockets);
+        // SAFETY: in bounds by construction of the geometry; SlotControl is atomics only and the
+        // slot offset is page aligned.
+        unsafe { &*(self.map.as_ptr().add(self.geometry.slot_offset(slot)) as *const SlotControl) }
+    }
+
+    /// Slot `slot`'s tx ring (app → rdsd).
+    pub fn tx_ring(&self, slot: u32) -> RawRing {
+        self.ring(self.geometry.tx_ring_offset(slot), self.geometry.tx_ring_capacity)
+    }
+
+    /// Slot `slot`'s rx ring (rdsd → app).
+    pub fn rx_ring(&self, slot: u32) -> RawRing {
+        self.ring(self.geometry.rx_ring_offset(slot), self.geometry.rx_ring_capacity)
+    }
+
+    fn ring(&self, off: usize, cap: u32) -> RawRing {
+        assert!(off + shm_api::layout::RING_HEADER_LEN + cap as usize <= self.map.len());
+        // SAFETY: in bounds (asserted), 128-aligned; the mapping outlives every RawRing made
+        // here because the poll thread drops a socket's rings before it hands the region back.
+        unsafe { RawRing::new(NonNull::new(self.map.as_ptr().add(off)).expect("non-null"), cap as usize) }
+    }
+
+    /// Zeroes slot `slot` (control block and ring counters) before it is handed out again.
+    pub fn reset_slot(&self, slot: u32) {
+        let off = self.geometry.slot_offset(slot);
+        // SAFETY: the control block and the two ring headers are in bounds; the slot is not in
+        // use by the app (it was closed or never opened), so nothing else touches it now.
+        unsafe {
+            std::ptr::write_bytes(self.map.as_ptr().add(off), 0, shm_api::layout::SLOT_CONTROL_LEN);
+            for r in [self.geometry.tx_ring_offset(slot), self.geometry.rx_ring_offset(slot)] {
+                std::ptr::write_bytes(self.map.as_ptr().add(r), 0, shm_api::layout::RING_HEADER_LEN);
+            }
+        }
+    }
+}
+
+/// The daemon region: poll-core sleep flag and congestion maps. Apps map it read-only; the
+/// memfd is sealed against writable mappings after rdsd maps it.
+pub struct DaemonRegion {
+    map: Mapping,
+    fd: OwnedFd,
+}
+
+impl DaemonRegion {
+    /// Creates the region and seals it.
+    pub fn create(may_sleep: bool) -> io::Result<DaemonRegion> {
+        let fd = sealable_memfd("rdsd-daemon", DAEMON_REGION_LEN, false)?;
+        let map = Mapping::new(fd.as_raw_fd(), DAEMON_REGION_LEN, true, true)?;
+        // F_SEAL_FUTURE_WRITE: no new writable mapping or write(2) from anyone, apps included;
+        // ours stays writable.
+        seal_size(&fd, libc::F_SEAL_FUTURE_WRITE)?;
+        let r = DaemonRegion { map, fd };
+        // SAFETY: header at offset 0 of a fresh mapping of the right size.
+        unsafe {
+            let h = r.map.as_ptr() as *mut DaemonHeader;
+            std::ptr::addr_of_mut!((*h).magic).write(SHM_MAGIC);
+            std::ptr::addr_of_mut!((*h).version).write(LAYOUT_VERSION);
+        }
+        r.view().header().may_sleep.store(may_sleep as u32, std::sync::atomic::Ordering::Release);
+        Ok(r)
+    }
+
+    /// The memfd to pass to apps.
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    /// Typed access.
+    pub fn view(&self) -> DaemonView {
+        // SAFETY: the mapping is DAEMON_REGION_LEN bytes and lives as long as `self`; callers
+        // keep `self` alive (it is shared through an Arc) while they use the view.
+        unsafe { DaemonView::new(self.map.as_ptr()) }
+    }
+}
+
+/// Wakes every app thread blocked on this slot, if any announced itself. One fence, and a
+/// syscall only when somebody waits.
+pub fn wake_slot(ctl: &SlotControl) {
+    use std::sync::atomic::{fence, Ordering};
+    fence(Ordering::SeqCst);
+    if ctl.waiters.load(Ordering::Relaxed) != 0 {
+        ctl.wake_seq.fetch_add(1, Ordering::Release);
+        sys::futex_wake(&ctl.wake_seq);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn daemon_region_cannot_be_mapped_writable_by_fd_holders() {
+        let r = DaemonRegion::create(true).unwrap();
+        let w = Mapping::new(r.fd().as_raw_fd(), DAEMON_REGION_LEN, true, false);
+        assert!(w.is_err(), "a writable mapping of the sealed daemon region must fail");
+        let ro = Mapping::new(r.fd().as_raw_fd(), DAEMON_REGION_LEN, false, false).unwrap();
+        // Our own writes show through the app's read-only mapping.
+        r.view().entry(3).addr.store(0x7f000001, std::sync::atomic::Ordering::Release);
+        // SAFETY: the read-only mapping is the right size.
+        let v = unsafe { DaemonView::new(ro.as_ptr()) };
+        assert_eq!(v.find(0x7f000001), Some(3));
+    }
+
+    #[test]
+    fn app_region_cannot_be_shrunk() {
+        let g = RegionGeometry { max_sockets: 1, tx_ring_capacity: 2 << 20, rx_ring_capacity: 2 << 20 };
+        let r = AppRegion::create("t", g, HugepageMode::Off).unwrap();
+        // SAFETY: our own fd.
+        let rc = unsafe { libc::ftruncate(r.fd().as_raw_fd(), 4096) };
+        assert!(rc < 0, "shrinking a sealed region must fail");
+        assert!(!r.hugetlb());
+    }
+}

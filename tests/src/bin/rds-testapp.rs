@@ -1,0 +1,179 @@
+//! A real application process for the integration tests. Each subcommand prints progress lines
+//! on stdout that the test reads; a failed check exits with status 1.
+
+use rdsd_tests::{payload_seq, seq_payload};
+use shm_api::{is_daemon_gone, Rdsd, RecvFlags};
+use std::net::SocketAddrV4;
+use std::time::{Duration, Instant};
+
+fn arg<T: std::str::FromStr>(args: &[String], i: usize, what: &str) -> T {
+    args.get(i).and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        eprintln!("rds-testapp: bad or missing {what}");
+        std::process::exit(2)
+    })
+}
+
+fn say(s: impl AsRef<str>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{}", s.as_ref());
+    let _ = out.flush();
+}
+
+fn fail(s: impl AsRef<str>) -> ! {
+    say(format!("FAIL {}", s.as_ref()));
+    std::process::exit(1)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let cmd = args.first().map(String::as_str).unwrap_or("");
+    let rdsd = Rdsd::attach().unwrap_or_else(|e| fail(format!("attach: {e}")));
+    match cmd {
+        // recv ADDR COUNT [RCVBUF]: receive COUNT sequence-numbered messages, check order.
+        "recv" => {
+            let addr: SocketAddrV4 = arg(&args, 1, "addr");
+            let count: u64 = arg(&args, 2, "count");
+            let s = rdsd.socket().unwrap();
+            if let Some(rb) = args.get(3) {
+                s.set_recv_buffer_size(rb.parse().unwrap()).unwrap();
+            }
+            s.bind(addr).unwrap_or_else(|e| fail(format!("bind: {e}")));
+            say(format!("bound {}", s.local_addr().unwrap().port()));
+            let mut buf = vec![0u8; 1 << 20];
+            let mut expect = 0u64;
+            while expect < count {
+                let (n, _from) = s.recv_from(&mut buf).unwrap_or_else(|e| fail(format!("recv: {e}")));
+                let seq = payload_seq(&buf[..n]);
+                if seq != expect {
+                    fail(format!("out of order: got {seq}, expected {expect}"));
+                }
+                expect += 1;
+            }
+            say(format!("received {expect}"));
+        }
+        // send SRC DST COUNT LEN: send COUNT sequence-numbered messages (blocking).
+        "send" => {
+            let src: SocketAddrV4 = arg(&args, 1, "src");
+            let dst: SocketAddrV4 = arg(&args, 2, "dst");
+            let count: u64 = arg(&args, 3, "count");
+            let len: usize = arg(&args, 4, "len");
+            let s = rdsd.socket().unwrap();
+            s.bind(src).unwrap_or_else(|e| fail(format!("bind: {e}")));
+            for i in 0..count {
+                s.send_to(&seq_payload(i, len), dst).unwrap_or_else(|e| fail(format!("send {i}: {e}")));
+            }
+            say(format!("sent {count}"));
+        }
+        // hold ADDR: bind and sleep (to be killed).
+        "hold" => {
+            let addr: SocketAddrV4 = arg(&args, 1, "addr");
+            let s = rdsd.socket().unwrap();
+            s.bind(addr).unwrap_or_else(|e| fail(format!("bind: {e}")));
+            say("bound");
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+        // flood SRC DST: send forever (to be killed mid-traffic).
+        "flood" => {
+            let src: SocketAddrV4 = arg(&args, 1, "src");
+            let dst: SocketAddrV4 = arg(&args, 2, "dst");
+            let s = rdsd.socket().unwrap();
+            s.bind(src).unwrap();
+            s.set_nonblocking(true).unwrap();
+            say("flooding");
+            let mut i = 0u64;
+            loop {
+                match s.send_to(&seq_payload(i, 256), dst) {
+                    Ok(_) => i += 1,
+                    Err(e) if is_daemon_gone(&e) => fail("rdsd gone"),
+                    Err(_) => std::thread::yield_now(),
+                }
+            }
+        }
+        // scribble MODE: break our own ring in a given way, then report eviction.
+        "scribble" => {
+            let mode = args.get(1).cloned().unwrap_or_default();
+            let s = rdsd.socket().unwrap();
+            s.bind(arg(&args, 2, "addr")).unwrap();
+            let (base, len) = rdsd.region_for_tests();
+            let slot_off = rdsd.slot_offset_for_tests(s.slot_for_tests());
+            let tx_ring = slot_off + 512; // control block, then tx ring header
+            // SAFETY: our own mapping; offsets inside it. This process deliberately corrupts
+            // its own region to prove rdsd survives it.
+            unsafe {
+                let producer = base.add(tx_ring) as *mut u64;
+                let data = base.add(tx_ring + 256);
+                match mode.as_str() {
+                    "huge-index" => producer.write_volatile(u64::MAX / 3),
+                    "misaligned" => producer.write_volatile(24),
+                    "huge-len" => {
+                        data.cast::<u32>().write_volatile(u32::MAX - 5);
+                        data.add(4).cast::<u16>().write_volatile(1);
+                        producer.write_volatile(64);
+                    }
+                    "bad-kind" => {
+                        data.add(4).cast::<u16>().write_volatile(0x7777);
+                        producer.write_volatile(32);
+                    }
+                    "random" => {
+                        let mut x = 0x9e3779b97f4a7c15u64 ^ std::process::id() as u64;
+                        for i in 0..4096usize {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            data.add(i % (len - tx_ring - 256)).write_volatile(x as u8);
+                        }
+                        producer.write_volatile(4096);
+                    }
+                    other => fail(format!("unknown mode {other}")),
+                }
+            }
+            say("scribbled");
+            let start = Instant::now();
+            let mut buf = [0u8; 64];
+            loop {
+                match s.recv_msg(&mut buf, RecvFlags { dontwait: true, ..Default::default() }) {
+                    Err(e) if is_daemon_gone(&e) => {
+                        say("evicted");
+                        break;
+                    }
+                    _ if start.elapsed() > Duration::from_secs(10) => fail("not evicted"),
+                    _ => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        }
+        // block-recv ADDR: block in recv; report rdsd's death, then re-attach and round-trip.
+        "block-recv" => {
+            let addr: SocketAddrV4 = arg(&args, 1, "addr");
+            let s = rdsd.socket().unwrap();
+            s.bind(addr).unwrap();
+            say("waiting");
+            let mut buf = [0u8; 64];
+            let t = Instant::now();
+            match s.recv_from(&mut buf) {
+                Err(e) if is_daemon_gone(&e) => say(format!("gone after {} ms: {e}", t.elapsed().as_millis())),
+                other => fail(format!("unexpected {other:?}")),
+            }
+            drop(s);
+            drop(rdsd);
+            let start = Instant::now();
+            let again = loop {
+                match Rdsd::attach() {
+                    Ok(r) => break r,
+                    Err(_) if start.elapsed() < Duration::from_secs(30) => std::thread::sleep(Duration::from_millis(50)),
+                    Err(e) => fail(format!("reattach: {e}")),
+                }
+            };
+            say("reattached");
+            let a = again.socket().unwrap();
+            a.bind(addr).unwrap_or_else(|e| fail(format!("rebind: {e}")));
+            a.send_to(b"hi", addr).unwrap();
+            let (n, from) = a.recv_from(&mut buf).unwrap();
+            if &buf[..n] != b"hi" || from != addr {
+                fail("bad roundtrip");
+            }
+            say("roundtrip ok");
+        }
+        other => fail(format!("unknown command {other:?}")),
+    }
+}
