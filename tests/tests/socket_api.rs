@@ -1,0 +1,323 @@
+//! rds(7) socket semantics through a real rdsd: bind rules, every send/recv error code,
+//! MSG_PEEK/MSG_TRUNC, zero-length messages, timeouts, buffer options, cancel, poll/epoll.
+
+use rdsd_tests::*;
+use shm_api::{RecvFlags, Socket};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+fn errno(r: std::io::Result<impl std::fmt::Debug>) -> i32 {
+    r.expect_err("expected an error").raw_os_error().expect("an errno")
+}
+
+fn nb() -> RecvFlags {
+    RecvFlags { dontwait: true, ..Default::default() }
+}
+
+/// Receives with a deadline (the poll core delivers asynchronously).
+fn recv_within(s: &Socket, buf: &mut [u8]) -> (usize, SocketAddrV4) {
+    s.set_recv_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.recv_from(buf).expect("message within 10 s")
+}
+
+#[test]
+fn bind_rules() {
+    let d = Daemon::start(&[]);
+    let r = d.attach();
+    let a = r.socket().unwrap();
+    assert_eq!(errno(a.bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 7000))), libc::EINVAL, "wildcard");
+    assert_eq!(errno(a.bind(SocketAddrV4::new(Ipv4Addr::BROADCAST, 7000))), libc::EINVAL, "broadcast");
+    assert_eq!(errno(a.bind(SocketAddrV4::new(Ipv4Addr::new(224, 0, 0, 1), 7000))), libc::EINVAL, "multicast");
+    assert_eq!(errno(a.bind(lo(1))), libc::EINVAL, "port 1 is the mprds probe port");
+    assert_eq!(errno(a.bind(SocketAddrV4::new(Ipv4Addr::new(10, 9, 9, 9), 7000))), libc::EADDRNOTAVAIL, "not local");
+    a.bind(lo(0)).unwrap();
+    let p = a.local_addr().unwrap().port();
+    assert!(p >= 2, "port 0 picks a free port >= 2, got {p}");
+    assert_eq!(errno(a.bind(lo(7001))), libc::EINVAL, "second bind");
+    let b = r.socket().unwrap();
+    assert_eq!(errno(b.bind(lo(p))), libc::EADDRINUSE);
+    b.bind(SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 2), p)).expect("same port, other local address");
+    // Many port-0 binds never collide.
+    let socks: Vec<Socket> = (0..10).map(|_| r.socket().unwrap()).collect();
+    let mut ports: Vec<u16> = socks
+        .iter()
+        .map(|s| {
+            s.bind(lo(0)).unwrap();
+            s.local_addr().unwrap().port()
+        })
+        .collect();
+    ports.sort();
+    ports.dedup();
+    assert_eq!(ports.len(), 10);
+}
+
+#[test]
+fn send_errors_in_linux_order() {
+    let d = Daemon::start(&[]);
+    let r = d.attach();
+    let a = r.socket().unwrap();
+    let b = r.socket().unwrap();
+    assert_eq!(errno(a.send_to(b"x", lo(7100))), libc::ENOTCONN, "unbound");
+    a.bind(lo(7101)).unwrap();
+    b.bind(lo(7102)).unwrap();
+    assert_eq!(errno(a.send(b"x")), libc::ENOTCONN, "no destination");
+    assert_eq!(errno(a.send_to(b"x", SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 5))), libc::EINVAL, "bad destination");
+    assert_eq!(errno(a.connect(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 5))), libc::EDESTADDRREQ);
+    assert_eq!(errno(a.peer_addr()), libc::ENOTCONN);
+    let big = vec![0u8; 200_000];
+    assert_eq!(errno(a.send_to(&big, lo(7102))), libc::EMSGSIZE, "payload > SO_SNDBUF (default 106496)");
+    a.set_send_buffer_size(8 << 20).unwrap();
+    let huge = vec![0u8; (1 << 20) + 1];
+    assert_eq!(errno(a.send_to(&huge, lo(7102))), libc::EMSGSIZE, "payload > 1 MiB");
+    // The largest legal message goes through intact.
+    b.set_recv_buffer_size(8 << 20).unwrap();
+    let max: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 253) as u8).collect();
+    assert_eq!(a.send_to(&max, lo(7102)).unwrap(), 1 << 20, "send returns the length");
+    let mut buf = vec![0u8; 2 << 20];
+    let (n, from) = recv_within(&b, &mut buf);
+    assert_eq!((n, from), (1 << 20, lo(7101)));
+    assert_eq!(&buf[..n], &max[..]);
+}
+
+#[test]
+fn connect_send_recv_and_zero_length() {
+    let d = Daemon::start(&[]);
+    let r = d.attach();
+    let a = r.socket().unwrap();
+    let b = r.socket().unwrap();
+    a.bind(lo(7201)).unwrap();
+    b.bind(lo(7202)).unwrap();
+    a.connect(lo(7202)).unwrap();
+    assert_eq!(a.peer_addr().unwrap(), lo(7202));
+    assert_eq!(a.send(b"hello").unwrap(), 5);
+    assert_eq!(a.send(b"").unwrap(), 0, "zero-length sends are legal");
+    let mut buf = [0u8; 64];
+    assert_eq!(recv_within(&b, &mut buf), (5, lo(7201)));
+    assert_eq!(&buf[..5], b"hello");
+    let (n, from) = recv_within(&b, &mut buf);
+    assert_eq!((n, from), (0, lo(7201)), "a zero-length message still reports its sender");
+    // A socket can send to itself.
+    a.send_to(b"me", lo(7201)).unwrap();
+    assert_eq!(recv_within(&a, &mut buf), (2, lo(7201)));
+}
+
+#[test]
+fn peek_and_trunc() {
+    let d = Daemon::start(&[]);
+    let r = d.attach();
+    let a = r.socket().unwrap();
+    let b = r.socket().unwrap();
+    a.bind(lo(7301)).unwrap();
+    b.bind(lo(7302)).unwrap();
+    let msg: Vec<u8> = (0..100).collect();
+    a.send_to(&msg, lo(7302)).unwrap();
+    a.send_to(b"second", lo(7302)).unwrap();
+    let mut small = [0u8; 10];
+    let peek = RecvFlags { peek: true, ..Default::default() };
+    let m = b.recv_msg(&mut small, peek).unwrap();
+    assert_eq!((m.len, m.truncated, m.from), (10, true, Some(lo(7301))));
+    assert_eq!(&small, &msg[..10]);
+    let m = b.recv_msg(&mut small, peek).unwrap();
+    assert_eq!(m.len, 10, "peek leaves the message queued");
+    let m = b.recv_msg(&mut small, RecvFlags { trunc: true, ..Default::default() }).unwrap();
+    assert_eq!((m.len, m.truncated), (100, true), "MSG_TRUNC returns the full length");
+    // The excess was discarded; the next message is the second one.
+    let mut buf = [0u8; 64];
+    let m = b.recv_msg(&mut buf, RecvFlags::default()).unwrap();
+    assert_eq!((&buf[..m.len], m.truncated), (&b"second"[..], false));
+    assert_eq!(errno(b.recv_msg(&mut buf, nb())), libc::EAGAIN, "empty queue, non-blocking");
+    b.set_nonblocking(true).unwrap();
+    assert_eq!(errno(b.recv(&mut buf)), libc::EAGAIN);
+}
+
+#[test]
+fn recv_timeout_gives_etimedout() {
+    let d = Daemon::start(&[]);
+    let r = d.attach();
+    let b = r.socket().unwrap();
+    b.bind(lo(7401)).unwrap();
+    b.set_recv_timeout(Some(Duration::from_millis(150))).unwrap();
+    let t = Instant::now();
+    let mut buf = [0u8; 8];
+    assert_eq!(errno(b.recv(&mut buf)), libc::ETIMEDOUT);
+    let el = t.elapsed();
+    assert!(el >= Duration::from_millis(150) && el < Duration::from_secs(3), "{el:?}");
+}
+
+/// Fills `a`'s send buffer: `b` never reads and has a huge SO_RCVBUF (no congestion), so the
+/// rx ring fills, the poll core stops taking from `a`'s tx ring, and unreleased bytes pile up.
+fn fill_send_buffer(a: &Socket, dest: SocketAddrV4) -> u64 {
+    a.set_nonblocking(true).unwrap();
+    let mut sent = 0u64;
+    let start = Instant::now();
+    loop {
+        match a.send_to(&seq_payload(sent, 1024), dest) {
+            Ok(_) => sent += 1,
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                // The poll core may still be moving messages; EAGAIN twice, 50 ms apart, is full.
+                std::thread::sleep(Duration::from_millis(50));
+                match a.send_to(&seq_payload(sent, 1024), dest) {
+                    Ok(_) => sent += 1,
+                    Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return sent,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "send buffer never filled");
+    }
+}
+
+#[test]
+fn full_send_buffer_gives_eagain_then_etimedout_then_recovers() {
+    let d = Daemon::start(&[]);
+    let r = d.attach();
+    let a = r.socket().unwrap();
+    let b = r.socket().unwrap();
+    a.bind(lo(7501)).unwrap();
+    b.bind(lo(7502)).unwrap();
+    b.set_recv_buffer_size(1 << 30).unwrap();
+    let sent = fill_send_buffer(&a, lo(7502));
+    // 2 MiB rx ring of ~1 KiB records, plus ~104 KiB of send buffer.
+    assert!(sent > 1500, "only {sent} sends before EAGAIN");
+    a.set_nonblocking(false).unwrap();
+    a.set_send_timeout(Some(Duration::from_millis(150))).unwrap();
+    let t = Instant::now();
+    assert_eq!(errno(a.send_to(&seq_payload(sent, 1024), lo(7502))), libc::ETIMEDOUT);
+    assert!(t.elapsed() >= Duration::from_millis(150));
+    // Drain: everything arrives once, in order, and the sender can go on.
+    let mut buf = vec![0u8; 2048];
+    for i in 0..sent {
+        let (n, _) = recv_within(&b, &mut buf);
+        assert_eq!(payload_seq(&buf[..n]), i);
+    }
+    a.set_send_timeout(Some(Duration::from_secs(10))).unwrap();
+    a.send_to(&seq_payload(sent, 1024), lo(7502)).expect("room again after the receiver drained");
+    let (n, _) = recv_within(&b, &mut buf);
+    assert_eq!(payload_seq(&buf[..n]), sent);
+}
+
+#[test]
+fn buffer_sizes_get_and_set() {
+    let d = Daemon::start(&[]);
+    let r = d.attach();
+    let a = r.socket().unwrap();
+    assert_eq!(a.send_buffer_size(), 106_496, "Linux's usual default");
+    assert_eq!(a.recv_buffer_size(), 106_496);
+    a.set_send_buffer_size(50_000).unwrap();
+    a.set_recv_buffer_size(70_000).unwrap();
+    assert_eq!((a.send_buffer_size(), a.recv_buffer_size()), (50_000, 70_000));
+    a.set_send_buffer_size(10).unwrap();
+    assert_eq!(a.send_buffer_size(), 1024, "clamped to the minimum");
+    a.bind(lo(7601)).unwrap();
+    assert_eq!(errno(a.send_to(&[0u8; 1025], lo(7601))), libc::EMSGSIZE, "the new limit applies");
+}
+
+#[test]
+fn unbound_destination_is_dropped_silently_and_counted() {
+    let d = Daemon::start(&[]);
+    let r = d.attach();
+    let a = r.socket().unwrap();
+    a.bind(lo(7701)).unwrap();
+    assert_eq!(a.send_to(b"nobody", lo(7709)).unwrap(), 6);
+    wait_for(|| d.stat("drop_unbound_dest") == 1, Duration::from_secs(10), "drop counter");
+}
+
+#[test]
+fn cancel_sent_to_drops_queued_messages_only_to_that_destination() {
+    let d = Daemon::start(&[]);
+    let r = d.attach();
+    let a = r.socket().unwrap();
+    let b = r.socket().unwrap();
+    assert_eq!(errno(a.cancel_sent_to(Some(lo(7802)))), libc::ENOTCONN, "unbound");
+    a.bind(lo(7801)).unwrap();
+    b.bind(lo(7802)).unwrap();
+    b.set_recv_buffer_size(1 << 30).unwrap();
+    let sent = fill_send_buffer(&a, lo(7802));
+    a.cancel_sent_to(Some(lo(7802))).unwrap();
+    // Sent after the cancel: must be delivered.
+    a.set_nonblocking(false).unwrap();
+    a.set_send_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = vec![0u8; 2048];
+    // Make room for it by reading one message first.
+    let (n, _) = recv_within(&b, &mut buf);
+    assert_eq!(payload_seq(&buf[..n]), 0);
+    a.send_to(&seq_payload(1_000_000, 64), lo(7802)).unwrap();
+    let mut got = vec![0u64];
+    loop {
+        let (n, _) = recv_within(&b, &mut buf);
+        let s = payload_seq(&buf[..n]);
+        if s == 1_000_000 {
+            break;
+        }
+        got.push(s);
+    }
+    let k = got.len() as u64;
+    assert_eq!(got, (0..k).collect::<Vec<_>>(), "what survived is an in-order prefix");
+    assert!(k < sent, "the cancel dropped something ({k} of {sent} delivered)");
+    assert_eq!(d.stat("drop_cancelled"), sent - k, "every cancelled message is counted");
+}
+
+fn poll_events(fd: i32, timeout_ms: i32) -> i16 {
+    shm_api::sys::poll_one(fd, libc::POLLIN | libc::POLLOUT, timeout_ms).unwrap()
+}
+
+#[test]
+fn pollable_fd_tracks_messages_and_send_room() {
+    let d = Daemon::start(&[]);
+    let r = d.attach();
+    let a = r.socket().unwrap();
+    let b = r.socket().unwrap();
+    a.bind(lo(7901)).unwrap();
+    b.bind(lo(7902)).unwrap();
+    let bfd = b.pollable_fd().unwrap();
+    assert_eq!(poll_events(bfd, 0), libc::POLLOUT, "idle: writable, not readable");
+    // epoll wakes up when a message arrives.
+    // SAFETY: epoll calls on descriptors we own; the event buffer is valid.
+    unsafe {
+        let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+        assert!(ep >= 0);
+        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 42 };
+        assert_eq!(libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, bfd, &mut ev), 0);
+        a.send_to(b"wake", lo(7902)).unwrap();
+        let mut out = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        let n = libc::epoll_wait(ep, out.as_mut_ptr(), 4, 5000);
+        assert_eq!(n, 1, "epoll reports the socket readable");
+        let (evs, token) = (out[0].events, out[0].u64);
+        assert_eq!((evs & libc::EPOLLIN as u32, token), (libc::EPOLLIN as u32, 42));
+        libc::close(ep);
+    }
+    let mut buf = [0u8; 16];
+    b.recv_msg(&mut buf, nb()).unwrap();
+    wait_for(|| poll_events(bfd, 0) & libc::POLLIN == 0, Duration::from_secs(5), "POLLIN to clear");
+    // POLLOUT goes away while the send buffer is full, and comes back when it drains.
+    let c = r.socket().unwrap();
+    c.bind(lo(7903)).unwrap();
+    c.set_recv_buffer_size(1 << 30).unwrap();
+    let afd = a.as_raw_fd();
+    let sent = fill_send_buffer(&a, lo(7903));
+    wait_for(|| poll_events(afd, 0) & libc::POLLOUT == 0, Duration::from_secs(5), "POLLOUT to clear");
+    let mut big = vec![0u8; 2048];
+    for _ in 0..sent {
+        recv_within(&c, &mut big);
+    }
+    assert_eq!(poll_events(afd, 5000) & libc::POLLOUT, libc::POLLOUT, "POLLOUT back");
+}
+
+#[test]
+fn many_messages_across_two_processes_exactly_once_in_order() {
+    let d = Daemon::start(&[]);
+    let mut rcv = d.app(&["recv", "127.0.0.1:8000", "20000"]);
+    assert_eq!(rcv.expect("bound"), "8000");
+    let s1 = d.app(&["send", "127.0.0.1:8001", "127.0.0.1:8000", "20000", "200"]);
+    assert_eq!(s1.wait(), 0);
+    assert_eq!(rcv.expect("received"), "20000");
+    assert_eq!(rcv.wait(), 0);
+}
+
+#[test]
+fn hugepage_choice_is_reported() {
+    let d = Daemon::start(&["--hugepages", "off"]);
+    assert!(!d.attach().uses_hugepages());
+}
