@@ -174,6 +174,38 @@ fn main() {
             }
             say("roundtrip ok");
         }
+        // cong-sender SRC DST: monitor on; non-blocking sends until ENOBUFS; wait for the
+        // congestion update; then one blocking send.
+        "cong-sender" => {
+            let src: SocketAddrV4 = arg(&args, 1, "src");
+            let dst: SocketAddrV4 = arg(&args, 2, "dst");
+            let s = rdsd.socket().unwrap();
+            s.bind(src).unwrap();
+            s.set_cong_monitor(true).unwrap();
+            let mut i = 0u64;
+            let start = Instant::now();
+            loop {
+                match s.send_msg(&seq_payload(i, 512), Some(dst), true) {
+                    Ok(_) => i += 1,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => break,
+                    Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => std::thread::yield_now(),
+                    Err(e) => fail(format!("send: {e}")),
+                }
+                if start.elapsed() > Duration::from_secs(20) {
+                    fail("never congested");
+                }
+            }
+            say(format!("enobufs {i}"));
+            s.set_recv_timeout(Some(Duration::from_secs(20))).unwrap();
+            let mut buf = [0u8; 16];
+            let m = s.recv_msg(&mut buf, RecvFlags::default()).unwrap_or_else(|e| fail(format!("recv: {e}")));
+            match m.cong_update {
+                Some(mask) if m.len == 0 => say(format!("cong_update {mask}")),
+                _ => fail(format!("expected a congestion update, got {m:?}")),
+            }
+            s.send_to(&seq_payload(i, 512), dst).unwrap_or_else(|e| fail(format!("send after clear: {e}")));
+            say(format!("sent-after-clear {}", i + 1));
+        }
         other => fail(format!("unknown command {other:?}")),
     }
 }

@@ -1,0 +1,119 @@
+//! App and daemon lifetime: a SIGKILLed app releases everything at once, rdsd's death is a
+//! clear error (not a hang) and apps attach again when it is back, SIGTERM is a clean stop.
+
+use rdsd_tests::*;
+use std::time::{Duration, Instant};
+
+#[test]
+fn sigkilled_app_mid_traffic_releases_ports_at_once_and_others_are_unaffected() {
+    let d = Daemon::start(&[]);
+    let r = d.attach();
+    // The flood target never reads: the flooder is mid-send (congested, retrying) when killed.
+    let sink = r.socket().unwrap();
+    sink.bind(lo(9300)).unwrap();
+    let mut flood = d.app(&["flood", "127.0.0.1:9301", "127.0.0.1:9300"]);
+    flood.expect("flooding");
+    let mut holder = d.app(&["hold", "127.0.0.1:9302"]);
+    holder.expect("bound");
+    // A healthy pair in this process.
+    let a = r.socket().unwrap();
+    let b = r.socket().unwrap();
+    a.bind(lo(9310)).unwrap();
+    b.bind(lo(9311)).unwrap();
+    wait_for(|| d.stat("loop_delivered") > 100, Duration::from_secs(10), "flood traffic");
+    let detached = d.stat("apps_detached");
+    flood.kill();
+    holder.kill();
+    // Both ports are free again within moments: a new process can bind them.
+    let t = Instant::now();
+    let again = r.socket().unwrap();
+    let mut tries = 0;
+    while again.bind(lo(9301)).is_err() {
+        tries += 1;
+        assert!(t.elapsed() < Duration::from_secs(2), "port 9301 still held after {tries} tries");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut p2 = d.app(&["hold", "127.0.0.1:9302"]);
+    p2.expect("bound");
+    eprintln!("port reusable after {:?}", t.elapsed());
+    wait_for(|| d.stat("apps_detached") >= detached + 2, Duration::from_secs(5), "detach count");
+    // The healthy pair never noticed.
+    let mut buf = [0u8; 64];
+    b.set_recv_timeout(Some(Duration::from_secs(5))).unwrap();
+    for i in 0..100u64 {
+        a.send_to(&seq_payload(i, 32), lo(9311)).unwrap();
+        let (n, _) = b.recv_from(&mut buf).unwrap();
+        assert_eq!(payload_seq(&buf[..n]), i);
+    }
+}
+
+#[test]
+fn rdsd_death_is_a_clear_error_and_apps_reattach_after_restart() {
+    let mut d = Daemon::start(&[]);
+    let mut app = d.app(&["block-recv", "127.0.0.1:9400"]);
+    app.expect("waiting");
+    std::thread::sleep(Duration::from_millis(100));
+    d.kill();
+    let gone = app.expect("gone after");
+    let ms: u64 = gone.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(ms < 3000, "blocked recv noticed rdsd's death late: {gone}");
+    assert!(gone.contains("rdsd is gone"), "clear message: {gone}");
+    d.spawn();
+    app.expect("reattached");
+    app.expect("roundtrip ok");
+    assert_eq!(app.wait(), 0);
+}
+
+#[test]
+fn nonblocking_calls_report_a_dead_rdsd() {
+    let mut d = Daemon::start(&[]);
+    let r = d.attach();
+    let a = r.socket().unwrap();
+    a.bind(lo(9450)).unwrap();
+    d.kill();
+    let mut buf = [0u8; 8];
+    let e = a.recv_msg(&mut buf, shm_api::RecvFlags { dontwait: true, ..Default::default() }).unwrap_err();
+    assert!(shm_api::is_daemon_gone(&e), "{e}");
+    assert!(shm_api::is_daemon_gone(&r.socket().unwrap_err()));
+}
+
+#[test]
+fn sigterm_stops_rdsd_cleanly() {
+    let mut d = Daemon::start(&[]);
+    let _r = d.attach();
+    d.signal(libc::SIGTERM);
+    let mut child = d.child.take().unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "rdsd ignored SIGTERM");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(!d.socket.exists(), "control socket removed on shutdown");
+}
+
+#[test]
+fn second_rdsd_on_the_same_socket_refuses_to_start() {
+    let d = Daemon::start(&[]);
+    let out = std::process::Command::new(rdsd_bin())
+        .args(["--poll-core", "-2", "--control-core", "-2", "--control-socket"])
+        .arg(&d.socket)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already serving"));
+    assert!(d.attach().is_alive(), "the first one is untouched");
+}
+
+#[test]
+fn bad_configuration_is_a_clear_error() {
+    let f = std::env::temp_dir().join(format!("rdsd-bad-{}.toml", std::process::id()));
+    std::fs::write(&f, "idle = \"sometimes\"\n").unwrap();
+    let out = std::process::Command::new(rdsd_bin()).arg("--config").arg(&f).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("idle"), "{}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_file(f);
+}
