@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh Debian 12 root shell or CI:
+#   bash tests/run.sh
+# Installs what it needs (apt packages, hugepages) idempotently, builds every binary, runs
+# every crate's tests (unit, property, simulated-pair, integration with real rdsd processes),
+# then the ring model checks (loom) and the Miri run where the nightly toolchain has Miri.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\n== %s\n' "$*"; }
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
+
+log "system packages"
+need=()
+for p in build-essential pkg-config iproute2 nftables; do
+    dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+done
+if [ "${#need[@]}" -gt 0 ]; then
+    as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+else
+    echo "all present"
+fi
+if ! command -v cargo >/dev/null; then
+    echo "cargo not found: install Rust (>= 1.82) with rustup, then rerun" >&2
+    exit 1
+fi
+
+log "build"
+cargo build --workspace --bins
+
+log "hugepages"
+# rdsd falls back to 4 KiB pages when none are free; the suite passes either way.
+as_root target/debug/hugepage-setup --pages 256 || echo "no hugepages reserved; regions will use 4 KiB pages"
+
+log "tests"
+cargo test --workspace --no-fail-fast
+
+log "ring model checks"
+bash shm-api/check-ring-models.sh
