@@ -78,6 +78,9 @@ struct RawConfig {
     max_sockets_per_app: u32,
     tx_ring_bytes: u32,
     rx_ring_bytes: u32,
+    tcp_port: u16,
+    tcp_routes: Vec<String>,
+    paths: u8,
 }
 
 /// rdsd's validated configuration.
@@ -111,6 +114,12 @@ pub struct Config {
     pub tx_ring_bytes: u32,
     /// Bytes of each rx ring.
     pub rx_ring_bytes: u32,
+    /// TCP port of the RDS/TCP listener and of outgoing connections.
+    pub tcp_port: u16,
+    /// Destinations reached over kernel TCP.
+    pub tcp_routes: Vec<Prefix>,
+    /// Paths offered per peer (mprds), 1..=8.
+    pub paths: u8,
 }
 
 /// Command-line overrides (all optional).
@@ -137,6 +146,12 @@ pub struct Overrides {
     /// Socket slots per process.
     #[arg(long)]
     pub max_sockets_per_app: Option<u32>,
+    /// RDS/TCP port (listener and peers).
+    #[arg(long)]
+    pub tcp_port: Option<u16>,
+    /// Paths offered per peer, 1..=8.
+    #[arg(long)]
+    pub paths: Option<u8>,
 }
 
 fn merge(base: &mut toml::Table, over: toml::Table) {
@@ -194,7 +209,13 @@ impl Config {
             max_sockets_per_app: over.max_sockets_per_app.unwrap_or(raw.max_sockets_per_app),
             tx_ring_bytes: raw.tx_ring_bytes,
             rx_ring_bytes: raw.rx_ring_bytes,
+            tcp_port: over.tcp_port.unwrap_or(raw.tcp_port),
+            tcp_routes: raw.tcp_routes.iter().map(|s| s.parse()).collect::<Result<Vec<Prefix>>>()?,
+            paths: over.paths.unwrap_or(raw.paths),
         };
+        if cfg.paths == 0 || cfg.paths > 8 {
+            bail!("paths must be 1..=8 (got {})", cfg.paths);
+        }
         if cfg.max_apps == 0 || cfg.max_apps > 4096 {
             bail!("max_apps must be 1..=4096");
         }
@@ -209,6 +230,17 @@ impl Config {
             tx_ring_capacity: self.tx_ring_bytes,
             rx_ring_capacity: self.rx_ring_bytes,
         }
+    }
+
+    /// True if some local address is outside 127.0.0.0/8: this host talks to the network.
+    pub fn wants_network(&self) -> bool {
+        let lo = Prefix { addr: Ipv4Addr::new(127, 0, 0, 0), len: 8 };
+        self.local_addrs.iter().any(|p| !(p.len >= 8 && lo.contains(p.addr)))
+    }
+
+    /// True if `ip` is reached over kernel TCP.
+    pub fn tcp_routes_to(&self, ip: Ipv4Addr) -> bool {
+        self.tcp_routes.iter().any(|p| p.contains(ip))
     }
 
     /// True if `ip` is one of this host's RDS addresses.

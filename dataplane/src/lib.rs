@@ -44,7 +44,8 @@ pub fn run(cfg: Config, shutdown: Arc<AtomicBool>) -> Result<()> {
     tracing::info!(socket = %cfg.control_socket.display(), idle = ?cfg.idle, local = ?cfg.local_addrs, "rdsd listening");
 
     let poll_alive = Arc::new(AtomicBool::new(true));
-    let core = poll::PollCore::new(cfg.clone(), stats.clone(), daemon.clone(), chans.clone(), control_wake.clone());
+    let core = poll::PollCore::new(cfg.clone(), stats.clone(), daemon.clone(), chans.clone(), control_wake.clone())
+        .context("starting the transports")?;
     let idle = poll::idle::Idle::new(cfg.idle, cfg.spin_iterations, cfg.yield_iterations, cfg.park_timeout_ms, doorbell.clone());
     let poll_core = cfg.poll_cores[0];
     let (sd, alive) = (shutdown.clone(), poll_alive.clone());

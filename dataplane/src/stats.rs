@@ -58,6 +58,46 @@ counters! {
     cong_notifications,
     /// Times the poll core parked.
     poll_parks,
+    /// Messages from the network dropped because the receiver's rx ring was full.
+    drop_rx_ring_full,
+    /// Messages from the network delivered to local sockets.
+    tcp_delivered,
+    /// Outgoing TCP connects started (paths and reconnects).
+    tcp_connects,
+    /// Paths that came up on our connect.
+    tcp_path_up,
+    /// Paths that went down (reset, EOF, error, protocol violation).
+    tcp_path_down,
+    /// TCP connections accepted as paths.
+    tcp_accepts,
+    /// TCP connections reset on accept (we connect instead, no free path, local peer).
+    tcp_accepts_refused,
+    /// Peers seen restarting (new generation number).
+    tcp_peer_restarts,
+    /// Messages written to TCP (data, control, retransmits).
+    tcp_tx_messages,
+    /// Messages resent after a reconnect (RETRANSMITTED).
+    tcp_retransmits,
+    /// Complete messages read from TCP.
+    tcp_rx_messages,
+    /// Malformed headers or extension headers from peers.
+    tcp_drop_bad_header,
+    /// Frames with h_len above 1 MiB (the path was dropped).
+    tcp_drop_oversize,
+    /// Duplicates dropped by sequence number.
+    tcp_drop_dup_seq,
+    /// Messages nobody handles, or truncated at a path drop.
+    tcp_drop_unknown,
+    /// Paths dropped for protocol errors.
+    tcp_path_errors,
+    /// Reconnects scheduled.
+    tcp_reconnects,
+    /// Congestion maps sent.
+    tcp_cong_maps_sent,
+    /// Congestion maps received.
+    tcp_cong_maps_received,
+    /// Pings answered.
+    tcp_pings_received,
 }
 
 impl Stats {
@@ -87,6 +127,6 @@ mod tests {
         Stats::bump(&s.drop_cancelled);
         let text = s.render();
         assert!(text.contains("drop_cancelled 1\n"));
-        assert!(text.lines().count() >= 19);
+        assert!(text.lines().count() >= 39);
     }
 }

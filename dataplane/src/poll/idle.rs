@@ -47,10 +47,14 @@ impl Idle {
         }
     }
 
-    /// Sleeps until the doorbell rings or the park timeout passes.
-    pub fn park(&mut self) {
+    /// Sleeps until the doorbell rings, one of `extra` (transport sockets) is ready, `timeout`
+    /// (a transport timer) or the park timeout passes.
+    pub fn park(&mut self, extra: &mut Vec<libc::pollfd>, timeout: Option<std::time::Duration>) {
         let fd = self.doorbell.as_raw_fd();
-        let _ = shm_api::sys::poll_one(fd, libc::POLLIN, self.park_timeout_ms);
+        extra.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+        let ms = timeout.map_or(self.park_timeout_ms, |t| (t.as_millis() as i32).clamp(0, self.park_timeout_ms));
+        // SAFETY: `extra` is a valid array of pollfd for the call.
+        unsafe { libc::poll(extra.as_mut_ptr(), extra.len() as libc::nfds_t, ms) };
         shm_api::sys::eventfd_drain(fd);
     }
 
@@ -76,7 +80,7 @@ mod tests {
         shm_api::sys::eventfd_signal(fd.as_raw_fd());
         let t = std::time::Instant::now();
         let mut i = Idle::new(IdleMode::Backoff, 0, 0, 5_000, fd);
-        i.park();
+        i.park(&mut Vec::new(), None);
         assert!(t.elapsed() < std::time::Duration::from_secs(1));
     }
 

@@ -14,6 +14,8 @@ use crate::config::Config;
 use crate::shm::region::{wake_slot, AppRegion, DaemonRegion};
 use crate::stats::Stats;
 use crate::transport::loopback;
+use crate::transport::tcp::TcpTransport;
+use rds_proto::wire::CongMap;
 use crossbeam_queue::ArrayQueue;
 use rustc_hash::FxHashMap;
 use shm_api::ctrl::{Reply, Request};
@@ -82,6 +84,7 @@ struct Cancel {
 
 /// rdsd's view of one socket.
 pub struct Sock {
+    gen: u32,
     pub(crate) tx: Consumer<RawRing>,
     pub(crate) rx: Producer<RawRing>,
     pub(crate) bound: Option<(u32, u16)>,
@@ -112,6 +115,8 @@ pub enum Outcome {
     Blocked,
     /// Dropped (already counted).
     Dropped,
+    /// Taken by a network transport; its bytes are released when the peer's TCP acknowledges.
+    Queued,
 }
 
 /// The poll core's state.
@@ -128,6 +133,12 @@ pub struct PollCore {
     chans: Arc<Channels>,
     control_wake: Arc<std::os::fd::OwnedFd>,
     rng: u64,
+    next_gen: u32,
+    pub(crate) tcp: Option<Box<TcpTransport>>,
+    local_maps: FxHashMap<u32, CongMap>,
+    empty_map: CongMap,
+    cong_changed: Vec<u32>,
+    passes: u32,
 }
 
 fn ip(a: u32) -> Ipv4Addr {
@@ -142,11 +153,12 @@ impl PollCore {
         daemon: Arc<DaemonRegion>,
         chans: Arc<Channels>,
         control_wake: Arc<std::os::fd::OwnedFd>,
-    ) -> PollCore {
+    ) -> std::io::Result<PollCore> {
         let max_apps = cfg.max_apps as usize;
         let dview = daemon.view();
         let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
-        PollCore {
+        let tcp = TcpTransport::new(&cfg)?.map(Box::new);
+        Ok(PollCore {
             cfg,
             stats,
             _daemon: daemon,
@@ -159,7 +171,13 @@ impl PollCore {
             chans,
             control_wake,
             rng: seed | 1,
-        }
+            next_gen: 1,
+            tcp,
+            local_maps: FxHashMap::default(),
+            empty_map: CongMap::new(),
+            cong_changed: Vec::with_capacity(256),
+            passes: 0,
+        })
     }
 
     /// One pass over everything. Returns the amount of work done (0 = idle).
@@ -182,6 +200,17 @@ impl PollCore {
         }
         if !self.congested.is_empty() {
             work += self.check_congested();
+        }
+        if let Some(mut tcp) = self.tcp.take() {
+            work += tcp.poll(self);
+            for addr in self.cong_changed.drain(..) {
+                tcp.local_congestion_changed(addr);
+            }
+            self.passes = self.passes.wrapping_add(1);
+            if self.passes % 1024 == 0 || work > 0 && self.passes % 64 == 0 {
+                tcp.publish_counters(&self.stats);
+            }
+            self.tcp = Some(tcp);
         }
         if !self.readiness_socks.is_empty() {
             self.sync_readiness();
@@ -234,7 +263,9 @@ impl PollCore {
             }
             let s = self.sock(from).expect("sender still open");
             s.tx.consume(&rec);
-            s.released += rec.header.len as u64;
+            if !matches!(outcome, Outcome::Queued) {
+                s.released += rec.header.len as u64;
+            }
             done += 1;
         }
         if done > 0 {
@@ -250,12 +281,88 @@ impl PollCore {
 
     /// Picks the transport for one message.
     fn route(&mut self, from: SockRef, src: (u32, u16), rec: &Record) -> Outcome {
-        if self.cfg.is_local(ip(rec.header.addr)) {
-            loopback::deliver(self, from, src, rec)
-        } else {
-            Stats::bump(&self.stats.drop_no_route);
-            Outcome::Dropped
+        let dest = ip(rec.header.addr);
+        if self.cfg.is_local(dest) {
+            return loopback::deliver(self, from, src, rec);
         }
+        if self.tcp.is_some() && self.cfg.tcp_routes_to(dest) {
+            let Some(mut tcp) = self.tcp.take() else { unreachable!() };
+            let len = rec.header.len as usize;
+            let app = self.apps[from.app].as_ref().expect("sender app");
+            let ring = app.region.tx_ring(from.slot);
+            let gen = app.socks[from.slot as usize].as_ref().map_or(0, |s| s.gen);
+            // SAFETY: the ring consumer validated payload_offset + len against the data area;
+            // the slice lives only for this call, while the region stays mapped.
+            let payload = unsafe { std::slice::from_raw_parts(ring.data_ptr().add(rec.payload_offset), len) };
+            let token = token_of(from, gen);
+            let ok = tcp.send(self, src.0, rec.header.addr, src.1, rec.header.port, payload, token);
+            self.tcp = Some(tcp);
+            return if ok {
+                Outcome::Queued
+            } else {
+                Stats::bump(&self.stats.drop_no_route);
+                Outcome::Dropped
+            };
+        }
+        Stats::bump(&self.stats.drop_no_route);
+        Outcome::Dropped
+    }
+
+    /// A network transport finished with a message (acknowledged or cancelled): give its
+    /// bytes back to the sender's send buffer, unless that socket is gone.
+    pub(crate) fn release_token(&mut self, token: u64, len: u64) {
+        let (r, gen) = sock_of_token(token);
+        let Some(s) = self.sock(r) else { return };
+        if s.gen != gen {
+            return;
+        }
+        s.released += len;
+        let released = s.released;
+        let ctl = self.ctl(r);
+        ctl.tx_released_bytes.store(released, Ordering::Release);
+        wake_slot(ctl);
+    }
+
+    /// A message from a peer for `laddr:dport`.
+    pub(crate) fn deliver_remote(&mut self, laddr: u32, faddr: u32, sport: u16, dport: u16, payload: &[u8]) {
+        let Some(&to) = self.binds.get(&(laddr, dport)) else {
+            Stats::bump(&self.stats.drop_unbound_dest);
+            return;
+        };
+        let Some(app) = self.apps[to.app].as_mut() else { return };
+        let Some(sock) = app.socks[to.slot as usize].as_mut() else { return };
+        match sock.rx.push(shm_api::ring::RecordHeader::data(0, faddr, sport), payload) {
+            Ok(()) => {
+                sock.rx.publish();
+                sock.rx_produced += payload.len() as u64;
+                let produced = sock.rx_produced;
+                let ctl = app.region.slot_control(to.slot);
+                ctl.rx_produced_bytes.store(produced, Ordering::Release);
+                wake_slot(ctl);
+                Stats::bump(&self.stats.tcp_delivered);
+                self.after_enqueue(to);
+            }
+            Err(_) => Stats::bump(&self.stats.drop_rx_ring_full),
+        }
+    }
+
+    /// Our current congestion map for a local address (all clear if none is bound there).
+    pub(crate) fn local_map(&self, addr: u32) -> &CongMap {
+        self.local_maps.get(&addr).unwrap_or(&self.empty_map)
+    }
+
+    /// Copies a peer's congestion map into the daemon region, where senders test it.
+    pub(crate) fn mirror_peer_map(&mut self, faddr: u32, bytes: &[u8; shm_api::layout::CONG_MAP_BYTES]) {
+        let Some(&(idx, _)) = self.cong_entries.get(&faddr) else { return };
+        for (w, chunk) in self.dview.map(idx).iter().zip(bytes.chunks_exact(8)) {
+            w.store(u64::from_le_bytes(chunk.try_into().expect("8 bytes")), Ordering::Release);
+        }
+        self.dview.header().cong_seq.fetch_add(1, Ordering::Release);
+    }
+
+    /// A peer cleared congestion on ports `mask` (bit = port % 64): wake senders, tell monitors.
+    pub(crate) fn remote_uncongested(&mut self, mask: u64) {
+        self.notify_uncongested(mask);
     }
 
     /// After a message was queued on `to`: mark its port congested above SO_RCVBUF.
@@ -273,6 +380,11 @@ impl PollCore {
     }
 
     fn set_cong_bit(&mut self, addr: u32, port: u16, on: bool) {
+        let map = self.local_maps.entry(addr).or_default();
+        map.set_congested(port, on);
+        if self.tcp.is_some() && !self.cong_changed.contains(&addr) {
+            self.cong_changed.push(addr);
+        }
         if let Some(&(idx, _)) = self.cong_entries.get(&addr) {
             let word = &self.dview.map(idx)[port as usize / 64];
             if on {
@@ -316,7 +428,11 @@ impl PollCore {
     fn uncongest(&mut self, addr: u32, port: u16) {
         self.set_cong_bit(addr, port, false);
         Stats::bump(&self.stats.cong_cleared);
-        let bit = cong_monitor_bit(port);
+        self.notify_uncongested(cong_monitor_bit(port));
+    }
+
+    /// Wakes every blocked app thread and posts `bit` to monitors that asked for it.
+    fn notify_uncongested(&mut self, bit: u64) {
         for a in self.apps.iter().flatten().filter(|a| !a.evicted) {
             for (slot, s) in a.socks.iter().enumerate() {
                 let Some(s) = s else { continue };
@@ -399,7 +515,7 @@ impl PollCore {
         }
     }
 
-    fn ref_cong_entry(&mut self, addr: u32) -> Result<(), i32> {
+    pub(crate) fn ref_cong_entry(&mut self, addr: u32) -> Result<(), i32> {
         if let Some(e) = self.cong_entries.get_mut(&addr) {
             e.1 += 1;
             return Ok(());
@@ -420,6 +536,7 @@ impl PollCore {
             if e.1 == 0 {
                 let idx = e.0;
                 self.cong_entries.remove(&addr);
+                self.local_maps.remove(&addr);
                 self.dview.entry(idx).addr.store(0, Ordering::Release);
             }
         }
@@ -472,7 +589,10 @@ impl PollCore {
                 let a = self.apps[app].as_mut().expect("checked");
                 let slot = a.socks.iter().position(|s| s.is_none()).ok_or(libc::EMFILE)? as u32;
                 a.region.reset_slot(slot);
+                let gen = self.next_gen;
+                self.next_gen = self.next_gen.wrapping_add(1).max(1);
                 a.socks[slot as usize] = Some(Sock {
+                    gen,
                     tx: Consumer::new(a.region.tx_ring(slot)),
                     rx: Producer::new(a.region.rx_ring(slot)),
                     bound: None,
@@ -539,8 +659,13 @@ impl PollCore {
                     return Err(libc::EAGAIN);
                 }
                 let n = s.ncancels;
-                s.cancels[n] = Cancel { dest: dest.map(|(a, p)| (u32::from(a), p)), upto };
+                let dest = dest.map(|(a, p)| (u32::from(a), p));
+                s.cancels[n] = Cancel { dest, upto };
                 s.ncancels += 1;
+                let (laddr, sport) = s.bound.expect("checked");
+                if let Some(tcp) = self.tcp.as_mut() {
+                    tcp.cancel(laddr, sport, dest);
+                }
                 Ok(0)
             }
             Request::EnableReadiness { slot } => {
@@ -575,6 +700,16 @@ impl PollCore {
     }
 }
 
+/// The token a network transport carries for a message: which socket (and which incarnation
+/// of that slot) gets the bytes back when it is released.
+fn token_of(r: SockRef, gen: u32) -> u64 {
+    ((r.app as u64) << 44) | ((r.slot as u64 & 0xfff) << 32) | gen as u64
+}
+
+fn sock_of_token(t: u64) -> (SockRef, u32) {
+    (SockRef { app: (t >> 44) as usize, slot: ((t >> 32) & 0xfff) as u32 }, t as u32)
+}
+
 /// Drops cancel markers the consumer has moved past; returns the new count.
 fn prune_cancels(c: &mut [Cancel; MAX_CANCELS], n: usize, pos: u64) -> usize {
     let mut k = 0;
@@ -589,6 +724,7 @@ fn prune_cancels(c: &mut [Cancel; MAX_CANCELS], n: usize, pos: u64) -> usize {
 
 /// Runs the poll core until `shutdown`, waiting per the configured idle strategy.
 pub fn run(mut core: PollCore, mut idle: idle::Idle, shutdown: Arc<AtomicBool>) {
+    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(256);
     while !shutdown.load(Ordering::Relaxed) {
         let work = core.run_once();
         if idle.idle(work) {
@@ -600,7 +736,13 @@ pub fn run(mut core: PollCore, mut idle: idle::Idle, shutdown: Arc<AtomicBool>) 
             let work = core.run_once();
             if work == 0 {
                 Stats::bump(&core.stats.poll_parks);
-                idle.park();
+                fds.clear();
+                let mut timeout = None;
+                if let Some(tcp) = &core.tcp {
+                    tcp.park_fds(&mut fds);
+                    timeout = tcp.next_timeout();
+                }
+                idle.park(&mut fds, timeout);
             }
             h.poll_sleeping.store(0, Ordering::Relaxed);
             idle.reset();
