@@ -41,21 +41,40 @@ pub struct Daemon {
     /// Its control socket.
     pub socket: PathBuf,
     extra: Vec<String>,
+    netns: Option<String>,
 }
 
 impl Daemon {
     /// Starts rdsd with `extra` flags on a fresh control socket and waits until it serves.
     pub fn start(extra: &[&str]) -> Daemon {
+        Daemon::start_in(None, extra)
+    }
+
+    /// Starts rdsd inside network namespace `netns` (if given).
+    pub fn start_in(netns: Option<&str>, extra: &[&str]) -> Daemon {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let socket = std::env::temp_dir().join(format!("rdsd-test-{}-{n}.sock", std::process::id()));
-        let mut d = Daemon { child: None, socket, extra: extra.iter().map(|s| s.to_string()).collect() };
+        let mut d = Daemon {
+            child: None,
+            socket,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            netns: netns.map(str::to_string),
+        };
         d.spawn();
         d
     }
 
     /// (Re)starts the process on the same socket.
     pub fn spawn(&mut self) {
-        let mut cmd = Command::new(rdsd_bin());
+        let mut cmd = match &self.netns {
+            // `ip netns exec` execs rdsd itself, so the child pid is rdsd's.
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(rdsd_bin());
+                c
+            }
+            None => Command::new(rdsd_bin()),
+        };
         cmd.arg("--control-socket").arg(&self.socket);
         // Tests share two cores: never pin, and let the poll core park when idle.
         cmd.args(["--poll-core", "-2", "--control-core", "-2", "--log", "warn"]);
@@ -203,3 +222,5 @@ pub fn seq_payload(seq: u64, len: usize) -> Vec<u8> {
 pub fn payload_seq(p: &[u8]) -> u64 {
     u64::from_le_bytes(p[..8].try_into().expect("8 bytes"))
 }
+
+pub mod netns;

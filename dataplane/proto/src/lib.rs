@@ -1,1 +1,125 @@
-//! Sans-IO RDS protocol engine.
+//! Sans-IO protocol engine of rdsd: RDS (Reliable Datagram Sockets) over stream transports,
+//! wire-compatible with the Linux kernel's `rds_tcp`.
+//!
+//! The crate performs no I/O, reads no clock, spawns no thread and draws no randomness except
+//! from a seeded [`rng::SplitMix64`]: given the same inputs it produces the same outputs, which
+//! is what lets `tests/` simulate two hosts, lossy links and restarts deterministically.
+//!
+//! * [`wire`]: the 48-byte header ([`wire::HeaderPacket`] / [`wire::HeaderRepr`]), extension
+//!   headers with the kernel reader's quirks, the RFC 1071 header checksum, the stream
+//!   [`wire::Deframer`], and congestion maps ([`wire::CongMap`]).
+//! * [`conn`]: [`Connection`], one state machine per (local address, peer address) with 1..=8
+//!   paths (one TCP connection each).
+//! * [`time::Instant`]: opaque virtual time (u64 nanoseconds).
+//!
+//! # State machine
+//!
+//! Each path is `Down → Connecting → Up`, and goes to `Error` (malformed input) or
+//! `Disconnecting` (local close) before returning to `Down` when the transport reports it gone.
+//! The numerically smaller address is the *active* side: it connects every path and reconnects
+//! with the kernel's backoff (first attempt at once, then a random delay in `[0, bound)` with
+//! the bound doubling from 1 ms to 1 s, reset when the path comes up). The larger address is
+//! *passive*: it only accepts, and while it has data to send with path 0 down it emits
+//! [`Event::Doorbell`] (a connect the smaller side resets before connecting back).
+//!
+//! When path 0 comes up both sides send a handshake probe (sport 1 → dport 0 ping carrying
+//! `NPATHS`, `GEN_NUM` and optionally `SPORT_IDX`), answered by a pong (sport 0 → dport 1).
+//! The connection then uses `min(our offer, peer offer)` paths; the active side connects paths
+//! 1.. only after a pong on the current path-0 connection. A socket's messages go on path
+//! `hash(sport) % npaths` (path 0 before the handshake); each path numbers its messages from 1
+//! when they are queued. Every new path first sends the local congestion map.
+//!
+//! Delivery is confirmed by TCP: a message is released ([`Event::Released`]) when the
+//! transport's acknowledged stream offset passes its last byte. When a path goes down, its
+//! unacknowledged messages go back to the front of its queue and are resent with
+//! `RETRANSMITTED` and their original numbers; the receiver drops a `RETRANSMITTED` message
+//! whose number is below the next expected one. Peer restarts are handled with generation
+//! numbers; the policy is described in [`conn`].
+//!
+//! # I/O contract
+//!
+//! The transport (kernel TCP, or later a userspace TCP) owns the sockets and must:
+//!
+//! 1. Create one [`Connection`] per (local, peer) pair with a [`Config`] (random non-zero
+//!    generation chosen once per daemon start, RNG seed). Call [`Connection::open`] or just
+//!    [`Connection::send`].
+//! 2. After every call, drain [`Connection::poll_event`]:
+//!    * [`Event::Connect`]: open a TCP connection from the local address (with
+//!      [`Config::sport_idx`], from a source port with `port % 8 == path`) to `peer:16385`; on
+//!      success call [`Connection::handle_connected`], on failure
+//!      [`Connection::handle_path_down`].
+//!    * [`Event::Doorbell`]: open a throw-away connection to `peer:16385` and close it.
+//!    * [`Event::Close`]: close that path's socket, then call `handle_path_down`.
+//!    * [`Event::Released`]: return `len` bytes to the sending socket's send buffer.
+//!    * [`Event::CongestionChanged`], [`Event::PathsNegotiated`], [`Event::PeerRestarted`]:
+//!      notifications (wake congestion waiters, update stats).
+//! 3. On an inbound connection from the peer's address call [`Connection::handle_accepted`]
+//!    with the peer's TCP source port; on `Err` reset the socket (linger 0).
+//! 4. When a path's socket is writable and [`Connection::has_pending_transmit`] holds, write
+//!    [`Connection::poll_transmit_chunk`] (header and payload slices, e.g. with `writev`) and
+//!    report the bytes the socket took with [`Connection::advance_transmit`]; or copy with
+//!    [`Connection::poll_transmit`]. Pass the current local congestion map; call
+//!    [`Connection::local_congestion_changed`] whenever a local port's bit flips.
+//! 5. Report TCP acknowledgement progress with [`Connection::handle_acked`]: bytes written on
+//!    this socket minus `SIOCOUTQ` (or `snd_una` − ISN on a userspace stack), counted from the
+//!    moment the path came up. Read it at least before reporting the path down.
+//! 6. Feed received bytes to [`Connection::handle_stream_data`] (callback per delivery) or
+//!    [`Connection::receive`] (pull, one message per call). Deliveries borrow the input or a
+//!    per-path buffer; nothing is allocated per message in steady state.
+//! 7. Report a dead socket (EOF, RST, error other than EAGAIN, keepalive timeout) with
+//!    [`Connection::handle_path_down`].
+//! 8. Call [`Connection::handle_timeout`] when [`Connection::poll_timeout`] expires.
+//!
+//! Sending sockets check [`Connection::peer_port_congested`] themselves (`ENOBUFS`) and do
+//! their own send-buffer accounting; [`Connection::send`] only refuses payloads above 1 MiB
+//! and the reserved source ports 0 and 1.
+//!
+//! # Deviations from the kernel
+//!
+//! * Incoming `h_len` above 1 MiB drops the path (the kernel buffers up to 4 GiB).
+//! * Probes (ping and pong) are processed whatever their sequence number and never move
+//!   `next_rx_seq`; the kernel applies the duplicate rule to them.
+//! * On a peer generation change, unacknowledged messages are kept and resent, and our
+//!   numbering keeps running (the kernel flushes and restarts at 1). See [`conn`].
+//! * A fresh connection queues its probe as the first message of path 0; data on paths > 0
+//!   waits until a probe pong proves the peer has our generation, and after the path count
+//!   changes it waits until path 0 has drained what was queued before (like recent kernels'
+//!   catch-up step).
+//! * The active side reconnects paths > 0 only after a pong on the current path-0 connection,
+//!   including after an isolated drop of such a path (it re-probes on path 0).
+//! * Path choice is `hash(sport) % npaths` (the kernel uses `jhash & (npaths - 1)`); the hash is
+//!   local-only. Prefer power-of-two path counts with kernel peers.
+//! * Passive path mapping with `SPORT_IDX` uses `sport % 8` (equal to the kernel's
+//!   `sport % npaths` for power-of-two counts); a busy path refuses the connection instead of
+//!   stashing it. Without `SPORT_IDX` the first free path is used, like classic kernels.
+//! * The passive side re-rings the doorbell at backoff pace while it has data queued and path 0
+//!   is down (the kernel only does so on sendmsg).
+//! * Pongs and probes are queued messages retransmitted like data (as in the kernel); the
+//!   congestion map goes out on every up path when it changes (the kernel picks one).
+//! * Checksums, `h_ack` and `h_credit` are neither set nor checked (as kernel TCP).
+//! * No `ACK_REQUIRED` bookkeeping, no RDMA extensions acted upon, no FIN-drain shutdown.
+//!
+//! # Known limits
+//!
+//! * If the acknowledgement of bytes the peer already consumed is lost together with a reset
+//!   connection **and** the peer restarts before the resend, the restarted peer delivers that
+//!   message again (nothing can tell the two apart without an end-to-end acknowledgement).
+//! * A peer restart that *lowers* the path count moves messages queued on vanished paths to
+//!   their new path; messages that were unacknowledged on such a path are moved only when the
+//!   path is reported down and can then be reordered after newer messages of the same socket.
+//! * With classic (non-`SPORT_IDX`) peers and several paths, path indices on the two sides can
+//!   disagree after reconnects, as between classic kernels.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod conn;
+pub mod rng;
+pub mod time;
+pub mod wire;
+
+pub use conn::{
+    AcceptError, Config, ConfigError, Connection, Counters, Delivery, Event, PathError, PathState,
+    Received, SendError, TransmitChunk,
+};
+pub use time::Instant;

@@ -207,10 +207,12 @@ impl PollCore {
                 tcp.local_congestion_changed(addr);
             }
             self.passes = self.passes.wrapping_add(1);
-            if self.passes % 1024 == 0 || work > 0 && self.passes % 64 == 0 {
+            if self.passes % 256 == 0 {
                 tcp.publish_counters(&self.stats);
             }
             self.tcp = Some(tcp);
+        } else {
+            self.cong_changed.clear();
         }
         if !self.readiness_socks.is_empty() {
             self.sync_readiness();
@@ -382,7 +384,9 @@ impl PollCore {
     fn set_cong_bit(&mut self, addr: u32, port: u16, on: bool) {
         let map = self.local_maps.entry(addr).or_default();
         map.set_congested(port, on);
-        if self.tcp.is_some() && !self.cong_changed.contains(&addr) {
+        // Recorded even while the transport is taken out for its own poll (deliveries from the
+        // network mark ports then); the map goes out after that poll.
+        if !self.cong_changed.contains(&addr) {
             self.cong_changed.push(addr);
         }
         if let Some(&(idx, _)) = self.cong_entries.get(&addr) {
@@ -739,6 +743,8 @@ pub fn run(mut core: PollCore, mut idle: idle::Idle, shutdown: Arc<AtomicBool>) 
                 fds.clear();
                 let mut timeout = None;
                 if let Some(tcp) = &core.tcp {
+                    // Counters are summed lazily; make them exact before sleeping.
+                    tcp.publish_counters(&core.stats);
                     tcp.park_fds(&mut fds);
                     timeout = tcp.next_timeout();
                 }

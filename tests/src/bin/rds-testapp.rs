@@ -28,6 +28,9 @@ fn fail(s: impl AsRef<str>) -> ! {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let cmd = args.first().map(String::as_str).unwrap_or("");
+    if cmd == "garbage-peer" {
+        return garbage_peer(&args);
+    }
     let rdsd = Rdsd::attach().unwrap_or_else(|e| fail(format!("attach: {e}")));
     match cmd {
         // recv ADDR COUNT [RCVBUF]: receive COUNT sequence-numbered messages, check order.
@@ -206,6 +209,209 @@ fn main() {
             s.send_to(&seq_payload(i, 512), dst).unwrap_or_else(|e| fail(format!("send after clear: {e}")));
             say(format!("sent-after-clear {}", i + 1));
         }
+        // recv-multi ADDR TOTAL: receive TOTAL messages from any senders; each sender's
+        // sequence must run 0, 1, 2, ... without gaps, duplicates or reordering.
+        "recv-multi" => {
+            let addr: SocketAddrV4 = arg(&args, 1, "addr");
+            let total: u64 = arg(&args, 2, "total");
+            let s = rdsd.socket().unwrap();
+            s.set_recv_buffer_size(8 << 20).unwrap();
+            s.bind(addr).unwrap_or_else(|e| fail(format!("bind: {e}")));
+            say("bound");
+            let mut next = std::collections::HashMap::<SocketAddrV4, u64>::new();
+            let mut buf = vec![0u8; 1 << 20];
+            for _ in 0..total {
+                let (n, from) = s.recv_from(&mut buf).unwrap_or_else(|e| fail(format!("recv: {e}")));
+                let seq = payload_seq(&buf[..n]);
+                let e = next.entry(from).or_insert(0);
+                if seq != *e {
+                    fail(format!("from {from}: got {seq}, expected {e}"));
+                }
+                *e += 1;
+            }
+            say(format!("received {total} sources {}", next.len()));
+        }
+        // fanout SRC COUNT DST...: one socket sends COUNT messages to each destination in turn.
+        "fanout" => {
+            let src: SocketAddrV4 = arg(&args, 1, "src");
+            let count: u64 = arg(&args, 2, "count");
+            let dsts: Vec<SocketAddrV4> = args[3..].iter().map(|a| a.parse().expect("dst")).collect();
+            let s = rdsd.socket().unwrap();
+            s.bind(src).unwrap();
+            for i in 0..count {
+                for d in &dsts {
+                    s.send_to(&seq_payload(i, 100), *d).unwrap_or_else(|e| fail(format!("send: {e}")));
+                }
+            }
+            say(format!("sent {count}"));
+        }
+        // multi-send SRC_IP FIRST_PORT NSOCKS DST COUNT: NSOCKS sockets (ports FIRST_PORT..)
+        // each send COUNT messages to DST, interleaved.
+        "multi-send" => {
+            let ip: std::net::Ipv4Addr = arg(&args, 1, "src ip");
+            let first: u16 = arg(&args, 2, "first port");
+            let n: u16 = arg(&args, 3, "nsocks");
+            let dst: SocketAddrV4 = arg(&args, 4, "dst");
+            let count: u64 = arg(&args, 5, "count");
+            let socks: Vec<_> = (0..n)
+                .map(|k| {
+                    let s = rdsd.socket().unwrap();
+                    s.bind(SocketAddrV4::new(ip, first + k)).unwrap();
+                    s
+                })
+                .collect();
+            for i in 0..count {
+                for s in &socks {
+                    s.send_to(&seq_payload(i, 64 + (i as usize % 200)), dst).unwrap_or_else(|e| fail(format!("send: {e}")));
+                }
+            }
+            say(format!("sent {}", count * n as u64));
+        }
+        // send-resilient SRC DST COUNT GAP_US: sends COUNT messages, pausing GAP_US between
+        // them; if rdsd dies, attaches again, re-binds and goes on with the same sequence.
+        "send-resilient" => {
+            let src: SocketAddrV4 = arg(&args, 1, "src");
+            let dst: SocketAddrV4 = arg(&args, 2, "dst");
+            let count: u64 = arg(&args, 3, "count");
+            let gap: u64 = arg(&args, 4, "gap us");
+            let mut r = rdsd;
+            let mut s = r.socket().unwrap();
+            s.bind(src).unwrap();
+            s.set_send_timeout(Some(Duration::from_secs(30))).unwrap();
+            let mut restarts = 0;
+            let mut i = 0u64;
+            say("sending");
+            while i < count {
+                match s.send_to(&seq_payload(i, 128), dst) {
+                    Ok(_) => i += 1,
+                    Err(e) if is_daemon_gone(&e) => {
+                        restarts += 1;
+                        drop(s);
+                        r = reattach();
+                        s = r.socket().unwrap();
+                        s.bind(src).unwrap_or_else(|e| fail(format!("rebind: {e}")));
+                        s.set_send_timeout(Some(Duration::from_secs(30))).unwrap();
+                    }
+                    Err(e) => fail(format!("send {i}: {e}")),
+                }
+                if gap > 0 {
+                    std::thread::sleep(Duration::from_micros(gap));
+                }
+            }
+            say(format!("sent {count} restarts {restarts}"));
+            // Stay attached until the test is done: a closed socket drops unsent messages.
+            std::thread::sleep(Duration::from_secs(600));
+        }
+        // recv-resilient ADDR LAST: receives until sequence LAST; if rdsd dies, attaches again
+        // and re-binds. Sequences must strictly increase (no duplicate, no reordering).
+        "recv-resilient" => {
+            let addr: SocketAddrV4 = arg(&args, 1, "addr");
+            let last: u64 = arg(&args, 2, "last");
+            let mut r = rdsd;
+            let mut s = r.socket().unwrap();
+            s.set_recv_buffer_size(8 << 20).unwrap();
+            s.bind(addr).unwrap();
+            say("bound");
+            let (mut gaps, mut missing, mut restarts, mut got) = (0u64, 0u64, 0u64, 0u64);
+            let mut prev: Option<u64> = None;
+            let mut buf = vec![0u8; 4096];
+            loop {
+                match s.recv_from(&mut buf) {
+                    Ok((n, _)) => {
+                        let seq = payload_seq(&buf[..n]);
+                        let expect = prev.map_or(0, |p| p + 1);
+                        if prev.is_some_and(|p| seq <= p) {
+                            fail(format!("duplicate or reordering: {seq} after {}", prev.unwrap()));
+                        }
+                        if seq != expect {
+                            gaps += 1;
+                            missing += seq - expect;
+                        }
+                        prev = Some(seq);
+                        got += 1;
+                        if seq == last {
+                            break;
+                        }
+                    }
+                    Err(e) if is_daemon_gone(&e) => {
+                        restarts += 1;
+                        drop(s);
+                        r = reattach();
+                        s = r.socket().unwrap();
+                        s.set_recv_buffer_size(8 << 20).unwrap();
+                        s.bind(addr).unwrap_or_else(|e| fail(format!("rebind: {e}")));
+                        say("rebound");
+                    }
+                    Err(e) => fail(format!("recv: {e}")),
+                }
+            }
+            say(format!("done got {got} gaps {gaps} missing {missing} restarts {restarts}"));
+        }
         other => fail(format!("unknown command {other:?}")),
     }
+}
+
+fn reattach() -> Rdsd {
+    let start = Instant::now();
+    loop {
+        match Rdsd::attach() {
+            Ok(r) => return r,
+            Err(_) if start.elapsed() < Duration::from_secs(30) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => fail(format!("reattach: {e}")),
+        }
+    }
+}
+
+/// garbage-peer ADDR PORT MODE: a malformed RDS/TCP peer (no rdsd needed).
+fn garbage_peer(args: &[String]) {
+    use std::io::Write;
+    let addr: std::net::SocketAddr = format!("{}:{}", args[1], args[2]).parse().expect("addr");
+    let mode = args.get(3).map(String::as_str).unwrap_or("");
+    let mut t = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap_or_else(|e| fail(format!("connect: {e}")));
+    let mut hdr = [0u8; 48];
+    match mode {
+        "random" => {
+            let mut x = 0x2545F4914F6CDD1Du64;
+            let junk: Vec<u8> = (0..4096)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            let _ = t.write_all(&junk);
+        }
+        "oversize" => {
+            hdr[7] = 1; // sequence 1
+            hdr[16..20].copy_from_slice(&(2u32 << 20).to_be_bytes()); // h_len 2 MiB
+            hdr[20..22].copy_from_slice(&5u16.to_be_bytes());
+            hdr[22..24].copy_from_slice(&6u16.to_be_bytes());
+            let _ = t.write_all(&hdr);
+            let _ = t.write_all(&[0u8; 4096]);
+        }
+        "truncated" => {
+            hdr[7] = 1;
+            hdr[16..20].copy_from_slice(&1000u32.to_be_bytes());
+            hdr[20..22].copy_from_slice(&5u16.to_be_bytes());
+            hdr[22..24].copy_from_slice(&6u16.to_be_bytes());
+            let _ = t.write_all(&hdr[..30]);
+            std::thread::sleep(Duration::from_millis(50));
+            let _ = t.write_all(&hdr[30..]);
+            let _ = t.write_all(&[7u8; 100]);
+        }
+        "bad-exthdr" => {
+            hdr[7] = 1;
+            hdr[20..22].copy_from_slice(&5u16.to_be_bytes());
+            hdr[32] = 5; // NPATHS claims 2 bytes ...
+            hdr[33] = 0xff;
+            hdr[34] = 0xff;
+            hdr[35] = 200; // ... then a type >= 16
+            let _ = t.write_all(&hdr);
+        }
+        other => fail(format!("unknown mode {other}")),
+    }
+    let _ = t.flush();
+    std::thread::sleep(Duration::from_millis(200));
+    say("sent garbage");
 }

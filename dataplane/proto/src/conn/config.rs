@@ -1,0 +1,94 @@
+//! Connection configuration.
+
+use crate::wire::MAX_PATHS;
+use core::fmt;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+/// Parameters of one RDS connection (one local address, one peer address).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Our RDS (and TCP) address.
+    pub local_addr: Ipv4Addr,
+    /// The peer's RDS (and TCP) address.
+    pub peer_addr: Ipv4Addr,
+    /// Number of paths we offer in the handshake (1..=8). The connection uses
+    /// `min(ours, peer's)`. Use a power of two when `sport_idx` is on (see [`Config::sport_idx`]).
+    pub npaths: u8,
+    /// Our generation number (`GEN_NUM`): a random non-zero u32 chosen once per daemon start.
+    pub generation: u32,
+    /// Seed of the engine's RNG (reconnect jitter).
+    pub rng_seed: u64,
+    /// Put `GEN_NUM` in our probes (recent-kernel behaviour). Default on.
+    pub send_gen_num: bool,
+    /// Announce `SPORT_IDX`: the I/O layer promises to bind the TCP source port of the
+    /// connection for path `p` so that `port % 8 == p`. Default off.
+    pub sport_idx: bool,
+    /// Initial reconnect backoff bound (`reconnect_min_delay_ms`, 1 ms).
+    pub reconnect_min: Duration,
+    /// Largest reconnect backoff bound (`reconnect_max_delay_ms`, 1 s).
+    pub reconnect_max: Duration,
+}
+
+impl Config {
+    /// A configuration with kernel defaults: 8 paths offered, GEN_NUM sent, no SPORT_IDX,
+    /// backoff 1 ms..1 s.
+    pub fn new(local_addr: Ipv4Addr, peer_addr: Ipv4Addr, generation: u32, rng_seed: u64) -> Self {
+        Config {
+            local_addr,
+            peer_addr,
+            npaths: MAX_PATHS as u8,
+            generation,
+            rng_seed,
+            send_gen_num: true,
+            sport_idx: false,
+            reconnect_min: Duration::from_millis(1),
+            reconnect_max: Duration::from_secs(1),
+        }
+    }
+
+    /// Checks the invariants [`super::Connection::new`] relies on.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.npaths == 0 || usize::from(self.npaths) > MAX_PATHS {
+            return Err(ConfigError::BadPathCount(self.npaths));
+        }
+        if self.local_addr == self.peer_addr {
+            return Err(ConfigError::SameAddress);
+        }
+        if self.generation == 0 {
+            return Err(ConfigError::ZeroGeneration);
+        }
+        if self.reconnect_min.is_zero() || self.reconnect_min > self.reconnect_max {
+            return Err(ConfigError::BadBackoff);
+        }
+        Ok(())
+    }
+}
+
+/// A rejected [`Config`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigError {
+    /// `npaths` outside 1..=8.
+    BadPathCount(u8),
+    /// Local and peer addresses are equal (that is the loopback transport's job).
+    SameAddress,
+    /// Generation 0 means "unknown" on the wire and would hide our restarts.
+    ZeroGeneration,
+    /// `reconnect_min` is zero or above `reconnect_max`.
+    BadBackoff,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::BadPathCount(n) => write!(f, "npaths {n} outside 1..=8"),
+            ConfigError::SameAddress => write!(f, "local and peer address are the same"),
+            ConfigError::ZeroGeneration => write!(f, "generation number must be non-zero"),
+            ConfigError::BadBackoff => {
+                write!(f, "reconnect_min must be non-zero and <= reconnect_max")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}

@@ -1,0 +1,243 @@
+//! What the engine reports to the I/O layer.
+
+use core::fmt;
+
+/// Actions and notifications for the I/O layer, drained with
+/// [`super::Connection::poll_event`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// Open a TCP connection for `path`: bind to the local address (and, with
+    /// [`super::Config::sport_idx`], a source port with `port % 8 == path`), connect to
+    /// `peer:16385`, then call [`super::Connection::handle_connected`] or, on failure,
+    /// [`super::Connection::handle_path_down`].
+    Connect {
+        /// Path index.
+        path: usize,
+    },
+    /// Passive side only: open a TCP connection to `peer:16385` and close it as soon as it is
+    /// established or fails. The peer resets it and connects back (spec §6.2). Not tied to
+    /// any path; do not report its outcome.
+    Doorbell,
+    /// Close the transport of `path` (protocol error or local request), then call
+    /// [`super::Connection::handle_path_down`].
+    Close {
+        /// Path index.
+        path: usize,
+    },
+    /// A message left the engine for good (acknowledged by TCP, or cancelled): release its
+    /// `len` payload bytes from the sender's send-buffer accounting.
+    Released {
+        /// The token given to [`super::Connection::send`].
+        token: u64,
+        /// Payload length.
+        len: usize,
+    },
+    /// A peer congestion-map update cleared some bits. Bit `P % 64` stands for port P.
+    CongestionChanged {
+        /// Ports (mod 64) that went from congested to uncongested.
+        uncongested_mask: u64,
+    },
+    /// The number of paths in use changed (handshake completed or renegotiated).
+    PathsNegotiated {
+        /// Paths now in use.
+        npaths: u8,
+    },
+    /// The peer announced a different generation number: it restarted.
+    PeerRestarted {
+        /// Generation we knew.
+        old_generation: u32,
+        /// Generation just announced.
+        new_generation: u32,
+    },
+}
+
+/// A message for a local socket, borrowed from the input or the path's reassembly buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery<'a> {
+    /// Path it arrived on.
+    pub path: usize,
+    /// Its sequence number.
+    pub sequence: u64,
+    /// Source RDS port (source address = the peer address).
+    pub sport: u16,
+    /// Destination RDS port (destination address = the local address).
+    pub dport: u16,
+    /// The sender marked it as a resend.
+    pub retransmitted: bool,
+    /// The payload.
+    pub payload: &'a [u8],
+}
+
+/// Result of [`super::Connection::receive`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Received<'a> {
+    /// Bytes of the input consumed; pass the rest in the next call.
+    pub consumed: usize,
+    /// A message to deliver, if this call completed one.
+    pub delivery: Option<Delivery<'a>>,
+}
+
+/// The remaining bytes of the frame being transmitted on a path (header first, then payload).
+/// Write them (e.g. with `writev`), then report how many the socket took with
+/// [`super::Connection::advance_transmit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransmitChunk<'a> {
+    /// Remaining header bytes (possibly empty).
+    pub header: &'a [u8],
+    /// Remaining payload bytes (possibly empty).
+    pub payload: &'a [u8],
+}
+
+impl TransmitChunk<'_> {
+    /// Total remaining bytes.
+    pub fn len(&self) -> usize {
+        self.header.len() + self.payload.len()
+    }
+
+    /// True when nothing remains (never returned by the engine).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Engine counters, in the spirit of the kernel's `rds-info -c`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Messages whose header was written (including control messages and retransmits).
+    pub tx_messages: u64,
+    /// Payload bytes of those messages.
+    pub tx_bytes: u64,
+    /// Messages resent after a reconnect (with `RETRANSMITTED`).
+    pub tx_retransmits: u64,
+    /// Complete messages read from the stream.
+    pub rx_messages: u64,
+    /// Payload bytes of those messages.
+    pub rx_bytes: u64,
+    /// Messages handed to local sockets.
+    pub rx_delivered: u64,
+    /// Congestion maps with `h_len != 8192` (ignored, stream kept).
+    pub rx_drop_bad_header: u64,
+    /// `h_len` above 1 MiB: the path was dropped.
+    pub rx_drop_oversize: u64,
+    /// Retransmitted messages below `next_rx_seq`, dropped as duplicates.
+    pub rx_drop_dup_seq: u64,
+    /// Messages nobody handles (ping from port 0) or bytes on a path that is not up.
+    pub rx_drop_unknown: u64,
+    /// Partial messages discarded when a path went down.
+    pub rx_truncated: u64,
+    /// Unknown extension types seen in probes.
+    pub rx_ext_unknown: u64,
+    /// Probes whose extension area the reader could not walk to its end.
+    pub rx_bad_exthdr: u64,
+    /// Paths dropped for malformed input.
+    pub path_errors: u64,
+    /// Passive side: accepted connections closed because the peer's source port (SPORT_IDX)
+    /// named another path.
+    pub path_mismaps: u64,
+    /// `Event::Connect` emitted.
+    pub connect_attempts: u64,
+    /// `Event::Connect` emitted for a path that had been up before.
+    pub reconnects: u64,
+    /// Paths that came up.
+    pub paths_up: u64,
+    /// Paths that went down.
+    pub paths_down: u64,
+    /// Accepted inbound connections.
+    pub accepts: u64,
+    /// Refused inbound connections.
+    pub accepts_rejected: u64,
+    /// Doorbell connects requested.
+    pub doorbells: u64,
+    /// Congestion maps sent.
+    pub cong_map_sent: u64,
+    /// Congestion maps received and applied.
+    pub cong_map_received: u64,
+    /// Pings (dport 0) answered.
+    pub pings_received: u64,
+    /// Pongs sent in answer.
+    pub pongs_sent: u64,
+    /// Pongs (sport 0) delivered to sockets.
+    pub pongs_received: u64,
+    /// Handshake probe pings sent.
+    pub probes_sent: u64,
+    /// Handshake probe pings received.
+    pub probe_pings_received: u64,
+    /// Handshake probe pongs received.
+    pub probe_pongs_received: u64,
+    /// Generation changes seen.
+    pub peer_restarts: u64,
+    /// Messages cancelled.
+    pub cancelled: u64,
+    /// Messages released after TCP acknowledgement.
+    pub acked: u64,
+}
+
+/// Why [`super::Connection::send`] refused a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendError {
+    /// Payload above 1 MiB (`EMSGSIZE`).
+    TooLarge {
+        /// The payload length.
+        len: usize,
+    },
+    /// Source port 0 or 1 (not bindable; 1 is the probe port).
+    ReservedPort,
+}
+
+impl fmt::Display for SendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SendError::TooLarge { len } => write!(f, "payload of {len} bytes exceeds 1 MiB"),
+            SendError::ReservedPort => write!(f, "source port 0 and 1 are reserved"),
+        }
+    }
+}
+
+impl std::error::Error for SendError {}
+
+/// Why [`super::Connection::handle_accepted`] refused an inbound connection. Reset the socket
+/// (linger 0) in every case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcceptError {
+    /// Our address is the smaller one, so we connect; the engine has started (or is
+    /// running) its own connect on path 0.
+    WeConnect,
+    /// The path the peer's source port maps to is in use.
+    PathBusy(usize),
+    /// No path is free.
+    NoFreePath,
+}
+
+impl fmt::Display for AcceptError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AcceptError::WeConnect => {
+                write!(f, "the smaller address connects; reset and connect back")
+            }
+            AcceptError::PathBusy(p) => write!(f, "path {p} is busy"),
+            AcceptError::NoFreePath => write!(f, "no free path"),
+        }
+    }
+}
+
+impl std::error::Error for AcceptError {}
+
+/// A path-level call that does not fit the path's state (an I/O-layer bug or a stale report).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathError {
+    /// Index >= 8.
+    InvalidPath(usize),
+    /// The path is not in the state the call expects.
+    WrongState(usize),
+}
+
+impl fmt::Display for PathError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PathError::InvalidPath(p) => write!(f, "invalid path index {p}"),
+            PathError::WrongState(p) => write!(f, "path {p} is in the wrong state"),
+        }
+    }
+}
+
+impl std::error::Error for PathError {}

@@ -1,0 +1,1055 @@
+//! The general layer: one deterministic state machine per RDS connection (local address, peer
+//! address) over a stream transport, with 1..=8 paths. See the crate docs for the I/O contract.
+//!
+//! # Generation numbers and peer restarts
+//!
+//! Each side announces a random non-zero generation (`GEN_NUM`) in its handshake probes.
+//! When a peer announces a generation different from the one we stored, it has restarted:
+//!
+//! * **Receive side:** `next_rx_seq` is reset to 0 on every path, so the fresh peer's numbering
+//!   (which starts again at 1) is accepted.
+//! * **Send side:** unlike the kernel (which flushes), we keep every queued and unacknowledged
+//!   message and keep our sequence numbering running. A restarted peer has `next_rx_seq = 0`
+//!   and accepts any number, so continuing the numbering can never make it drop a resend,
+//!   whereas restarting at 1 could collide with numbers already on the wire. Unacknowledged
+//!   messages are resent with `RETRANSMITTED` when their path reconnects.
+//! * **Ordering of the reset:** a fresh connection queues its probe as the very first message
+//!   on path 0 (sequence 1), so a surviving peer processes the new generation before any data
+//!   on path 0; and the fresh side sends no data on paths > 0 until the peer's probe *pong*
+//!   proves that the peer has processed our probe. Probes are processed even if their sequence
+//!   number looks old, and never move `next_rx_seq` (deviation: the kernel applies the
+//!   duplicate rule to them).
+//!
+//! The resulting guarantee, with TCP acknowledgement as the delivery point: a receiving
+//! application never sees a duplicate or a reordering; across a restart it can see one gap
+//! (messages the restarted side had accepted but not yet handed to TCP, or had received from
+//! TCP but not yet delivered).
+
+mod config;
+mod event;
+mod path;
+
+pub use config::{Config, ConfigError};
+pub use event::{
+    AcceptError, Counters, Delivery, Event, PathError, Received, SendError, TransmitChunk,
+};
+pub use path::PathState;
+
+use crate::rng::SplitMix64;
+use crate::time::Instant;
+use crate::wire::{
+    flags, CongMap, ExtHeader, ExtHeaders, FrameRef, HeaderRepr, CONG_MAP_BYTES, MAX_MSG_SIZE,
+    MAX_PATHS, PROBE_PORT,
+};
+use path::{Body, Control, FrameInProgress, FrameKind, Message, RxPath, TxPath};
+use std::collections::VecDeque;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+/// One RDS connection to one peer. `P` is the payload type of queued messages (anything that
+/// derefs to bytes: `Vec<u8>`, `bytes::Bytes`, a handle into a shared-memory buffer).
+#[derive(Debug)]
+pub struct Connection<P> {
+    config: Config,
+    /// Our address is the smaller one: we connect every path (spec §6.2).
+    active: bool,
+    /// Someone wants this connection (a send, `open`, or an inbound connection).
+    opened: bool,
+    tx: Vec<TxPath<P>>,
+    rx: Vec<RxPath>,
+    rng: SplitMix64,
+    /// Negotiated path count; `None` until a probe or pong arrives.
+    npaths: Option<u8>,
+    /// Peer's generation number, 0 while unknown.
+    peer_generation: u32,
+    /// The peer announced SPORT_IDX in its latest probe.
+    peer_sport_idx: bool,
+    /// A probe pong arrived: the peer has processed our generation.
+    peer_knows_our_generation: bool,
+    /// A probe pong arrived since path 0 last came up; gates connects of paths > 0.
+    path0_confirmed: bool,
+    /// After routing changed, data on paths > 0 waits until path 0 has no pending message
+    /// with a sequence number at or below this one (per-socket order across the switch).
+    fanout_barrier: Option<u64>,
+    peer_map: CongMap,
+    events: VecDeque<Event>,
+    counters: Counters,
+    doorbell_bound: Duration,
+    doorbell_at: Option<Instant>,
+}
+
+/// Deterministic hash of a bound port (a 32-bit avalanche mix), for path selection.
+fn port_hash(port: u16) -> u32 {
+    let mut x = u32::from(port) ^ 0x9e37_79b9;
+    x = x.wrapping_mul(0x85eb_ca6b);
+    x ^= x >> 13;
+    x = x.wrapping_mul(0xc2b2_ae35);
+    x ^ (x >> 16)
+}
+
+fn push_released<P: AsRef<[u8]>>(events: &mut VecDeque<Event>, msg: &Message<P>) {
+    if let Body::Data { token, .. } = msg.body {
+        events.push_back(Event::Released {
+            token,
+            len: msg.len(),
+        });
+    }
+}
+
+impl<P: AsRef<[u8]>> Connection<P> {
+    /// Creates the connection. Nothing happens on the wire until [`Connection::open`],
+    /// [`Connection::send`] or an inbound connection.
+    pub fn new(config: Config) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let active = u32::from(config.local_addr) < u32::from(config.peer_addr);
+        let mut conn = Connection {
+            active,
+            opened: false,
+            tx: (0..MAX_PATHS).map(|_| TxPath::new()).collect(),
+            rx: (0..MAX_PATHS).map(|_| RxPath::new()).collect(),
+            rng: SplitMix64::new(config.rng_seed),
+            npaths: None,
+            peer_generation: 0,
+            peer_sport_idx: false,
+            peer_knows_our_generation: false,
+            path0_confirmed: false,
+            fanout_barrier: None,
+            peer_map: CongMap::new(),
+            events: VecDeque::new(),
+            counters: Counters::default(),
+            doorbell_bound: Duration::ZERO,
+            doorbell_at: None,
+            config,
+        };
+        // The probe is the first message of path 0, so a peer that knew an earlier generation
+        // of ours resets its receive state before it reads any of our data.
+        conn.queue_control(0, Control::ProbePing);
+        Ok(conn)
+    }
+
+    // ----- accessors -----------------------------------------------------------------------
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Our address.
+    pub fn local_addr(&self) -> Ipv4Addr {
+        self.config.local_addr
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> Ipv4Addr {
+        self.config.peer_addr
+    }
+
+    /// True when we are the connecting (smaller-address) side.
+    pub fn is_active(&self) -> bool {
+        self.active
+    }
+
+    /// State of a path (`Down` for indices >= 8).
+    pub fn path_state(&self, path: usize) -> PathState {
+        self.tx.get(path).map_or(PathState::Down, |t| t.state)
+    }
+
+    /// Negotiated number of paths, `None` before the handshake.
+    pub fn npaths(&self) -> Option<u8> {
+        self.npaths
+    }
+
+    /// Paths in use for routing: the negotiated count, or 1 before the handshake.
+    pub fn npaths_effective(&self) -> usize {
+        self.npaths.map_or(1, usize::from)
+    }
+
+    /// The peer's generation number, 0 while unknown.
+    pub fn peer_generation(&self) -> u32 {
+        self.peer_generation
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Whether the peer's latest congestion map marks `port` congested (check before sending
+    /// to it: `ENOBUFS`).
+    pub fn peer_port_congested(&self, port: u16) -> bool {
+        self.peer_map.test(port)
+    }
+
+    /// The peer's latest congestion map.
+    pub fn peer_congestion_map(&self) -> &CongMap {
+        &self.peer_map
+    }
+
+    /// The path a socket bound to `sport` sends on right now.
+    pub fn route(&self, sport: u16) -> usize {
+        match self.npaths {
+            Some(n) if n > 1 => (port_hash(sport) % u32::from(n)) as usize,
+            _ => 0,
+        }
+    }
+
+    /// Next sequence number to be assigned on a path.
+    pub fn next_tx_seq(&self, path: usize) -> u64 {
+        self.tx.get(path).map_or(0, |t| t.next_tx_seq)
+    }
+
+    /// Next sequence number expected on a path.
+    pub fn next_rx_seq(&self, path: usize) -> u64 {
+        self.rx.get(path).map_or(0, |r| r.next_rx_seq)
+    }
+
+    /// Messages waiting for transmission on a path.
+    pub fn queued_messages(&self, path: usize) -> usize {
+        self.tx.get(path).map_or(0, |t| t.queue.len())
+    }
+
+    /// Messages sent on a path and not yet acknowledged.
+    pub fn unacked_messages(&self, path: usize) -> usize {
+        self.tx.get(path).map_or(0, |t| t.unacked.len())
+    }
+
+    /// Bytes handed to the transport on the path's current connection.
+    pub fn stream_offset(&self, path: usize) -> u64 {
+        self.tx.get(path).map_or(0, |t| t.stream_offset)
+    }
+
+    /// True when any message (data or control) is queued or unacknowledged on any path.
+    pub fn has_pending_messages(&self) -> bool {
+        self.tx.iter().any(TxPath::has_pending_messages)
+    }
+
+    /// True when an application message is queued or unacknowledged on any path.
+    pub fn has_pending_data(&self) -> bool {
+        self.tx.iter().any(TxPath::has_pending_data)
+    }
+
+    fn data_allowed(&self, path: usize) -> bool {
+        path == 0 || (self.peer_knows_our_generation && self.fanout_barrier.is_none())
+    }
+
+    /// True when [`Connection::poll_transmit_chunk`] would return bytes for this path.
+    pub fn has_pending_transmit(&self, path: usize) -> bool {
+        let Some(tx) = self.tx.get(path) else {
+            return false;
+        };
+        tx.state == PathState::Up
+            && (tx.frame.is_some()
+                || tx.cong_pending
+                || (!tx.queue.is_empty() && self.data_allowed(path)))
+    }
+
+    // ----- events and timers ----------------------------------------------------------------
+
+    /// Next action or notification for the I/O layer.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Connection::handle_timeout`] should next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.tx
+            .iter()
+            .filter_map(|t| t.reconnect_at)
+            .chain(self.doorbell_at)
+            .min()
+    }
+
+    /// Runs expired timers (reconnect backoff, doorbell).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for path in 0..MAX_PATHS {
+            match self.tx[path].reconnect_at {
+                Some(at) if at <= now => {
+                    self.tx[path].reconnect_at = None;
+                    if self.wants_path(path) && self.tx[path].state == PathState::Down {
+                        self.start_connect(path);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if matches!(self.doorbell_at, Some(at) if at <= now) {
+            self.maybe_ring_doorbell(now);
+        }
+    }
+
+    // ----- connection management --------------------------------------------------------------
+
+    /// Declares the connection wanted: the active side starts connecting path 0 (and later the
+    /// other paths). The passive side waits for the peer. [`Connection::send`] implies this.
+    pub fn open(&mut self, now: Instant) {
+        self.opened = true;
+        self.schedule_paths(now);
+    }
+
+    /// Asks the I/O layer to close every path and stops reconnecting until the next
+    /// [`Connection::open`] or send. Queued and unacknowledged messages are kept.
+    pub fn close(&mut self, now: Instant) {
+        self.opened = false;
+        for path in 0..MAX_PATHS {
+            self.tx[path].reconnect_at = None;
+            self.close_path(now, path);
+        }
+        self.doorbell_at = None;
+    }
+
+    /// Asks the I/O layer to close one path (`Event::Close`); it must then call
+    /// [`Connection::handle_path_down`]. No effect on a path that is down or already closing.
+    pub fn close_path(&mut self, _now: Instant, path: usize) {
+        if let Some(tx) = self.tx.get_mut(path) {
+            if matches!(tx.state, PathState::Up | PathState::Connecting) {
+                tx.state = PathState::Disconnecting;
+                self.events.push_back(Event::Close { path });
+            }
+        }
+    }
+
+    /// The TCP connection for `path` (from an `Event::Connect`) is established.
+    pub fn handle_connected(&mut self, now: Instant, path: usize) -> Result<(), PathError> {
+        let tx = self.tx.get(path).ok_or(PathError::InvalidPath(path))?;
+        if tx.state != PathState::Connecting {
+            return Err(PathError::WrongState(path));
+        }
+        self.path_up(now, path);
+        Ok(())
+    }
+
+    /// The listener accepted a TCP connection from the peer's address, coming from TCP source
+    /// port `peer_tcp_sport`. Returns the path it now serves, or why it must be reset.
+    pub fn handle_accepted(
+        &mut self,
+        now: Instant,
+        peer_tcp_sport: u16,
+    ) -> Result<usize, AcceptError> {
+        if self.active {
+            // The larger side rang the doorbell: connect back on path 0 now.
+            self.counters.accepts_rejected += 1;
+            self.opened = true;
+            if self.tx[0].state == PathState::Down {
+                self.tx[0].reconnect_at = None;
+                self.start_connect(0);
+            }
+            return Err(AcceptError::WeConnect);
+        }
+        let n = self.npaths_effective();
+        let path = if self.peer_sport_idx && self.npaths.is_some() {
+            // The peer binds source ports with port % 8 == path index.
+            let p = usize::from(peer_tcp_sport) % MAX_PATHS;
+            if p >= n {
+                self.counters.accepts_rejected += 1;
+                return Err(AcceptError::NoFreePath);
+            }
+            if self.tx[p].state != PathState::Down {
+                self.counters.accepts_rejected += 1;
+                return Err(AcceptError::PathBusy(p));
+            }
+            p
+        } else {
+            match (0..n).find(|&p| self.tx[p].state == PathState::Down) {
+                Some(p) => p,
+                None => {
+                    self.counters.accepts_rejected += 1;
+                    return Err(AcceptError::NoFreePath);
+                }
+            }
+        };
+        self.counters.accepts += 1;
+        self.opened = true;
+        self.path_up(now, path);
+        self.tx[path].peer_tcp_sport = Some(peer_tcp_sport);
+        Ok(path)
+    }
+
+    /// The transport of `path` is gone (connect failed, reset, closed, or after an
+    /// `Event::Close`). Unacknowledged messages go back to the front of the path's queue and
+    /// will be resent with `RETRANSMITTED`; the active side schedules a reconnect.
+    pub fn handle_path_down(&mut self, now: Instant, path: usize) -> Result<(), PathError> {
+        let tx = self.tx.get_mut(path).ok_or(PathError::InvalidPath(path))?;
+        if tx.state == PathState::Down {
+            return Ok(());
+        }
+        let was_connected = tx.state != PathState::Connecting;
+        tx.state = PathState::Down;
+        tx.frame = None;
+        tx.cong_pending = false;
+        while let Some(mut msg) = tx.unacked.pop_back() {
+            if msg.cancelled {
+                push_released(&mut self.events, &msg);
+                continue;
+            }
+            msg.retransmit = true;
+            tx.queue.push_front(msg);
+        }
+        let rx = &mut self.rx[path];
+        if !rx.deframer.is_idle() {
+            self.counters.rx_truncated += 1;
+        }
+        rx.deframer.reset();
+        if was_connected {
+            self.counters.paths_down += 1;
+        }
+        tx.peer_tcp_sport = None;
+        if path == 0 {
+            self.path0_confirmed = false;
+        } else if self.active {
+            // Path 0 may be a dead connection to a peer that restarted; before connecting a
+            // path > 0 again, a fresh pong on path 0 must prove the peer knows our path count
+            // and source-port scheme, or it could map this path's connection to its path 0.
+            self.require_path0_confirmation();
+        }
+        if path >= self.npaths_effective() {
+            self.reroute_queue(path);
+        }
+        self.refresh_barrier();
+        if self.active {
+            self.schedule_paths(now);
+        } else {
+            self.arm_doorbell(now);
+        }
+        Ok(())
+    }
+
+    fn require_path0_confirmation(&mut self) {
+        self.path0_confirmed = false;
+        let path0 = &self.tx[0];
+        if path0.state == PathState::Up && !path0.queue.iter().any(Message::is_probe_ping) {
+            self.queue_control(0, Control::ProbePing);
+        }
+    }
+
+    fn wants_path(&self, path: usize) -> bool {
+        self.active
+            && self.opened
+            && path < self.npaths_effective()
+            && (path == 0 || self.path0_confirmed)
+    }
+
+    /// Active side: make sure every wanted path that is down is connecting or has a timer.
+    fn schedule_paths(&mut self, now: Instant) {
+        for path in 0..MAX_PATHS {
+            let tx = &self.tx[path];
+            if tx.state == PathState::Down && tx.reconnect_at.is_none() && self.wants_path(path) {
+                self.schedule_reconnect(now, path);
+            }
+        }
+    }
+
+    /// Kernel backoff: first attempt at once with the bound set to the minimum; later ones
+    /// after a random delay in [0, bound), the bound doubling up to the maximum.
+    fn schedule_reconnect(&mut self, now: Instant, path: usize) {
+        let (min, max) = (self.config.reconnect_min, self.config.reconnect_max);
+        let bound = self.tx[path].backoff_bound;
+        if bound.is_zero() {
+            self.tx[path].backoff_bound = min;
+            self.start_connect(path);
+        } else {
+            let delay = Duration::from_nanos(self.rng.below(duration_nanos(bound)));
+            let tx = &mut self.tx[path];
+            tx.reconnect_at = Some(now + delay);
+            tx.backoff_bound = bound.saturating_mul(2).min(max);
+        }
+    }
+
+    fn start_connect(&mut self, path: usize) {
+        let tx = &mut self.tx[path];
+        tx.state = PathState::Connecting;
+        self.counters.connect_attempts += 1;
+        if tx.was_up {
+            self.counters.reconnects += 1;
+        }
+        self.events.push_back(Event::Connect { path });
+    }
+
+    fn path_up(&mut self, _now: Instant, path: usize) {
+        let tx = &mut self.tx[path];
+        tx.state = PathState::Up;
+        tx.stream_offset = 0;
+        tx.acked_offset = 0;
+        tx.frame = None;
+        tx.cong_pending = true;
+        tx.backoff_bound = Duration::ZERO;
+        tx.reconnect_at = None;
+        tx.was_up = true;
+        self.rx[path].deframer.reset();
+        self.counters.paths_up += 1;
+        if path == 0 {
+            self.path0_confirmed = false;
+            self.doorbell_bound = Duration::ZERO;
+            self.doorbell_at = None;
+            if !self.tx[0].has_probe_pending() {
+                self.queue_control(0, Control::ProbePing);
+            }
+        }
+    }
+
+    /// Passive side: with data waiting and path 0 down, ask the I/O layer to poke the peer
+    /// (kernel: a connect attempt that the smaller side resets), at most at backoff pace.
+    fn maybe_ring_doorbell(&mut self, now: Instant) {
+        if self.active || self.tx[0].state == PathState::Up || !self.has_pending_data() {
+            self.doorbell_at = None;
+            return;
+        }
+        if matches!(self.doorbell_at, Some(at) if at > now) {
+            return;
+        }
+        self.events.push_back(Event::Doorbell);
+        self.counters.doorbells += 1;
+        self.doorbell_at = None;
+        self.arm_doorbell(now);
+    }
+
+    fn arm_doorbell(&mut self, now: Instant) {
+        if self.active
+            || self.doorbell_at.is_some()
+            || self.tx[0].state == PathState::Up
+            || !self.has_pending_data()
+        {
+            return;
+        }
+        let bound = if self.doorbell_bound.is_zero() {
+            self.config.reconnect_min
+        } else {
+            self.doorbell_bound
+        };
+        let delay = Duration::from_nanos(self.rng.below(duration_nanos(bound)));
+        self.doorbell_at = Some(now + delay);
+        self.doorbell_bound = bound.saturating_mul(2).min(self.config.reconnect_max);
+    }
+
+    // ----- sending ---------------------------------------------------------------------------
+
+    /// Queues a message from local port `sport` to the peer's port `dport`. `token` comes back
+    /// in `Event::Released` once TCP has acknowledged the message or it was cancelled.
+    /// Returns the path it was queued on. The congestion check (`ENOBUFS`) and send-buffer
+    /// accounting are the caller's ([`Connection::peer_port_congested`]).
+    pub fn send(
+        &mut self,
+        now: Instant,
+        sport: u16,
+        dport: u16,
+        payload: P,
+        token: u64,
+    ) -> Result<usize, SendError> {
+        let len = payload.as_ref().len();
+        if len > MAX_MSG_SIZE as usize {
+            return Err(SendError::TooLarge { len });
+        }
+        if sport == 0 || sport == PROBE_PORT {
+            return Err(SendError::ReservedPort);
+        }
+        let path = self.route(sport);
+        let tx = &mut self.tx[path];
+        let seq = tx.take_seq();
+        tx.queue.push_back(Message {
+            seq,
+            sport,
+            dport,
+            ext: ExtHeaders::new(),
+            body: Body::Data { payload, token },
+            retransmit: false,
+            cancelled: false,
+            ack_end: 0,
+        });
+        self.open(now);
+        self.maybe_ring_doorbell(now);
+        Ok(path)
+    }
+
+    fn probe_ext(&self) -> ExtHeaders {
+        let mut records = [None; 3];
+        records[0] = Some(ExtHeader::NPaths(u16::from(self.config.npaths)));
+        if self.config.send_gen_num {
+            records[1] = Some(ExtHeader::GenNum(self.config.generation));
+        }
+        if self.config.sport_idx {
+            // Last, as the spec advises for a type the peer may not know.
+            records[2] = Some(ExtHeader::SportIdx(0));
+        }
+        let mut ext = ExtHeaders::new();
+        for record in records.into_iter().flatten() {
+            // 3 + 5 + 2 bytes always fit in 16.
+            let _ = ext.push(record);
+        }
+        ext
+    }
+
+    fn queue_control(&mut self, path: usize, control: Control) {
+        self.queue_control_to(path, control, 0);
+    }
+
+    fn queue_control_to(&mut self, path: usize, control: Control, pong_dport: u16) {
+        let (sport, dport, ext) = match control {
+            Control::ProbePing => (PROBE_PORT, 0, self.probe_ext()),
+            Control::ProbePong => (0, PROBE_PORT, self.probe_ext()),
+            Control::Pong => (0, pong_dport, ExtHeaders::new()),
+        };
+        let tx = &mut self.tx[path];
+        let seq = tx.take_seq();
+        tx.queue.push_back(Message {
+            seq,
+            sport,
+            dport,
+            ext,
+            body: Body::Control(control),
+            retransmit: false,
+            cancelled: false,
+            ack_end: 0,
+        });
+    }
+
+    /// Drops every queued or unacknowledged message from local port `sport` to peer port
+    /// `dport` (`RDS_CANCEL_SENT_TO`), emitting `Event::Released` for each. Returns how many.
+    /// A message whose bytes are being written is released once its frame is complete, since
+    /// the stream cannot be cut mid-message.
+    pub fn cancel_sent_to(&mut self, sport: u16, dport: u16) -> usize {
+        self.cancel_matching(sport, Some(dport))
+    }
+
+    /// Drops every queued or unacknowledged message from local port `sport` (socket closed).
+    pub fn cancel_socket(&mut self, sport: u16) -> usize {
+        self.cancel_matching(sport, None)
+    }
+
+    fn cancel_matching(&mut self, sport: u16, dport: Option<u16>) -> usize {
+        let matches = |m: &Message<P>| {
+            matches!(m.body, Body::Data { .. })
+                && !m.cancelled
+                && m.sport == sport
+                && dport.unwrap_or(m.dport) == m.dport
+        };
+        let mut count = 0;
+        let events = &mut self.events;
+        for tx in self.tx.iter_mut() {
+            tx.queue.retain(|m| {
+                if matches(m) {
+                    push_released(events, m);
+                    count += 1;
+                    false
+                } else {
+                    true
+                }
+            });
+            let in_progress = matches!(
+                tx.frame,
+                Some(FrameInProgress {
+                    kind: FrameKind::Message,
+                    ..
+                })
+            );
+            let last = tx.unacked.len();
+            let mut index = 0;
+            tx.unacked.retain_mut(|m| {
+                index += 1;
+                if !matches(m) {
+                    return true;
+                }
+                count += 1;
+                if in_progress && index == last {
+                    m.cancelled = true;
+                    return true;
+                }
+                push_released(events, m);
+                false
+            });
+        }
+        self.counters.cancelled += count as u64;
+        self.refresh_barrier();
+        count
+    }
+
+    /// The local congestion map changed: every up path sends it before its next message.
+    pub fn local_congestion_changed(&mut self) {
+        for tx in self.tx.iter_mut().filter(|t| t.state == PathState::Up) {
+            tx.cong_pending = true;
+        }
+    }
+
+    // ----- transmit ----------------------------------------------------------------------------
+
+    /// The remaining bytes of the frame being written on `path`, starting the next frame
+    /// (congestion map first, then the queue) if none is in progress. `None` when there is
+    /// nothing to send. `local_map` is the current map of our address; it is copied when a
+    /// map frame starts. Report what the socket took with [`Connection::advance_transmit`].
+    pub fn poll_transmit_chunk(
+        &mut self,
+        _now: Instant,
+        path: usize,
+        local_map: &CongMap,
+    ) -> Option<TransmitChunk<'_>> {
+        let allowed = self.data_allowed(path);
+        let tx = self.tx.get_mut(path)?;
+        if tx.state != PathState::Up {
+            return None;
+        }
+        if tx.frame.is_none() {
+            if tx.cong_pending {
+                tx.cong_pending = false;
+                tx.start_cong_map(local_map);
+                self.counters.cong_map_sent += 1;
+            } else if allowed {
+                if let Some(msg) = tx.start_message() {
+                    let c = &mut self.counters;
+                    c.tx_messages += 1;
+                    c.tx_bytes += msg.len() as u64;
+                    if msg.retransmit {
+                        c.tx_retransmits += 1;
+                    }
+                    match msg.body {
+                        Body::Control(Control::ProbePing) => c.probes_sent += 1,
+                        Body::Control(Control::Pong | Control::ProbePong) => c.pongs_sent += 1,
+                        Body::Data { .. } => {}
+                    }
+                }
+            }
+        }
+        let (header, payload) = self.tx[path].chunk()?;
+        Some(TransmitChunk { header, payload })
+    }
+
+    /// The transport accepted `n` bytes of the chunk last returned for `path`.
+    pub fn advance_transmit(&mut self, path: usize, n: usize) {
+        let Some(tx) = self.tx.get_mut(path) else {
+            return;
+        };
+        let Some(frame) = tx.frame.as_mut() else {
+            return;
+        };
+        let n = n.min(frame.total - frame.written);
+        frame.written += n;
+        tx.stream_offset += n as u64;
+        if frame.written < frame.total {
+            return;
+        }
+        let kind = frame.kind;
+        tx.frame = None;
+        if kind == FrameKind::Message && tx.unacked.back().is_some_and(|m| m.cancelled) {
+            if let Some(msg) = tx.unacked.pop_back() {
+                push_released(&mut self.events, &msg);
+            }
+        }
+    }
+
+    /// Copies as many bytes as fit into `buf` (possibly spanning frames) and counts them as
+    /// handed to the transport. Returns the number of bytes written. For partial socket writes
+    /// keep the unwritten tail in your own buffer, or use [`Connection::poll_transmit_chunk`].
+    pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        path: usize,
+        local_map: &CongMap,
+        buf: &mut [u8],
+    ) -> usize {
+        let mut filled = 0;
+        while filled < buf.len() {
+            let Some(chunk) = self.poll_transmit_chunk(now, path, local_map) else {
+                break;
+            };
+            let out = &mut buf[filled..];
+            let h = chunk.header.len().min(out.len());
+            out[..h].copy_from_slice(&chunk.header[..h]);
+            let p = chunk.payload.len().min(out.len() - h);
+            out[h..h + p].copy_from_slice(&chunk.payload[..p]);
+            self.advance_transmit(path, h + p);
+            filled += h + p;
+        }
+        filled
+    }
+
+    /// TCP has acknowledged the first `acked_offset` bytes of the path's current connection
+    /// (bytes written minus `SIOCOUTQ` for kernel TCP, `snd_una` for a userspace stack).
+    /// Messages whose last byte is covered are released.
+    pub fn handle_acked(&mut self, path: usize, acked_offset: u64) {
+        let Some(tx) = self.tx.get_mut(path) else {
+            return;
+        };
+        if tx.state != PathState::Up {
+            return;
+        }
+        let acked = acked_offset.min(tx.stream_offset);
+        if acked <= tx.acked_offset {
+            return;
+        }
+        tx.acked_offset = acked;
+        while tx.unacked.front().is_some_and(|m| m.ack_end <= acked) {
+            if let Some(msg) = tx.unacked.pop_front() {
+                if matches!(msg.body, Body::Data { .. }) {
+                    self.counters.acked += 1;
+                }
+                push_released(&mut self.events, &msg);
+            }
+        }
+        if path == 0 {
+            self.refresh_barrier();
+        }
+    }
+
+    fn refresh_barrier(&mut self) {
+        if let Some(barrier) = self.fanout_barrier {
+            if !matches!(self.tx[0].oldest_pending_seq(), Some(s) if s <= barrier) {
+                self.fanout_barrier = None;
+            }
+        }
+    }
+
+    // ----- receive ----------------------------------------------------------------------------
+
+    /// Feeds stream bytes received on `path`. Processes at most one complete message; call
+    /// again with `&data[consumed..]` until all is consumed. Control messages (pings, probes,
+    /// congestion maps) are handled internally; a message for a local socket is returned,
+    /// borrowing `data` or the path's reassembly buffer (no allocation in steady state).
+    ///
+    /// Malformed input (`h_len` above 1 MiB) drops the path (`Event::Close`), bumps a counter
+    /// and consumes everything. Bytes for a path that is not up are discarded.
+    pub fn receive<'a>(&'a mut self, now: Instant, path: usize, data: &'a [u8]) -> Received<'a> {
+        let all = Received {
+            consumed: data.len(),
+            delivery: None,
+        };
+        if !matches!(self.tx.get(path), Some(t) if t.state == PathState::Up) {
+            if !data.is_empty() {
+                self.counters.rx_drop_unknown += 1;
+            }
+            return all;
+        }
+        let (used, frame) = match self.rx[path].deframer.advance(data) {
+            Ok(result) => result,
+            Err(_) => {
+                self.counters.rx_drop_oversize += 1;
+                self.fail_path(path);
+                return all;
+            }
+        };
+        let Some(frame) = frame else {
+            return Received {
+                consumed: used,
+                delivery: None,
+            };
+        };
+        if !self.process_frame(now, path, &frame, data) {
+            return Received {
+                consumed: used,
+                delivery: None,
+            };
+        }
+        let header = frame.header;
+        let payload = self.rx[path].deframer.payload(&frame, data);
+        Received {
+            consumed: used,
+            delivery: Some(Delivery {
+                path,
+                sequence: header.sequence,
+                sport: header.sport,
+                dport: header.dport,
+                retransmitted: header.flags & flags::RETRANSMITTED != 0,
+                payload,
+            }),
+        }
+    }
+
+    /// Feeds all of `data` received on `path`, calling `deliver` for each message for a
+    /// local socket.
+    pub fn handle_stream_data(
+        &mut self,
+        now: Instant,
+        path: usize,
+        data: &[u8],
+        mut deliver: impl FnMut(Delivery<'_>),
+    ) {
+        let mut rest = data;
+        while !rest.is_empty() {
+            let received = self.receive(now, path, rest);
+            if let Some(delivery) = received.delivery {
+                deliver(delivery);
+            }
+            rest = &rest[received.consumed..];
+        }
+    }
+
+    fn fail_path(&mut self, path: usize) {
+        self.counters.path_errors += 1;
+        self.tx[path].state = PathState::Error;
+        self.events.push_back(Event::Close { path });
+    }
+
+    /// Applies one complete message; true if it must be delivered to a socket.
+    fn process_frame(&mut self, now: Instant, path: usize, frame: &FrameRef, data: &[u8]) -> bool {
+        let h = frame.header;
+        self.counters.rx_messages += 1;
+        self.counters.rx_bytes += u64::from(h.len);
+
+        if h.is_cong_bitmap() {
+            // Maps bypass sequencing entirely.
+            if h.len as usize != CONG_MAP_BYTES {
+                self.counters.rx_drop_bad_header += 1;
+                return false;
+            }
+            let payload = self.rx[path].deframer.payload(frame, data);
+            match self.peer_map.update(payload) {
+                Ok(mask) => {
+                    self.counters.cong_map_received += 1;
+                    if mask != 0 {
+                        self.events.push_back(Event::CongestionChanged {
+                            uncongested_mask: mask,
+                        });
+                    }
+                }
+                Err(_) => self.counters.rx_drop_bad_header += 1,
+            }
+            return false;
+        }
+
+        let probe_ping = h.sport == PROBE_PORT && h.dport == 0;
+        let probe_pong = h.sport == 0 && h.dport == PROBE_PORT;
+        if probe_ping || probe_pong {
+            self.handle_probe(now, path, &h, probe_ping);
+            return false;
+        }
+
+        let rx = &mut self.rx[path];
+        if h.flags & flags::RETRANSMITTED != 0 && h.sequence < rx.next_rx_seq {
+            self.counters.rx_drop_dup_seq += 1;
+            return false;
+        }
+        // May move backwards for a non-retransmitted message, as in the kernel.
+        rx.next_rx_seq = h.sequence.saturating_add(1);
+
+        if h.dport == 0 {
+            if h.sport == 0 {
+                self.counters.rx_drop_unknown += 1;
+            } else {
+                self.counters.pings_received += 1;
+                self.queue_control_to(path, Control::Pong, h.sport);
+            }
+            return false;
+        }
+        if h.sport == 0 {
+            self.counters.pongs_received += 1;
+        }
+        self.counters.rx_delivered += 1;
+        true
+    }
+
+    fn handle_probe(&mut self, now: Instant, path: usize, h: &HeaderRepr, is_ping: bool) {
+        if is_ping {
+            self.counters.probe_pings_received += 1;
+        } else {
+            self.counters.probe_pongs_received += 1;
+        }
+        let (mut offered, mut generation, mut sport_idx) = (None, None, false);
+        let mut records = h.exthdr.iter();
+        for record in records.by_ref() {
+            match record {
+                ExtHeader::NPaths(n) => offered = Some(n),
+                ExtHeader::GenNum(g) => generation = Some(g),
+                ExtHeader::SportIdx(_) => sport_idx = true,
+                ExtHeader::Unknown(_) => self.counters.rx_ext_unknown += 1,
+                _ => {}
+            }
+        }
+        if records.stopped_on_invalid() {
+            self.counters.rx_bad_exthdr += 1;
+        }
+
+        if let Some(new) = generation.filter(|&g| g != 0) {
+            let old = self.peer_generation;
+            if old != 0 && old != new {
+                self.peer_restarted(old, new);
+            }
+            self.peer_generation = new;
+        }
+        self.peer_sport_idx = sport_idx;
+        if sport_idx && !self.active {
+            self.close_mismapped_paths(now);
+        }
+
+        if is_ping {
+            self.queue_control(path, Control::ProbePong);
+        } else {
+            self.peer_knows_our_generation = true;
+            if path == 0 {
+                self.path0_confirmed = true;
+            }
+        }
+        // No NPATHS: a legacy or single-path peer.
+        let offered = offered.unwrap_or(1).clamp(1, MAX_PATHS as u16) as u8;
+        self.set_npaths(now, offered.min(self.config.npaths));
+    }
+
+    /// Passive side, once the peer announced SPORT_IDX: a connection accepted before we knew
+    /// (classic first-free mapping) whose source port says another path is dropped, as recent
+    /// kernels do; the peer reconnects it.
+    fn close_mismapped_paths(&mut self, now: Instant) {
+        for path in 0..MAX_PATHS {
+            let tx = &self.tx[path];
+            let mismapped = tx
+                .peer_tcp_sport
+                .is_some_and(|s| usize::from(s) % MAX_PATHS != path);
+            if tx.state == PathState::Up && mismapped {
+                self.counters.path_mismaps += 1;
+                self.close_path(now, path);
+            }
+        }
+    }
+
+    fn peer_restarted(&mut self, old: u32, new: u32) {
+        self.counters.peer_restarts += 1;
+        self.events.push_back(Event::PeerRestarted {
+            old_generation: old,
+            new_generation: new,
+        });
+        for rx in self.rx.iter_mut() {
+            rx.next_rx_seq = 0;
+        }
+    }
+
+    fn set_npaths(&mut self, now: Instant, n: u8) {
+        let old_effective = self.npaths_effective();
+        if self.npaths != Some(n) {
+            self.npaths = Some(n);
+            self.events.push_back(Event::PathsNegotiated { npaths: n });
+            let effective = usize::from(n);
+            if effective != old_effective {
+                // Sockets may now hash to another path: data on paths > 0 waits until path 0
+                // has drained what was queued before the switch.
+                if self.tx[0].has_pending_messages() {
+                    self.fanout_barrier = Some(self.tx[0].next_tx_seq.saturating_sub(1));
+                }
+                for path in effective..MAX_PATHS {
+                    self.reroute_queue(path);
+                }
+                self.refresh_barrier();
+            }
+        }
+        if self.active {
+            self.schedule_paths(now);
+        }
+    }
+
+    /// Moves the queued messages of a path that is no longer in use to the path their socket
+    /// hashes to now, with fresh sequence numbers there (the peer never saw them on that
+    /// path). Control messages for the old path are dropped.
+    fn reroute_queue(&mut self, path: usize) {
+        if path < self.npaths_effective() || self.tx[path].queue.is_empty() {
+            return;
+        }
+        let queue = std::mem::take(&mut self.tx[path].queue);
+        for mut msg in queue {
+            if !matches!(msg.body, Body::Data { .. }) {
+                continue;
+            }
+            let target = self.route(msg.sport);
+            let tx = &mut self.tx[target];
+            msg.seq = tx.take_seq();
+            msg.retransmit = false;
+            tx.queue.push_back(msg);
+        }
+    }
+}
+
+fn duration_nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,302 @@
+//! Stream deframer: splits a TCP byte stream into `[48-byte header][h_len payload]` messages
+//! (spec §6.3).
+//!
+//! Steady state does not allocate: a message that lies entirely inside the input slice is
+//! returned by reference into that slice; one that straddles input slices is assembled in an
+//! internal buffer whose capacity is reused (and bounded by the size limit).
+
+use super::header::{HeaderRepr, HEADER_LEN};
+use super::MAX_MSG_SIZE;
+use core::fmt;
+
+/// A complete message: the parsed header and its payload (`payload.len() == header.len`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame<'a> {
+    /// The parsed header.
+    pub header: HeaderRepr,
+    /// The payload.
+    pub payload: &'a [u8],
+}
+
+/// A complete message located by [`Deframer::advance`]; see [`Deframer::payload`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameRef {
+    /// The parsed header.
+    pub header: HeaderRepr,
+    source: PayloadSource,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PayloadSource {
+    /// `input[start..end]` of the call that completed the frame.
+    Input(usize, usize),
+    /// The deframer's internal buffer.
+    Buffer,
+}
+
+/// Why the deframer refused the stream. After an error the deframer stays failed until
+/// [`Deframer::reset`]: the stream position is lost, so the connection must be dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeframeError {
+    /// `h_len` is above the limit (1 MiB by default).
+    Oversize {
+        /// The announced length.
+        len: u32,
+    },
+    /// An earlier call failed; the stream is unusable.
+    Failed,
+}
+
+impl fmt::Display for DeframeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeframeError::Oversize { len } => write!(f, "message length {len} exceeds the limit"),
+            DeframeError::Failed => write!(f, "stream already failed"),
+        }
+    }
+}
+
+impl std::error::Error for DeframeError {}
+
+/// Two-phase stream deframer (header, then payload).
+#[derive(Debug, Clone)]
+pub struct Deframer {
+    header: [u8; HEADER_LEN],
+    header_filled: usize,
+    /// Parsed header while in the payload phase.
+    current: Option<HeaderRepr>,
+    payload: Vec<u8>,
+    max_len: u32,
+    failed: bool,
+}
+
+impl Default for Deframer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Deframer {
+    /// A deframer with the standard 1 MiB payload limit.
+    pub fn new() -> Self {
+        Self::with_max_len(MAX_MSG_SIZE)
+    }
+
+    /// A deframer with a custom payload limit.
+    pub fn with_max_len(max_len: u32) -> Self {
+        Deframer {
+            header: [0; HEADER_LEN],
+            header_filled: 0,
+            current: None,
+            payload: Vec::new(),
+            max_len,
+            failed: false,
+        }
+    }
+
+    /// Forgets any partial message and clears the failed state (a new connection).
+    /// Keeps the buffer's capacity.
+    pub fn reset(&mut self) {
+        self.header_filled = 0;
+        self.current = None;
+        self.payload.clear();
+        self.failed = false;
+    }
+
+    /// True when no partial message is buffered.
+    pub fn is_idle(&self) -> bool {
+        self.header_filled == 0 && self.current.is_none()
+    }
+
+    /// True after an error, until [`Deframer::reset`].
+    pub fn has_failed(&self) -> bool {
+        self.failed
+    }
+
+    fn check_len(&mut self, header: &HeaderRepr) -> Result<usize, DeframeError> {
+        if header.len > self.max_len {
+            self.failed = true;
+            return Err(DeframeError::Oversize { len: header.len });
+        }
+        // Fits in usize: bounded by max_len (u32).
+        Ok(header.len as usize)
+    }
+
+    /// Consumes bytes from `input` until one message completes or the input runs out.
+    ///
+    /// Returns how many bytes were consumed and the completed message, if any. Call again with
+    /// the rest of the input (`&input[consumed..]`) to get further messages. A returned frame
+    /// borrows either `input` or the deframer's buffer.
+    pub fn push<'a>(
+        &'a mut self,
+        input: &'a [u8],
+    ) -> Result<(usize, Option<Frame<'a>>), DeframeError> {
+        let (used, frame) = self.advance(input)?;
+        Ok((
+            used,
+            frame.map(|f| Frame {
+                header: f.header,
+                payload: self.payload(&f, input),
+            }),
+        ))
+    }
+
+    /// Like [`Deframer::push`], but returns a borrow-free [`FrameRef`]; fetch the payload with
+    /// [`Deframer::payload`], passing the same `input`. This lets a caller act on the header
+    /// while mutating other state before it borrows the payload.
+    pub fn advance(&mut self, input: &[u8]) -> Result<(usize, Option<FrameRef>), DeframeError> {
+        if self.failed {
+            return Err(DeframeError::Failed);
+        }
+        let mut used = 0;
+
+        if self.current.is_none() {
+            if self.header_filled == 0 && input.len() >= HEADER_LEN {
+                // Fast path: a header at the start of the input, nothing buffered.
+                let header = HeaderRepr::parse_bytes(input).map_err(|_| DeframeError::Failed)?;
+                let len = self.check_len(&header)?;
+                if input.len() - HEADER_LEN >= len {
+                    let end = HEADER_LEN + len;
+                    let frame = FrameRef {
+                        header,
+                        source: PayloadSource::Input(HEADER_LEN, end),
+                    };
+                    return Ok((end, Some(frame)));
+                }
+                used = HEADER_LEN;
+                self.begin_payload(header, len);
+            } else {
+                let take = (HEADER_LEN - self.header_filled).min(input.len());
+                self.header[self.header_filled..self.header_filled + take]
+                    .copy_from_slice(&input[..take]);
+                self.header_filled += take;
+                used = take;
+                if self.header_filled < HEADER_LEN {
+                    return Ok((used, None));
+                }
+                let header =
+                    HeaderRepr::parse_bytes(&self.header).map_err(|_| DeframeError::Failed)?;
+                let len = self.check_len(&header)?;
+                self.begin_payload(header, len);
+            }
+        }
+
+        let Some(header) = self.current else {
+            return Ok((used, None));
+        };
+        let want = header.len as usize - self.payload.len();
+        let take = want.min(input.len() - used);
+        self.payload.extend_from_slice(&input[used..used + take]);
+        used += take;
+        if self.payload.len() < header.len as usize {
+            return Ok((used, None));
+        }
+        // Complete: back to the header phase; the buffer stays valid until the next call.
+        self.current = None;
+        self.header_filled = 0;
+        Ok((
+            used,
+            Some(FrameRef {
+                header,
+                source: PayloadSource::Buffer,
+            }),
+        ))
+    }
+
+    /// The payload of a frame returned by the latest [`Deframer::advance`] call, which must
+    /// have been given the same `input`. Never panics: a mismatched input yields a short or
+    /// empty slice.
+    pub fn payload<'a>(&'a self, frame: &FrameRef, input: &'a [u8]) -> &'a [u8] {
+        match frame.source {
+            PayloadSource::Input(start, end) => input.get(start..end).unwrap_or(&[]),
+            PayloadSource::Buffer => &self.payload,
+        }
+    }
+
+    fn begin_payload(&mut self, header: HeaderRepr, len: usize) {
+        self.payload.clear();
+        self.payload.reserve(len);
+        self.current = Some(header);
+    }
+
+    /// Feeds a whole slice, calling `on_frame` for every completed message. Stops at the first
+    /// error.
+    pub fn feed(
+        &mut self,
+        mut input: &[u8],
+        mut on_frame: impl FnMut(Frame<'_>),
+    ) -> Result<(), DeframeError> {
+        while !input.is_empty() {
+            let (used, frame) = self.push(input)?;
+            if let Some(frame) = frame {
+                on_frame(frame);
+            }
+            input = &input[used..];
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(seq: u64, payload: &[u8]) -> Vec<u8> {
+        let h = HeaderRepr {
+            sequence: seq,
+            len: payload.len() as u32,
+            sport: 2,
+            dport: 3,
+            ..Default::default()
+        };
+        let mut v = h.to_bytes().to_vec();
+        v.extend_from_slice(payload);
+        v
+    }
+
+    #[test]
+    fn byte_by_byte_and_whole() {
+        let mut stream = message(1, b"hello");
+        stream.extend(message(2, b""));
+        stream.extend(message(3, &[7u8; 300]));
+        for chunk in [1usize, 2, 47, 48, 49, 1000] {
+            let mut d = Deframer::new();
+            let mut got = Vec::new();
+            for c in stream.chunks(chunk) {
+                d.feed(c, |f| got.push((f.header.sequence, f.payload.to_vec())))
+                    .unwrap();
+            }
+            assert_eq!(
+                got,
+                vec![(1, b"hello".to_vec()), (2, vec![]), (3, vec![7u8; 300])],
+                "chunk {chunk}"
+            );
+            assert!(d.is_idle());
+        }
+    }
+
+    #[test]
+    fn oversize_fails_and_stays_failed() {
+        let h = HeaderRepr {
+            len: MAX_MSG_SIZE + 1,
+            ..Default::default()
+        };
+        let mut d = Deframer::new();
+        assert_eq!(d.push(&h.to_bytes()[..10]).unwrap().0, 10);
+        assert_eq!(
+            d.push(&h.to_bytes()[10..]).unwrap_err(),
+            DeframeError::Oversize {
+                len: MAX_MSG_SIZE + 1
+            }
+        );
+        assert_eq!(d.push(b"x").unwrap_err(), DeframeError::Failed);
+        d.reset();
+        assert!(d.push(&message(1, b"ok")).unwrap().1.is_some());
+        // Exactly the limit is fine.
+        let h = HeaderRepr {
+            len: MAX_MSG_SIZE,
+            ..Default::default()
+        };
+        assert!(Deframer::new().push(&h.to_bytes()).is_ok());
+    }
+}

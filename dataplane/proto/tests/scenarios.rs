@@ -1,0 +1,680 @@
+//! Targeted behaviours of the general layer: handshake, ping/pong, congestion maps, malformed
+//! input, cancel, duplicate rule, retransmission, partial writes, backoff, doorbell.
+
+mod util;
+
+use rds_proto::wire::{
+    flags, CongMap, Deframer, ExtHeader, HeaderRepr, CONG_MAP_BYTES, MAX_MSG_SIZE,
+};
+use rds_proto::{
+    AcceptError, Config, ConfigError, Connection, Event, Instant, PathState, SendError,
+};
+use std::time::Duration;
+use util::{Faults, Pair, Workload, ADDR_A, ADDR_B};
+
+const GEN_A: u32 = 0xaaaa_0001;
+const GEN_B: u32 = 0xbbbb_0002;
+
+fn conn(
+    local: std::net::Ipv4Addr,
+    peer: std::net::Ipv4Addr,
+    generation: u32,
+) -> Connection<Vec<u8>> {
+    Connection::new(Config::new(local, peer, generation, 42)).unwrap()
+}
+
+fn events(c: &mut Connection<Vec<u8>>) -> Vec<Event> {
+    std::iter::from_fn(|| c.poll_event()).collect()
+}
+
+/// Everything the engine has to send on `path`, as bytes.
+fn drain(c: &mut Connection<Vec<u8>>, now: Instant, path: usize, map: &CongMap) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = c.poll_transmit(now, path, map, &mut buf);
+        if n == 0 {
+            return out;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+}
+
+fn frames(stream: &[u8]) -> Vec<(HeaderRepr, Vec<u8>)> {
+    let mut d = Deframer::new();
+    let mut out = Vec::new();
+    d.feed(stream, |f| out.push((f.header, f.payload.to_vec())))
+        .unwrap();
+    assert!(d.is_idle(), "stream ends mid-message");
+    out
+}
+
+fn message(seq: u64, sport: u16, dport: u16, flags: u8, payload: &[u8]) -> Vec<u8> {
+    let h = HeaderRepr {
+        sequence: seq,
+        len: payload.len() as u32,
+        sport,
+        dport,
+        flags,
+        ..Default::default()
+    };
+    let mut v = h.to_bytes().to_vec();
+    v.extend_from_slice(payload);
+    v
+}
+
+/// Active side A with path 0 up.
+fn active_up(now: Instant) -> Connection<Vec<u8>> {
+    let mut a = conn(ADDR_A, ADDR_B, GEN_A);
+    a.open(now);
+    assert_eq!(events(&mut a), vec![Event::Connect { path: 0 }]);
+    a.handle_connected(now, 0).unwrap();
+    a
+}
+
+/// Passive side B with path 0 up (accepted).
+fn passive_up(now: Instant) -> Connection<Vec<u8>> {
+    let mut b = conn(ADDR_B, ADDR_A, GEN_B);
+    assert_eq!(b.handle_accepted(now, 40000), Ok(0));
+    b
+}
+
+fn established(faults: Faults, npaths: u8) -> Pair {
+    let mut pair = Pair::new(9, npaths, faults);
+    let now = pair.now;
+    pair.conn(0).open(now);
+    assert!(pair.drive(10_000));
+    pair
+}
+
+#[test]
+fn config_and_send_errors() {
+    let mut c = Config::new(ADDR_A, ADDR_B, 1, 0);
+    c.npaths = 9;
+    assert_eq!(
+        Connection::<Vec<u8>>::new(c).err(),
+        Some(ConfigError::BadPathCount(9))
+    );
+    assert_eq!(
+        Connection::<Vec<u8>>::new(Config::new(ADDR_A, ADDR_A, 1, 0)).err(),
+        Some(ConfigError::SameAddress)
+    );
+    assert_eq!(
+        Connection::<Vec<u8>>::new(Config::new(ADDR_A, ADDR_B, 0, 0)).err(),
+        Some(ConfigError::ZeroGeneration)
+    );
+    let mut a = conn(ADDR_A, ADDR_B, GEN_A);
+    let now = Instant::ZERO;
+    let big = vec![0u8; MAX_MSG_SIZE as usize + 1];
+    assert_eq!(
+        a.send(now, 5, 6, big, 1),
+        Err(SendError::TooLarge {
+            len: MAX_MSG_SIZE as usize + 1
+        })
+    );
+    assert_eq!(a.send(now, 1, 6, vec![], 1), Err(SendError::ReservedPort));
+    assert_eq!(a.send(now, 0, 6, vec![], 1), Err(SendError::ReservedPort));
+    assert_eq!(
+        a.send(now, 5, 6, vec![0u8; MAX_MSG_SIZE as usize], 1),
+        Ok(0)
+    );
+}
+
+#[test]
+fn new_path_starts_with_congestion_map_then_probe() {
+    let now = Instant::ZERO;
+    let mut a = active_up(now);
+    let mut map = CongMap::new();
+    map.set(77);
+    let out = frames(&drain(&mut a, now, 0, &map));
+    assert_eq!(out.len(), 2);
+    let (h, payload) = &out[0];
+    assert_eq!(h.flags, flags::CONG_BITMAP);
+    assert_eq!(
+        (h.sequence, h.len, h.sport, h.dport),
+        (0, CONG_MAP_BYTES as u32, 0, 0)
+    );
+    assert_eq!(payload.as_slice(), &map.as_bytes()[..]);
+    let (probe, _) = &out[1];
+    assert_eq!(
+        (
+            probe.sequence,
+            probe.sport,
+            probe.dport,
+            probe.len,
+            probe.flags
+        ),
+        (1, 1, 0, 0, 0)
+    );
+    let ext: Vec<_> = probe.exthdr.iter().collect();
+    assert_eq!(ext, vec![ExtHeader::NPaths(8), ExtHeader::GenNum(GEN_A)]);
+    assert!(!a.has_pending_transmit(0));
+}
+
+#[test]
+fn probe_handshake_negotiates_min_npaths_and_generations() {
+    let mut a = util::config(ADDR_A, ADDR_B, 4, GEN_A, 1);
+    a.sport_idx = true;
+    let b = util::config(ADDR_B, ADDR_A, 2, GEN_B, 2);
+    let mut pair = Pair::with_configs(3, a, b, Faults::default());
+    let now = pair.now;
+    pair.conn(0).open(now);
+    assert!(pair.drive(10_000));
+    for host in 0..2 {
+        let c = &pair.hosts[host].conn;
+        assert_eq!(c.npaths(), Some(2), "host {host}");
+        assert_eq!(c.counters().probe_pings_received, 1, "host {host}");
+        assert_eq!(c.counters().probe_pongs_received, 1, "host {host}");
+        assert!(pair.hosts[host]
+            .events
+            .contains(&Event::PathsNegotiated { npaths: 2 }));
+    }
+    assert_eq!(pair.hosts[0].conn.peer_generation(), GEN_B);
+    assert_eq!(pair.hosts[1].conn.peer_generation(), GEN_A);
+    assert_eq!(pair.link_count(), 2);
+    assert_eq!(pair.hosts[0].conn.path_state(1), PathState::Up);
+    assert_eq!(pair.hosts[0].conn.path_state(2), PathState::Down);
+    assert_eq!(pair.path_mismatches, 0);
+}
+
+#[test]
+fn probe_from_peer_is_answered_with_pong_carrying_npaths_and_gen() {
+    let now = Instant::ZERO;
+    let mut b = passive_up(now);
+    let mut ext = rds_proto::wire::ExtHeaders::new();
+    ext.push(ExtHeader::NPaths(8)).unwrap();
+    ext.push(ExtHeader::GenNum(0x1234)).unwrap();
+    let ping = HeaderRepr {
+        sequence: 1,
+        sport: 1,
+        dport: 0,
+        exthdr: ext,
+        ..Default::default()
+    };
+    b.handle_stream_data(now, 0, &ping.to_bytes(), |_| panic!("probe delivered"));
+    assert_eq!(b.peer_generation(), 0x1234);
+    assert_eq!(b.npaths(), Some(8));
+    let out = frames(&drain(&mut b, now, 0, &CongMap::new()));
+    // cong map, our probe ping, then the pong.
+    let pong = &out.last().unwrap().0;
+    assert_eq!((pong.sport, pong.dport, pong.len), (0, 1, 0));
+    assert_eq!(pong.exthdr.find(5), Some(ExtHeader::NPaths(8)));
+    assert_eq!(pong.exthdr.find(6), Some(ExtHeader::GenNum(GEN_B)));
+    // A legacy peer without NPATHS means one path.
+    let mut c = passive_up(now);
+    let ping = HeaderRepr {
+        sequence: 1,
+        sport: 1,
+        dport: 0,
+        ..Default::default()
+    };
+    c.handle_stream_data(now, 0, &ping.to_bytes(), |_| {});
+    assert_eq!(c.npaths(), Some(1));
+}
+
+#[test]
+fn ping_is_answered_with_pong_and_pong_is_delivered() {
+    let mut pair = established(Faults::default(), 1);
+    pair.send(0, 5000, 0, vec![], 1);
+    assert!(pair.drive(10_000));
+    assert_eq!(pair.hosts[1].conn.counters().pings_received, 1);
+    assert!(
+        pair.hosts[1].delivered.is_empty(),
+        "pings are not delivered"
+    );
+    let got = &pair.hosts[0].delivered;
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].sport, got[0].dport, got[0].payload.len()),
+        (0, 5000, 0)
+    );
+    assert_eq!(pair.hosts[0].conn.counters().pongs_received, 1);
+    // A ping from port 0 is ignored.
+    let now = Instant::ZERO;
+    let mut b = passive_up(now);
+    b.handle_stream_data(now, 0, &message(3, 0, 0, 0, b""), |_| panic!());
+    assert_eq!(b.counters().rx_drop_unknown, 1);
+}
+
+#[test]
+fn congestion_map_applied_then_cleared() {
+    let mut pair = established(Faults::default(), 2);
+    let sent_before = pair.hosts[1].conn.counters().cong_map_sent;
+    pair.hosts[1].local_map.set(3000);
+    pair.conn(1).local_congestion_changed();
+    assert!(pair.drive(10_000));
+    assert!(pair.hosts[0].conn.peer_port_congested(3000));
+    assert!(!pair.hosts[0].conn.peer_port_congested(3001));
+    // Every up path sends it.
+    assert_eq!(pair.hosts[1].conn.counters().cong_map_sent, sent_before + 2);
+    assert!(!pair.hosts[0]
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::CongestionChanged { .. })));
+
+    pair.hosts[1].local_map.clear(3000);
+    pair.conn(1).local_congestion_changed();
+    assert!(pair.drive(10_000));
+    assert!(!pair.hosts[0].conn.peer_port_congested(3000));
+    assert!(pair.hosts[0].events.contains(&Event::CongestionChanged {
+        uncongested_mask: 1 << (3000 % 64)
+    }));
+
+    // Wrong length: consumed and ignored, stream stays up.
+    let now = Instant::ZERO;
+    let mut b = passive_up(now);
+    let mut bogus = message(0, 0, 0, flags::CONG_BITMAP, &[0xff; 100]);
+    bogus.extend(message(9, 5, 6, 0, b"after"));
+    let mut got = Vec::new();
+    b.handle_stream_data(now, 0, &bogus, |d| got.push(d.payload.to_vec()));
+    assert_eq!(got, vec![b"after".to_vec()]);
+    assert_eq!(b.counters().rx_drop_bad_header, 1);
+    assert!(!b.peer_port_congested(0));
+}
+
+#[test]
+fn oversize_length_drops_the_path_and_it_recovers() {
+    let mut pair = established(Faults::default(), 1);
+    let header = HeaderRepr {
+        sequence: 5,
+        len: MAX_MSG_SIZE + 1,
+        sport: 9,
+        dport: 9,
+        ..Default::default()
+    };
+    pair.inject(0, 0, &header.to_bytes()[..30]);
+    pair.inject(0, 0, &header.to_bytes()[30..]);
+    let c = pair.hosts[0].conn.counters();
+    assert_eq!((c.rx_drop_oversize, c.path_errors), (1, 1));
+    assert!(pair.hosts[0].events.contains(&Event::Close { path: 0 }));
+    // The link was torn down and A reconnected at once.
+    assert_eq!(pair.hosts[0].conn.counters().reconnects, 1);
+    pair.send(1, 20, 30, b"still works".to_vec(), 7);
+    assert!(pair.drive(10_000));
+    assert_eq!(
+        pair.hosts[0].delivered.last().unwrap().payload,
+        b"still works"
+    );
+}
+
+#[test]
+fn garbage_never_panics_and_bytes_on_down_path_are_dropped() {
+    let now = Instant::ZERO;
+    let mut b = passive_up(now);
+    let mut x = 0x9e37_79b9_u32;
+    let junk: Vec<u8> = (0..20_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect();
+    b.handle_stream_data(now, 0, &junk, |_| {});
+    b.handle_stream_data(now, 7, &junk, |_| {});
+    b.handle_stream_data(now, 99, &junk, |_| {});
+    assert!(b.counters().rx_drop_unknown >= 2);
+    let _ = events(&mut b);
+}
+
+#[test]
+fn cancel_sent_to_releases_and_skips() {
+    let mut pair = Pair::new(5, 1, Faults::default());
+    for i in 0..3 {
+        pair.send(0, 7, 10, vec![i; 10], 100 + u64::from(i));
+    }
+    pair.send(0, 7, 11, b"keep-1".to_vec(), 200);
+    pair.send(0, 8, 10, b"keep-2".to_vec(), 300);
+    assert_eq!(pair.conn(0).cancel_sent_to(7, 10), 3);
+    assert_eq!(pair.conn(0).counters().cancelled, 3);
+    pair.process_events();
+    assert_eq!(pair.hosts[0].released, vec![100, 101, 102]);
+    let now = pair.now;
+    pair.conn(0).open(now);
+    assert!(pair.drive(10_000));
+    let got: Vec<_> = pair.hosts[1]
+        .delivered
+        .iter()
+        .map(|d| d.payload.clone())
+        .collect();
+    assert_eq!(got, vec![b"keep-1".to_vec(), b"keep-2".to_vec()]);
+    assert_eq!(pair.conn(0).cancel_socket(7), 0);
+}
+
+#[test]
+fn cancel_of_a_message_being_written_completes_its_frame() {
+    let now = Instant::ZERO;
+    let mut a = active_up(now);
+    let map = CongMap::new();
+    drain(&mut a, now, 0, &map); // map + probe
+    a.send(now, 7, 10, vec![1u8; 1000], 1).unwrap();
+    let chunk = a.poll_transmit_chunk(now, 0, &map).unwrap();
+    assert_eq!(chunk.len(), 48 + 1000);
+    a.advance_transmit(0, 100);
+    assert_eq!(a.cancel_sent_to(7, 10), 1);
+    assert!(!events(&mut a)
+        .iter()
+        .any(|e| matches!(e, Event::Released { .. })));
+    let rest = drain(&mut a, now, 0, &map);
+    assert_eq!(
+        rest.len(),
+        948,
+        "the frame is finished so the stream stays framed"
+    );
+    assert_eq!(
+        events(&mut a),
+        vec![Event::Released {
+            token: 1,
+            len: 1000
+        }]
+    );
+    assert_eq!(a.unacked_messages(0), 1, "only the probe is left");
+}
+
+#[test]
+fn duplicate_rule_follows_the_kernel() {
+    let now = Instant::ZERO;
+    let mut b = passive_up(now);
+    let r = flags::RETRANSMITTED;
+    let mut stream = Vec::new();
+    stream.extend(message(5, 9, 10, 0, b"a")); // delivered, next = 6
+    stream.extend(message(5, 9, 10, r, b"dup")); // dropped
+    stream.extend(message(3, 9, 10, 0, b"b")); // not flagged: delivered, next moves back to 4
+    stream.extend(message(4, 9, 10, r, b"c")); // 4 >= 4: delivered
+    stream.extend(message(2, 9, 10, r, b"old")); // dropped
+    let mut got = Vec::new();
+    b.handle_stream_data(now, 0, &stream, |d| {
+        got.push((d.sequence, d.retransmitted, d.payload.to_vec()))
+    });
+    assert_eq!(
+        got,
+        vec![
+            (5, false, b"a".to_vec()),
+            (3, false, b"b".to_vec()),
+            (4, true, b"c".to_vec())
+        ]
+    );
+    assert_eq!(b.counters().rx_drop_dup_seq, 2);
+    assert_eq!(b.next_rx_seq(0), 5);
+}
+
+#[test]
+fn unacked_messages_are_resent_with_original_seq_and_flag() {
+    let mut now = Instant::ZERO;
+    let mut a = active_up(now);
+    let map = CongMap::new();
+    a.send(now, 7, 10, b"one".to_vec(), 1).unwrap();
+    a.send(now, 7, 10, b"two".to_vec(), 2).unwrap();
+    let stream = drain(&mut a, now, 0, &map);
+    let out = frames(&stream);
+    let seqs: Vec<u64> = out.iter().map(|(h, _)| h.sequence).collect();
+    assert_eq!(seqs, vec![0, 1, 2, 3]); // map, probe, one, two
+                                        // TCP acknowledged everything up to the end of "one".
+    let end_of_one = (48 + 8192 + 48 + 48 + 3) as u64;
+    a.handle_acked(0, end_of_one - 1);
+    assert!(events(&mut a).is_empty(), "one byte short of message one");
+    a.handle_acked(0, end_of_one);
+    assert_eq!(events(&mut a), vec![Event::Released { token: 1, len: 3 }]);
+
+    now += Duration::from_millis(1);
+    a.handle_path_down(now, 0).unwrap();
+    assert_eq!(
+        events(&mut a),
+        vec![Event::Connect { path: 0 }],
+        "first reconnect is immediate"
+    );
+    a.handle_connected(now, 0).unwrap();
+    let out = frames(&drain(&mut a, now, 0, &map));
+    let summary: Vec<(u64, u8, Vec<u8>)> = out
+        .iter()
+        .map(|(h, p)| (h.sequence, h.flags, p.clone()))
+        .collect();
+    assert_eq!(summary[0].1, flags::CONG_BITMAP);
+    assert_eq!(summary[1], (3, flags::RETRANSMITTED, b"two".to_vec()));
+    assert_eq!(out[2].0.sport, 1, "a new probe follows");
+    assert_eq!(out[2].0.sequence, 4);
+    assert_eq!(a.counters().tx_retransmits, 1);
+    assert_eq!(a.counters().reconnects, 1);
+}
+
+#[test]
+fn partial_writes_keep_the_stream_exact() {
+    let now = Instant::ZERO;
+    let mut a = active_up(now);
+    let map = CongMap::new();
+    for i in 0..5u8 {
+        a.send(now, 7, 10, vec![i; 100 * usize::from(i)], u64::from(i))
+            .unwrap();
+    }
+    let mut stream = Vec::new();
+    let mut step = 1;
+    while let Some(chunk) = a.poll_transmit_chunk(now, 0, &map) {
+        // The socket takes an awkward number of bytes each time.
+        let all: Vec<u8> = chunk.header.iter().chain(chunk.payload).copied().collect();
+        let n = step.min(all.len());
+        stream.extend_from_slice(&all[..n]);
+        a.advance_transmit(0, n);
+        step = step * 7 % 191 + 1;
+    }
+    assert_eq!(a.stream_offset(0), stream.len() as u64);
+    let out = frames(&stream);
+    assert_eq!(out.len(), 7);
+    for (i, (h, p)) in out[2..].iter().enumerate() {
+        assert_eq!(p, &vec![i as u8; 100 * i]);
+        assert_eq!(h.len as usize, 100 * i);
+    }
+    a.handle_acked(0, stream.len() as u64 + 1000); // clamped to what was written
+    let released = events(&mut a)
+        .into_iter()
+        .filter(|e| matches!(e, Event::Released { .. }))
+        .count();
+    assert_eq!(released, 5);
+}
+
+#[test]
+fn reconnect_backoff_doubles_to_one_second_and_resets_on_up() {
+    let mut now = Instant::ZERO;
+    let mut a = active_up(now);
+    a.handle_path_down(now, 0).unwrap();
+    assert_eq!(events(&mut a), vec![Event::Connect { path: 0 }]);
+    let mut bound = Duration::from_millis(1);
+    for _ in 0..14 {
+        a.handle_path_down(now, 0).unwrap(); // connect failed
+        assert!(events(&mut a).is_empty());
+        let at = a.poll_timeout().expect("reconnect timer");
+        let delay = at.saturating_duration_since(now);
+        assert!(delay < bound, "delay {delay:?} bound {bound:?}");
+        a.handle_timeout(Instant::from_nanos(at.as_nanos() - 1).max(now));
+        if delay > Duration::ZERO {
+            assert!(events(&mut a).is_empty(), "not before the timer");
+        }
+        now = at;
+        a.handle_timeout(now);
+        assert_eq!(events(&mut a), vec![Event::Connect { path: 0 }]);
+        bound = (bound * 2).min(Duration::from_secs(1));
+    }
+    assert_eq!(bound, Duration::from_secs(1));
+    a.handle_connected(now, 0).unwrap();
+    a.handle_path_down(now, 0).unwrap();
+    assert_eq!(
+        events(&mut a),
+        vec![Event::Connect { path: 0 }],
+        "immediate again after UP"
+    );
+}
+
+#[test]
+fn passive_side_never_reconnects_but_rings_the_doorbell() {
+    let mut now = Instant::ZERO;
+    let mut b = passive_up(now);
+    b.handle_path_down(now, 0).unwrap();
+    assert!(events(&mut b).is_empty());
+    assert!(
+        b.poll_timeout().is_none(),
+        "nothing to send, nothing scheduled"
+    );
+    b.send(now, 9, 10, b"x".to_vec(), 1).unwrap();
+    assert_eq!(events(&mut b), vec![Event::Doorbell]);
+    assert_eq!(b.path_state(0), PathState::Down);
+    // Keeps poking the peer at backoff pace while it has something to send.
+    let at = b.poll_timeout().unwrap();
+    now = at;
+    b.handle_timeout(now);
+    assert_eq!(events(&mut b), vec![Event::Doorbell]);
+    assert_eq!(b.handle_accepted(now, 40000), Ok(0));
+    assert!(b.poll_timeout().is_none());
+}
+
+#[test]
+fn active_side_resets_inbound_and_connects_back() {
+    let now = Instant::ZERO;
+    let mut a = conn(ADDR_A, ADDR_B, GEN_A);
+    assert_eq!(a.handle_accepted(now, 40000), Err(AcceptError::WeConnect));
+    assert_eq!(events(&mut a), vec![Event::Connect { path: 0 }]);
+    assert_eq!(a.path_state(0), PathState::Connecting);
+    assert_eq!(a.handle_accepted(now, 40001), Err(AcceptError::WeConnect));
+    assert!(events(&mut a).is_empty(), "already connecting");
+}
+
+#[test]
+fn accept_maps_paths_by_sport_idx_or_first_free() {
+    let now = Instant::ZERO;
+    let mut b = passive_up(now);
+    assert_eq!(
+        b.handle_accepted(now, 40001),
+        Err(AcceptError::NoFreePath),
+        "one path before the handshake"
+    );
+    let mut ext = rds_proto::wire::ExtHeaders::new();
+    ext.push(ExtHeader::NPaths(4)).unwrap();
+    ext.push(ExtHeader::SportIdx(0)).unwrap();
+    let pong = HeaderRepr {
+        sequence: 1,
+        sport: 0,
+        dport: 1,
+        exthdr: ext,
+        ..Default::default()
+    };
+    b.handle_stream_data(now, 0, &pong.to_bytes(), |_| {});
+    assert_eq!(b.npaths(), Some(4));
+    assert_eq!(b.handle_accepted(now, 40003), Ok(3));
+    assert_eq!(b.handle_accepted(now, 40011), Err(AcceptError::PathBusy(3)));
+    assert_eq!(
+        b.handle_accepted(now, 40006),
+        Err(AcceptError::NoFreePath),
+        "6 >= npaths"
+    );
+    // Path 0 was accepted from port 40000 (40000 % 8 == 0): kept.
+    assert!(!events(&mut b)
+        .iter()
+        .any(|e| matches!(e, Event::Close { .. })));
+
+    // Without SPORT_IDX: first free path.
+    let mut c = passive_up(now);
+    let mut ext = rds_proto::wire::ExtHeaders::new();
+    ext.push(ExtHeader::NPaths(3)).unwrap();
+    let ping = HeaderRepr {
+        sequence: 1,
+        sport: 1,
+        dport: 0,
+        exthdr: ext,
+        ..Default::default()
+    };
+    c.handle_stream_data(now, 0, &ping.to_bytes(), |_| {});
+    assert_eq!(c.handle_accepted(now, 50007), Ok(1));
+    assert_eq!(c.handle_accepted(now, 50007), Ok(2));
+    assert_eq!(c.handle_accepted(now, 50007), Err(AcceptError::NoFreePath));
+}
+
+#[test]
+fn mismapped_path_zero_is_closed_once_sport_idx_is_known() {
+    let now = Instant::ZERO;
+    let mut b = conn(ADDR_B, ADDR_A, GEN_B);
+    // A path-3 connection of a SPORT_IDX peer arrives before any handshake.
+    assert_eq!(b.handle_accepted(now, 40003), Ok(0));
+    let mut ext = rds_proto::wire::ExtHeaders::new();
+    ext.push(ExtHeader::NPaths(8)).unwrap();
+    ext.push(ExtHeader::SportIdx(0)).unwrap();
+    let pong = HeaderRepr {
+        sequence: 1,
+        sport: 0,
+        dport: 1,
+        exthdr: ext,
+        ..Default::default()
+    };
+    b.handle_stream_data(now, 0, &pong.to_bytes(), |_| {});
+    assert!(events(&mut b).contains(&Event::Close { path: 0 }));
+    assert_eq!(b.counters().path_mismaps, 1);
+}
+
+#[test]
+fn four_paths_keep_per_socket_order() {
+    let faults = Faults {
+        max_chunk: 2000,
+        ack_prob: 0.2,
+        ..Faults::default()
+    };
+    let mut pair = Pair::new(11, 4, faults);
+    let mut workload = Workload::new(8, 2, 25);
+    while !workload.done() {
+        workload.send_one(&mut pair, 3000);
+        pair.step();
+    }
+    assert!(pair.drive(100_000));
+    workload.check_exactly_once(&pair);
+    assert_eq!(pair.link_count(), 4);
+    let used: std::collections::BTreeSet<usize> = workload
+        .flows
+        .iter()
+        .map(|f| pair.hosts[f.host].conn.route(f.sport))
+        .collect();
+    assert!(used.len() >= 3, "sockets spread over paths: {used:?}");
+    let max_seq: Vec<u64> = (0..4).map(|p| pair.hosts[0].conn.next_tx_seq(p)).collect();
+    assert!(
+        max_seq.iter().all(|&s| s > 1),
+        "every path carried messages: {max_seq:?}"
+    );
+}
+
+#[test]
+fn peer_restart_is_detected_and_unconfirmed_messages_reach_the_new_peer() {
+    let faults = Faults {
+        lose_acks_on_reset: false,
+        ..Faults::default()
+    };
+    let mut pair = established(faults, 2);
+    // Queue messages on A while its transport is cut, then restart B.
+    for i in 0..5u8 {
+        pair.send(0, 2000 + u16::from(i), 3000, vec![i; 50], u64::from(i));
+    }
+    pair.restart(1, 0xdddd_0003);
+    assert!(pair.drive(50_000));
+    let a = &pair.hosts[0];
+    assert!(a.events.contains(&Event::PeerRestarted {
+        old_generation: 0x2000_0002,
+        new_generation: 0xdddd_0003
+    }));
+    assert_eq!(a.conn.peer_generation(), 0xdddd_0003);
+    let mut got: Vec<u8> = pair.hosts[1]
+        .delivered
+        .iter()
+        .map(|d| d.payload[0])
+        .collect();
+    got.sort_unstable();
+    assert_eq!(got, vec![0, 1, 2, 3, 4]);
+    assert_eq!(a.released.len(), 5);
+}
+
+#[test]
+fn close_stops_reconnecting_until_reopened() {
+    let now = Instant::ZERO;
+    let mut a = active_up(now);
+    a.close(now);
+    assert_eq!(a.path_state(0), PathState::Disconnecting);
+    assert_eq!(events(&mut a), vec![Event::Close { path: 0 }]);
+    a.handle_path_down(now, 0).unwrap();
+    assert!(events(&mut a).is_empty());
+    assert!(a.poll_timeout().is_none());
+    a.send(now, 5, 6, vec![], 1).unwrap();
+    assert_eq!(events(&mut a), vec![Event::Connect { path: 0 }]);
+}

@@ -1,0 +1,716 @@
+//! A simulated two-host network for the general layer (in the spirit of quinn-proto's
+//! `tests/util.rs` Pair): a virtual clock, two `Connection`s (10.0.0.1 is the active side),
+//! and one simulated TCP connection per path that delivers bytes in random chunks after random
+//! delays, reports acknowledgements lazily, and can be reset or restart a host.
+//!
+//! Model of TCP acknowledgement: an ack never covers bytes the receiving `Connection` has not
+//! consumed yet (the receiver's kernel acks on receipt, and consumption is when rdsd reads),
+//! and when a host restarts, everything it consumed is acked to its peer first (its kernel
+//! FINs with the final ack). Bytes in flight on a reset connection are lost.
+
+#![allow(dead_code)]
+
+use rds_proto::rng::SplitMix64;
+use rds_proto::wire::CongMap;
+use rds_proto::{Config, Connection, Event, Instant};
+use std::collections::{BTreeMap, VecDeque};
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+pub const ADDR_A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+pub const ADDR_B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+
+/// Fault and timing knobs.
+#[derive(Debug, Clone)]
+pub struct Faults {
+    /// Per step, chance that one random established link is reset.
+    pub reset_prob: f64,
+    /// Chance that a connect attempt fails.
+    pub connect_fail_prob: f64,
+    /// Largest one-way delay of a segment.
+    pub max_delay: Duration,
+    /// Largest number of bytes the "socket" takes per write / delivers per read.
+    pub max_chunk: usize,
+    /// Per step and direction, chance that the receiver's ack reaches the sender.
+    pub ack_prob: f64,
+    /// On a reset, the acks for bytes the receiver already consumed are lost too. Off, the
+    /// sender learns them before it sees the reset (the usual TCP case: the receiver's kernel
+    /// acks data before the application reads it).
+    pub lose_acks_on_reset: bool,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            reset_prob: 0.0,
+            connect_fail_prob: 0.0,
+            max_delay: Duration::from_micros(200),
+            max_chunk: 3000,
+            ack_prob: 0.3,
+            lose_acks_on_reset: true,
+        }
+    }
+}
+
+/// A message handed to a local socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivered {
+    pub sport: u16,
+    pub dport: u16,
+    pub payload: Vec<u8>,
+}
+
+pub struct Host {
+    pub conn: Connection<Vec<u8>>,
+    pub config: Config,
+    pub local_map: CongMap,
+    /// Deliveries to local sockets, across restarts (the application's view).
+    pub delivered: Vec<Delivered>,
+    /// Tokens released, per incarnation merged.
+    pub released: Vec<u64>,
+    /// Every event seen (except Released), for assertions.
+    pub events: Vec<Event>,
+    pub restarts: u32,
+}
+
+#[derive(Debug, Default)]
+struct Pipe {
+    segments: VecDeque<(Instant, Vec<u8>)>,
+    written: u64,
+    consumed: u64,
+    ack_reported: u64,
+}
+
+#[derive(Debug)]
+struct Link {
+    /// Path index on host 0 and host 1.
+    paths: [usize; 2],
+    /// `pipes[i]` carries bytes from host i to host 1 - i.
+    pipes: [Pipe; 2],
+    /// Steps since the link was established.
+    age: u32,
+}
+
+impl Link {
+    /// Random resets only hit links that made some progress (or lived long), so that a high
+    /// reset rate cannot livelock the 8 KiB congestion map every new connection starts with.
+    fn resettable(&self) -> bool {
+        let consumed: u64 = self.pipes.iter().map(|p| p.consumed).sum();
+        (self.age >= 20 && consumed >= 100_000) || self.age >= 3_000
+    }
+}
+
+pub struct Pair {
+    pub now: Instant,
+    pub rng: SplitMix64,
+    pub hosts: [Host; 2],
+    links: Vec<Link>,
+    pub faults: Faults,
+    port_counter: u16,
+    /// Links whose two ends disagree about the path index (should stay 0 with SPORT_IDX).
+    pub path_mismatches: u32,
+    pub resets: u32,
+    buf: Vec<u8>,
+}
+
+pub fn config(local: Ipv4Addr, peer: Ipv4Addr, npaths: u8, generation: u32, seed: u64) -> Config {
+    let mut c = Config::new(local, peer, generation, seed);
+    c.npaths = npaths;
+    c.sport_idx = true;
+    c
+}
+
+impl Host {
+    fn new(config: Config) -> Self {
+        Host {
+            conn: Connection::new(config.clone()).expect("valid config"),
+            config,
+            local_map: CongMap::new(),
+            delivered: Vec::new(),
+            released: Vec::new(),
+            events: Vec::new(),
+            restarts: 0,
+        }
+    }
+}
+
+impl Pair {
+    /// Two hosts offering `npaths` paths each, with SPORT_IDX.
+    pub fn new(seed: u64, npaths: u8, faults: Faults) -> Self {
+        let a = config(ADDR_A, ADDR_B, npaths, 0x1000_0001, seed ^ 0xa);
+        let b = config(ADDR_B, ADDR_A, npaths, 0x2000_0002, seed ^ 0xb);
+        Self::with_configs(seed, a, b, faults)
+    }
+
+    pub fn with_configs(seed: u64, a: Config, b: Config, faults: Faults) -> Self {
+        Pair {
+            now: Instant::from_nanos(1_000_000),
+            rng: SplitMix64::new(seed),
+            hosts: [Host::new(a), Host::new(b)],
+            links: Vec::new(),
+            faults,
+            port_counter: 0,
+            path_mismatches: 0,
+            resets: 0,
+            buf: vec![0u8; 1 << 16],
+        }
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && (self.rng.next_u64() as f64 / u64::MAX as f64) < p
+    }
+
+    fn rand_range(&mut self, lo: usize, hi_inclusive: usize) -> usize {
+        lo + self.rng.below((hi_inclusive - lo + 1) as u64) as usize
+    }
+
+    pub fn conn(&mut self, host: usize) -> &mut Connection<Vec<u8>> {
+        &mut self.hosts[host].conn
+    }
+
+    /// Sends from `host`; returns the path or panics on a send error.
+    pub fn send(
+        &mut self,
+        host: usize,
+        sport: u16,
+        dport: u16,
+        payload: Vec<u8>,
+        token: u64,
+    ) -> usize {
+        let now = self.now;
+        self.hosts[host]
+            .conn
+            .send(now, sport, dport, payload, token)
+            .expect("send accepted")
+    }
+
+    /// Drains and acts on every pending event of both hosts.
+    pub fn process_events(&mut self) {
+        loop {
+            let mut any = false;
+            for host in 0..2 {
+                while let Some(event) = self.hosts[host].conn.poll_event() {
+                    any = true;
+                    self.handle_event(host, event);
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+    }
+
+    fn handle_event(&mut self, host: usize, event: Event) {
+        let now = self.now;
+        let peer = 1 - host;
+        match event {
+            Event::Connect { path } => {
+                self.hosts[host].events.push(event);
+                let sport = self.tcp_source_port(host, path);
+                if self.chance(self.faults.connect_fail_prob) {
+                    self.hosts[host].conn.handle_path_down(now, path).unwrap();
+                    return;
+                }
+                match self.hosts[peer].conn.handle_accepted(now, sport) {
+                    Ok(peer_path) => {
+                        if peer_path != path {
+                            self.path_mismatches += 1;
+                        }
+                        let mut paths = [0; 2];
+                        paths[host] = path;
+                        paths[peer] = peer_path;
+                        self.links.push(Link {
+                            paths,
+                            pipes: [Pipe::default(), Pipe::default()],
+                            age: 0,
+                        });
+                        self.hosts[host].conn.handle_connected(now, path).unwrap();
+                    }
+                    Err(_) => self.hosts[host].conn.handle_path_down(now, path).unwrap(),
+                }
+            }
+            Event::Doorbell => {
+                self.hosts[host].events.push(event);
+                let sport = self.tcp_source_port(host, 0);
+                // The smaller side resets it and connects back.
+                assert!(self.hosts[peer].conn.handle_accepted(now, sport).is_err());
+            }
+            Event::Close { path } => {
+                self.hosts[host].events.push(event);
+                match self.links.iter().position(|l| l.paths[host] == path) {
+                    Some(i) => self.drop_link(i),
+                    None => self.hosts[host].conn.handle_path_down(now, path).unwrap(),
+                }
+            }
+            Event::Released { token, .. } => self.hosts[host].released.push(token),
+            other => self.hosts[host].events.push(other),
+        }
+    }
+
+    fn tcp_source_port(&mut self, host: usize, path: usize) -> u16 {
+        self.port_counter = self.port_counter.wrapping_add(1) % 2000;
+        let base = 40000 + 8 * self.port_counter;
+        if self.hosts[host].config.sport_idx {
+            base + path as u16
+        } else {
+            base + self.rng.below(8) as u16
+        }
+    }
+
+    /// Resets link `i`: bytes in flight are lost, both ends see the path go down.
+    fn drop_link(&mut self, i: usize) {
+        let link = self.links.swap_remove(i);
+        let now = self.now;
+        if !self.faults.lose_acks_on_reset {
+            for host in 0..2 {
+                self.hosts[host]
+                    .conn
+                    .handle_acked(link.paths[host], link.pipes[host].consumed);
+            }
+        }
+        for host in 0..2 {
+            self.hosts[host]
+                .conn
+                .handle_path_down(now, link.paths[host])
+                .unwrap();
+        }
+    }
+
+    /// Resets one random link, if any.
+    pub fn reset_random_link(&mut self) {
+        if !self.links.is_empty() {
+            let i = self.rng.below(self.links.len() as u64) as usize;
+            if !self.links[i].resettable() {
+                return;
+            }
+            self.resets += 1;
+            self.drop_link(i);
+            self.process_events();
+        }
+    }
+
+    /// Feeds raw bytes to `host` as if they arrived on its `path`.
+    pub fn inject(&mut self, host: usize, path: usize, bytes: &[u8]) {
+        let now = self.now;
+        let h = &mut self.hosts[host];
+        let delivered = &mut h.delivered;
+        h.conn.handle_stream_data(now, path, bytes, |d| {
+            delivered.push(Delivered {
+                sport: d.sport,
+                dport: d.dport,
+                payload: d.payload.to_vec(),
+            })
+        });
+        self.process_events();
+    }
+
+    /// Resets every link that carries `path` on host 0.
+    pub fn reset_path(&mut self, path: usize) {
+        if let Some(i) = self.links.iter().position(|l| l.paths[0] == path) {
+            self.drop_link(i);
+            self.process_events();
+        }
+    }
+
+    /// Replaces host `host`'s Connection with a fresh one (new generation), as after a daemon
+    /// restart. Everything the host consumed is acknowledged to the peer first; then every
+    /// link is reset.
+    pub fn restart(&mut self, host: usize, new_generation: u32) {
+        let now = self.now;
+        let peer = 1 - host;
+        for link in &self.links {
+            let consumed = link.pipes[peer].consumed;
+            self.hosts[peer]
+                .conn
+                .handle_acked(link.paths[peer], consumed);
+        }
+        while let Some(link) = self.links.pop() {
+            self.hosts[peer]
+                .conn
+                .handle_path_down(now, link.paths[peer])
+                .unwrap();
+        }
+        let mut config = self.hosts[host].config.clone();
+        config.generation = new_generation;
+        config.rng_seed = config.rng_seed.wrapping_add(0x5555);
+        let h = &mut self.hosts[host];
+        h.conn = Connection::new(config.clone()).unwrap();
+        h.config = config;
+        h.restarts += 1;
+        // The restarted daemon's sockets come back uncongested.
+        h.local_map = CongMap::new();
+        self.process_events();
+    }
+
+    /// Number of established links.
+    pub fn link_count(&self) -> usize {
+        self.links.len()
+    }
+
+    fn in_flight(&self) -> bool {
+        self.links
+            .iter()
+            .any(|l| l.pipes.iter().any(|p| !p.segments.is_empty()))
+    }
+
+    fn transmit_pending(&self) -> bool {
+        self.links
+            .iter()
+            .any(|l| (0..2).any(|h| self.hosts[h].conn.has_pending_transmit(l.paths[h])))
+    }
+
+    fn acks_pending(&self) -> bool {
+        self.links
+            .iter()
+            .any(|l| l.pipes.iter().any(|p| p.ack_reported < p.consumed))
+    }
+
+    /// True when nothing is in flight, queued or unacknowledged.
+    pub fn quiescent(&self) -> bool {
+        !self.in_flight()
+            && !self.transmit_pending()
+            && !self.hosts.iter().any(|h| h.conn.has_pending_messages())
+    }
+
+    /// One simulation step: timers, events, writes, deliveries, acks, faults, clock.
+    pub fn step(&mut self) {
+        let now = self.now;
+        for host in 0..2 {
+            if self.hosts[host]
+                .conn
+                .poll_timeout()
+                .is_some_and(|t| t <= now)
+            {
+                self.hosts[host].conn.handle_timeout(now);
+            }
+        }
+        self.process_events();
+
+        // Writes: each direction of each link takes a random number of bytes.
+        for li in 0..self.links.len() {
+            for host in 0..2 {
+                let path = self.links[li].paths[host];
+                let chunk = self.rand_range(1, self.faults.max_chunk);
+                let delay = self.rng.below(self.faults.max_delay.as_nanos() as u64 + 1);
+                let h = &mut self.hosts[host];
+                let n = h
+                    .conn
+                    .poll_transmit(now, path, &h.local_map, &mut self.buf[..chunk]);
+                if n > 0 {
+                    let pipe = &mut self.links[li].pipes[host];
+                    let arrival = now + Duration::from_nanos(delay);
+                    let arrival = pipe
+                        .segments
+                        .back()
+                        .map_or(arrival, |(t, _)| arrival.max(*t));
+                    pipe.segments.push_back((arrival, self.buf[..n].to_vec()));
+                    pipe.written += n as u64;
+                }
+            }
+        }
+        self.process_events();
+
+        // Deliveries, in random read sizes.
+        let mut li = 0;
+        while li < self.links.len() {
+            for host in 0..2 {
+                if li >= self.links.len() {
+                    break;
+                }
+                let receiver = 1 - host;
+                let path = self.links[li].paths[receiver];
+                while self.links[li].pipes[host]
+                    .segments
+                    .front()
+                    .is_some_and(|(t, _)| *t <= now)
+                {
+                    let (_, bytes) = self.links[li].pipes[host].segments.pop_front().unwrap();
+                    let mut rest = &bytes[..];
+                    while !rest.is_empty() {
+                        let n = self.rand_range(1, self.faults.max_chunk).min(rest.len());
+                        let h = &mut self.hosts[receiver];
+                        let delivered = &mut h.delivered;
+                        h.conn.handle_stream_data(now, path, &rest[..n], |d| {
+                            delivered.push(Delivered {
+                                sport: d.sport,
+                                dport: d.dport,
+                                payload: d.payload.to_vec(),
+                            })
+                        });
+                        rest = &rest[n..];
+                    }
+                    self.links[li].pipes[host].consumed += bytes.len() as u64;
+                }
+            }
+            li += 1;
+        }
+        self.process_events();
+
+        // Lazy acknowledgements: any point between the last report and what was consumed.
+        for li in 0..self.links.len() {
+            for host in 0..2 {
+                if !self.chance(self.faults.ack_prob) {
+                    continue;
+                }
+                let pipe = &self.links[li].pipes[host];
+                if pipe.ack_reported >= pipe.consumed {
+                    continue;
+                }
+                let span = pipe.consumed - pipe.ack_reported;
+                let ack = pipe.ack_reported + 1 + self.rng.below(span);
+                self.links[li].pipes[host].ack_reported = ack;
+                let path = self.links[li].paths[host];
+                self.hosts[host].conn.handle_acked(path, ack);
+            }
+        }
+        self.process_events();
+
+        for link in &mut self.links {
+            link.age += 1;
+        }
+        if self.chance(self.faults.reset_prob) {
+            self.reset_random_link();
+        }
+
+        // Clock: small steps while busy, jump to the next timer or arrival when idle.
+        let busy = self.transmit_pending() || self.acks_pending();
+        let next_arrival = self
+            .links
+            .iter()
+            .flat_map(|l| {
+                l.pipes
+                    .iter()
+                    .filter_map(|p| p.segments.front().map(|(t, _)| *t))
+            })
+            .min();
+        let next_timer = self
+            .hosts
+            .iter()
+            .filter_map(|h| h.conn.poll_timeout())
+            .min();
+        let small = self.now + Duration::from_nanos(1 + self.rng.below(20_000));
+        self.now = if busy {
+            small
+        } else {
+            [next_arrival, next_timer]
+                .into_iter()
+                .flatten()
+                .min()
+                .map_or(small, |t| t.max(small))
+        };
+    }
+
+    /// Steps until quiescent (after at least one step) or the step budget runs out.
+    pub fn drive(&mut self, max_steps: usize) -> bool {
+        for _ in 0..max_steps {
+            self.step();
+            if self.quiescent() {
+                // Let remaining acks and events settle.
+                self.step();
+                if self.quiescent() {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Steps for a span of virtual time.
+    pub fn run_for(&mut self, span: Duration) {
+        let end = self.now + span;
+        while self.now < end {
+            self.step();
+        }
+    }
+}
+
+/// A scripted application workload: flows (src host, sport, dport) sending numbered messages.
+pub struct Workload {
+    pub flows: Vec<Flow>,
+}
+
+pub struct Flow {
+    pub host: usize,
+    pub sport: u16,
+    pub dport: u16,
+    pub next_id: u64,
+    pub remaining: u32,
+    /// Ids accepted by `send`, with the incarnation (restart count) of the sender.
+    pub sent: Vec<(u64, u32)>,
+    /// Ids pending (not released) when the sender restarted.
+    pub lost_on_restart: Vec<u64>,
+}
+
+pub fn token(host: usize, flow: usize, id: u64) -> u64 {
+    ((host as u64) << 56) | ((flow as u64) << 40) | id
+}
+
+pub fn payload_for(flow: usize, id: u64, len: usize) -> Vec<u8> {
+    let mut p = Vec::with_capacity(len.max(16));
+    p.extend_from_slice(&(flow as u64).to_be_bytes());
+    p.extend_from_slice(&id.to_be_bytes());
+    let fill = len.saturating_sub(16);
+    p.extend((0..fill).map(|i| (id as usize + i) as u8));
+    p
+}
+
+pub fn parse_payload(p: &[u8]) -> (usize, u64) {
+    let flow = u64::from_be_bytes(p[0..8].try_into().unwrap()) as usize;
+    let id = u64::from_be_bytes(p[8..16].try_into().unwrap());
+    (flow, id)
+}
+
+impl Workload {
+    /// `sockets_per_host` sockets on each host, each sending to `dests` ports of the peer.
+    pub fn new(sockets_per_host: u16, dests: u16, per_flow: u32) -> Self {
+        let mut flows = Vec::new();
+        for host in 0..2 {
+            for s in 0..sockets_per_host {
+                for d in 0..dests {
+                    flows.push(Flow {
+                        host,
+                        sport: 2000 + 37 * s + host as u16,
+                        dport: 3000 + d,
+                        next_id: 1,
+                        remaining: per_flow,
+                        sent: Vec::new(),
+                        lost_on_restart: Vec::new(),
+                    });
+                }
+            }
+        }
+        Workload { flows }
+    }
+
+    pub fn done(&self) -> bool {
+        self.flows.iter().all(|f| f.remaining == 0)
+    }
+
+    /// Sends one message on a random unfinished flow.
+    pub fn send_one(&mut self, pair: &mut Pair, max_len: usize) {
+        let open: Vec<usize> = (0..self.flows.len())
+            .filter(|&i| self.flows[i].remaining > 0)
+            .collect();
+        if open.is_empty() {
+            return;
+        }
+        let fi = open[pair.rng.below(open.len() as u64) as usize];
+        let len = if pair.rng.below(20) == 0 {
+            pair.rng.below(40_000)
+        } else {
+            pair.rng.below(max_len as u64 + 1)
+        } as usize;
+        let flow = &mut self.flows[fi];
+        let id = flow.next_id;
+        flow.next_id += 1;
+        flow.remaining -= 1;
+        let incarnation = pair.hosts[flow.host].restarts;
+        flow.sent.push((id, incarnation));
+        let (host, sport, dport) = (flow.host, flow.sport, flow.dport);
+        pair.send(
+            host,
+            sport,
+            dport,
+            payload_for(fi, id, len),
+            token(host, fi, id),
+        );
+    }
+
+    /// Records which of `host`'s messages were still unreleased just before it restarts.
+    pub fn note_restart(&mut self, pair: &Pair, host: usize) {
+        let released: std::collections::HashSet<u64> =
+            pair.hosts[host].released.iter().copied().collect();
+        for (fi, flow) in self.flows.iter_mut().enumerate() {
+            if flow.host != host {
+                continue;
+            }
+            for &(id, _) in &flow.sent {
+                if !released.contains(&token(host, fi, id)) && !flow.lost_on_restart.contains(&id) {
+                    flow.lost_on_restart.push(id);
+                }
+            }
+        }
+    }
+
+    /// Delivered ids per flow, in delivery order, checking that ports match the flow.
+    pub fn delivered(&self, pair: &Pair) -> BTreeMap<usize, Vec<u64>> {
+        let mut out: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+        for host in 0..2 {
+            for d in &pair.hosts[host].delivered {
+                let (fi, id) = parse_payload(&d.payload);
+                let flow = &self.flows[fi];
+                assert_eq!(flow.host, 1 - host, "delivered on the wrong host");
+                assert_eq!(
+                    (flow.sport, flow.dport),
+                    (d.sport, d.dport),
+                    "ports mismatch"
+                );
+                out.entry(fi).or_default().push(id);
+            }
+        }
+        out
+    }
+
+    /// Exactly once, in order, for every flow; every token released exactly once.
+    pub fn check_exactly_once(&self, pair: &Pair) {
+        let delivered = self.delivered(pair);
+        for (fi, flow) in self.flows.iter().enumerate() {
+            let sent: Vec<u64> = flow.sent.iter().map(|&(id, _)| id).collect();
+            let got = delivered.get(&fi).cloned().unwrap_or_default();
+            assert_eq!(
+                got, sent,
+                "flow {fi} ({}:{}->{})",
+                flow.host, flow.sport, flow.dport
+            );
+        }
+        for host in 0..2 {
+            let mut released = pair.hosts[host].released.clone();
+            released.sort_unstable();
+            let mut expected: Vec<u64> = self
+                .flows
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| f.host == host)
+                .flat_map(|(fi, f)| f.sent.iter().map(move |&(id, _)| token(host, fi, id)))
+                .collect();
+            expected.sort_unstable();
+            assert_eq!(released, expected, "host {host} released tokens");
+        }
+    }
+
+    /// No duplicate, no reordering, at most one gap, and only messages the restarted sender
+    /// still held at its restart may be missing.
+    pub fn check_restart_semantics(&self, pair: &Pair) {
+        let delivered = self.delivered(pair);
+        for (fi, flow) in self.flows.iter().enumerate() {
+            let got = delivered.get(&fi).cloned().unwrap_or_default();
+            assert!(
+                got.windows(2).all(|w| w[0] < w[1]),
+                "flow {fi}: duplicate or reorder: {got:?}"
+            );
+            let sent: Vec<u64> = flow.sent.iter().map(|&(id, _)| id).collect();
+            let delivered_set: std::collections::HashSet<u64> = got.iter().copied().collect();
+            for id in &got {
+                assert!(sent.contains(id), "flow {fi}: delivered unknown id {id}");
+            }
+            let missing_positions: Vec<usize> = (0..sent.len())
+                .filter(|&i| !delivered_set.contains(&sent[i]))
+                .collect();
+            for &i in &missing_positions {
+                assert!(
+                    flow.lost_on_restart.contains(&sent[i]),
+                    "flow {fi}: id {} missing but its sender did not lose it (got {got:?})",
+                    sent[i]
+                );
+            }
+            if let (Some(first), Some(last)) = (missing_positions.first(), missing_positions.last())
+            {
+                assert_eq!(
+                    last - first + 1,
+                    missing_positions.len(),
+                    "flow {fi}: more than one gap"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! RDS over kernel TCP between "hosts" in network namespaces, each with its own rdsd.
+//! Every test checks exactly-once, in-order delivery with sequence-numbered payloads.
+
+use rdsd_tests::netns::Lab;
+use rdsd_tests::*;
+use shm_api::Socket;
+use std::net::SocketAddrV4;
+use std::time::{Duration, Instant};
+
+fn addr(s: &str) -> SocketAddrV4 {
+    s.parse().unwrap()
+}
+
+#[test]
+fn exchange_in_both_directions() {
+    let lab = Lab::new(2, 2, &[]);
+    let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
+    let mut r1 = h1.d().app(&["recv", &h1.at(5000), "3000"]);
+    let mut r0 = h0.d().app(&["recv", &h0.at(5000), "3000"]);
+    r1.expect("bound");
+    r0.expect("bound");
+    let s0 = h0.d().app(&["send", &h0.at(5001), &h1.at(5000), "3000", "300"]);
+    let s1 = h1.d().app(&["send", &h1.at(5001), &h0.at(5000), "3000", "300"]);
+    assert_eq!(r1.expect("received"), "3000");
+    assert_eq!(r0.expect("received"), "3000");
+    assert_eq!((s0.wait(), s1.wait()), (0, 0));
+    assert_eq!(h1.d().stat("tcp_delivered"), 3000);
+    assert_eq!(h0.d().stat("tcp_delivered"), 3000);
+    // The smaller address connected every path; the larger accepted them.
+    assert_eq!(h0.d().stat("tcp_path_up"), 8);
+    assert_eq!(h1.d().stat("tcp_accepts"), 8);
+}
+
+#[test]
+fn fan_out_to_every_host_and_many_to_one() {
+    let lab = Lab::new(3, 3, &[]);
+    let h = &lab.hosts;
+    let mut rs: Vec<App> = h.iter().map(|x| x.d().app(&["recv", &x.at(6000), "1000"])).collect();
+    for r in &mut rs {
+        r.expect("bound");
+    }
+    // One socket on host 0 to sockets on hosts 0 (loopback), 1 and 2 (TCP).
+    let f = h[0].d().app(&["fanout", &h[0].at(6001), "1000", &h[0].at(6000), &h[1].at(6000), &h[2].at(6000)]);
+    for r in &mut rs {
+        assert_eq!(r.expect("received"), "1000");
+    }
+    assert_eq!(f.wait(), 0);
+    // Many to one: senders on all three hosts into one socket on host 2.
+    let mut sink = h[2].d().app(&["recv-multi", &h[2].at(6100), "3000"]);
+    sink.expect("bound");
+    let senders: Vec<App> =
+        h.iter().map(|x| x.d().app(&["send", &x.at(6101), &h[2].at(6100), "1000", "500"])).collect();
+    assert_eq!(sink.expect("received"), "3000 sources 3");
+    for s in senders {
+        assert_eq!(s.wait(), 0);
+    }
+}
+
+#[test]
+fn four_paths_keep_per_socket_order() {
+    let lab = Lab::new(2, 2, &["--paths", "4"]);
+    let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
+    let mut sink = h1.d().app(&["recv-multi", &h1.at(7000), "16000"]);
+    sink.expect("bound");
+    // 16 sockets hash onto the 4 paths.
+    let ip = h0.addr.to_string();
+    let s = h0.d().app(&["multi-send", &ip, "7100", "16", &h1.at(7000), "1000"]);
+    assert_eq!(sink.expect("received"), "16000 sources 16");
+    assert_eq!(s.wait(), 0);
+    assert_eq!(h0.d().stat("tcp_path_up"), 4, "4 paths negotiated, not 8");
+    assert_eq!(h1.d().stat("tcp_accepts"), 4);
+}
+
+#[test]
+fn slow_remote_receiver_congests_the_sender_which_recovers() {
+    let lab = Lab::new(2, 2, &[]);
+    let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
+    let r = h1.d().attach();
+    let rcv = r.socket().unwrap();
+    rcv.set_recv_buffer_size(4096).unwrap();
+    rcv.bind(addr(&h1.at(8000))).unwrap();
+    let mut snd = h0.d().app(&["cong-sender", &h0.at(8001), &h1.at(8000)]);
+    let n: u64 = snd.expect("enobufs").parse().unwrap();
+    assert!(n >= 9, "ENOBUFS after {n}");
+    assert!(h1.d().stat("cong_marked") >= 1);
+    // 8 maps when the paths came up, then at least one update (counters are published lazily).
+    wait_for(|| h0.d().stat("tcp_cong_maps_received") > 8, Duration::from_secs(5), "a map update at the sender");
+    let mut buf = [0u8; 1024];
+    rcv.set_recv_timeout(Some(Duration::from_secs(10))).unwrap();
+    // Messages in flight when the map arrived are still delivered: read until the sender's
+    // update and last message show up.
+    let mut next = 0u64;
+    let mask: u64 = loop {
+        let (len, _) = rcv.recv_from(&mut buf).unwrap();
+        assert_eq!(payload_seq(&buf[..len]), next);
+        next += 1;
+        if next == n {
+            break snd.expect("cong_update").parse().unwrap();
+        }
+    };
+    assert_ne!(mask & (1 << (8000 % 64)), 0);
+    assert_eq!(snd.expect("sent-after-clear"), (n + 1).to_string());
+    let (len, _) = rcv.recv_from(&mut buf).unwrap();
+    assert_eq!(payload_seq(&buf[..len]), n);
+}
+
+/// 5% random loss and 5% duplication of this host's outgoing TCP segments (no netem here).
+fn loss_and_dup_rules() -> &'static str {
+    "table ip fault {
+        chain out {
+            type filter hook output priority 0; policy accept;
+            meta l4proto tcp numgen random mod 100 < 5 drop
+        }
+        chain dupl {
+            type filter hook postrouting priority 0; policy accept;
+            meta l4proto tcp oifname \"eth0\" numgen random mod 100 < 5 dup to ip daddr device \"eth0\"
+        }
+    }"
+}
+
+#[test]
+fn five_percent_loss_and_duplication() {
+    let lab = Lab::new(2, 2, &[]);
+    let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
+    h0.nft(loss_and_dup_rules());
+    h1.nft(loss_and_dup_rules());
+    let mut r = h1.d().app(&["recv-multi", &h1.at(9000), "4000"]);
+    r.expect("bound");
+    let mut back = h0.d().app(&["recv-multi", &h0.at(9000), "2000"]);
+    back.expect("bound");
+    let s = h0.d().app(&["send", &h0.at(9001), &h1.at(9000), "4000", "700"]);
+    let s2 = h1.d().app(&["send", &h1.at(9001), &h0.at(9000), "2000", "200"]);
+    assert_eq!(r.expect("received"), "4000 sources 1");
+    assert_eq!(back.expect("received"), "2000 sources 1");
+    assert_eq!((s.wait(), s2.wait()), (0, 0));
+}
+
+#[test]
+fn link_down_for_two_seconds_mid_stream_loses_nothing() {
+    let lab = Lab::new(2, 2, &[]);
+    let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
+    let mut r = h1.d().app(&["recv-resilient", &h1.at(9100), "1999"]);
+    r.expect("bound");
+    let mut s = h0.d().app(&["send-resilient", &h0.at(9101), &h1.at(9100), "2000", "1500"]);
+    s.expect("sending");
+    std::thread::sleep(Duration::from_millis(700));
+    h0.link(false);
+    std::thread::sleep(Duration::from_secs(2));
+    h0.link(true);
+    let done = r.expect("done");
+    assert!(done.starts_with("got 2000 gaps 0 missing 0"), "{done}");
+    assert!(s.expect("sent").starts_with("2000"));
+}
+
+/// Kills and restarts the rdsd of host `victim` while host 0 streams to host 1.
+fn restart_mid_stream(victim: usize) -> String {
+    let mut lab = Lab::new(2, 2, &[]);
+    let (a0, a1) = (lab.hosts[0].at(9201), lab.hosts[1].at(9200));
+    let mut r = lab.hosts[1].d().app(&["recv-resilient", &a1, "2999"]);
+    r.expect("bound");
+    let mut s = lab.hosts[0].d().app(&["send-resilient", &a0, &a1, "3000", "500"]);
+    s.expect("sending");
+    std::thread::sleep(Duration::from_millis(500));
+    lab.hosts[victim].daemon.as_mut().unwrap().kill();
+    std::thread::sleep(Duration::from_millis(300));
+    lab.hosts[victim].daemon.as_mut().unwrap().spawn();
+    let t = Instant::now();
+    let done = r.expect("done");
+    eprintln!("restart of host {victim}: {done} ({:?} after restart)", t.elapsed());
+    // "done got G gaps N missing M restarts R"
+    let f: Vec<u64> = done.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    assert!(f[1] <= 1, "at most one gap at the restart point: {done}");
+    if victim == 1 {
+        assert_eq!(f[3], 1, "the receiver re-attached once: {done}");
+    }
+    assert!(s.expect("sent").starts_with("3000"));
+    done
+}
+
+#[test]
+fn receiver_rdsd_sigkilled_and_restarted_mid_stream() {
+    restart_mid_stream(1);
+}
+
+#[test]
+fn sender_rdsd_sigkilled_and_restarted_mid_stream() {
+    restart_mid_stream(0);
+}
+
+#[test]
+fn cancel_sent_to_a_dead_peer_frees_the_send_buffer() {
+    let mut lab = Lab::new(2, 2, &[]);
+    let dest = addr(&lab.hosts[1].at(9300));
+    // The peer's rdsd is gone for good: nothing will ever be acknowledged.
+    lab.hosts[1].daemon.as_mut().unwrap().kill();
+    let r = lab.hosts[0].d().attach();
+    let s: Socket = r.socket().unwrap();
+    s.bind(addr(&lab.hosts[0].at(9301))).unwrap();
+    s.set_nonblocking(true).unwrap();
+    let mut sent = 0;
+    let err = loop {
+        match s.send_to(&[1u8; 1000], dest) {
+            Ok(_) => sent += 1,
+            Err(e) => break e,
+        }
+        assert!(sent < 10_000);
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::EAGAIN), "unacknowledged messages fill SO_SNDBUF");
+    assert!(sent >= 100, "{sent}");
+    s.cancel_sent_to(Some(dest)).unwrap();
+    wait_for(|| s.send_to(&[2u8; 1000], dest).is_ok(), Duration::from_secs(5), "send-buffer room after the cancel");
+}
+
+#[test]
+fn malformed_peer_drops_only_its_connection() {
+    // Host 0 runs no rdsd: it plays a broken RDS/TCP peer against host 2. It must have the
+    // smaller address: rdsd resets connections from larger peers and connects back instead.
+    let mut lab = Lab::new(3, 0, &[]);
+    lab.start(1, &[]);
+    lab.start(2, &[]);
+    let (bad, h0, h1) = (&lab.hosts[0], &lab.hosts[1], &lab.hosts[2]);
+    let target = h1.addr.to_string();
+    let mut downs = h1.d().stat("tcp_path_down");
+    for mode in ["random", "oversize", "truncated", "bad-exthdr"] {
+        bad.exec(&[testapp_bin().to_str().unwrap(), "garbage-peer", &target, "16385", mode]);
+        wait_for(|| h1.d().stat("tcp_path_down") > downs, Duration::from_secs(5), mode);
+        downs = h1.d().stat("tcp_path_down");
+    }
+    assert!(h1.d().stat("tcp_drop_oversize") >= 1);
+    assert!(h1.d().stat("tcp_drop_bad_header") + h1.d().stat("tcp_path_errors") >= 1);
+    // rdsd is up and healthy peers still talk.
+    let mut r = h1.d().app(&["recv", &h1.at(9400), "500"]);
+    r.expect("bound");
+    let s = h0.d().app(&["send", &h0.at(9401), &h1.at(9400), "500", "100"]);
+    assert_eq!(r.expect("received"), "500");
+    assert_eq!(s.wait(), 0);
+}
