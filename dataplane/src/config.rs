@@ -238,11 +238,6 @@ impl Config {
         self.local_addrs.iter().any(|p| !(p.len >= 8 && lo.contains(p.addr)))
     }
 
-    /// True if `ip` is reached over kernel TCP.
-    pub fn tcp_routes_to(&self, ip: Ipv4Addr) -> bool {
-        self.tcp_routes.iter().any(|p| p.contains(ip))
-    }
-
     /// True if `ip` is one of this host's RDS addresses.
     pub fn is_local(&self, ip: Ipv4Addr) -> bool {
         self.local_addrs.iter().any(|p| p.contains(ip))

@@ -15,6 +15,7 @@ use crate::shm::region::{wake_slot, AppRegion, DaemonRegion};
 use crate::stats::Stats;
 use crate::transport::loopback;
 use crate::transport::tcp::TcpTransport;
+use crate::transport::{NetTransport, OutMsg};
 use rds_proto::wire::CongMap;
 use crossbeam_queue::ArrayQueue;
 use rustc_hash::FxHashMap;
@@ -134,7 +135,7 @@ pub struct PollCore {
     control_wake: Arc<std::os::fd::OwnedFd>,
     rng: u64,
     next_gen: u32,
-    pub(crate) tcp: Option<Box<TcpTransport>>,
+    pub(crate) net: Option<Box<dyn NetTransport>>,
     local_maps: FxHashMap<u32, CongMap>,
     empty_map: CongMap,
     cong_changed: Vec<u32>,
@@ -157,7 +158,7 @@ impl PollCore {
         let max_apps = cfg.max_apps as usize;
         let dview = daemon.view();
         let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
-        let tcp = TcpTransport::new(&cfg)?.map(Box::new);
+        let net = TcpTransport::new(&cfg)?.map(|t| Box::new(t) as Box<dyn NetTransport>);
         Ok(PollCore {
             cfg,
             stats,
@@ -172,7 +173,7 @@ impl PollCore {
             control_wake,
             rng: seed | 1,
             next_gen: 1,
-            tcp,
+            net,
             local_maps: FxHashMap::default(),
             empty_map: CongMap::new(),
             cong_changed: Vec::with_capacity(256),
@@ -201,7 +202,7 @@ impl PollCore {
         if !self.congested.is_empty() {
             work += self.check_congested();
         }
-        if let Some(mut tcp) = self.tcp.take() {
+        if let Some(mut tcp) = self.net.take() {
             work += tcp.poll(self);
             for addr in self.cong_changed.drain(..) {
                 tcp.local_congestion_changed(addr);
@@ -210,7 +211,7 @@ impl PollCore {
             if self.passes % 256 == 0 {
                 tcp.publish_counters(&self.stats);
             }
-            self.tcp = Some(tcp);
+            self.net = Some(tcp);
         } else {
             self.cong_changed.clear();
         }
@@ -287,8 +288,8 @@ impl PollCore {
         if self.cfg.is_local(dest) {
             return loopback::deliver(self, from, src, rec);
         }
-        if self.tcp.is_some() && self.cfg.tcp_routes_to(dest) {
-            let Some(mut tcp) = self.tcp.take() else { unreachable!() };
+        if self.net.as_ref().is_some_and(|n| n.routes_to(dest)) {
+            let Some(mut tcp) = self.net.take() else { unreachable!() };
             let len = rec.header.len as usize;
             let app = self.apps[from.app].as_ref().expect("sender app");
             let ring = app.region.tx_ring(from.slot);
@@ -297,8 +298,9 @@ impl PollCore {
             // the slice lives only for this call, while the region stays mapped.
             let payload = unsafe { std::slice::from_raw_parts(ring.data_ptr().add(rec.payload_offset), len) };
             let token = token_of(from, gen);
-            let ok = tcp.send(self, src.0, rec.header.addr, src.1, rec.header.port, payload, token);
-            self.tcp = Some(tcp);
+            let msg = OutMsg { laddr: src.0, faddr: rec.header.addr, sport: src.1, dport: rec.header.port, payload, token };
+            let ok = tcp.send(self, msg);
+            self.net = Some(tcp);
             return if ok {
                 Outcome::Queued
             } else {
@@ -667,7 +669,7 @@ impl PollCore {
                 s.cancels[n] = Cancel { dest, upto };
                 s.ncancels += 1;
                 let (laddr, sport) = s.bound.expect("checked");
-                if let Some(tcp) = self.tcp.as_mut() {
+                if let Some(tcp) = self.net.as_mut() {
                     tcp.cancel(laddr, sport, dest);
                 }
                 Ok(0)
@@ -742,7 +744,7 @@ pub fn run(mut core: PollCore, mut idle: idle::Idle, shutdown: Arc<AtomicBool>) 
                 Stats::bump(&core.stats.poll_parks);
                 fds.clear();
                 let mut timeout = None;
-                if let Some(tcp) = &core.tcp {
+                if let Some(tcp) = &core.net {
                     // Counters are summed lazily; make them exact before sleeping.
                     tcp.publish_counters(&core.stats);
                     tcp.park_fds(&mut fds);

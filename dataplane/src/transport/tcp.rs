@@ -14,6 +14,8 @@
 
 use crate::config::Config;
 use crate::poll::PollCore;
+use crate::transport::{NetTransport, OutMsg};
+use crate::config::Prefix;
 use crate::stats::Stats;
 use rds_proto::{Connection, Event, Instant};
 use rustc_hash::FxHashMap;
@@ -83,6 +85,7 @@ struct Conn {
 
 /// All RDS/TCP connections of this poll core.
 pub struct TcpTransport {
+    routes: Vec<Prefix>,
     port: u16,
     npaths: u8,
     generation: u32,
@@ -149,6 +152,7 @@ impl TcpTransport {
         }
         tracing::info!(port = cfg.tcp_port, generation, paths = cfg.paths, "RDS/TCP listening");
         Ok(Some(TcpTransport {
+            routes: cfg.tcp_routes.clone(),
             port: cfg.tcp_port,
             npaths: cfg.paths,
             generation,
@@ -186,87 +190,6 @@ impl TcpTransport {
         let i = self.conns.len() - 1;
         self.index.insert((laddr, faddr), i);
         Some(i)
-    }
-
-    /// Queues one message. `false` means no connection could be made (counted by the caller).
-    pub fn send(&mut self, core: &mut PollCore, laddr: u32, faddr: u32, sport: u16, dport: u16, payload: &[u8], token: u64) -> bool {
-        let Some(i) = self.conn_for(core, laddr, faddr) else { return false };
-        let now = now_since(self.epoch);
-        self.conns[i].engine.send(now, sport, dport, PoolBuf::copy_of(payload), token).is_ok()
-    }
-
-    /// Is the peer's port congested (per its last map)? The library checks the same bit in
-    /// the daemon region; this is the poll core's own check.
-    pub fn peer_congested(&self, laddr: u32, faddr: u32, port: u16) -> bool {
-        self.index.get(&(laddr, faddr)).is_some_and(|&i| self.conns[i].engine.peer_port_congested(port))
-    }
-
-    /// Drops queued and unacknowledged messages from `sport` on `laddr` to `dest`
-    /// (`None` = every destination). Each comes back as a release.
-    pub fn cancel(&mut self, laddr: u32, sport: u16, dest: Option<(u32, u16)>) {
-        for c in self.conns.iter_mut().filter(|c| c.laddr == laddr) {
-            match dest {
-                Some((a, p)) if a == c.faddr => {
-                    c.engine.cancel_sent_to(sport, p);
-                }
-                Some(_) => {}
-                None => {
-                    c.engine.cancel_socket(sport);
-                }
-            }
-        }
-    }
-
-    /// Our local map for `laddr` changed: send it on every path of every connection from it.
-    pub fn local_congestion_changed(&mut self, laddr: u32) {
-        for c in self.conns.iter_mut().filter(|c| c.laddr == laddr) {
-            c.engine.local_congestion_changed();
-        }
-    }
-
-    /// Descriptors to watch while the poll core parks.
-    pub fn park_fds(&self, out: &mut Vec<libc::pollfd>) {
-        if let Some(l) = &self.listener {
-            out.push(libc::pollfd { fd: l.as_raw_fd(), events: libc::POLLIN, revents: 0 });
-        }
-        for c in &self.conns {
-            for p in c.paths.iter().flatten() {
-                let events = if p.connecting { libc::POLLOUT } else { libc::POLLIN };
-                out.push(libc::pollfd { fd: p.sock.as_raw_fd(), events, revents: 0 });
-            }
-        }
-    }
-
-    /// Earliest engine timer, as a park timeout.
-    pub fn next_timeout(&self) -> Option<Duration> {
-        let now = now_since(self.epoch);
-        let has_unacked = self.conns.iter().any(|c| (0..MAX_PATHS).any(|p| c.engine.unacked_messages(p) > 0));
-        if has_unacked {
-            // Acknowledgements don't wake poll(); look again soon.
-            return Some(Duration::from_millis(1));
-        }
-        self.conns
-            .iter()
-            .filter_map(|c| c.engine.poll_timeout())
-            .min()
-            .map(|t| t.saturating_duration_since(now))
-    }
-
-    /// One pass over every connection and path. Returns the work done.
-    pub fn poll(&mut self, core: &mut PollCore) -> usize {
-        let now = now_since(self.epoch);
-        let mut work = 0;
-        self.pass = self.pass.wrapping_add(1);
-        if self.pass % 16 == 0 || self.conns.is_empty() {
-            work += self.accept(core, now);
-        }
-        if !self.doorbells.is_empty() {
-            self.reap_doorbells(now);
-        }
-        for i in 0..self.conns.len() {
-            work += self.poll_conn(core, i, now);
-        }
-        work
     }
 
     fn accept(&mut self, core: &mut PollCore, now: Instant) -> usize {
@@ -481,8 +404,93 @@ impl TcpTransport {
         n
     }
 
+}
+
+impl NetTransport for TcpTransport {
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn routes_to(&self, dest: Ipv4Addr) -> bool {
+        self.routes.iter().any(|p| p.contains(dest))
+    }
+
+    fn send(&mut self, core: &mut PollCore, m: OutMsg<'_>) -> bool {
+        let Some(i) = self.conn_for(core, m.laddr, m.faddr) else { return false };
+        let now = now_since(self.epoch);
+        self.conns[i].engine.send(now, m.sport, m.dport, PoolBuf::copy_of(m.payload), m.token).is_ok()
+    }
+
+    /// One pass over every connection and path. Returns the work done.
+    fn poll(&mut self, core: &mut PollCore) -> usize {
+        let now = now_since(self.epoch);
+        let mut work = 0;
+        self.pass = self.pass.wrapping_add(1);
+        if self.pass % 16 == 0 || self.conns.is_empty() {
+            work += self.accept(core, now);
+        }
+        if !self.doorbells.is_empty() {
+            self.reap_doorbells(now);
+        }
+        for i in 0..self.conns.len() {
+            work += self.poll_conn(core, i, now);
+        }
+        work
+    }
+
+    /// Drops queued and unacknowledged messages from `sport` on `laddr` to `dest`
+    /// (`None` = every destination). Each comes back as a release.
+    fn cancel(&mut self, laddr: u32, sport: u16, dest: Option<(u32, u16)>) {
+        for c in self.conns.iter_mut().filter(|c| c.laddr == laddr) {
+            match dest {
+                Some((a, p)) if a == c.faddr => {
+                    c.engine.cancel_sent_to(sport, p);
+                }
+                Some(_) => {}
+                None => {
+                    c.engine.cancel_socket(sport);
+                }
+            }
+        }
+    }
+
+    /// Our local map for `laddr` changed: send it on every path of every connection from it.
+    fn local_congestion_changed(&mut self, laddr: u32) {
+        for c in self.conns.iter_mut().filter(|c| c.laddr == laddr) {
+            c.engine.local_congestion_changed();
+        }
+    }
+
+    /// Descriptors to watch while the poll core parks.
+    fn park_fds(&self, out: &mut Vec<libc::pollfd>) {
+        if let Some(l) = &self.listener {
+            out.push(libc::pollfd { fd: l.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        }
+        for c in &self.conns {
+            for p in c.paths.iter().flatten() {
+                let events = if p.connecting { libc::POLLOUT } else { libc::POLLIN };
+                out.push(libc::pollfd { fd: p.sock.as_raw_fd(), events, revents: 0 });
+            }
+        }
+    }
+
+    /// Earliest engine timer, as a park timeout.
+    fn next_timeout(&self) -> Option<Duration> {
+        let now = now_since(self.epoch);
+        let has_unacked = self.conns.iter().any(|c| (0..MAX_PATHS).any(|p| c.engine.unacked_messages(p) > 0));
+        if has_unacked {
+            // Acknowledgements don't wake poll(); look again soon.
+            return Some(Duration::from_millis(1));
+        }
+        self.conns
+            .iter()
+            .filter_map(|c| c.engine.poll_timeout())
+            .min()
+            .map(|t| t.saturating_duration_since(now))
+    }
+
     /// Sums the engines' counters into the daemon's (published now and then, not per message).
-    pub fn publish_counters(&self, stats: &Stats) {
+    fn publish_counters(&self, stats: &Stats) {
         let mut sum = rds_proto::Counters::default();
         for c in &self.conns {
             let k = c.engine.counters();
