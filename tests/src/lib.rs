@@ -165,6 +165,7 @@ impl App {
     pub fn expect(&mut self, prefix: &str) -> String {
         loop {
             let l = self.line();
+            assert!(!l.starts_with("FAIL"), "app reported: {l}");
             if let Some(rest) = l.strip_prefix(prefix) {
                 return rest.trim().to_string();
             }

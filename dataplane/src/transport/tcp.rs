@@ -127,6 +127,22 @@ fn outq(fd: RawFd) -> Option<u64> {
     (r == 0 && v >= 0).then_some(v as u64)
 }
 
+/// Bytes of this connection the peer has acknowledged (`tcpi_bytes_acked`, Linux >= 4.1).
+/// Unlike bytes written minus SIOCOUTQ it stays right after a reset, when the send queue has
+/// been purged: read it one last time before reporting a path down, so that messages the peer
+/// did acknowledge are not resent to its restarted successor as duplicates.
+fn bytes_acked(fd: RawFd) -> Option<u64> {
+    const OFFSET: usize = 120; // struct tcp_info: ... u64 pacing_rate, max_pacing_rate, bytes_acked
+    let mut buf = [0u8; 256];
+    let mut len = buf.len() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into our buffer and updates `len`.
+    let r = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, buf.as_mut_ptr() as *mut _, &mut len) };
+    if r != 0 || (len as usize) < OFFSET + 8 {
+        return None;
+    }
+    Some(u64::from_ne_bytes(buf[OFFSET..OFFSET + 8].try_into().expect("8 bytes")))
+}
+
 enum Io {
     Progress(usize),
     Idle,
@@ -237,7 +253,12 @@ impl TcpTransport {
 
     fn path_down(&mut self, core: &mut PollCore, i: usize, path: usize, now: Instant) {
         let c = &mut self.conns[i];
-        if c.paths[path].take().is_some() {
+        if let Some(ps) = c.paths[path].take() {
+            if !ps.connecting {
+                if let Some(acked) = bytes_acked(ps.sock.as_raw_fd()) {
+                    c.engine.handle_acked(path, acked.min(c.engine.stream_offset(path)));
+                }
+            }
             Stats::bump(&core.stats.tcp_path_down);
         }
         let _ = c.engine.handle_path_down(now, path);

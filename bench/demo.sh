@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# rdsd demo: build everything, reserve huge pages, start rdsd, push real traffic through it,
+# show its counters, stop it.
+#
+# Meant for a fresh Debian 12 machine, run as root, from the repository root or anywhere:
+#     sudo bench/demo.sh
+# Safe to run again: it installs only what is missing and leaves a running rdsd alone.
+set -euo pipefail
+
+say() { printf '\n==> %s\n' "$*"; }
+warn() { printf 'demo.sh: warning: %s\n' "$*" >&2; }
+die() { printf 'demo.sh: error: %s\n' "$*" >&2; exit 1; }
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+[[ -f Cargo.toml && -d dataplane && -d bench ]] || die "cannot find the rdsd repository around $0"
+
+IS_ROOT=0
+[[ "$(id -u)" -eq 0 ]] && IS_ROOT=1
+
+# --- 1. system packages (only what is missing) -------------------------------------------
+say "checking build dependencies"
+missing=()
+for pkg in build-essential pkg-config; do
+    if ! dpkg -s "$pkg" 2>/dev/null | grep -q '^Status: install ok installed'; then
+        missing+=("$pkg")
+    fi
+done
+if ((${#missing[@]})); then
+    ((IS_ROOT)) || die "missing packages: ${missing[*]}; run this script as root (sudo $0) or install them"
+    echo "installing: ${missing[*]}"
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
+else
+    echo "build-essential and pkg-config are installed"
+fi
+
+# --- 2. Rust toolchain ------------------------------------------------------------------
+if ! command -v cargo >/dev/null 2>&1 && [[ -f "$HOME/.cargo/env" ]]; then
+    # shellcheck disable=SC1091
+    . "$HOME/.cargo/env"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+    cat >&2 <<'EOF'
+demo.sh: error: cargo (the Rust toolchain) is not installed. Install it with rustup:
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y
+    . "$HOME/.cargo/env"
+then run this script again (rdsd needs Rust 1.82 or newer, see README.md).
+EOF
+    exit 1
+fi
+echo "using $(cargo --version)"
+
+# --- 3. build ---------------------------------------------------------------------------
+say "building (cargo build --release --workspace --bins)"
+cargo build --release --workspace --bins
+TARGET_DIR="$(cargo metadata --format-version 1 --no-deps | grep -o '"target_directory":"[^"]*"' | cut -d'"' -f4)"
+BIN="${TARGET_DIR:-$ROOT/target}/release"
+for b in rdsd rdsctl rds-bench hugepage-setup; do
+    [[ -x "$BIN/$b" ]] || die "$BIN/$b was not built"
+done
+
+# --- 4. huge pages (optional: rdsd falls back to 4 KiB pages) -----------------------------
+say "reserving huge pages (hugepage-setup --pages 512)"
+if ! "$BIN/hugepage-setup" --pages 512; then
+    warn "no huge pages; rdsd will use 4 KiB pages (a little slower)"
+fi
+
+# --- 5. start rdsd ----------------------------------------------------------------------
+WORK="$(mktemp -d /tmp/rdsd-demo.XXXXXX)"
+RDSD_PID=""
+cleanup() {
+    local rc=$?
+    if [[ -n "$RDSD_PID" ]] && kill -0 "$RDSD_PID" 2>/dev/null; then
+        echo "stopping rdsd (pid $RDSD_PID)"
+        kill -TERM "$RDSD_PID" 2>/dev/null || true
+        wait "$RDSD_PID" 2>/dev/null || true
+    fi
+    rm -rf "$WORK"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+SOCK=/run/rdsd/rdsd.sock
+if "$BIN/rdsctl" -s "$SOCK" status >/dev/null 2>&1; then
+    echo "an rdsd is already serving $SOCK: leaving it alone and starting a private one"
+    SOCK="$WORK/rdsd.sock"
+elif ((!IS_ROOT)); then
+    echo "not root: using a private control socket instead of $SOCK"
+    SOCK="$WORK/rdsd.sock"
+fi
+
+say "starting rdsd (embedded default configuration) on $SOCK"
+"$BIN/rdsd" --control-socket "$SOCK" 2>"$WORK/rdsd.log" &
+RDSD_PID=$!
+for ((i = 0; ; i++)); do
+    if "$BIN/rdsctl" -s "$SOCK" status >/dev/null 2>&1; then
+        break
+    fi
+    if ! kill -0 "$RDSD_PID" 2>/dev/null; then
+        cat "$WORK/rdsd.log" >&2
+        RDSD_PID=""
+        die "rdsd exited during start-up (its log is above)"
+    fi
+    ((i < 300)) || { cat "$WORK/rdsd.log" >&2; die "rdsd did not answer on $SOCK within 30 s"; }
+    sleep 0.1
+done
+echo "rdsd is up (pid $RDSD_PID)"
+
+# --- 6. traffic -------------------------------------------------------------------------
+say "rds-bench demo --socket $SOCK"
+"$BIN/rds-bench" demo --socket "$SOCK"
+
+say "rdsctl status"
+"$BIN/rdsctl" -s "$SOCK" status
+
+# --- 7. stop ----------------------------------------------------------------------------
+say "stopping rdsd"
+kill -TERM "$RDSD_PID"
+status=0
+wait "$RDSD_PID" || status=$?
+RDSD_PID=""
+if ((status != 0)); then
+    cat "$WORK/rdsd.log" >&2
+    die "rdsd exited with status $status"
+fi
+echo "rdsd stopped cleanly"
+say "demo finished"

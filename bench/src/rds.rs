@@ -1,0 +1,248 @@
+//! The rdsd side of the benchmarks: busy-polling ping-pong, one-way streaming, and a blocking
+//! echo peer in another process.
+
+use crate::util::{check_payload, new_histogram, pin, stamp, would_block, Backoff, Latency, Throughput, STALL_LIMIT};
+use anyhow::{bail, Context, Result};
+use shm_api::{Rdsd, Socket};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+/// `127.0.0.1:0`: rdsd picks the port.
+pub fn any_port() -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)
+}
+
+/// An rdsd socket bound to 127.0.0.1 on a free port.
+pub fn bound_socket(rdsd: &Rdsd) -> Result<(Socket, SocketAddrV4)> {
+    let s = rdsd.socket().context("cannot open an rdsd socket")?;
+    s.bind(any_port()).context("cannot bind an rdsd socket to 127.0.0.1")?;
+    let a = s.local_addr().context("bound socket has no address")?;
+    Ok((s, a))
+}
+
+/// Sends on a non-blocking socket, retrying while the ring is full or the peer congested.
+#[inline]
+fn send_spin(s: &Socket, buf: &[u8], to: SocketAddrV4, bo: &mut Backoff, stop: Option<&AtomicBool>) -> Result<u64> {
+    let mut retries = 0u64;
+    let mut since: Option<Instant> = None;
+    loop {
+        match s.send_to(buf, to) {
+            Ok(_) => return Ok(retries),
+            Err(e) if would_block(&e) => {
+                retries += 1;
+                bo.snooze();
+                if bo.should_check() {
+                    if stop.is_some_and(|f| f.load(Ordering::Relaxed)) {
+                        bail!("stopped by the other thread");
+                    }
+                    let t = *since.get_or_insert_with(Instant::now);
+                    if t.elapsed() > STALL_LIMIT {
+                        bail!("send to {to} found no room for {STALL_LIMIT:?} (is rdsd's poll thread running?)");
+                    }
+                }
+            }
+            Err(e) => return Err(e).with_context(|| format!("send_to {to}")),
+        }
+    }
+}
+
+/// Receives on a non-blocking socket, busy-polling until a message is there.
+#[inline]
+fn recv_spin(s: &Socket, buf: &mut [u8], bo: &mut Backoff, stop: Option<&AtomicBool>) -> Result<usize> {
+    let mut since: Option<Instant> = None;
+    loop {
+        match s.recv_from(buf) {
+            Ok((n, _)) => return Ok(n),
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                bo.snooze();
+                if bo.should_check() {
+                    if stop.is_some_and(|f| f.load(Ordering::Relaxed)) {
+                        bail!("stopped by the other thread");
+                    }
+                    let t = *since.get_or_insert_with(Instant::now);
+                    if t.elapsed() > STALL_LIMIT {
+                        bail!("nothing received for {STALL_LIMIT:?} (is rdsd's poll thread running?)");
+                    }
+                }
+            }
+            Err(e) => return Err(e).context("recv_from"),
+        }
+    }
+}
+
+/// One app thread, two sockets: A → B, B → A, both busy-polling non-blocking receives.
+/// The calling thread is pinned to `core` (unpinned with `None`). With `yield_every` > 0 it
+/// gives the CPU away every so many misses, in case it shares a core with rdsd's poll thread.
+pub fn rtt(rdsd: &Rdsd, count: u64, warmup: u64, size: usize, core: Option<usize>, yield_every: u32) -> Result<Latency> {
+    let (a, a_addr) = bound_socket(rdsd)?;
+    let (b, b_addr) = bound_socket(rdsd)?;
+    a.set_nonblocking(true)?;
+    b.set_nonblocking(true)?;
+    pin(core);
+    let mut msg = vec![0x5Au8; size];
+    let mut rbuf = vec![0u8; size + 64];
+    let mut hist = new_histogram();
+    let mut bo = Backoff::yielding(yield_every);
+    let mut start = Instant::now();
+    for i in 0..warmup + count {
+        stamp(&mut msg, i);
+        if i == warmup {
+            start = Instant::now();
+        }
+        let t0 = Instant::now();
+        send_spin(&a, &msg, b_addr, &mut bo, None)?;
+        let n = recv_spin(&b, &mut rbuf, &mut bo, None)?;
+        send_spin(&b, &rbuf[..n], a_addr, &mut bo, None)?;
+        let n = recv_spin(&a, &mut rbuf, &mut bo, None)?;
+        let dt = t0.elapsed();
+        check_payload(&rbuf, n, size, i)?;
+        if i >= warmup {
+            hist.saturating_record(dt.as_nanos().max(1) as u64);
+        }
+    }
+    Ok(Latency::from_histogram(&hist, start.elapsed()))
+}
+
+/// One-way stream from a sender thread (socket A) to a receiver thread (socket B) of the same
+/// process. Both busy-poll; they give the CPU away every `yield_every` misses because on a small
+/// machine they may share a core (0 = never).
+pub fn tput(
+    rdsd: &Rdsd,
+    count: u64,
+    size: usize,
+    sender_core: Option<usize>,
+    receiver_core: Option<usize>,
+    yield_every: u32,
+) -> Result<Throughput> {
+    if count < 2 {
+        bail!("--count must be at least 2");
+    }
+    let (a, _) = bound_socket(rdsd)?;
+    let (b, b_addr) = bound_socket(rdsd)?;
+    // Large buffers: the receiver's port must not turn congested, and the sender may queue a
+    // whole ring (the rings themselves bound what is in flight).
+    b.set_recv_buffer_size(16 << 20)?;
+    a.set_send_buffer_size(16 << 20)?;
+    a.set_nonblocking(true)?;
+    b.set_nonblocking(true)?;
+    let stop = AtomicBool::new(false);
+    let go = Barrier::new(2);
+    std::thread::scope(|s| {
+        let rx = s.spawn(|| -> Result<(Instant, Instant)> {
+            pin(receiver_core);
+            go.wait();
+            let r = (|| -> Result<(Instant, Instant)> {
+                let mut buf = vec![0u8; size + 64];
+                let mut bo = Backoff::yielding(yield_every);
+                let n = recv_spin(&b, &mut buf, &mut bo, Some(&stop))?;
+                let first = Instant::now();
+                check_payload(&buf, n, size, 0)?;
+                for i in 1..count {
+                    let n = recv_spin(&b, &mut buf, &mut bo, Some(&stop))?;
+                    check_payload(&buf, n, size, i)?;
+                }
+                Ok((first, Instant::now()))
+            })();
+            if r.is_err() {
+                stop.store(true, Ordering::Relaxed);
+            }
+            r
+        });
+        let tx = s.spawn(|| -> Result<u64> {
+            pin(sender_core);
+            go.wait();
+            let r = (|| -> Result<u64> {
+                let mut msg = vec![0xC3u8; size];
+                let mut bo = Backoff::yielding(yield_every);
+                let mut retries = 0;
+                for i in 0..count {
+                    stamp(&mut msg, i);
+                    retries += send_spin(&a, &msg, b_addr, &mut bo, Some(&stop))?;
+                }
+                Ok(retries)
+            })();
+            if r.is_err() {
+                stop.store(true, Ordering::Relaxed);
+            }
+            r
+        });
+        let rx = rx.join().expect("receiver thread panicked");
+        let tx = tx.join().expect("sender thread panicked");
+        let (first, last) = rx.context("receiver")?;
+        let retries = tx.context("sender")?;
+        Ok(Throughput { count, size, elapsed: last - first, retries })
+    })
+}
+
+/// `__rds-echo`: attaches to rdsd, binds, prints `port N`, then echoes every message back to
+/// its sender with blocking calls until it gets `BYE` (or nothing for 10 s).
+pub fn echo_main(socket: &std::path::Path) -> Result<()> {
+    let rdsd = Rdsd::attach_at(socket).with_context(|| format!("echo: cannot attach to {}", socket.display()))?;
+    let (s, addr) = bound_socket(&rdsd)?;
+    s.set_recv_timeout(Some(Duration::from_secs(10)))?;
+    println!("port {}", addr.port());
+    std::io::stdout().flush()?;
+    let mut buf = vec![0u8; shm_api::layout::MAX_MSG_SIZE];
+    loop {
+        let (n, from) = s.recv_from(&mut buf).context("echo: recv")?;
+        if &buf[..n] == BYE {
+            return Ok(());
+        }
+        s.send_to(&buf[..n], from).context("echo: send")?;
+    }
+}
+
+const BYE: &[u8] = b"rds-bench: bye";
+
+/// Ping-pong with an echo process (`__rds-echo`), blocking sockets on both sides: the path
+/// that sleeps in futex_wait and is woken by rdsd.
+pub fn two_process_rtt(rdsd: &Rdsd, socket: &std::path::Path, count: u64, size: usize) -> Result<Latency> {
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(exe)
+        .arg("__rds-echo")
+        .arg("--socket")
+        .arg(socket)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("cannot start the echo process")?;
+    let res = (|| -> Result<Latency> {
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+        let port: u16 = line
+            .strip_prefix("port ")
+            .and_then(|p| p.trim().parse().ok())
+            .with_context(|| format!("echo process said {line:?} instead of its port"))?;
+        let peer = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
+        let (s, _) = bound_socket(rdsd)?;
+        s.set_recv_timeout(Some(Duration::from_secs(10)))?;
+        let mut msg = vec![0x77u8; size.max(8)];
+        let mut buf = vec![0u8; size.max(8) + 64];
+        let mut hist = new_histogram();
+        let start = Instant::now();
+        for i in 0..count {
+            stamp(&mut msg, i);
+            let t0 = Instant::now();
+            s.send_to(&msg, peer)?;
+            let (n, _) = s.recv_from(&mut buf).context("no echo within 10 s")?;
+            hist.saturating_record(t0.elapsed().as_nanos().max(1) as u64);
+            check_payload(&buf, n, msg.len(), i)?;
+        }
+        let elapsed = start.elapsed();
+        s.send_to(BYE, peer)?;
+        Ok(Latency::from_histogram(&hist, elapsed))
+    })();
+    if res.is_err() {
+        let _ = child.kill();
+    }
+    let st = child.wait()?;
+    let lat = res?;
+    if !st.success() {
+        bail!("echo process exited with {st}");
+    }
+    Ok(lat)
+}
