@@ -55,7 +55,11 @@ impl Target {
                 b
             }
         };
-        Ok(Target::Spawned(Spawned::start(&bin, args.poll_core, &args.rdsd_log)?))
+        Ok(Target::Spawned(Spawned::start(
+            &bin,
+            args.poll_core,
+            &args.rdsd_log,
+        )?))
     }
 
     pub fn socket(&self) -> &Path {
@@ -66,13 +70,16 @@ impl Target {
     }
 
     pub fn attach(&self) -> Result<Rdsd> {
-        Rdsd::attach_at(self.socket()).with_context(|| format!("cannot attach to rdsd at {}", self.socket().display()))
+        Rdsd::attach_at(self.socket())
+            .with_context(|| format!("cannot attach to rdsd at {}", self.socket().display()))
     }
 
     /// One line saying which rdsd this is.
     pub fn describe(&self) -> String {
         match self {
-            Target::External(p) => format!("running rdsd at {} (its own configuration)", p.display()),
+            Target::External(p) => {
+                format!("running rdsd at {} (its own configuration)", p.display())
+            }
             Target::Spawned(s) => format!("spawned {} {}", s.bin.display(), s.args.join(" ")),
         }
     }
@@ -120,7 +127,10 @@ impl Spawned {
         .map(|s| s.to_string())
         .collect();
         let mut cmd = Command::new(bin);
-        cmd.args(&args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit());
+        cmd.args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
         // SAFETY: prctl(2) is async-signal-safe and touches no memory of the parent; it makes
         // the kernel SIGTERM rdsd if rds-bench dies without stopping it.
         unsafe {
@@ -129,8 +139,15 @@ impl Spawned {
                 Ok(())
             });
         }
-        let child = cmd.spawn().with_context(|| format!("cannot start {}", bin.display()))?;
-        let mut s = Spawned { child: Some(child), bin: bin.to_path_buf(), args, socket };
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {}", bin.display()))?;
+        let mut s = Spawned {
+            child: Some(child),
+            bin: bin.to_path_buf(),
+            args,
+            socket,
+        };
         let start = Instant::now();
         loop {
             if Rdsd::attach_at(&s.socket).is_ok() {
@@ -138,10 +155,17 @@ impl Spawned {
             }
             if let Some(st) = s.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
                 s.child = None;
-                bail!("{} exited during start-up ({st}); see its messages above", bin.display());
+                bail!(
+                    "{} exited during start-up ({st}); see its messages above",
+                    bin.display()
+                );
             }
             if start.elapsed() > Duration::from_secs(20) {
-                bail!("{} did not answer on {} within 20 s", bin.display(), s.socket.display());
+                bail!(
+                    "{} did not answer on {} within 20 s",
+                    bin.display(),
+                    s.socket.display()
+                );
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -153,7 +177,9 @@ impl Spawned {
     }
 
     fn terminate(&mut self) -> Result<()> {
-        let Some(mut child) = self.child.take() else { return Ok(()) };
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
         // Let rdsd finish detaching our attachments first: a detach racing with shutdown
         // makes it log a (harmless) "poll core did not answer" error.
         let start = Instant::now();
@@ -175,7 +201,9 @@ impl Spawned {
             match child.try_wait() {
                 Ok(Some(st)) if st.success() => return Ok(()),
                 Ok(Some(st)) => bail!("rdsd exited with {st} after SIGTERM"),
-                Ok(None) if start.elapsed() < Duration::from_secs(5) => std::thread::sleep(Duration::from_millis(5)),
+                Ok(None) if start.elapsed() < Duration::from_secs(5) => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
                 _ => {
                     let _ = child.kill();
                     let _ = child.wait();
@@ -202,7 +230,8 @@ fn fetch_stats(path: &Path) -> std::io::Result<String> {
     shm_api::sys::send_with_fds(sock.as_raw_fd(), &Request::Stats.encode(), &[])?;
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let (n, _) = shm_api::sys::recv_with_fds(sock.as_raw_fd(), &mut buf, 0)?;
-    let reply = Reply::decode(&buf[..n]).ok_or_else(|| std::io::Error::other("malformed reply from rdsd"))?;
+    let reply = Reply::decode(&buf[..n])
+        .ok_or_else(|| std::io::Error::other("malformed reply from rdsd"))?;
     if reply.errno != 0 {
         return Err(std::io::Error::from_raw_os_error(reply.errno));
     }
@@ -213,6 +242,10 @@ fn fetch_stats(path: &Path) -> std::io::Result<String> {
 pub fn counter(stats: &str, name: &str) -> u64 {
     stats
         .lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|r| r.strip_prefix(' '))
+                .and_then(|v| v.trim().parse().ok())
+        })
         .unwrap_or(0)
 }

@@ -149,7 +149,10 @@ fn check_size(size: usize) -> Result<()> {
 }
 
 fn lat_header() {
-    println!("  {:<54} {:>10} {:>10} {:>10} {:>10} {:>10} {:>14}", "", "p50", "p99", "p99.9", "max", "mean", "round trips/s");
+    println!(
+        "  {:<54} {:>10} {:>10} {:>10} {:>10} {:>10} {:>14}",
+        "", "p50", "p99", "p99.9", "max", "mean", "round trips/s"
+    );
 }
 
 fn lat_row(name: &str, l: &Latency) {
@@ -182,7 +185,12 @@ fn verdict(ok: bool) -> &'static str {
 
 /// Where the baseline's second party runs: as asked, else on the app core and on the (now
 /// idle) poll core of a spawned rdsd, else anywhere.
-fn baseline_peers(asked: &[i64], app_core: Option<usize>, target: &Target, poll_core: i64) -> Result<Vec<Option<usize>>> {
+fn baseline_peers(
+    asked: &[i64],
+    app_core: Option<usize>,
+    target: &Target,
+    poll_core: i64,
+) -> Result<Vec<Option<usize>>> {
     let mut v: Vec<Option<usize>> = if asked.is_empty() {
         let mut d = vec![app_core];
         if target.is_spawned() {
@@ -207,7 +215,11 @@ fn placement(app: Option<usize>, peer: Option<usize>) -> String {
     match (app, peer) {
         (Some(a), Some(p)) if a == p => format!("same CPU {a}"),
         (Some(a), Some(p)) => format!("CPUs {a}+{p}"),
-        (a, p) => format!("{}+{}", a.map_or("any".into(), |c| c.to_string()), p.map_or("any".into(), |c| c.to_string())),
+        (a, p) => format!(
+            "{}+{}",
+            a.map_or("any".into(), |c| c.to_string()),
+            p.map_or("any".into(), |c| c.to_string())
+        ),
     }
 }
 
@@ -228,17 +240,31 @@ fn cmd_rtt(a: RttArgs) -> Result<()> {
     let target = Target::open(&a.daemon)?;
     let peers = baseline_peers(&a.peer_core, a.app_core, &target, a.daemon.poll_core)?;
     let rdsd = target.attach()?;
-    println!("rds-bench rtt: {} B messages, {} round trips (+{} warm-up)", a.size, a.count, a.warmup);
+    println!(
+        "rds-bench rtt: {} B messages, {} round trips (+{} warm-up)",
+        a.size, a.count, a.warmup
+    );
     println!("  rdsd: {}", target.describe());
-    println!("  rdsd region on hugetlbfs pages: {}", if rdsd.uses_hugepages() { "yes" } else { "no" });
+    println!(
+        "  rdsd region on hugetlbfs pages: {}",
+        if rdsd.uses_hugepages() { "yes" } else { "no" }
+    );
     println!(
         "  app thread: {}; AF_UNIX echo process: {}",
         core_name(a.app_core),
-        peers.iter().map(|&c| core_name(c)).collect::<Vec<_>>().join(", then ")
+        peers
+            .iter()
+            .map(|&c| core_name(c))
+            .collect::<Vec<_>>()
+            .join(", then ")
     );
     // Pure spinning only when the app thread surely has a core of its own; otherwise it may
     // share one with rdsd's poll thread and must let it run.
-    let poll = if target.is_spawned() { resolve_core(a.daemon.poll_core) } else { None };
+    let poll = if target.is_spawned() {
+        resolve_core(a.daemon.poll_core)
+    } else {
+        None
+    };
     let yield_every = match (a.app_core, poll) {
         (Some(c), Some(p)) if c != p => 0,
         _ => 64,
@@ -257,38 +283,70 @@ fn cmd_rtt(a: RttArgs) -> Result<()> {
     let mut base = Vec::new();
     for &spin in a.baseline.variants() {
         for &peer in &peers {
-            base.push((spin, peer, unix::rtt(a.count, a.warmup, a.size, a.app_core, peer, spin)?));
+            base.push((
+                spin,
+                peer,
+                unix::rtt(a.count, a.warmup, a.size, a.app_core, peer, spin)?,
+            ));
         }
     }
     println!();
     lat_header();
     lat_row("rdsd loopback, 1 thread 2 sockets, busy-poll", &r);
     for (spin, peer, b) in &base {
-        lat_row(&format!("{} ({})", unix::label(*spin, "2 procs"), placement(a.app_core, *peer)), b);
+        lat_row(
+            &format!(
+                "{} ({})",
+                unix::label(*spin, "2 procs"),
+                placement(a.app_core, *peer)
+            ),
+            b,
+        );
     }
     println!();
     let mut best_block = None;
     for &spin in a.baseline.variants() {
-        let Some((_, peer, b)) = base.iter().filter(|x| x.0 == spin).min_by_key(|x| x.2.p50) else { continue };
+        let Some((_, peer, b)) = base.iter().filter(|x| x.0 == spin).min_by_key(|x| x.2.p50) else {
+            continue;
+        };
         let ratio = b.p50 as f64 / r.p50.max(1) as f64;
         println!(
             "  ratio {} p50 / rdsd p50: {ratio:.2}x (fastest placement: {})",
             unix::label(spin, "2-process"),
             placement(a.app_core, *peer)
         );
-        println!("RESULT rtt_ratio baseline={} ratio_p50={ratio:.3} baseline_p50_ns={}", mode_key(spin), b.p50);
+        println!(
+            "RESULT rtt_ratio baseline={} ratio_p50={ratio:.3} baseline_p50_ns={}",
+            mode_key(spin),
+            b.p50
+        );
         if !spin {
             best_block = Some(ratio);
         }
     }
-    println!("  target rdsd p50 <= 2 µs: {} ({})", verdict(r.p50 <= TARGET_RTT_P50_NS), fmt_ns(r.p50 as f64));
+    println!(
+        "  target rdsd p50 <= 2 µs: {} ({})",
+        verdict(r.p50 <= TARGET_RTT_P50_NS),
+        fmt_ns(r.p50 as f64)
+    );
     if let Some(x) = best_block {
-        println!("  target >= 5x lower p50 than blocking AF_UNIX: {} ({x:.2}x)", verdict(x >= TARGET_RTT_RATIO));
+        println!(
+            "  target >= 5x lower p50 than blocking AF_UNIX: {} ({x:.2}x)",
+            verdict(x >= TARGET_RTT_RATIO)
+        );
     }
     println!();
     lat_result("rdsd", "", a.size, &r);
     for (spin, peer, b) in &base {
-        lat_result(mode_key(*spin), &format!(" placement={}", placement(a.app_core, *peer).replace(' ', "_")), a.size, b);
+        lat_result(
+            mode_key(*spin),
+            &format!(
+                " placement={}",
+                placement(a.app_core, *peer).replace(' ', "_")
+            ),
+            a.size,
+            b,
+        );
     }
     Ok(())
 }
@@ -329,19 +387,33 @@ fn cmd_tput(a: TputArgs) -> Result<()> {
         (Some(s), Some(r)) if s != r => 0,
         _ => 64,
     };
-    println!("rds-bench tput: {} messages of {} B, one way", a.count, a.size);
+    println!(
+        "rds-bench tput: {} messages of {} B, one way",
+        a.count, a.size
+    );
     println!("  rdsd: {}", target.describe());
-    println!("  rdsd region on hugetlbfs pages: {}", if rdsd.uses_hugepages() { "yes" } else { "no" });
+    println!(
+        "  rdsd region on hugetlbfs pages: {}",
+        if rdsd.uses_hugepages() { "yes" } else { "no" }
+    );
     println!(
         "  rdsd sender: {}, receiver: {}{}",
         core_name(a.app_core),
         core_name(rx_core),
-        if yield_every > 0 { " (busy threads yield every 64 misses)" } else { "" }
+        if yield_every > 0 {
+            " (busy threads yield every 64 misses)"
+        } else {
+            ""
+        }
     );
     println!(
         "  AF_UNIX sender: {}, receiver: {}",
         core_name(a.app_core),
-        peers.iter().map(|&c| core_name(c)).collect::<Vec<_>>().join(", then ")
+        peers
+            .iter()
+            .map(|&c| core_name(c))
+            .collect::<Vec<_>>()
+            .join(", then ")
     );
     let r = rds::tput(&rdsd, a.count, a.size, a.app_core, rx_core, yield_every)?;
     drop(rdsd);
@@ -354,18 +426,39 @@ fn cmd_tput(a: TputArgs) -> Result<()> {
         }
     }
     println!();
-    println!("  {:<58} {:>10} {:>10} {:>10} {:>12}", "", "msgs/s", "MB/s", "time", "send retries");
-    tput_row(&format!("rdsd loopback, 2 threads, busy-poll ({})", placement(a.app_core, rx_core)), &r);
+    println!(
+        "  {:<58} {:>10} {:>10} {:>10} {:>12}",
+        "", "msgs/s", "MB/s", "time", "send retries"
+    );
+    tput_row(
+        &format!(
+            "rdsd loopback, 2 threads, busy-poll ({})",
+            placement(a.app_core, rx_core)
+        ),
+        &r,
+    );
     for (spin, peer, t, _) in &base {
-        tput_row(&format!("{} ({})", unix::label(*spin, "2 threads"), placement(a.app_core, *peer)), t);
+        tput_row(
+            &format!(
+                "{} ({})",
+                unix::label(*spin, "2 threads"),
+                placement(a.app_core, *peer)
+            ),
+            t,
+        );
     }
     if let Some((_, _, _, sndbuf)) = base.first() {
-        println!("  (AF_UNIX SO_SNDBUF/SO_RCVBUF asked 16 MiB, got {} KiB)", sndbuf / 1024);
+        println!(
+            "  (AF_UNIX SO_SNDBUF/SO_RCVBUF asked 16 MiB, got {} KiB)",
+            sndbuf / 1024
+        );
     }
     println!();
     for &spin in a.baseline.variants() {
-        let Some((_, peer, t, _)) =
-            base.iter().filter(|x| x.0 == spin).max_by(|x, y| x.2.msgs_per_s().total_cmp(&y.2.msgs_per_s()))
+        let Some((_, peer, t, _)) = base
+            .iter()
+            .filter(|x| x.0 == spin)
+            .max_by(|x, y| x.2.msgs_per_s().total_cmp(&y.2.msgs_per_s()))
         else {
             continue;
         };
@@ -375,13 +468,28 @@ fn cmd_tput(a: TputArgs) -> Result<()> {
             unix::label(spin, "2-thread"),
             placement(a.app_core, *peer)
         );
-        println!("RESULT tput_ratio baseline={} ratio={ratio:.3} baseline_msgs_per_s={:.0}", mode_key(spin), t.msgs_per_s());
+        println!(
+            "RESULT tput_ratio baseline={} ratio={ratio:.3} baseline_msgs_per_s={:.0}",
+            mode_key(spin),
+            t.msgs_per_s()
+        );
     }
-    println!("  target >= 5 M msgs/s of 64 B: {} ({} msgs/s)", verdict(r.msgs_per_s() >= TARGET_TPUT), fmt_rate(r.msgs_per_s()));
+    println!(
+        "  target >= 5 M msgs/s of 64 B: {} ({} msgs/s)",
+        verdict(r.msgs_per_s() >= TARGET_TPUT),
+        fmt_rate(r.msgs_per_s())
+    );
     println!();
     tput_result("rdsd", "", &r);
     for (spin, peer, t, _) in &base {
-        tput_result(mode_key(*spin), &format!(" placement={}", placement(a.app_core, *peer).replace(' ', "_")), t);
+        tput_result(
+            mode_key(*spin),
+            &format!(
+                " placement={}",
+                placement(a.app_core, *peer).replace(' ', "_")
+            ),
+            t,
+        );
     }
     Ok(())
 }
@@ -391,15 +499,34 @@ fn cmd_demo(a: DemoArgs) -> Result<()> {
     let target = Target::open(&a.daemon)?;
     let rdsd = target.attach()?;
     println!("rds-bench demo: {}", target.describe());
-    println!("  shared region on hugetlbfs pages: {}", if rdsd.uses_hugepages() { "yes" } else { "no (4 KiB pages)" });
+    println!(
+        "  shared region on hugetlbfs pages: {}",
+        if rdsd.uses_hugepages() {
+            "yes"
+        } else {
+            "no (4 KiB pages)"
+        }
+    );
     let before = rdsd.stats()?;
 
-    println!("[1/3] ping-pong: one thread, two sockets on 127.0.0.1, {} round trips of 64 B (busy-poll)", a.pings);
+    println!(
+        "[1/3] ping-pong: one thread, two sockets on 127.0.0.1, {} round trips of 64 B (busy-poll)",
+        a.pings
+    );
     // Unpinned, and rdsd's poll thread may be on the same CPU: yield now and then.
     let p = rds::rtt(&rdsd, a.pings, a.pings / 10, 64, None, 64)?;
-    println!("      RTT p50 {}  p99 {}  max {}  ({} round trips/s)", fmt_ns(p.p50 as f64), fmt_ns(p.p99 as f64), fmt_ns(p.max as f64), fmt_rate(p.rate));
+    println!(
+        "      RTT p50 {}  p99 {}  max {}  ({} round trips/s)",
+        fmt_ns(p.p50 as f64),
+        fmt_ns(p.p99 as f64),
+        fmt_ns(p.max as f64),
+        fmt_rate(p.rate)
+    );
 
-    println!("[2/3] one-way burst: {} messages of 64 B from one thread to another", a.burst);
+    println!(
+        "[2/3] one-way burst: {} messages of 64 B from one thread to another",
+        a.burst
+    );
     let t = rds::tput(&rdsd, a.burst, 64, None, None, 64)?;
     println!(
         "      {} msgs/s, {:.1} MB/s ({} in {:.3} s, every message checked in order)",
@@ -409,19 +536,31 @@ fn cmd_demo(a: DemoArgs) -> Result<()> {
         t.elapsed.as_secs_f64()
     );
 
-    println!("[3/3] two processes: {} round trips with an echo process, blocking sockets", a.exchanges);
+    println!(
+        "[3/3] two processes: {} round trips with an echo process, blocking sockets",
+        a.exchanges
+    );
     let x = rds::two_process_rtt(&rdsd, target.socket(), a.exchanges, 64)?;
-    println!("      RTT p50 {}  p99 {}  ({} round trips/s)", fmt_ns(x.p50 as f64), fmt_ns(x.p99 as f64), fmt_rate(x.rate));
+    println!(
+        "      RTT p50 {}  p99 {}  ({} round trips/s)",
+        fmt_ns(x.p50 as f64),
+        fmt_ns(x.p99 as f64),
+        fmt_rate(x.rate)
+    );
 
     let after = rdsd.stats()?;
-    let delivered = counter(&after, "loop_delivered").saturating_sub(counter(&before, "loop_delivered"));
+    let delivered =
+        counter(&after, "loop_delivered").saturating_sub(counter(&before, "loop_delivered"));
     let bytes = counter(&after, "loop_bytes").saturating_sub(counter(&before, "loop_bytes"));
     let full = counter(&after, "rx_ring_full").saturating_sub(counter(&before, "rx_ring_full"));
     drop(rdsd);
     println!();
     println!("summary:");
     println!("  ping-pong RTT p50        {}", fmt_ns(p.p50 as f64));
-    println!("  one-way 64 B             {} msgs/s", fmt_rate(t.msgs_per_s()));
+    println!(
+        "  one-way 64 B             {} msgs/s",
+        fmt_rate(t.msgs_per_s())
+    );
     println!("  2-process blocking RTT   {}", fmt_ns(x.p50 as f64));
     println!("  rdsd delivered {delivered} messages ({:.1} MB) during the demo; receive ring full {full} times", bytes as f64 / 1e6);
     println!("  took {:.1} s", t0.elapsed().as_secs_f64());
@@ -435,7 +574,12 @@ fn main() -> ExitCode {
         Cmd::Rtt(a) => cmd_rtt(a),
         Cmd::Tput(a) => cmd_tput(a),
         Cmd::Demo(a) => cmd_demo(a),
-        Cmd::UnixEcho { fd, core, spin, yield_every } => unix::echo_main(fd, core, spin, yield_every),
+        Cmd::UnixEcho {
+            fd,
+            core,
+            spin,
+            yield_every,
+        } => unix::echo_main(fd, core, spin, yield_every),
         Cmd::RdsEcho { socket } => rds::echo_main(&socket),
     };
     match r {

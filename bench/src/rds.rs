@@ -1,7 +1,10 @@
 //! The rdsd side of the benchmarks: busy-polling ping-pong, one-way streaming, and a blocking
 //! echo peer in another process.
 
-use crate::util::{check_payload, new_histogram, pin, stamp, would_block, Backoff, Latency, Throughput, STALL_LIMIT};
+use crate::util::{
+    check_payload, new_histogram, pin, stamp, would_block, Backoff, Latency, Throughput,
+    STALL_LIMIT,
+};
 use anyhow::{bail, Context, Result};
 use shm_api::{Rdsd, Socket};
 use std::io::{BufRead, BufReader, Write};
@@ -19,14 +22,21 @@ pub fn any_port() -> SocketAddrV4 {
 /// An rdsd socket bound to 127.0.0.1 on a free port.
 pub fn bound_socket(rdsd: &Rdsd) -> Result<(Socket, SocketAddrV4)> {
     let s = rdsd.socket().context("cannot open an rdsd socket")?;
-    s.bind(any_port()).context("cannot bind an rdsd socket to 127.0.0.1")?;
+    s.bind(any_port())
+        .context("cannot bind an rdsd socket to 127.0.0.1")?;
     let a = s.local_addr().context("bound socket has no address")?;
     Ok((s, a))
 }
 
 /// Sends on a non-blocking socket, retrying while the ring is full or the peer congested.
 #[inline]
-fn send_spin(s: &Socket, buf: &[u8], to: SocketAddrV4, bo: &mut Backoff, stop: Option<&AtomicBool>) -> Result<u64> {
+fn send_spin(
+    s: &Socket,
+    buf: &[u8],
+    to: SocketAddrV4,
+    bo: &mut Backoff,
+    stop: Option<&AtomicBool>,
+) -> Result<u64> {
     let mut retries = 0u64;
     let mut since: Option<Instant> = None;
     loop {
@@ -52,7 +62,12 @@ fn send_spin(s: &Socket, buf: &[u8], to: SocketAddrV4, bo: &mut Backoff, stop: O
 
 /// Receives on a non-blocking socket, busy-polling until a message is there.
 #[inline]
-fn recv_spin(s: &Socket, buf: &mut [u8], bo: &mut Backoff, stop: Option<&AtomicBool>) -> Result<usize> {
+fn recv_spin(
+    s: &Socket,
+    buf: &mut [u8],
+    bo: &mut Backoff,
+    stop: Option<&AtomicBool>,
+) -> Result<usize> {
     let mut since: Option<Instant> = None;
     loop {
         match s.recv_from(buf) {
@@ -65,7 +80,9 @@ fn recv_spin(s: &Socket, buf: &mut [u8], bo: &mut Backoff, stop: Option<&AtomicB
                     }
                     let t = *since.get_or_insert_with(Instant::now);
                     if t.elapsed() > STALL_LIMIT {
-                        bail!("nothing received for {STALL_LIMIT:?} (is rdsd's poll thread running?)");
+                        bail!(
+                            "nothing received for {STALL_LIMIT:?} (is rdsd's poll thread running?)"
+                        );
                     }
                 }
             }
@@ -77,7 +94,14 @@ fn recv_spin(s: &Socket, buf: &mut [u8], bo: &mut Backoff, stop: Option<&AtomicB
 /// One app thread, two sockets: A → B, B → A, both busy-polling non-blocking receives.
 /// The calling thread is pinned to `core` (unpinned with `None`). With `yield_every` > 0 it
 /// gives the CPU away every so many misses, in case it shares a core with rdsd's poll thread.
-pub fn rtt(rdsd: &Rdsd, count: u64, warmup: u64, size: usize, core: Option<usize>, yield_every: u32) -> Result<Latency> {
+pub fn rtt(
+    rdsd: &Rdsd,
+    count: u64,
+    warmup: u64,
+    size: usize,
+    core: Option<usize>,
+    yield_every: u32,
+) -> Result<Latency> {
     let (a, a_addr) = bound_socket(rdsd)?;
     let (b, b_addr) = bound_socket(rdsd)?;
     a.set_nonblocking(true)?;
@@ -174,14 +198,20 @@ pub fn tput(
         let tx = tx.join().expect("sender thread panicked");
         let (first, last) = rx.context("receiver")?;
         let retries = tx.context("sender")?;
-        Ok(Throughput { count, size, elapsed: last - first, retries })
+        Ok(Throughput {
+            count,
+            size,
+            elapsed: last - first,
+            retries,
+        })
     })
 }
 
 /// `__rds-echo`: attaches to rdsd, binds, prints `port N`, then echoes every message back to
 /// its sender with blocking calls until it gets `BYE` (or nothing for 10 s).
 pub fn echo_main(socket: &std::path::Path) -> Result<()> {
-    let rdsd = Rdsd::attach_at(socket).with_context(|| format!("echo: cannot attach to {}", socket.display()))?;
+    let rdsd = Rdsd::attach_at(socket)
+        .with_context(|| format!("echo: cannot attach to {}", socket.display()))?;
     let (s, addr) = bound_socket(&rdsd)?;
     s.set_recv_timeout(Some(Duration::from_secs(10)))?;
     println!("port {}", addr.port());
@@ -200,7 +230,12 @@ const BYE: &[u8] = b"rds-bench: bye";
 
 /// Ping-pong with an echo process (`__rds-echo`), blocking sockets on both sides: the path
 /// that sleeps in futex_wait and is woken by rdsd.
-pub fn two_process_rtt(rdsd: &Rdsd, socket: &std::path::Path, count: u64, size: usize) -> Result<Latency> {
+pub fn two_process_rtt(
+    rdsd: &Rdsd,
+    socket: &std::path::Path,
+    count: u64,
+    size: usize,
+) -> Result<Latency> {
     let exe = std::env::current_exe()?;
     let mut child = Command::new(exe)
         .arg("__rds-echo")

@@ -1,6 +1,8 @@
 //! The baseline: AF_UNIX SOCK_SEQPACKET through the kernel, the same message sizes and counts.
 
-use crate::util::{check_payload, new_histogram, pin, stamp, Backoff, Latency, Throughput, STALL_LIMIT};
+use crate::util::{
+    check_payload, new_histogram, pin, stamp, Backoff, Latency, Throughput, STALL_LIMIT,
+};
 use anyhow::{bail, Context, Result};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -35,14 +37,24 @@ impl Baseline {
 
 /// A human name for one variant.
 pub fn label(spin: bool, what: &str) -> String {
-    format!("AF_UNIX seqpacket {what}, {}", if spin { "busy-poll" } else { "blocking" })
+    format!(
+        "AF_UNIX seqpacket {what}, {}",
+        if spin { "busy-poll" } else { "blocking" }
+    )
 }
 
 /// A connected SOCK_SEQPACKET pair, both ends close-on-exec.
 pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [-1; 2];
     // SAFETY: `fds` has room for the two descriptors socketpair writes.
-    let rc = unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) };
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -62,7 +74,14 @@ fn cvt(n: isize) -> io::Result<usize> {
 fn send(fd: RawFd, buf: &[u8], flags: i32) -> io::Result<usize> {
     loop {
         // SAFETY: `buf` is valid for `buf.len()` bytes for the duration of the call.
-        let r = cvt(unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), flags | libc::MSG_NOSIGNAL) });
+        let r = cvt(unsafe {
+            libc::send(
+                fd,
+                buf.as_ptr().cast(),
+                buf.len(),
+                flags | libc::MSG_NOSIGNAL,
+            )
+        });
         match r {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             r => return r,
@@ -96,7 +115,9 @@ fn send_msg(fd: RawFd, buf: &[u8], spin: bool, bo: &mut Backoff) -> Result<u64> 
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
                 retries += 1;
                 bo.snooze();
-                if bo.should_check() && since.get_or_insert_with(Instant::now).elapsed() > STALL_LIMIT {
+                if bo.should_check()
+                    && since.get_or_insert_with(Instant::now).elapsed() > STALL_LIMIT
+                {
                     bail!("AF_UNIX send: no room for {STALL_LIMIT:?}");
                 }
             }
@@ -117,7 +138,9 @@ fn recv_msg(fd: RawFd, buf: &mut [u8], spin: bool, bo: &mut Backoff) -> Result<u
             Ok(n) => return Ok(n),
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
                 bo.snooze();
-                if bo.should_check() && since.get_or_insert_with(Instant::now).elapsed() > STALL_LIMIT {
+                if bo.should_check()
+                    && since.get_or_insert_with(Instant::now).elapsed() > STALL_LIMIT
+                {
                     bail!("AF_UNIX recv: nothing for {STALL_LIMIT:?}");
                 }
             }
@@ -132,20 +155,41 @@ fn big_buffers(fd: RawFd, bytes: i32) -> i32 {
     for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
         // SAFETY: a valid int option value of the size passed.
         unsafe {
-            libc::setsockopt(fd, libc::SOL_SOCKET, opt, (&bytes as *const i32).cast(), std::mem::size_of::<i32>() as u32)
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&bytes as *const i32).cast(),
+                std::mem::size_of::<i32>() as u32,
+            )
         };
     }
     let mut v: i32 = 0;
     let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
     // SAFETY: `v` and `len` are valid for writes of the sizes given.
-    unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, (&mut v as *mut i32).cast(), &mut len) };
+    unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&mut v as *mut i32).cast(),
+            &mut len,
+        )
+    };
     v
 }
 
 /// Ping-pong with a separate echo process (this binary re-executed as `__unix-echo`), the peer
 /// pinned to `peer_core` (anywhere with `None`). The calling thread stays where it is (on
 /// `app_core`). Busy-polling sides that may share a core yield every 64 misses.
-pub fn rtt(count: u64, warmup: u64, size: usize, app_core: Option<usize>, peer_core: Option<usize>, spin: bool) -> Result<Latency> {
+pub fn rtt(
+    count: u64,
+    warmup: u64,
+    size: usize,
+    app_core: Option<usize>,
+    peer_core: Option<usize>,
+    spin: bool,
+) -> Result<Latency> {
     let yield_every = match (app_core, peer_core) {
         (Some(a), Some(p)) if a != p => 0,
         _ => 64,
@@ -158,14 +202,21 @@ pub fn rtt(count: u64, warmup: u64, size: usize, app_core: Option<usize>, peer_c
         return Err(io::Error::last_os_error()).context("fcntl(F_SETFD)");
     }
     let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.arg("__unix-echo").arg("--fd").arg(theirs.as_raw_fd().to_string());
+    cmd.arg("__unix-echo")
+        .arg("--fd")
+        .arg(theirs.as_raw_fd().to_string());
     if let Some(c) = peer_core {
         cmd.arg("--core").arg(c.to_string());
     }
     if spin {
-        cmd.arg("--spin").arg("--yield-every").arg(yield_every.to_string());
+        cmd.arg("--spin")
+            .arg("--yield-every")
+            .arg(yield_every.to_string());
     }
-    let mut child = cmd.stdin(Stdio::null()).spawn().context("cannot start the AF_UNIX echo process")?;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .spawn()
+        .context("cannot start the AF_UNIX echo process")?;
     drop(theirs);
     let fd = mine.as_raw_fd();
     let res = (|| -> Result<Latency> {
@@ -229,7 +280,12 @@ pub fn echo_main(fd: RawFd, core: Option<usize>, spin: bool, yield_every: u32) -
         };
         match send_msg(fd, &buf[..n], spin, &mut bo) {
             Ok(_) => {}
-            Err(e) if e.root_cause().downcast_ref::<io::Error>().and_then(|e| e.raw_os_error()) == Some(libc::EPIPE) => {
+            Err(e)
+                if e.root_cause()
+                    .downcast_ref::<io::Error>()
+                    .and_then(|e| e.raw_os_error())
+                    == Some(libc::EPIPE) =>
+            {
                 return Ok(())
             }
             Err(e) => return Err(e),
@@ -239,7 +295,13 @@ pub fn echo_main(fd: RawFd, core: Option<usize>, spin: bool, yield_every: u32) -
 
 /// One-way stream between two threads of this process over a SOCK_SEQPACKET pair: the sender
 /// on `sender_core`, the receiver on `receiver_core`.
-pub fn tput(count: u64, size: usize, sender_core: Option<usize>, receiver_core: Option<usize>, spin: bool) -> Result<(Throughput, i32)> {
+pub fn tput(
+    count: u64,
+    size: usize,
+    sender_core: Option<usize>,
+    receiver_core: Option<usize>,
+    spin: bool,
+) -> Result<(Throughput, i32)> {
     if count < 2 {
         bail!("--count must be at least 2");
     }
@@ -293,6 +355,14 @@ pub fn tput(count: u64, size: usize, sender_core: Option<usize>, receiver_core: 
         let rx = rx.join().expect("receiver thread panicked");
         let retries = tx.context("AF_UNIX sender")?;
         let (first, last) = rx.context("AF_UNIX receiver")?;
-        Ok((Throughput { count, size, elapsed: last - first, retries }, sndbuf))
+        Ok((
+            Throughput {
+                count,
+                size,
+                elapsed: last - first,
+                retries,
+            },
+            sndbuf,
+        ))
     })
 }

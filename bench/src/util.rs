@@ -33,7 +33,10 @@ pub fn check_core(what: &str, core: Option<usize>) -> Result<()> {
     if let Some(c) = core {
         let n = online_cpus();
         if c >= n {
-            bail!("{what} CPU {c} does not exist: this machine has {n} online CPUs (0..{})", n - 1);
+            bail!(
+                "{what} CPU {c} does not exist: this machine has {n} online CPUs (0..{})",
+                n - 1
+            );
         }
     }
     Ok(())
@@ -45,7 +48,9 @@ pub fn pin(core: Option<usize>) {
     match core {
         Some(c) => {
             if !core_affinity::set_for_current(core_affinity::CoreId { id: c }) {
-                eprintln!("rds-bench: warning: could not pin a thread to CPU {c}; running unpinned");
+                eprintln!(
+                    "rds-bench: warning: could not pin a thread to CPU {c}; running unpinned"
+                );
             }
         }
         None => unpin(),
@@ -64,7 +69,10 @@ fn unpin() {
     // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is the calling thread.
     let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
     if rc != 0 {
-        eprintln!("rds-bench: warning: could not reset CPU affinity: {}", io::Error::last_os_error());
+        eprintln!(
+            "rds-bench: warning: could not reset CPU affinity: {}",
+            io::Error::last_os_error()
+        );
     }
 }
 
@@ -84,7 +92,11 @@ pub struct Backoff {
 impl Backoff {
     /// Spin `n` times, then `sched_yield` (0 = spin only).
     pub fn yielding(n: u32) -> Backoff {
-        Backoff { misses: 0, yield_every: n, until_yield: n }
+        Backoff {
+            misses: 0,
+            yield_every: n,
+            until_yield: n,
+        }
     }
 
     /// One miss.
@@ -232,12 +244,20 @@ mod tests {
         assert!(check_payload(&b, 64, 64, 41).is_err());
         assert!(check_payload(&b, 63, 64, 42).is_err());
         let short = [1u8; 4];
-        assert!(check_payload(&short, 4, 4, 7).is_ok(), "short payloads carry no sequence number");
+        assert!(
+            check_payload(&short, 4, 4, 7).is_ok(),
+            "short payloads carry no sequence number"
+        );
     }
 
     #[test]
     fn throughput_math() {
-        let t = Throughput { count: 1_000_001, size: 64, elapsed: Duration::from_millis(200), retries: 0 };
+        let t = Throughput {
+            count: 1_000_001,
+            size: 64,
+            elapsed: Duration::from_millis(200),
+            retries: 0,
+        };
         assert!((t.msgs_per_s() - 5e6).abs() < 1.0);
         assert!((t.mb_per_s() - 320.0).abs() < 1e-6);
     }

@@ -7,7 +7,10 @@ use std::process::Command;
 
 fn run(args: &[&str]) -> String {
     let exe = env!("CARGO_BIN_EXE_rds-bench");
-    let out = Command::new(exe).args(args).output().expect("run rds-bench");
+    let out = Command::new(exe)
+        .args(args)
+        .output()
+        .expect("run rds-bench");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -26,17 +29,58 @@ fn every_subcommand_runs() {
         return;
     }
     // Nothing pinned: tests share the machine.
-    let out = run(&["rtt", "--poll-core", "-2", "--peer-core", "-2", "--count", "300", "--warmup", "10", "--baseline", "both"]);
-    assert!(out.contains("RESULT rtt impl=rdsd size=64 count=300 "), "{out}");
+    let out = run(&[
+        "rtt",
+        "--poll-core",
+        "-2",
+        "--peer-core",
+        "-2",
+        "--count",
+        "300",
+        "--warmup",
+        "10",
+        "--baseline",
+        "both",
+    ]);
+    assert!(
+        out.contains("RESULT rtt impl=rdsd size=64 count=300 "),
+        "{out}"
+    );
     assert!(out.contains("RESULT rtt impl=unix-block"), "{out}");
     assert!(out.contains("RESULT rtt impl=unix-spin"), "{out}");
-    assert!(out.contains("RESULT rtt_ratio baseline=unix-block"), "{out}");
+    assert!(
+        out.contains("RESULT rtt_ratio baseline=unix-block"),
+        "{out}"
+    );
 
-    let out = run(&["tput", "--poll-core", "-2", "--peer-core", "-2", "--count", "20000", "--size", "100"]);
-    assert!(out.contains("RESULT tput impl=rdsd size=100 count=20000 "), "{out}");
+    let out = run(&[
+        "tput",
+        "--poll-core",
+        "-2",
+        "--peer-core",
+        "-2",
+        "--count",
+        "20000",
+        "--size",
+        "100",
+    ]);
+    assert!(
+        out.contains("RESULT tput impl=rdsd size=100 count=20000 "),
+        "{out}"
+    );
     assert!(out.contains("RESULT tput impl=unix-block"), "{out}");
 
-    let out = run(&["demo", "--poll-core", "-2", "--pings", "200", "--burst", "20000", "--exchanges", "50"]);
+    let out = run(&[
+        "demo",
+        "--poll-core",
+        "-2",
+        "--pings",
+        "200",
+        "--burst",
+        "20000",
+        "--exchanges",
+        "50",
+    ]);
     assert!(out.contains("summary:"), "{out}");
     assert!(out.contains("rdsd delivered"), "{out}");
 }
@@ -44,10 +88,22 @@ fn every_subcommand_runs() {
 #[test]
 fn bad_arguments_are_refused() {
     let exe = env!("CARGO_BIN_EXE_rds-bench");
-    let out = Command::new(exe).args(["rtt", "--app-core", "4096", "--socket", "/nonexistent"]).output().unwrap();
+    let out = Command::new(exe)
+        .args(["rtt", "--app-core", "4096", "--socket", "/nonexistent"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
-    let out = Command::new(exe).args(["tput", "--socket", "/nonexistent/rdsd.sock", "--baseline", "none"]).output().unwrap();
+    let out = Command::new(exe)
+        .args([
+            "tput",
+            "--socket",
+            "/nonexistent/rdsd.sock",
+            "--baseline",
+            "none",
+        ])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot attach"));
 }

@@ -31,7 +31,8 @@ fn fetch_stats(path: &std::path::Path) -> std::io::Result<String> {
     shm_api::sys::send_with_fds(sock.as_raw_fd(), &Request::Stats.encode(), &[])?;
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let (n, _) = shm_api::sys::recv_with_fds(sock.as_raw_fd(), &mut buf, 0)?;
-    let reply = Reply::decode(&buf[..n]).ok_or_else(|| std::io::Error::other("malformed reply from rdsd"))?;
+    let reply = Reply::decode(&buf[..n])
+        .ok_or_else(|| std::io::Error::other("malformed reply from rdsd"))?;
     if reply.errno != 0 {
         return Err(std::io::Error::from_raw_os_error(reply.errno));
     }

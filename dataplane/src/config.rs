@@ -43,7 +43,11 @@ pub struct Prefix {
 impl Prefix {
     /// True if `ip` is inside the prefix.
     pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        let mask = if self.len == 0 { 0 } else { u32::MAX << (32 - self.len) };
+        let mask = if self.len == 0 {
+            0
+        } else {
+            u32::MAX << (32 - self.len)
+        };
         u32::from(ip) & mask == u32::from(self.addr) & mask
     }
 }
@@ -52,8 +56,12 @@ impl std::str::FromStr for Prefix {
     type Err = anyhow::Error;
     fn from_str(s: &str) -> Result<Prefix> {
         let (a, l) = s.split_once('/').unwrap_or((s, "32"));
-        let addr: Ipv4Addr = a.parse().with_context(|| format!("bad address in prefix {s:?}"))?;
-        let len: u8 = l.parse().with_context(|| format!("bad length in prefix {s:?}"))?;
+        let addr: Ipv4Addr = a
+            .parse()
+            .with_context(|| format!("bad address in prefix {s:?}"))?;
+        let len: u8 = l
+            .parse()
+            .with_context(|| format!("bad length in prefix {s:?}"))?;
         if len > 32 {
             bail!("prefix length above 32 in {s:?}");
         }
@@ -174,8 +182,11 @@ impl Config {
     pub fn load(file: Option<&std::path::Path>, over: &Overrides) -> Result<Config> {
         let mut table: toml::Table = DEFAULT_TOML.parse().context("embedded default config")?;
         if let Some(path) = file {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            let t: toml::Table = text.parse().with_context(|| format!("parsing {}", path.display()))?;
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let t: toml::Table = text
+                .parse()
+                .with_context(|| format!("parsing {}", path.display()))?;
             merge(&mut table, t);
         }
         let raw: RawConfig = table.try_into().context("invalid configuration")?;
@@ -183,16 +194,35 @@ impl Config {
     }
 
     fn from_raw(raw: RawConfig, over: &Overrides) -> Result<Config> {
-        let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        let addrs = if over.local_addrs.is_empty() { raw.local_addrs } else { over.local_addrs.clone() };
-        let local_addrs = addrs.iter().map(|s| s.parse()).collect::<Result<Vec<Prefix>>>()?;
+        let ncpu = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let addrs = if over.local_addrs.is_empty() {
+            raw.local_addrs
+        } else {
+            over.local_addrs.clone()
+        };
+        let local_addrs = addrs
+            .iter()
+            .map(|s| s.parse())
+            .collect::<Result<Vec<Prefix>>>()?;
         if local_addrs.is_empty() {
             bail!("local_addrs is empty: rdsd needs at least one local address");
         }
-        let polls = if over.poll_cores.is_empty() { raw.poll_cores } else { over.poll_cores.clone() };
-        let poll_cores = polls.iter().map(|&n| core(n, ncpu)).collect::<Result<Vec<_>>>()?;
+        let polls = if over.poll_cores.is_empty() {
+            raw.poll_cores
+        } else {
+            over.poll_cores.clone()
+        };
+        let poll_cores = polls
+            .iter()
+            .map(|&n| core(n, ncpu))
+            .collect::<Result<Vec<_>>>()?;
         if poll_cores.len() != 1 {
-            bail!("this release runs exactly one poll thread (poll_cores has {})", poll_cores.len());
+            bail!(
+                "this release runs exactly one poll thread (poll_cores has {})",
+                poll_cores.len()
+            );
         }
         let cfg = Config {
             control_socket: over.control_socket.clone().unwrap_or(raw.control_socket),
@@ -210,7 +240,11 @@ impl Config {
             tx_ring_bytes: raw.tx_ring_bytes,
             rx_ring_bytes: raw.rx_ring_bytes,
             tcp_port: over.tcp_port.unwrap_or(raw.tcp_port),
-            tcp_routes: raw.tcp_routes.iter().map(|s| s.parse()).collect::<Result<Vec<Prefix>>>()?,
+            tcp_routes: raw
+                .tcp_routes
+                .iter()
+                .map(|s| s.parse())
+                .collect::<Result<Vec<Prefix>>>()?,
             paths: over.paths.unwrap_or(raw.paths),
         };
         if cfg.paths == 0 || cfg.paths > 8 {
@@ -219,7 +253,9 @@ impl Config {
         if cfg.max_apps == 0 || cfg.max_apps > 4096 {
             bail!("max_apps must be 1..=4096");
         }
-        cfg.geometry().validate().map_err(|m| anyhow::anyhow!("invalid ring configuration: {m}"))?;
+        cfg.geometry()
+            .validate()
+            .map_err(|m| anyhow::anyhow!("invalid ring configuration: {m}"))?;
         Ok(cfg)
     }
 
@@ -234,8 +270,13 @@ impl Config {
 
     /// True if some local address is outside 127.0.0.0/8: this host talks to the network.
     pub fn wants_network(&self) -> bool {
-        let lo = Prefix { addr: Ipv4Addr::new(127, 0, 0, 0), len: 8 };
-        self.local_addrs.iter().any(|p| !(p.len >= 8 && lo.contains(p.addr)))
+        let lo = Prefix {
+            addr: Ipv4Addr::new(127, 0, 0, 0),
+            len: 8,
+        };
+        self.local_addrs
+            .iter()
+            .any(|p| !(p.len >= 8 && lo.contains(p.addr)))
     }
 
     /// True if `ip` is one of this host's RDS addresses.
@@ -263,7 +304,10 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("c.toml");
         std::fs::write(&f, "idle = \"spin\"\nlocal_addrs = [\"10.1.0.0/16\"]\n").unwrap();
-        let over = Overrides { control_socket: Some("/tmp/x.sock".into()), ..Default::default() };
+        let over = Overrides {
+            control_socket: Some("/tmp/x.sock".into()),
+            ..Default::default()
+        };
         let c = Config::load(Some(&f), &over).unwrap();
         assert_eq!(c.idle, IdleMode::Spin);
         assert!(c.is_local("10.1.2.3".parse().unwrap()));

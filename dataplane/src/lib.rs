@@ -35,7 +35,8 @@ pub fn run(cfg: Config, shutdown: Arc<AtomicBool>) -> Result<()> {
     let cfg = Arc::new(cfg);
     let stats = Arc::new(stats::Stats::default());
     let daemon = Arc::new(
-        shm::region::DaemonRegion::create(cfg.idle == config::IdleMode::Backoff).context("creating the daemon region")?,
+        shm::region::DaemonRegion::create(cfg.idle == config::IdleMode::Backoff)
+            .context("creating the daemon region")?,
     );
     let chans = Arc::new(poll::Channels::new(cfg.max_apps as usize));
     let doorbell = Arc::new(shm_api::sys::eventfd()?);
@@ -44,23 +45,37 @@ pub fn run(cfg: Config, shutdown: Arc<AtomicBool>) -> Result<()> {
     tracing::info!(socket = %cfg.control_socket.display(), idle = ?cfg.idle, local = ?cfg.local_addrs, "rdsd listening");
 
     let poll_alive = Arc::new(AtomicBool::new(true));
-    let core = poll::PollCore::new(cfg.clone(), stats.clone(), daemon.clone(), chans.clone(), control_wake.clone())
-        .context("starting the transports")?;
-    let idle = poll::idle::Idle::new(cfg.idle, cfg.spin_iterations, cfg.yield_iterations, cfg.park_timeout_ms, doorbell.clone());
+    let core = poll::PollCore::new(
+        cfg.clone(),
+        stats.clone(),
+        daemon.clone(),
+        chans.clone(),
+        control_wake.clone(),
+    )
+    .context("starting the transports")?;
+    let idle = poll::idle::Idle::new(
+        cfg.idle,
+        cfg.spin_iterations,
+        cfg.yield_iterations,
+        cfg.park_timeout_ms,
+        doorbell.clone(),
+    );
     let poll_core = cfg.poll_cores[0];
     let (sd, alive) = (shutdown.clone(), poll_alive.clone());
-    let poll_thread = std::thread::Builder::new().name("rdsd-poll-0".into()).spawn(move || {
-        pin(poll_core, "poll thread 0");
-        // If the poll core ever panics, the control thread stops too instead of hanging apps.
-        struct Alive(Arc<AtomicBool>);
-        impl Drop for Alive {
-            fn drop(&mut self) {
-                self.0.store(false, Ordering::Relaxed);
+    let poll_thread = std::thread::Builder::new()
+        .name("rdsd-poll-0".into())
+        .spawn(move || {
+            pin(poll_core, "poll thread 0");
+            // If the poll core ever panics, the control thread stops too instead of hanging apps.
+            struct Alive(Arc<AtomicBool>);
+            impl Drop for Alive {
+                fn drop(&mut self) {
+                    self.0.store(false, Ordering::Relaxed);
+                }
             }
-        }
-        let _guard = Alive(alive);
-        poll::run(core, idle, sd);
-    })?;
+            let _guard = Alive(alive);
+            poll::run(core, idle, sd);
+        })?;
 
     pin(cfg.control_core, "control thread");
     let mut ctl = control::Control::new(

@@ -67,8 +67,12 @@ fn parse_meminfo(text: &str) -> Result<HugeInfo> {
     let mut info = HugeInfo::default();
     let (mut have_total, mut have_free) = (false, false);
     for line in text.lines() {
-        let Some((key, rest)) = line.split_once(':') else { continue };
-        let Some(num) = rest.split_whitespace().next() else { continue };
+        let Some((key, rest)) = line.split_once(':') else {
+            continue;
+        };
+        let Some(num) = rest.split_whitespace().next() else {
+            continue;
+        };
         let field = match key.trim() {
             "HugePages_Total" => {
                 have_total = true;
@@ -83,7 +87,9 @@ fn parse_meminfo(text: &str) -> Result<HugeInfo> {
             "Hugepagesize" => &mut info.page_kib,
             _ => continue,
         };
-        *field = num.parse().with_context(|| format!("bad number in meminfo line {line:?}"))?;
+        *field = num
+            .parse()
+            .with_context(|| format!("bad number in meminfo line {line:?}"))?;
     }
     if !(have_total && have_free) {
         bail!("{MEMINFO} has no HugePages_Total/HugePages_Free lines: this kernel lacks hugetlb support");
@@ -110,7 +116,9 @@ fn unescape_mount_field(s: &str) -> String {
         if b[i] == b'\\' && i + 4 <= b.len() {
             let oct = &b[i + 1..i + 4];
             if oct.iter().all(|c| (b'0'..=b'7').contains(c)) {
-                let v = (oct[0] - b'0') as u32 * 64 + (oct[1] - b'0') as u32 * 8 + (oct[2] - b'0') as u32;
+                let v = (oct[0] - b'0') as u32 * 64
+                    + (oct[1] - b'0') as u32 * 8
+                    + (oct[2] - b'0') as u32;
                 if let Ok(byte) = u8::try_from(v) {
                     out.push(byte);
                     i += 4;
@@ -133,7 +141,12 @@ fn parse_mounts(text: &str) -> Vec<MountEntry> {
             let target = PathBuf::from(unescape_mount_field(f.next()?));
             let fstype = unescape_mount_field(f.next()?);
             let options = f.next().map(unescape_mount_field).unwrap_or_default();
-            Some(MountEntry { source, target, fstype, options })
+            Some(MountEntry {
+                source,
+                target,
+                fstype,
+                options,
+            })
         })
         .collect()
 }
@@ -164,7 +177,9 @@ fn read(path: &str) -> Result<String> {
 
 fn read_nr_hugepages() -> Result<u64> {
     let s = read(NR_HUGEPAGES)?;
-    s.trim().parse().with_context(|| format!("unexpected content {s:?} in {NR_HUGEPAGES}"))
+    s.trim()
+        .parse()
+        .with_context(|| format!("unexpected content {s:?} in {NR_HUGEPAGES}"))
 }
 
 fn is_root() -> bool {
@@ -174,18 +189,34 @@ fn is_root() -> bool {
 
 /// The mount point as /proc/mounts spells it: absolute, symlinks resolved when it exists.
 fn normalize(p: &Path) -> PathBuf {
-    let abs = if p.is_absolute() { p.to_path_buf() } else { std::env::current_dir().map(|d| d.join(p)).unwrap_or(p.into()) };
+    let abs = if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map(|d| d.join(p))
+            .unwrap_or(p.into())
+    };
     std::fs::canonicalize(&abs).unwrap_or(abs)
 }
 
 fn mount_hugetlbfs(at: &Path) -> Result<()> {
-    std::fs::create_dir_all(at).with_context(|| format!("cannot create mount point {}", at.display()))?;
-    let target = CString::new(at.as_os_str().as_bytes()).context("mount point contains a NUL byte")?;
+    std::fs::create_dir_all(at)
+        .with_context(|| format!("cannot create mount point {}", at.display()))?;
+    let target =
+        CString::new(at.as_os_str().as_bytes()).context("mount point contains a NUL byte")?;
     let fstype = CString::new("hugetlbfs").expect("no NUL");
     // SAFETY: all three pointers are valid NUL-terminated strings that outlive the call; a
     // null `data` means default options (the default huge page size, the same pool that
     // nr_hugepages and rdsd's MFD_HUGETLB memfds use).
-    let rc = unsafe { libc::mount(fstype.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
+    let rc = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
     if rc != 0 {
         let e = std::io::Error::last_os_error();
         bail!("mount -t hugetlbfs hugetlbfs {} failed: {e}", at.display());
@@ -212,7 +243,10 @@ fn report(info: &HugeInfo, nr: u64, state: &MountState, at: &Path) {
     );
     match state {
         MountState::Hugetlbfs(o) => println!("hugetlbfs: mounted at {} ({o})", at.display()),
-        MountState::Other(t) => println!("hugetlbfs: NOT mounted at {} ({t} is mounted there)", at.display()),
+        MountState::Other(t) => println!(
+            "hugetlbfs: NOT mounted at {} ({t} is mounted there)",
+            at.display()
+        ),
         MountState::Unmounted => println!("hugetlbfs: not mounted at {}", at.display()),
     }
 }
@@ -229,12 +263,22 @@ fn run(cli: &Cli) -> Result<bool> {
         let target = if nr >= cli.pages { "met" } else { "NOT met" };
         println!("target of {} pages: {target}", cli.pages);
         let ready = pages_ok(&before) && matches!(state, MountState::Hugetlbfs(_));
-        println!("{}", if ready { "ready" } else { "not ready: run hugepage-setup as root" });
+        println!(
+            "{}",
+            if ready {
+                "ready"
+            } else {
+                "not ready: run hugepage-setup as root"
+            }
+        );
         return Ok(ready);
     }
 
     if let MountState::Other(t) = &state {
-        bail!("{} already has a {t} filesystem mounted; pick another --mount", at.display());
+        bail!(
+            "{} already has a {t} filesystem mounted; pick another --mount",
+            at.display()
+        );
     }
     let need_pages = nr < cli.pages;
     let need_mount = state == MountState::Unmounted;
@@ -246,7 +290,10 @@ fn run(cli: &Cli) -> Result<bool> {
         if need_mount {
             what.push(format!("mount hugetlbfs at {}", at.display()));
         }
-        bail!("must run as root to {} (try: sudo hugepage-setup ...; --check only reports)", what.join(" and "));
+        bail!(
+            "must run as root to {} (try: sudo hugepage-setup ...; --check only reports)",
+            what.join(" and ")
+        );
     }
 
     if need_pages {
@@ -255,7 +302,10 @@ fn run(cli: &Cli) -> Result<bool> {
             format!("cannot write {NR_HUGEPAGES} (a container with a read-only /proc/sys can't reserve huge pages)")
         })?;
     } else {
-        println!("{NR_HUGEPAGES} is already {nr} (>= {} requested): leaving it", cli.pages);
+        println!(
+            "{NR_HUGEPAGES} is already {nr} (>= {} requested): leaving it",
+            cli.pages
+        );
     }
     let after = parse_meminfo(&read(MEMINFO)?)?;
     let nr_after = read_nr_hugepages()?;
@@ -276,7 +326,12 @@ fn run(cli: &Cli) -> Result<bool> {
         state
     };
     report(&after, nr_after, &mounted_state, &at);
-    println!("got {} of {} requested pages ({} available for new regions)", after.total, cli.pages, after.available());
+    println!(
+        "got {} of {} requested pages ({} available for new regions)",
+        after.total,
+        cli.pages,
+        after.available()
+    );
 
     if !pages_ok(&after) {
         bail!(
@@ -318,7 +373,16 @@ Hugetlb:          614400 kB\n";
     #[test]
     fn meminfo_huge_lines() {
         let i = parse_meminfo(MEMINFO_SAMPLE).unwrap();
-        assert_eq!(i, HugeInfo { total: 300, free: 280, rsvd: 16, surplus: 0, page_kib: 2048 });
+        assert_eq!(
+            i,
+            HugeInfo {
+                total: 300,
+                free: 280,
+                rsvd: 16,
+                surplus: 0,
+                page_kib: 2048
+            }
+        );
         assert_eq!(i.available(), 264);
         assert_eq!(page_desc(&i), "2 MiB pages");
     }
@@ -328,7 +392,8 @@ Hugetlb:          614400 kB\n";
         // AnonHugePages / ShmemHugePages must not be taken for HugePages_*.
         let no_pool = "MemTotal: 1 kB\nAnonHugePages: 5 kB\nShmemHugePages: 7 kB\n";
         assert!(parse_meminfo(no_pool).is_err());
-        let zero = "HugePages_Total:       0\nHugePages_Free:        0\nHugepagesize:    1048576 kB\n";
+        let zero =
+            "HugePages_Total:       0\nHugePages_Free:        0\nHugepagesize:    1048576 kB\n";
         let i = parse_meminfo(zero).unwrap();
         assert_eq!((i.total, i.free, i.page_kib), (0, 0, 1 << 20));
         assert_eq!(page_desc(&i), "1024 MiB pages");
@@ -358,11 +423,23 @@ garbage\n";
             }
         );
         assert_eq!(m[4].target, Path::new("/mnt/with space"));
-        assert_eq!(mount_state(&m, Path::new("/dev/hugepages")), MountState::Hugetlbfs("rw,relatime,pagesize=2M".into()));
-        assert_eq!(mount_state(&m, Path::new("/dev")), MountState::Other("devtmpfs".into()));
-        assert_eq!(mount_state(&m, Path::new("/dev/hugepages2")), MountState::Unmounted);
+        assert_eq!(
+            mount_state(&m, Path::new("/dev/hugepages")),
+            MountState::Hugetlbfs("rw,relatime,pagesize=2M".into())
+        );
+        assert_eq!(
+            mount_state(&m, Path::new("/dev")),
+            MountState::Other("devtmpfs".into())
+        );
+        assert_eq!(
+            mount_state(&m, Path::new("/dev/hugepages2")),
+            MountState::Unmounted
+        );
         // The later mount hides the earlier one.
-        assert_eq!(mount_state(&m, Path::new("/mnt/huge")), MountState::Other("tmpfs".into()));
+        assert_eq!(
+            mount_state(&m, Path::new("/mnt/huge")),
+            MountState::Other("tmpfs".into())
+        );
     }
 
     #[test]

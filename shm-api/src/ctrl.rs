@@ -22,7 +22,11 @@ pub enum Request {
     /// Open a socket slot. Reply: slot index, and the socket's pollable fd.
     SocketOpen,
     /// Bind a slot to addr:port (port 0 = pick one). Reply: the bound port.
-    Bind { slot: u32, addr: Ipv4Addr, port: u16 },
+    Bind {
+        slot: u32,
+        addr: Ipv4Addr,
+        port: u16,
+    },
     /// Set the receive-buffer limit used for congestion marking.
     SetRcvBuf { slot: u32, bytes: u32 },
     /// Tell rdsd the send-buffer limit (for POLLOUT).
@@ -30,7 +34,10 @@ pub enum Request {
     /// Turn RDS_CONG_MONITOR on or off.
     SetCongMonitor { slot: u32, on: bool },
     /// Drop queued messages to addr:port (`None` = every destination).
-    CancelSentTo { slot: u32, dest: Option<(Ipv4Addr, u16)> },
+    CancelSentTo {
+        slot: u32,
+        dest: Option<(Ipv4Addr, u16)>,
+    },
     /// Start keeping the socket's pollable fd in sync with its rings.
     EnableReadiness { slot: u32 },
     /// Close a slot.
@@ -99,12 +106,22 @@ impl Request {
             OP_HELLO => Request::Hello { version: bytes()? },
             OP_SOCKET_OPEN => Request::SocketOpen,
             OP_BIND => Request::Bind { slot, addr, port },
-            OP_SET_RCVBUF => Request::SetRcvBuf { slot, bytes: bytes()? },
-            OP_SET_SNDBUF => Request::SetSndBuf { slot, bytes: bytes()? },
-            OP_SET_CONG_MONITOR => Request::SetCongMonitor { slot, on: value != 0 },
-            OP_CANCEL_SENT_TO => {
-                Request::CancelSentTo { slot, dest: if flag != 0 { Some((addr, port)) } else { None } }
-            }
+            OP_SET_RCVBUF => Request::SetRcvBuf {
+                slot,
+                bytes: bytes()?,
+            },
+            OP_SET_SNDBUF => Request::SetSndBuf {
+                slot,
+                bytes: bytes()?,
+            },
+            OP_SET_CONG_MONITOR => Request::SetCongMonitor {
+                slot,
+                on: value != 0,
+            },
+            OP_CANCEL_SENT_TO => Request::CancelSentTo {
+                slot,
+                dest: if flag != 0 { Some((addr, port)) } else { None },
+            },
             OP_ENABLE_READINESS => Request::EnableReadiness { slot },
             OP_CLOSE => Request::Close { slot },
             OP_STATS => Request::Stats,
@@ -127,12 +144,20 @@ pub struct Reply {
 impl Reply {
     /// A success carrying `value`.
     pub fn ok(value: u64) -> Reply {
-        Reply { errno: 0, value, body: Vec::new() }
+        Reply {
+            errno: 0,
+            value,
+            body: Vec::new(),
+        }
     }
 
     /// A failure with `errno`.
     pub fn err(errno: i32) -> Reply {
-        Reply { errno, value: 0, body: Vec::new() }
+        Reply {
+            errno,
+            value: 0,
+            body: Vec::new(),
+        }
     }
 
     /// Wire form.
@@ -202,12 +227,28 @@ mod tests {
         for r in [
             Request::Hello { version: 1 },
             Request::SocketOpen,
-            Request::Bind { slot: 3, addr: a, port: 4000 },
-            Request::SetRcvBuf { slot: 1, bytes: 5000 },
-            Request::SetSndBuf { slot: 1, bytes: 6000 },
+            Request::Bind {
+                slot: 3,
+                addr: a,
+                port: 4000,
+            },
+            Request::SetRcvBuf {
+                slot: 1,
+                bytes: 5000,
+            },
+            Request::SetSndBuf {
+                slot: 1,
+                bytes: 6000,
+            },
             Request::SetCongMonitor { slot: 2, on: true },
-            Request::CancelSentTo { slot: 2, dest: Some((a, 9)) },
-            Request::CancelSentTo { slot: 2, dest: None },
+            Request::CancelSentTo {
+                slot: 2,
+                dest: Some((a, 9)),
+            },
+            Request::CancelSentTo {
+                slot: 2,
+                dest: None,
+            },
             Request::EnableReadiness { slot: 5 },
             Request::Close { slot: 5 },
             Request::Stats,
@@ -229,9 +270,17 @@ mod tests {
 
     #[test]
     fn replies_roundtrip() {
-        let r = Reply { errno: 98, value: 7, body: b"x".to_vec() };
+        let r = Reply {
+            errno: 98,
+            value: 7,
+            body: b"x".to_vec(),
+        };
         assert_eq!(Reply::decode(&r.encode()), Some(r));
-        let h = HelloInfo { region_len: 1 << 26, daemon_region_len: 4096, hugetlb: 1 };
+        let h = HelloInfo {
+            region_len: 1 << 26,
+            daemon_region_len: 4096,
+            hugetlb: 1,
+        };
         assert_eq!(HelloInfo::decode(&h.encode()), Some(h));
     }
 }

@@ -134,7 +134,8 @@ impl RegionGeometry {
 
     /// Checks the numbers a header claims before anything is derived from them.
     pub fn validate(&self) -> Result<(), &'static str> {
-        let ring_ok = |c: u32| c.is_power_of_two() && c as usize >= crate::ring::record_size(MAX_MSG_SIZE);
+        let ring_ok =
+            |c: u32| c.is_power_of_two() && c as usize >= crate::ring::record_size(MAX_MSG_SIZE);
         if !ring_ok(self.tx_ring_capacity) || !ring_ok(self.rx_ring_capacity) {
             return Err("ring capacity must be a power of two that holds a 1 MiB message");
         }
@@ -237,7 +238,8 @@ impl DaemonView {
 
     /// Is `addr:port` congested? `hint` caches the table index between calls.
     pub fn is_congested(&self, addr: u32, port: u16, hint: &mut usize) -> bool {
-        let idx = if *hint < CONG_ENTRIES && self.entry(*hint).addr.load(Ordering::Acquire) == addr {
+        let idx = if *hint < CONG_ENTRIES && self.entry(*hint).addr.load(Ordering::Acquire) == addr
+        {
             *hint
         } else {
             match self.find(addr) {
@@ -264,15 +266,25 @@ mod tests {
 
     #[test]
     fn geometry_is_consistent() {
-        let g = RegionGeometry { max_sockets: 4, tx_ring_capacity: 2 << 20, rx_ring_capacity: 2 << 20 };
+        let g = RegionGeometry {
+            max_sockets: 4,
+            tx_ring_capacity: 2 << 20,
+            rx_ring_capacity: 2 << 20,
+        };
         g.validate().unwrap();
         assert_eq!(g.slot_offset(1) - g.slot_offset(0), g.slot_len());
         assert!(g.rx_ring_offset(0) + RING_HEADER_LEN + (2 << 20) <= g.slot_offset(1));
         assert_eq!(g.tx_ring_offset(0) % 128, 0);
         assert_eq!(g.rx_ring_offset(0) % 128, 0);
         assert!(g.region_len(2 << 20) % (2 << 20) == 0);
-        let bad = RegionGeometry { tx_ring_capacity: 1 << 20, ..g };
-        assert!(bad.validate().is_err(), "a 1 MiB ring can't hold a 1 MiB message + header");
+        let bad = RegionGeometry {
+            tx_ring_capacity: 1 << 20,
+            ..g
+        };
+        assert!(
+            bad.validate().is_err(),
+            "a 1 MiB ring can't hold a 1 MiB message + header"
+        );
     }
 
     #[test]

@@ -36,4 +36,6 @@ pub(crate) mod sync;
 pub mod sys;
 
 #[cfg(not(loom))]
-pub use socket::{daemon_gone, is_daemon_gone, Rdsd, RecvFlags, RecvMsg, Socket, DEFAULT_CONTROL_SOCKET};
+pub use socket::{
+    daemon_gone, is_daemon_gone, Rdsd, RecvFlags, RecvMsg, Socket, DEFAULT_CONTROL_SOCKET,
+};

@@ -49,7 +49,14 @@ pub struct RecordHeader {
 impl RecordHeader {
     /// A data record header.
     pub fn data(len: u32, addr: u32, port: u16) -> Self {
-        RecordHeader { len, kind: KIND_DATA, flags: 0, addr, port, aux: 0 }
+        RecordHeader {
+            len,
+            kind: KIND_DATA,
+            flags: 0,
+            addr,
+            port,
+            aux: 0,
+        }
     }
 
     fn to_bytes(self) -> [u8; RECORD_HEADER_LEN] {
@@ -131,7 +138,11 @@ impl<M: RingMemory> Producer<M> {
         let head = mem.producer().load(Ordering::Relaxed);
         // Start with no free space: `refresh_tail` only adopts a consumer position it validated.
         let cached_tail = head.wrapping_sub(mem.capacity() as u64);
-        let mut p = Producer { mem, head, cached_tail };
+        let mut p = Producer {
+            mem,
+            head,
+            cached_tail,
+        };
         let _ = p.refresh_tail();
         p
     }
@@ -268,7 +279,11 @@ impl<M: RingMemory> Consumer<M> {
     /// Takes the consuming end of `mem`, continuing from its released position.
     pub fn new(mem: M) -> Self {
         let tail = mem.consumer().load(Ordering::Relaxed);
-        Consumer { mem, tail, cached_head: tail }
+        Consumer {
+            mem,
+            tail,
+            cached_head: tail,
+        }
     }
 
     /// The memory behind this ring.
@@ -468,7 +483,11 @@ mod raw {
             // SAFETY: in bounds (checked above); the range was published to us with Acquire.
             // The bytes are treated as untrusted input by every caller.
             unsafe {
-                std::ptr::copy_nonoverlapping(self.data.as_ptr().add(off), dst.as_mut_ptr(), dst.len())
+                std::ptr::copy_nonoverlapping(
+                    self.data.as_ptr().add(off),
+                    dst.as_mut_ptr(),
+                    dst.len(),
+                )
             }
         }
     }
@@ -503,7 +522,6 @@ mod raw {
             self.ring
         }
     }
-
 }
 
 #[cfg(not(loom))]
@@ -560,14 +578,19 @@ mod tests {
     fn largest_record_fits_from_any_position() {
         let (_h, mut p, mut c) = pair(1024);
         for shift in [0usize, 16, 500, 1008] {
-            p.push(RecordHeader::data(0, 0, 0), &vec![1; shift.saturating_sub(16)]).ok();
+            p.push(
+                RecordHeader::data(0, 0, 0),
+                &vec![1; shift.saturating_sub(16)],
+            )
+            .ok();
             p.publish();
             while pop(&mut c).is_some() {}
             let big = vec![7u8; 1024 - RECORD_HEADER_LEN];
             // Either it fits now or after the consumer skips the pad.
             if p.push(RecordHeader::data(0, 1, 1), &big) == Err(PushError::Full) {
                 assert!(pop(&mut c).is_none());
-                p.push(RecordHeader::data(0, 1, 1), &big).expect("fits after pad");
+                p.push(RecordHeader::data(0, 1, 1), &big)
+                    .expect("fits after pad");
             }
             p.publish();
             let (h, v) = pop(&mut c).expect("big record");
@@ -596,11 +619,17 @@ mod tests {
         let (_h, mut p, mut c) = pair(64);
         p.push(RecordHeader::data(0, 0, 0), &[0; 16]).unwrap();
         p.push(RecordHeader::data(0, 0, 0), &[0; 16]).unwrap();
-        assert_eq!(p.push(RecordHeader::data(0, 0, 0), &[0; 1]), Err(PushError::Full));
+        assert_eq!(
+            p.push(RecordHeader::data(0, 0, 0), &[0; 1]),
+            Err(PushError::Full)
+        );
         p.publish();
         let r = c.peek().unwrap().unwrap();
         c.consume(&r);
-        assert_eq!(p.push(RecordHeader::data(0, 0, 0), &[0; 1]), Err(PushError::Full));
+        assert_eq!(
+            p.push(RecordHeader::data(0, 0, 0), &[0; 1]),
+            Err(PushError::Full)
+        );
         c.release();
         p.push(RecordHeader::data(0, 0, 0), &[0; 1]).unwrap();
     }
@@ -639,7 +668,16 @@ mod tests {
     /// producer must answer `Full` (not write a pad across it), and neither may overflow.
     #[test]
     fn attach_to_scribbled_counters_never_panics() {
-        let positions = [0u64, 8, 48, 56, 1 << 40, u64::MAX - 15, u64::MAX - 7, u64::MAX];
+        let positions = [
+            0u64,
+            8,
+            48,
+            56,
+            1 << 40,
+            u64::MAX - 15,
+            u64::MAX - 7,
+            u64::MAX,
+        ];
         for &tail in &positions {
             for delta in [0u64, 8, 16, 32, 64, 80, u64::MAX - 15] {
                 let heap = HeapRing::new(64);
@@ -677,7 +715,8 @@ mod tests {
             if p.push(RecordHeader::data(0, i, 0), &[i as u8; 20]) == Err(PushError::Full) {
                 // The pad at the end of the lap was published; skipping it frees the space.
                 assert!(pop(&mut c).is_none());
-                p.push(RecordHeader::data(0, i, 0), &[i as u8; 20]).expect("fits after pad");
+                p.push(RecordHeader::data(0, i, 0), &[i as u8; 20])
+                    .expect("fits after pad");
             }
             p.publish();
             let (h, v) = pop(&mut c).expect("record");

@@ -4,8 +4,8 @@
 
 use crate::ctrl::{HelloInfo, Reply, Request, MAX_DATAGRAM, REQUEST_LEN};
 use crate::layout::{
-    cong_monitor_bit, AppRegionHeader, DaemonView, RegionGeometry, SlotControl, DAEMON_REGION_LEN, DEFAULT_BUF,
-    LAYOUT_VERSION, MAX_BUF, MAX_MSG_SIZE, MIN_BUF, SHM_MAGIC,
+    cong_monitor_bit, AppRegionHeader, DaemonView, RegionGeometry, SlotControl, DAEMON_REGION_LEN,
+    DEFAULT_BUF, LAYOUT_VERSION, MAX_BUF, MAX_MSG_SIZE, MIN_BUF, SHM_MAGIC,
 };
 use crate::ring::{Consumer, Producer, PushError, RawRing, RecordHeader};
 use crate::sys::{self, Mapping};
@@ -64,7 +64,10 @@ impl Client {
         }
         let ctrl = self.ctrl.lock().unwrap_or_else(|p| p.into_inner());
         let fail = |e: io::Error| {
-            if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN)) {
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN)
+            ) {
                 self.dead.store(true, Ordering::Relaxed);
                 daemon_gone()
             } else {
@@ -78,7 +81,8 @@ impl Client {
             self.dead.store(true, Ordering::Relaxed);
             return Err(daemon_gone());
         }
-        let reply = Reply::decode(&buf[..n]).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad reply from rdsd"))?;
+        let reply = Reply::decode(&buf[..n])
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad reply from rdsd"))?;
         if reply.errno != 0 {
             return Err(errno(reply.errno));
         }
@@ -130,7 +134,12 @@ impl Client {
         assert!(off + crate::layout::RING_HEADER_LEN + capacity as usize <= self.region.len());
         // SAFETY: the range is inside our mapping (asserted) and 128-aligned; the mapping lives
         // as long as the Client, which every Socket holding the ring keeps alive through an Arc.
-        unsafe { RawRing::new(NonNull::new(self.region.as_ptr().add(off)).expect("non-null"), capacity as usize) }
+        unsafe {
+            RawRing::new(
+                NonNull::new(self.region.as_ptr().add(off)).expect("non-null"),
+                capacity as usize,
+            )
+        }
     }
 }
 
@@ -144,29 +153,46 @@ pub struct Rdsd {
 impl Rdsd {
     /// Attaches to rdsd at `$RDSD_SOCKET`, or [`DEFAULT_CONTROL_SOCKET`].
     pub fn attach() -> io::Result<Rdsd> {
-        let path = std::env::var_os("RDSD_SOCKET").map(PathBuf::from).unwrap_or_else(|| DEFAULT_CONTROL_SOCKET.into());
+        let path = std::env::var_os("RDSD_SOCKET")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| DEFAULT_CONTROL_SOCKET.into());
         Rdsd::attach_at(&path)
     }
 
     /// Attaches to the rdsd listening at `path`.
     pub fn attach_at(path: &Path) -> io::Result<Rdsd> {
         let ctrl = sys::connect_seqpacket(path)?;
-        sys::send_with_fds(ctrl.as_raw_fd(), &Request::Hello { version: LAYOUT_VERSION }.encode(), &[])?;
+        sys::send_with_fds(
+            ctrl.as_raw_fd(),
+            &Request::Hello {
+                version: LAYOUT_VERSION,
+            }
+            .encode(),
+            &[],
+        )?;
         let mut buf = vec![0u8; MAX_DATAGRAM];
         let (n, mut fds) = sys::recv_with_fds(ctrl.as_raw_fd(), &mut buf, 0)?;
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::ConnectionRefused, "rdsd closed the connection during attach"));
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                "rdsd closed the connection during attach",
+            ));
         }
-        let reply = Reply::decode(&buf[..n]).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad hello reply"))?;
+        let reply = Reply::decode(&buf[..n])
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad hello reply"))?;
         if reply.errno == libc::EPROTONOSUPPORT {
             return Err(version_mismatch(reply.value as u32));
         }
         if reply.errno != 0 {
             return Err(errno(reply.errno));
         }
-        let info = HelloInfo::decode(&reply.body).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad hello body"))?;
+        let info = HelloInfo::decode(&reply.body)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad hello body"))?;
         if fds.len() != 3 {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "rdsd sent the wrong number of descriptors"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "rdsd sent the wrong number of descriptors",
+            ));
         }
         let doorbell = fds.pop().expect("3 fds");
         let daemon_fd = fds.pop().expect("3 fds");
@@ -189,9 +215,14 @@ impl Rdsd {
             tx_ring_capacity: hdr.tx_ring_capacity,
             rx_ring_capacity: hdr.rx_ring_capacity,
         };
-        geometry.validate().map_err(|m| io::Error::new(io::ErrorKind::InvalidData, m))?;
+        geometry
+            .validate()
+            .map_err(|m| io::Error::new(io::ErrorKind::InvalidData, m))?;
         if geometry.region_len(1) > region.len() {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "region smaller than its header claims"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "region smaller than its header claims",
+            ));
         }
         // SAFETY: a read-only mapping of DAEMON_REGION_LEN bytes that the Client owns; the
         // library only reads through the view.
@@ -219,7 +250,10 @@ impl Rdsd {
         let (reply, mut fds) = self.client.request(Request::SocketOpen)?;
         let slot = reply.value as u32;
         if slot >= self.client.geometry.max_sockets || fds.len() != 1 {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "bad socket-open reply"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "bad socket-open reply",
+            ));
         }
         let c = &self.client;
         let g = c.geometry;
@@ -243,7 +277,10 @@ impl Rdsd {
                 sent: ctl.tx_sent_bytes.load(Ordering::Relaxed),
                 cong_hint: usize::MAX,
             }),
-            rx: Mutex::new(RxSide { consumer: Consumer::new(rx), consumed: ctl.rx_consumed_bytes.load(Ordering::Relaxed) }),
+            rx: Mutex::new(RxSide {
+                consumer: Consumer::new(rx),
+                consumed: ctl.rx_consumed_bytes.load(Ordering::Relaxed),
+            }),
         })
     }
 
@@ -364,8 +401,15 @@ impl Socket {
         if self.local_addr().is_some() || bad_unicast(addr.ip()) || addr.port() == 1 {
             return Err(errno(libc::EINVAL));
         }
-        let (reply, _) = self.client.request(Request::Bind { slot: self.slot, addr: *addr.ip(), port: addr.port() })?;
-        self.bound.store(pack(SocketAddrV4::new(*addr.ip(), reply.value as u16)), Ordering::Release);
+        let (reply, _) = self.client.request(Request::Bind {
+            slot: self.slot,
+            addr: *addr.ip(),
+            port: addr.port(),
+        })?;
+        self.bound.store(
+            pack(SocketAddrV4::new(*addr.ip(), reply.value as u16)),
+            Ordering::Release,
+        );
         Ok(())
     }
 
@@ -402,11 +446,21 @@ impl Socket {
     }
 
     /// `sendmsg` with MSG_DONTWAIT when `dontwait`.
-    pub fn send_msg(&self, buf: &[u8], dest: Option<SocketAddrV4>, dontwait: bool) -> io::Result<usize> {
+    pub fn send_msg(
+        &self,
+        buf: &[u8],
+        dest: Option<SocketAddrV4>,
+        dontwait: bool,
+    ) -> io::Result<usize> {
         self.send_inner(buf, dest, dontwait)
     }
 
-    fn send_inner(&self, buf: &[u8], dest: Option<SocketAddrV4>, dontwait: bool) -> io::Result<usize> {
+    fn send_inner(
+        &self,
+        buf: &[u8],
+        dest: Option<SocketAddrV4>,
+        dontwait: bool,
+    ) -> io::Result<usize> {
         if let Some(d) = dest {
             if bad_unicast(d.ip()) {
                 return Err(errno(libc::EINVAL));
@@ -415,7 +469,9 @@ impl Socket {
         if self.local_addr().is_none() {
             return Err(errno(libc::ENOTCONN));
         }
-        let dest = dest.or_else(|| unpack(self.peer.load(Ordering::Acquire))).ok_or_else(|| errno(libc::ENOTCONN))?;
+        let dest = dest
+            .or_else(|| unpack(self.peer.load(Ordering::Acquire)))
+            .ok_or_else(|| errno(libc::ENOTCONN))?;
         let sndbuf = self.sndbuf.load(Ordering::Relaxed) as usize;
         if buf.len() > MAX_MSG_SIZE || buf.len() > sndbuf {
             return Err(errno(libc::EMSGSIZE));
@@ -430,21 +486,29 @@ impl Socket {
             if c.dead.load(Ordering::Relaxed) {
                 return Err(daemon_gone());
             }
-            if c.daemon_view.is_congested(dest_ip, dest.port(), &mut tx.cong_hint) {
+            if c.daemon_view
+                .is_congested(dest_ip, dest.port(), &mut tx.cong_hint)
+            {
                 if nonblock {
                     if self.monitor.load(Ordering::Relaxed) {
-                        ctl.cong_interest.fetch_or(cong_monitor_bit(dest.port()), Ordering::Release);
+                        ctl.cong_interest
+                            .fetch_or(cong_monitor_bit(dest.port()), Ordering::Release);
                     }
                     return Err(errno(libc::ENOBUFS));
                 }
                 let mut hint = tx.cong_hint;
-                self.wait(&mut deadline, true, || !c.daemon_view.is_congested(dest_ip, dest.port(), &mut hint))?;
+                self.wait(&mut deadline, true, || {
+                    !c.daemon_view.is_congested(dest_ip, dest.port(), &mut hint)
+                })?;
                 continue;
             }
-            let queued = tx.sent.wrapping_sub(ctl.tx_released_bytes.load(Ordering::Acquire));
+            let queued = tx
+                .sent
+                .wrapping_sub(ctl.tx_released_bytes.load(Ordering::Acquire));
             let room = (queued as usize) < sndbuf;
             let pushed = if room {
-                tx.producer.push(RecordHeader::data(0, dest_ip, dest.port()), buf)
+                tx.producer
+                    .push(RecordHeader::data(0, dest_ip, dest.port()), buf)
             } else {
                 Err(PushError::Full)
             };
@@ -467,7 +531,8 @@ impl Socket {
                     let producer = &mut tx.producer;
                     let need = crate::ring::record_size(buf.len());
                     self.wait(&mut deadline, true, || {
-                        let q = sent.wrapping_sub(ctl.tx_released_bytes.load(Ordering::Acquire)) as usize;
+                        let q = sent.wrapping_sub(ctl.tx_released_bytes.load(Ordering::Acquire))
+                            as usize;
                         q < sndbuf && producer.free_bytes() >= need
                     })?;
                 }
@@ -479,7 +544,11 @@ impl Socket {
     pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddrV4)> {
         let m = self.recv_msg(buf, RecvFlags::default())?;
         // A congestion notification reads as 0 bytes from 0.0.0.0:0.
-        Ok((m.len, m.from.unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))))
+        Ok((
+            m.len,
+            m.from
+                .unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
+        ))
     }
 
     /// Receives one message; returns its length.
@@ -505,10 +574,18 @@ impl Socket {
                     if !flags.peek {
                         ctl.cong_notify.fetch_and(!mask, Ordering::AcqRel);
                     }
-                    return Ok(RecvMsg { len: 0, from: None, truncated: false, cong_update: Some(mask) });
+                    return Ok(RecvMsg {
+                        len: 0,
+                        from: None,
+                        truncated: false,
+                        cong_update: Some(mask),
+                    });
                 }
             }
-            let rec = rx.consumer.peek().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+            let rec = rx
+                .consumer
+                .peek()
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
             if let Some(rec) = rec {
                 let full = rec.header.len as usize;
                 let copied = rx.consumer.read_payload(&rec, buf);
@@ -534,14 +611,20 @@ impl Socket {
             let monitor = self.monitor.load(Ordering::Relaxed);
             let consumer = &mut rx.consumer;
             self.wait(&mut deadline, false, || {
-                !consumer.is_empty().unwrap_or(false) || (monitor && ctl.cong_notify.load(Ordering::Acquire) != 0)
+                !consumer.is_empty().unwrap_or(false)
+                    || (monitor && ctl.cong_notify.load(Ordering::Acquire) != 0)
             })?;
         }
     }
 
     /// Blocks until `ready()` or an event from rdsd, honouring SO_SNDTIMEO/SO_RCVTIMEO
     /// (ETIMEDOUT on expiry) and noticing rdsd's death.
-    fn wait(&self, deadline: &mut Option<Option<Instant>>, sending: bool, mut ready: impl FnMut() -> bool) -> io::Result<()> {
+    fn wait(
+        &self,
+        deadline: &mut Option<Option<Instant>>,
+        sending: bool,
+        mut ready: impl FnMut() -> bool,
+    ) -> io::Result<()> {
         let c = &*self.client;
         let ctl = c.slot_control(self.slot);
         let dl = *deadline.get_or_insert_with(|| {
@@ -596,7 +679,10 @@ impl Socket {
     /// SO_SNDBUF. The value is the effective limit (getsockopt on Linux reports twice it).
     pub fn set_send_buffer_size(&self, bytes: usize) -> io::Result<()> {
         let b = bytes.clamp(MIN_BUF as usize, MAX_BUF as usize) as u32;
-        self.client.request(Request::SetSndBuf { slot: self.slot, bytes: b })?;
+        self.client.request(Request::SetSndBuf {
+            slot: self.slot,
+            bytes: b,
+        })?;
         self.sndbuf.store(b, Ordering::Relaxed);
         Ok(())
     }
@@ -609,7 +695,10 @@ impl Socket {
     /// SO_RCVBUF: the port becomes congested above this many queued bytes.
     pub fn set_recv_buffer_size(&self, bytes: usize) -> io::Result<()> {
         let b = bytes.clamp(MIN_BUF as usize, MAX_BUF as usize) as u32;
-        self.client.request(Request::SetRcvBuf { slot: self.slot, bytes: b })?;
+        self.client.request(Request::SetRcvBuf {
+            slot: self.slot,
+            bytes: b,
+        })?;
         self.rcvbuf.store(b, Ordering::Relaxed);
         Ok(())
     }
@@ -621,7 +710,10 @@ impl Socket {
 
     /// RDS_CONG_MONITOR. Turning it off clears pending notifications.
     pub fn set_cong_monitor(&self, on: bool) -> io::Result<()> {
-        self.client.request(Request::SetCongMonitor { slot: self.slot, on })?;
+        self.client.request(Request::SetCongMonitor {
+            slot: self.slot,
+            on,
+        })?;
         self.monitor.store(on, Ordering::Relaxed);
         if !on {
             let ctl = self.client.slot_control(self.slot);
@@ -637,7 +729,10 @@ impl Socket {
         if self.local_addr().is_none() {
             return Err(errno(libc::ENOTCONN));
         }
-        self.client.request(Request::CancelSentTo { slot: self.slot, dest: dest.map(|d| (*d.ip(), d.port())) })?;
+        self.client.request(Request::CancelSentTo {
+            slot: self.slot,
+            dest: dest.map(|d| (*d.ip(), d.port())),
+        })?;
         Ok(())
     }
 
@@ -645,7 +740,10 @@ impl Socket {
     /// POLLOUT while there is send-buffer room. rdsd keeps it in sync from the first call on.
     pub fn pollable_fd(&self) -> io::Result<RawFd> {
         if !self.readiness.swap(true, Ordering::AcqRel) {
-            if let Err(e) = self.client.request(Request::EnableReadiness { slot: self.slot }) {
+            if let Err(e) = self
+                .client
+                .request(Request::EnableReadiness { slot: self.slot })
+            {
                 self.readiness.store(false, Ordering::Release);
                 return Err(e);
             }
@@ -676,7 +774,10 @@ impl Drop for Socket {
 
 impl std::fmt::Debug for Socket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Socket").field("slot", &self.slot).field("local", &self.local_addr()).finish()
+        f.debug_struct("Socket")
+            .field("slot", &self.slot)
+            .field("local", &self.local_addr())
+            .finish()
     }
 }
 

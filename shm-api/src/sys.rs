@@ -21,7 +21,8 @@ pub const HUGE_PAGE: usize = 2 << 20;
 
 /// Creates a memfd of `len` bytes. With `huge`, backed by hugetlbfs (MFD_HUGETLB).
 pub fn memfd(name: &str, len: usize, huge: bool) -> io::Result<OwnedFd> {
-    let cname = std::ffi::CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let cname =
+        std::ffi::CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     let mut flags = libc::MFD_CLOEXEC;
     if huge {
         flags |= libc::MFD_HUGETLB;
@@ -50,7 +51,11 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     /// Maps `len` bytes of `fd` shared. `writable` false maps it read-only.
     pub fn new(fd: RawFd, len: usize, writable: bool, populate: bool) -> io::Result<Mapping> {
-        let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
         let mut flags = libc::MAP_SHARED;
         if populate {
             flags |= libc::MAP_POPULATE;
@@ -60,7 +65,10 @@ impl Mapping {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Mapping { ptr: NonNull::new(p as *mut u8).expect("mmap never returns null"), len })
+        Ok(Mapping {
+            ptr: NonNull::new(p as *mut u8).expect("mmap never returns null"),
+            len,
+        })
     }
 
     /// Start of the mapping.
@@ -99,11 +107,21 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
         tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
         tv_nsec: d.subsec_nanos() as libc::c_long,
     });
-    let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    let ts_ptr = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
     // SAFETY: `word` is a valid, aligned u32 for the call's duration. FUTEX_WAIT (not PRIVATE)
     // because the word lives in memory shared with another process.
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, ts_ptr, 0usize, 0u32);
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            ts_ptr,
+            0usize,
+            0u32,
+        );
     }
 }
 
@@ -111,7 +129,15 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
 pub fn futex_wake(word: &AtomicU32) {
     // SAFETY: as in `futex_wait`.
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX, 0usize, 0usize, 0u32);
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            0usize,
+            0usize,
+            0u32,
+        );
     }
 }
 
@@ -152,9 +178,12 @@ pub const MAX_FDS: usize = 4;
 /// Sends `data` with `fds` attached (SCM_RIGHTS) on a connected seqpacket socket.
 pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<usize> {
     assert!(fds.len() <= MAX_FDS);
-    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut _, iov_len: data.len() };
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut _,
+        iov_len: data.len(),
+    };
     let mut cmsg_buf = [0u64; 8]; // 64 bytes, aligned; enough for MAX_FDS ints
-    // SAFETY: msghdr is plain data; zeroed is a valid initial state.
+                                  // SAFETY: msghdr is plain data; zeroed is a valid initial state.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
@@ -171,7 +200,11 @@ pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<usiz
             (*c).cmsg_level = libc::SOL_SOCKET;
             (*c).cmsg_type = libc::SCM_RIGHTS;
             (*c).cmsg_len = libc::CMSG_LEN((fds.len() * 4) as u32) as usize;
-            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c) as *mut RawFd, fds.len());
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr(),
+                libc::CMSG_DATA(c) as *mut RawFd,
+                fds.len(),
+            );
         }
     }
     // SAFETY: msg points at live buffers for the duration of the call.
@@ -185,8 +218,15 @@ pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<usiz
 
 /// Receives one message into `buf`, taking ownership of any descriptors attached.
 /// Returns 0 bytes on EOF.
-pub fn recv_with_fds(sock: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<(usize, Vec<OwnedFd>)> {
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut _, iov_len: buf.len() };
+pub fn recv_with_fds(
+    sock: RawFd,
+    buf: &mut [u8],
+    flags: libc::c_int,
+) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut _,
+        iov_len: buf.len(),
+    };
     let mut cmsg_buf = [0u64; 8];
     // SAFETY: zeroed msghdr is valid.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -216,14 +256,25 @@ pub fn recv_with_fds(sock: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Res
         }
     }
     if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "control message truncated"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "control message truncated",
+        ));
     }
     Ok((n as usize, fds))
 }
 
 /// `poll(2)` on one descriptor; returns the revents (0 on timeout).
-pub fn poll_one(fd: RawFd, events: libc::c_short, timeout_ms: libc::c_int) -> io::Result<libc::c_short> {
-    let mut p = libc::pollfd { fd, events, revents: 0 };
+pub fn poll_one(
+    fd: RawFd,
+    events: libc::c_short,
+    timeout_ms: libc::c_int,
+) -> io::Result<libc::c_short> {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
     // SAFETY: one valid pollfd.
     let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
     if n < 0 {
@@ -237,7 +288,11 @@ pub fn poll_one(fd: RawFd, events: libc::c_short, timeout_ms: libc::c_int) -> io
 pub fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
     // SAFETY: fcntl on a descriptor the caller owns.
     let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
-    let flags = if on { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
+    let flags = if on {
+        flags | libc::O_NONBLOCK
+    } else {
+        flags & !libc::O_NONBLOCK
+    };
     // SAFETY: as above.
     cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) })?;
     Ok(())
@@ -252,7 +307,8 @@ pub fn connect_seqpacket(path: &std::path::Path) -> io::Result<std::os::unix::ne
         return Err(io::Error::last_os_error());
     }
     // SAFETY: fresh fd we own. UnixStream is only used as an owned fd holder here.
-    let sock = unsafe { <std::os::unix::net::UnixStream as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let sock =
+        unsafe { <std::os::unix::net::UnixStream as std::os::fd::FromRawFd>::from_raw_fd(fd) };
     // SAFETY: zeroed sockaddr_un is valid; we fill sun_path within bounds below.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
@@ -265,11 +321,14 @@ pub fn connect_seqpacket(path: &std::path::Path) -> io::Result<std::os::unix::ne
     }
     // SAFETY: addr is a valid sockaddr_un of the given length.
     let r = unsafe {
-        libc::connect(fd, &addr as *const _ as *const libc::sockaddr, std::mem::size_of::<libc::sockaddr_un>() as u32)
+        libc::connect(
+            fd,
+            &addr as *const _ as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_un>() as u32,
+        )
     };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(sock)
 }
-

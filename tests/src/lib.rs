@@ -15,12 +15,20 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().expect("exe dir");
-    if dir.ends_with("deps") { dir.parent().expect("profile dir").to_path_buf() } else { dir.to_path_buf() }
+    if dir.ends_with("deps") {
+        dir.parent().expect("profile dir").to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
 }
 
 fn workspace_bin(name: &str) -> PathBuf {
     let p = bin_dir().join(name);
-    assert!(p.exists(), "{} missing: run `cargo build --workspace --bins` first", p.display());
+    assert!(
+        p.exists(),
+        "{} missing: run `cargo build --workspace --bins` first",
+        p.display()
+    );
     p
 }
 
@@ -53,7 +61,8 @@ impl Daemon {
     /// Starts rdsd inside network namespace `netns` (if given).
     pub fn start_in(netns: Option<&str>, extra: &[&str]) -> Daemon {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let socket = std::env::temp_dir().join(format!("rdsd-test-{}-{n}.sock", std::process::id()));
+        let socket =
+            std::env::temp_dir().join(format!("rdsd-test-{}-{n}.sock", std::process::id()));
         let mut d = Daemon {
             child: None,
             socket,
@@ -82,7 +91,11 @@ impl Daemon {
         cmd.stdout(Stdio::null()).stderr(Stdio::inherit());
         let child = cmd.spawn().expect("spawn rdsd");
         self.child = Some(child);
-        wait_for(|| shm_api::Rdsd::attach_at(&self.socket).is_ok(), Duration::from_secs(20), "rdsd to serve");
+        wait_for(
+            || shm_api::Rdsd::attach_at(&self.socket).is_ok(),
+            Duration::from_secs(20),
+            "rdsd to serve",
+        );
     }
 
     /// Attaches this process to the daemon.
@@ -122,7 +135,11 @@ impl Daemon {
 pub fn stat_from(stats: &str, name: &str) -> u64 {
     stats
         .lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')).map(|v| v.trim().parse().expect("number")))
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|r| r.strip_prefix(' '))
+                .map(|v| v.trim().parse().expect("number"))
+        })
         .unwrap_or_else(|| panic!("no counter {name} in:\n{stats}"))
 }
 
@@ -157,7 +174,11 @@ impl App {
     pub fn line(&mut self) -> String {
         let mut s = String::new();
         let n = self.lines.read_line(&mut s).expect("read app stdout");
-        assert!(n > 0, "app exited early (status {:?})", self.child.try_wait());
+        assert!(
+            n > 0,
+            "app exited early (status {:?})",
+            self.child.try_wait()
+        );
         s.trim_end().to_string()
     }
 

@@ -9,8 +9,15 @@ use std::sync::atomic::{AtomicU32, Ordering};
 static LAB: AtomicU32 = AtomicU32::new(0);
 
 fn sh(args: &[&str]) {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// True when this process may create namespaces.
@@ -56,14 +63,30 @@ impl Host {
             .stderr(Stdio::piped())
             .spawn()
             .expect("nft");
-        c.stdin.take().unwrap().write_all(ruleset.as_bytes()).unwrap();
+        c.stdin
+            .take()
+            .unwrap()
+            .write_all(ruleset.as_bytes())
+            .unwrap();
         let out = c.wait_with_output().unwrap();
-        assert!(out.status.success(), "nft: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "nft: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// Takes the host's link down or up.
     pub fn link(&self, up: bool) {
-        sh(&["ip", "-n", &self.ns, "link", "set", "eth0", if up { "up" } else { "down" }]);
+        sh(&[
+            "ip",
+            "-n",
+            &self.ns,
+            "link",
+            "set",
+            "eth0",
+            if up { "up" } else { "down" },
+        ]);
     }
 }
 
@@ -77,29 +100,54 @@ pub struct Lab {
 impl Lab {
     /// `n` hosts; the first `with_rdsd` of them run rdsd with `extra` flags.
     pub fn new(n: usize, with_rdsd: usize, extra: &[&str]) -> Lab {
-        assert!(is_root(), "the multi-host tests create network namespaces and need root");
+        assert!(
+            is_root(),
+            "the multi-host tests create network namespaces and need root"
+        );
         let id = LAB.fetch_add(1, Ordering::Relaxed);
         let tag = format!("r{}x{id}", std::process::id() % 100_000);
         let subnet = 100 + (std::process::id() as usize * 7 + id as usize) % 150;
         let sw = format!("{tag}sw");
-        let _ = Command::new("ip").args(["netns", "del", &sw]).stderr(Stdio::null()).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &sw])
+            .stderr(Stdio::null())
+            .status();
         sh(&["ip", "netns", "add", &sw]);
         sh(&["ip", "-n", &sw, "link", "add", "br0", "type", "bridge"]);
         sh(&["ip", "-n", &sw, "link", "set", "br0", "up"]);
         let mut hosts = Vec::new();
         for i in 0..n {
             let ns = format!("{tag}h{i}");
-            let _ = Command::new("ip").args(["netns", "del", &ns]).stderr(Stdio::null()).status();
+            let _ = Command::new("ip")
+                .args(["netns", "del", &ns])
+                .stderr(Stdio::null())
+                .status();
             sh(&["ip", "netns", "add", &ns]);
             let peer = format!("p{i}");
-            sh(&["ip", "link", "add", "eth0", "netns", &ns, "type", "veth", "peer", "name", &peer, "netns", &sw]);
+            sh(&[
+                "ip", "link", "add", "eth0", "netns", &ns, "type", "veth", "peer", "name", &peer,
+                "netns", &sw,
+            ]);
             sh(&["ip", "-n", &sw, "link", "set", &peer, "master", "br0"]);
             sh(&["ip", "-n", &sw, "link", "set", &peer, "up"]);
             let addr = Ipv4Addr::new(10, subnet as u8, 0, i as u8 + 1);
-            sh(&["ip", "-n", &ns, "addr", "add", &format!("{addr}/24"), "dev", "eth0"]);
+            sh(&[
+                "ip",
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                "eth0",
+            ]);
             sh(&["ip", "-n", &ns, "link", "set", "eth0", "up"]);
             sh(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
-            hosts.push(Host { ns, addr, daemon: None });
+            hosts.push(Host {
+                ns,
+                addr,
+                daemon: None,
+            });
         }
         let mut lab = Lab { hosts, sw };
         for i in 0..with_rdsd {

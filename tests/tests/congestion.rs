@@ -24,10 +24,18 @@ fn slow_receiver_congests_remote_app_which_is_notified_and_recovers() {
         assert_eq!((payload_seq(&buf[..len]), from), (i, lo(9001)));
     }
     let mask: u64 = snd.expect("cong_update").parse().unwrap();
-    assert_ne!(mask & (1 << (9000 % 64)), 0, "mask {mask:#x} names port 9000");
+    assert_ne!(
+        mask & (1 << (9000 % 64)),
+        0,
+        "mask {mask:#x} names port 9000"
+    );
     assert_eq!(snd.expect("sent-after-clear"), (n + 1).to_string());
     let (len, _) = rcv.recv_from(&mut buf).unwrap();
-    assert_eq!(payload_seq(&buf[..len]), n, "nothing lost or reordered across congestion");
+    assert_eq!(
+        payload_seq(&buf[..len]),
+        n,
+        "nothing lost or reordered across congestion"
+    );
     assert!(d.stat("cong_cleared") >= 1);
     assert!(d.stat("cong_notifications") >= 1);
 }
@@ -51,7 +59,10 @@ fn blocking_sender_waits_for_congestion_to_clear() {
         assert_eq!(payload_seq(&buf[..len]), i);
     }
     assert_eq!(snd.wait(), 0, "blocked sender finished");
-    assert!(d.stat("cong_marked") >= 1, "the sender really was held back by congestion");
+    assert!(
+        d.stat("cong_marked") >= 1,
+        "the sender really was held back by congestion"
+    );
     assert_eq!(d.stat("cong_marked"), d.stat("cong_cleared"));
 }
 
@@ -66,21 +77,36 @@ fn send_timeout_on_congested_port() {
     s.bind(lo(9201)).unwrap();
     s.send_to(&[0u8; 1000], lo(9200)).unwrap();
     s.send_to(&[0u8; 1000], lo(9200)).unwrap();
-    wait_for(|| d.stat("cong_marked") == 1, Duration::from_secs(5), "congestion");
+    wait_for(
+        || d.stat("cong_marked") == 1,
+        Duration::from_secs(5),
+        "congestion",
+    );
     assert_eq!(
-        s.send_msg(b"x", Some(lo(9200)), true).unwrap_err().raw_os_error(),
+        s.send_msg(b"x", Some(lo(9200)), true)
+            .unwrap_err()
+            .raw_os_error(),
         Some(libc::ENOBUFS),
         "non-blocking send to a congested port"
     );
-    s.set_send_timeout(Some(Duration::from_millis(150))).unwrap();
+    s.set_send_timeout(Some(Duration::from_millis(150)))
+        .unwrap();
     let t = Instant::now();
-    assert_eq!(s.send_to(b"x", lo(9200)).unwrap_err().raw_os_error(), Some(libc::ETIMEDOUT));
+    assert_eq!(
+        s.send_to(b"x", lo(9200)).unwrap_err().raw_os_error(),
+        Some(libc::ETIMEDOUT)
+    );
     assert!(t.elapsed() >= Duration::from_millis(150));
     // Other ports are unaffected.
     let other = r.socket().unwrap();
     other.bind(lo(9202)).unwrap();
-    s.send_msg(b"y", Some(lo(9202)), true).expect("uncongested port");
+    s.send_msg(b"y", Some(lo(9202)), true)
+        .expect("uncongested port");
     // Closing the congested socket clears its bit.
     drop(rcv);
-    wait_for(|| d.stat("cong_cleared") == 1, Duration::from_secs(5), "clear on close");
+    wait_for(
+        || d.stat("cong_cleared") == 1,
+        Duration::from_secs(5),
+        "clear on close",
+    );
 }

@@ -28,24 +28,39 @@ fn garbage_rings_evict_only_the_offender() {
         assert_eq!(d.stat("apps_evicted"), k as u64 + 1, "mode {mode}");
         // The port of the evicted app is free again.
         let s = r.socket().unwrap();
-        s.bind(addr.parse().unwrap()).expect("evicted app's port released");
+        s.bind(addr.parse().unwrap())
+            .expect("evicted app's port released");
         // Everyone else is fine.
         let mut buf = [0u8; 64];
         for i in 0..10u64 {
             a.send_to(&seq_payload(i, 40), lo(9502)).unwrap();
             let (n, from) = b.recv_from(&mut buf).unwrap();
-            assert_eq!((payload_seq(&buf[..n]), from), (i, lo(9501)), "after {mode}");
-            a.send_to(&seq_payload(k as u64 * 10 + i, 40), lo(9503)).unwrap();
+            assert_eq!(
+                (payload_seq(&buf[..n]), from),
+                (i, lo(9501)),
+                "after {mode}"
+            );
+            a.send_to(&seq_payload(k as u64 * 10 + i, 40), lo(9503))
+                .unwrap();
         }
     }
-    assert_eq!(victim.expect("received"), "50", "the victim got every message intact and in order");
+    assert_eq!(
+        victim.expect("received"),
+        "50",
+        "the victim got every message intact and in order"
+    );
 }
 
 #[test]
 fn version_mismatch_is_refused_with_the_daemon_version() {
     let d = Daemon::start(&[]);
     let sock = shm_api::sys::connect_seqpacket(&d.socket).unwrap();
-    shm_api::sys::send_with_fds(sock.as_raw_fd(), &Request::Hello { version: 999 }.encode(), &[]).unwrap();
+    shm_api::sys::send_with_fds(
+        sock.as_raw_fd(),
+        &Request::Hello { version: 999 }.encode(),
+        &[],
+    )
+    .unwrap();
     let mut buf = vec![0u8; 4096];
     let (n, fds) = shm_api::sys::recv_with_fds(sock.as_raw_fd(), &mut buf, 0).unwrap();
     let reply = Reply::decode(&buf[..n]).unwrap();
@@ -66,7 +81,11 @@ fn malformed_control_requests_are_rejected_and_counted() {
         assert_eq!(Reply::decode(&buf[..n]).unwrap().errno, libc::EINVAL);
     }
     // Operations before attach are refused too.
-    let req = Request::Bind { slot: 0, addr: std::net::Ipv4Addr::LOCALHOST, port: 5 };
+    let req = Request::Bind {
+        slot: 0,
+        addr: std::net::Ipv4Addr::LOCALHOST,
+        port: 5,
+    };
     shm_api::sys::send_with_fds(sock.as_raw_fd(), &req.encode(), &[]).unwrap();
     let mut buf = vec![0u8; 4096];
     let (n, _) = shm_api::sys::recv_with_fds(sock.as_raw_fd(), &mut buf, 0).unwrap();

@@ -20,7 +20,11 @@ fn sigkilled_app_mid_traffic_releases_ports_at_once_and_others_are_unaffected() 
     let b = r.socket().unwrap();
     a.bind(lo(9310)).unwrap();
     b.bind(lo(9311)).unwrap();
-    wait_for(|| d.stat("loop_delivered") > 100, Duration::from_secs(10), "flood traffic");
+    wait_for(
+        || d.stat("loop_delivered") > 100,
+        Duration::from_secs(10),
+        "flood traffic",
+    );
     let detached = d.stat("apps_detached");
     flood.kill();
     holder.kill();
@@ -30,13 +34,20 @@ fn sigkilled_app_mid_traffic_releases_ports_at_once_and_others_are_unaffected() 
     let mut tries = 0;
     while again.bind(lo(9301)).is_err() {
         tries += 1;
-        assert!(t.elapsed() < Duration::from_secs(2), "port 9301 still held after {tries} tries");
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "port 9301 still held after {tries} tries"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     let mut p2 = d.app(&["hold", "127.0.0.1:9302"]);
     p2.expect("bound");
     eprintln!("port reusable after {:?}", t.elapsed());
-    wait_for(|| d.stat("apps_detached") >= detached + 2, Duration::from_secs(5), "detach count");
+    wait_for(
+        || d.stat("apps_detached") >= detached + 2,
+        Duration::from_secs(5),
+        "detach count",
+    );
     // The healthy pair never noticed.
     let mut buf = [0u8; 64];
     b.set_recv_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -72,7 +83,15 @@ fn nonblocking_calls_report_a_dead_rdsd() {
     a.bind(lo(9450)).unwrap();
     d.kill();
     let mut buf = [0u8; 8];
-    let e = a.recv_msg(&mut buf, shm_api::RecvFlags { dontwait: true, ..Default::default() }).unwrap_err();
+    let e = a
+        .recv_msg(
+            &mut buf,
+            shm_api::RecvFlags {
+                dontwait: true,
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
     assert!(shm_api::is_daemon_gone(&e), "{e}");
     assert!(shm_api::is_daemon_gone(&r.socket().unwrap_err()));
 }
@@ -99,7 +118,13 @@ fn sigterm_stops_rdsd_cleanly() {
 fn second_rdsd_on_the_same_socket_refuses_to_start() {
     let d = Daemon::start(&[]);
     let out = std::process::Command::new(rdsd_bin())
-        .args(["--poll-core", "-2", "--control-core", "-2", "--control-socket"])
+        .args([
+            "--poll-core",
+            "-2",
+            "--control-core",
+            "-2",
+            "--control-socket",
+        ])
         .arg(&d.socket)
         .output()
         .unwrap();
@@ -112,8 +137,16 @@ fn second_rdsd_on_the_same_socket_refuses_to_start() {
 fn bad_configuration_is_a_clear_error() {
     let f = std::env::temp_dir().join(format!("rdsd-bad-{}.toml", std::process::id()));
     std::fs::write(&f, "idle = \"sometimes\"\n").unwrap();
-    let out = std::process::Command::new(rdsd_bin()).arg("--config").arg(&f).output().unwrap();
+    let out = std::process::Command::new(rdsd_bin())
+        .arg("--config")
+        .arg(&f)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("idle"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("idle"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let _ = std::fs::remove_file(f);
 }

@@ -19,8 +19,12 @@ fn exchange_in_both_directions() {
     let mut r0 = h0.d().app(&["recv", &h0.at(5000), "3000"]);
     r1.expect("bound");
     r0.expect("bound");
-    let s0 = h0.d().app(&["send", &h0.at(5001), &h1.at(5000), "3000", "300"]);
-    let s1 = h1.d().app(&["send", &h1.at(5001), &h0.at(5000), "3000", "300"]);
+    let s0 = h0
+        .d()
+        .app(&["send", &h0.at(5001), &h1.at(5000), "3000", "300"]);
+    let s1 = h1
+        .d()
+        .app(&["send", &h1.at(5001), &h0.at(5000), "3000", "300"]);
     assert_eq!(r1.expect("received"), "3000");
     assert_eq!(r0.expect("received"), "3000");
     assert_eq!((s0.wait(), s1.wait()), (0, 0));
@@ -35,12 +39,22 @@ fn exchange_in_both_directions() {
 fn fan_out_to_every_host_and_many_to_one() {
     let lab = Lab::new(3, 3, &[]);
     let h = &lab.hosts;
-    let mut rs: Vec<App> = h.iter().map(|x| x.d().app(&["recv", &x.at(6000), "1000"])).collect();
+    let mut rs: Vec<App> = h
+        .iter()
+        .map(|x| x.d().app(&["recv", &x.at(6000), "1000"]))
+        .collect();
     for r in &mut rs {
         r.expect("bound");
     }
     // One socket on host 0 to sockets on hosts 0 (loopback), 1 and 2 (TCP).
-    let f = h[0].d().app(&["fanout", &h[0].at(6001), "1000", &h[0].at(6000), &h[1].at(6000), &h[2].at(6000)]);
+    let f = h[0].d().app(&[
+        "fanout",
+        &h[0].at(6001),
+        "1000",
+        &h[0].at(6000),
+        &h[1].at(6000),
+        &h[2].at(6000),
+    ]);
     for r in &mut rs {
         assert_eq!(r.expect("received"), "1000");
     }
@@ -48,8 +62,13 @@ fn fan_out_to_every_host_and_many_to_one() {
     // Many to one: senders on all three hosts into one socket on host 2.
     let mut sink = h[2].d().app(&["recv-multi", &h[2].at(6100), "3000"]);
     sink.expect("bound");
-    let senders: Vec<App> =
-        h.iter().map(|x| x.d().app(&["send", &x.at(6101), &h[2].at(6100), "1000", "500"])).collect();
+    let senders: Vec<App> = h
+        .iter()
+        .map(|x| {
+            x.d()
+                .app(&["send", &x.at(6101), &h[2].at(6100), "1000", "500"])
+        })
+        .collect();
     assert_eq!(sink.expect("received"), "3000 sources 3");
     for s in senders {
         assert_eq!(s.wait(), 0);
@@ -64,7 +83,9 @@ fn four_paths_keep_per_socket_order() {
     sink.expect("bound");
     // 16 sockets hash onto the 4 paths.
     let ip = h0.addr.to_string();
-    let s = h0.d().app(&["multi-send", &ip, "7100", "16", &h1.at(7000), "1000"]);
+    let s = h0
+        .d()
+        .app(&["multi-send", &ip, "7100", "16", &h1.at(7000), "1000"]);
     assert_eq!(sink.expect("received"), "16000 sources 16");
     assert_eq!(s.wait(), 0);
     assert_eq!(h0.d().stat("tcp_path_up"), 4, "4 paths negotiated, not 8");
@@ -84,7 +105,11 @@ fn slow_remote_receiver_congests_the_sender_which_recovers() {
     assert!(n >= 9, "ENOBUFS after {n}");
     assert!(h1.d().stat("cong_marked") >= 1);
     // 8 maps when the paths came up, then at least one update (counters are published lazily).
-    wait_for(|| h0.d().stat("tcp_cong_maps_received") > 8, Duration::from_secs(5), "a map update at the sender");
+    wait_for(
+        || h0.d().stat("tcp_cong_maps_received") > 8,
+        Duration::from_secs(5),
+        "a map update at the sender",
+    );
     let mut buf = [0u8; 1024];
     rcv.set_recv_timeout(Some(Duration::from_secs(10))).unwrap();
     // Messages in flight when the map arrived are still delivered: read until the sender's
@@ -128,8 +153,12 @@ fn five_percent_loss_and_duplication() {
     r.expect("bound");
     let mut back = h0.d().app(&["recv-multi", &h0.at(9000), "2000"]);
     back.expect("bound");
-    let s = h0.d().app(&["send", &h0.at(9001), &h1.at(9000), "4000", "700"]);
-    let s2 = h1.d().app(&["send", &h1.at(9001), &h0.at(9000), "2000", "200"]);
+    let s = h0
+        .d()
+        .app(&["send", &h0.at(9001), &h1.at(9000), "4000", "700"]);
+    let s2 = h1
+        .d()
+        .app(&["send", &h1.at(9001), &h0.at(9000), "2000", "200"]);
     assert_eq!(r.expect("received"), "4000 sources 1");
     assert_eq!(back.expect("received"), "2000 sources 1");
     assert_eq!((s.wait(), s2.wait()), (0, 0));
@@ -141,7 +170,9 @@ fn link_down_for_two_seconds_mid_stream_loses_nothing() {
     let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
     let mut r = h1.d().app(&["recv-resilient", &h1.at(9100), "1999"]);
     r.expect("bound");
-    let mut s = h0.d().app(&["send-resilient", &h0.at(9101), &h1.at(9100), "2000", "1500"]);
+    let mut s = h0
+        .d()
+        .app(&["send-resilient", &h0.at(9101), &h1.at(9100), "2000", "1500"]);
     s.expect("sending");
     std::thread::sleep(Duration::from_millis(700));
     h0.link(false);
@@ -158,7 +189,9 @@ fn restart_mid_stream(victim: usize) -> String {
     let (a0, a1) = (lab.hosts[0].at(9201), lab.hosts[1].at(9200));
     let mut r = lab.hosts[1].d().app(&["recv-resilient", &a1, "2999"]);
     r.expect("bound");
-    let mut s = lab.hosts[0].d().app(&["send-resilient", &a0, &a1, "3000", "500"]);
+    let mut s = lab.hosts[0]
+        .d()
+        .app(&["send-resilient", &a0, &a1, "3000", "500"]);
     s.expect("sending");
     std::thread::sleep(Duration::from_millis(500));
     lab.hosts[victim].daemon.as_mut().unwrap().kill();
@@ -166,9 +199,15 @@ fn restart_mid_stream(victim: usize) -> String {
     lab.hosts[victim].daemon.as_mut().unwrap().spawn();
     let t = Instant::now();
     let done = r.expect("done");
-    eprintln!("restart of host {victim}: {done} ({:?} after restart)", t.elapsed());
+    eprintln!(
+        "restart of host {victim}: {done} ({:?} after restart)",
+        t.elapsed()
+    );
     // "done got G gaps N missing M restarts R"
-    let f: Vec<u64> = done.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    let f: Vec<u64> = done
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
     assert!(f[1] <= 1, "at most one gap at the restart point: {done}");
     if victim == 1 {
         assert_eq!(f[3], 1, "the receiver re-attached once: {done}");
@@ -205,10 +244,18 @@ fn cancel_sent_to_a_dead_peer_frees_the_send_buffer() {
         }
         assert!(sent < 10_000);
     };
-    assert_eq!(err.raw_os_error(), Some(libc::EAGAIN), "unacknowledged messages fill SO_SNDBUF");
+    assert_eq!(
+        err.raw_os_error(),
+        Some(libc::EAGAIN),
+        "unacknowledged messages fill SO_SNDBUF"
+    );
     assert!(sent >= 100, "{sent}");
     s.cancel_sent_to(Some(dest)).unwrap();
-    wait_for(|| s.send_to(&[2u8; 1000], dest).is_ok(), Duration::from_secs(5), "send-buffer room after the cancel");
+    wait_for(
+        || s.send_to(&[2u8; 1000], dest).is_ok(),
+        Duration::from_secs(5),
+        "send-buffer room after the cancel",
+    );
 }
 
 #[test]
@@ -222,8 +269,18 @@ fn malformed_peer_drops_only_its_connection() {
     let target = h1.addr.to_string();
     let mut downs = h1.d().stat("tcp_path_down");
     for mode in ["random", "oversize", "truncated", "bad-exthdr"] {
-        bad.exec(&[testapp_bin().to_str().unwrap(), "garbage-peer", &target, "16385", mode]);
-        wait_for(|| h1.d().stat("tcp_path_down") > downs, Duration::from_secs(5), mode);
+        bad.exec(&[
+            testapp_bin().to_str().unwrap(),
+            "garbage-peer",
+            &target,
+            "16385",
+            mode,
+        ]);
+        wait_for(
+            || h1.d().stat("tcp_path_down") > downs,
+            Duration::from_secs(5),
+            mode,
+        );
         downs = h1.d().stat("tcp_path_down");
     }
     assert!(h1.d().stat("tcp_drop_oversize") >= 1);
@@ -231,7 +288,9 @@ fn malformed_peer_drops_only_its_connection() {
     // rdsd is up and healthy peers still talk.
     let mut r = h1.d().app(&["recv", &h1.at(9400), "500"]);
     r.expect("bound");
-    let s = h0.d().app(&["send", &h0.at(9401), &h1.at(9400), "500", "100"]);
+    let s = h0
+        .d()
+        .app(&["send", &h0.at(9401), &h1.at(9400), "500", "100"]);
     assert_eq!(r.expect("received"), "500");
     assert_eq!(s.wait(), 0);
 }

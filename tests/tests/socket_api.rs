@@ -8,11 +8,16 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 fn errno(r: std::io::Result<impl std::fmt::Debug>) -> i32 {
-    r.expect_err("expected an error").raw_os_error().expect("an errno")
+    r.expect_err("expected an error")
+        .raw_os_error()
+        .expect("an errno")
 }
 
 fn nb() -> RecvFlags {
-    RecvFlags { dontwait: true, ..Default::default() }
+    RecvFlags {
+        dontwait: true,
+        ..Default::default()
+    }
 }
 
 /// Receives with a deadline (the poll core delivers asynchronously).
@@ -26,18 +31,39 @@ fn bind_rules() {
     let d = Daemon::start(&[]);
     let r = d.attach();
     let a = r.socket().unwrap();
-    assert_eq!(errno(a.bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 7000))), libc::EINVAL, "wildcard");
-    assert_eq!(errno(a.bind(SocketAddrV4::new(Ipv4Addr::BROADCAST, 7000))), libc::EINVAL, "broadcast");
-    assert_eq!(errno(a.bind(SocketAddrV4::new(Ipv4Addr::new(224, 0, 0, 1), 7000))), libc::EINVAL, "multicast");
-    assert_eq!(errno(a.bind(lo(1))), libc::EINVAL, "port 1 is the mprds probe port");
-    assert_eq!(errno(a.bind(SocketAddrV4::new(Ipv4Addr::new(10, 9, 9, 9), 7000))), libc::EADDRNOTAVAIL, "not local");
+    assert_eq!(
+        errno(a.bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 7000))),
+        libc::EINVAL,
+        "wildcard"
+    );
+    assert_eq!(
+        errno(a.bind(SocketAddrV4::new(Ipv4Addr::BROADCAST, 7000))),
+        libc::EINVAL,
+        "broadcast"
+    );
+    assert_eq!(
+        errno(a.bind(SocketAddrV4::new(Ipv4Addr::new(224, 0, 0, 1), 7000))),
+        libc::EINVAL,
+        "multicast"
+    );
+    assert_eq!(
+        errno(a.bind(lo(1))),
+        libc::EINVAL,
+        "port 1 is the mprds probe port"
+    );
+    assert_eq!(
+        errno(a.bind(SocketAddrV4::new(Ipv4Addr::new(10, 9, 9, 9), 7000))),
+        libc::EADDRNOTAVAIL,
+        "not local"
+    );
     a.bind(lo(0)).unwrap();
     let p = a.local_addr().unwrap().port();
     assert!(p >= 2, "port 0 picks a free port >= 2, got {p}");
     assert_eq!(errno(a.bind(lo(7001))), libc::EINVAL, "second bind");
     let b = r.socket().unwrap();
     assert_eq!(errno(b.bind(lo(p))), libc::EADDRINUSE);
-    b.bind(SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 2), p)).expect("same port, other local address");
+    b.bind(SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 2), p))
+        .expect("same port, other local address");
     // Many port-0 binds never collide.
     let socks: Vec<Socket> = (0..10).map(|_| r.socket().unwrap()).collect();
     let mut ports: Vec<u16> = socks
@@ -62,18 +88,37 @@ fn send_errors_in_linux_order() {
     a.bind(lo(7101)).unwrap();
     b.bind(lo(7102)).unwrap();
     assert_eq!(errno(a.send(b"x")), libc::ENOTCONN, "no destination");
-    assert_eq!(errno(a.send_to(b"x", SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 5))), libc::EINVAL, "bad destination");
-    assert_eq!(errno(a.connect(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 5))), libc::EDESTADDRREQ);
+    assert_eq!(
+        errno(a.send_to(b"x", SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 5))),
+        libc::EINVAL,
+        "bad destination"
+    );
+    assert_eq!(
+        errno(a.connect(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 5))),
+        libc::EDESTADDRREQ
+    );
     assert_eq!(errno(a.peer_addr()), libc::ENOTCONN);
     let big = vec![0u8; 200_000];
-    assert_eq!(errno(a.send_to(&big, lo(7102))), libc::EMSGSIZE, "payload > SO_SNDBUF (default 106496)");
+    assert_eq!(
+        errno(a.send_to(&big, lo(7102))),
+        libc::EMSGSIZE,
+        "payload > SO_SNDBUF (default 106496)"
+    );
     a.set_send_buffer_size(8 << 20).unwrap();
     let huge = vec![0u8; (1 << 20) + 1];
-    assert_eq!(errno(a.send_to(&huge, lo(7102))), libc::EMSGSIZE, "payload > 1 MiB");
+    assert_eq!(
+        errno(a.send_to(&huge, lo(7102))),
+        libc::EMSGSIZE,
+        "payload > 1 MiB"
+    );
     // The largest legal message goes through intact.
     b.set_recv_buffer_size(8 << 20).unwrap();
     let max: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 253) as u8).collect();
-    assert_eq!(a.send_to(&max, lo(7102)).unwrap(), 1 << 20, "send returns the length");
+    assert_eq!(
+        a.send_to(&max, lo(7102)).unwrap(),
+        1 << 20,
+        "send returns the length"
+    );
     let mut buf = vec![0u8; 2 << 20];
     let (n, from) = recv_within(&b, &mut buf);
     assert_eq!((n, from), (1 << 20, lo(7101)));
@@ -96,7 +141,11 @@ fn connect_send_recv_and_zero_length() {
     assert_eq!(recv_within(&b, &mut buf), (5, lo(7201)));
     assert_eq!(&buf[..5], b"hello");
     let (n, from) = recv_within(&b, &mut buf);
-    assert_eq!((n, from), (0, lo(7201)), "a zero-length message still reports its sender");
+    assert_eq!(
+        (n, from),
+        (0, lo(7201)),
+        "a zero-length message still reports its sender"
+    );
     // A socket can send to itself.
     a.send_to(b"me", lo(7201)).unwrap();
     assert_eq!(recv_within(&a, &mut buf), (2, lo(7201)));
@@ -114,19 +163,38 @@ fn peek_and_trunc() {
     a.send_to(&msg, lo(7302)).unwrap();
     a.send_to(b"second", lo(7302)).unwrap();
     let mut small = [0u8; 10];
-    let peek = RecvFlags { peek: true, ..Default::default() };
+    let peek = RecvFlags {
+        peek: true,
+        ..Default::default()
+    };
     let m = b.recv_msg(&mut small, peek).unwrap();
     assert_eq!((m.len, m.truncated, m.from), (10, true, Some(lo(7301))));
     assert_eq!(&small, &msg[..10]);
     let m = b.recv_msg(&mut small, peek).unwrap();
     assert_eq!(m.len, 10, "peek leaves the message queued");
-    let m = b.recv_msg(&mut small, RecvFlags { trunc: true, ..Default::default() }).unwrap();
-    assert_eq!((m.len, m.truncated), (100, true), "MSG_TRUNC returns the full length");
+    let m = b
+        .recv_msg(
+            &mut small,
+            RecvFlags {
+                trunc: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        (m.len, m.truncated),
+        (100, true),
+        "MSG_TRUNC returns the full length"
+    );
     // The excess was discarded; the next message is the second one.
     let mut buf = [0u8; 64];
     let m = b.recv_msg(&mut buf, RecvFlags::default()).unwrap();
     assert_eq!((&buf[..m.len], m.truncated), (&b"second"[..], false));
-    assert_eq!(errno(b.recv_msg(&mut buf, nb())), libc::EAGAIN, "empty queue, non-blocking");
+    assert_eq!(
+        errno(b.recv_msg(&mut buf, nb())),
+        libc::EAGAIN,
+        "empty queue, non-blocking"
+    );
     b.set_nonblocking(true).unwrap();
     assert_eq!(errno(b.recv(&mut buf)), libc::EAGAIN);
 }
@@ -137,12 +205,16 @@ fn recv_timeout_gives_etimedout() {
     let r = d.attach();
     let b = r.socket().unwrap();
     b.bind(lo(7401)).unwrap();
-    b.set_recv_timeout(Some(Duration::from_millis(150))).unwrap();
+    b.set_recv_timeout(Some(Duration::from_millis(150)))
+        .unwrap();
     let t = Instant::now();
     let mut buf = [0u8; 8];
     assert_eq!(errno(b.recv(&mut buf)), libc::ETIMEDOUT);
     let el = t.elapsed();
-    assert!(el >= Duration::from_millis(150) && el < Duration::from_secs(3), "{el:?}");
+    assert!(
+        el >= Duration::from_millis(150) && el < Duration::from_secs(3),
+        "{el:?}"
+    );
 }
 
 /// Fills `a`'s send buffer: `b` never reads and has a huge SO_RCVBUF (no congestion), so the
@@ -165,7 +237,10 @@ fn fill_send_buffer(a: &Socket, dest: SocketAddrV4) -> u64 {
             }
             Err(e) => panic!("unexpected {e}"),
         }
-        assert!(start.elapsed() < Duration::from_secs(30), "send buffer never filled");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "send buffer never filled"
+        );
     }
 }
 
@@ -182,9 +257,13 @@ fn full_send_buffer_gives_eagain_then_etimedout_then_recovers() {
     // 2 MiB rx ring of ~1 KiB records, plus ~104 KiB of send buffer.
     assert!(sent > 1500, "only {sent} sends before EAGAIN");
     a.set_nonblocking(false).unwrap();
-    a.set_send_timeout(Some(Duration::from_millis(150))).unwrap();
+    a.set_send_timeout(Some(Duration::from_millis(150)))
+        .unwrap();
     let t = Instant::now();
-    assert_eq!(errno(a.send_to(&seq_payload(sent, 1024), lo(7502))), libc::ETIMEDOUT);
+    assert_eq!(
+        errno(a.send_to(&seq_payload(sent, 1024), lo(7502))),
+        libc::ETIMEDOUT
+    );
     assert!(t.elapsed() >= Duration::from_millis(150));
     // Drain: everything arrives once, in order, and the sender can go on.
     let mut buf = vec![0u8; 2048];
@@ -193,7 +272,8 @@ fn full_send_buffer_gives_eagain_then_etimedout_then_recovers() {
         assert_eq!(payload_seq(&buf[..n]), i);
     }
     a.set_send_timeout(Some(Duration::from_secs(10))).unwrap();
-    a.send_to(&seq_payload(sent, 1024), lo(7502)).expect("room again after the receiver drained");
+    a.send_to(&seq_payload(sent, 1024), lo(7502))
+        .expect("room again after the receiver drained");
     let (n, _) = recv_within(&b, &mut buf);
     assert_eq!(payload_seq(&buf[..n]), sent);
 }
@@ -207,11 +287,18 @@ fn buffer_sizes_get_and_set() {
     assert_eq!(a.recv_buffer_size(), 106_496);
     a.set_send_buffer_size(50_000).unwrap();
     a.set_recv_buffer_size(70_000).unwrap();
-    assert_eq!((a.send_buffer_size(), a.recv_buffer_size()), (50_000, 70_000));
+    assert_eq!(
+        (a.send_buffer_size(), a.recv_buffer_size()),
+        (50_000, 70_000)
+    );
     a.set_send_buffer_size(10).unwrap();
     assert_eq!(a.send_buffer_size(), 1024, "clamped to the minimum");
     a.bind(lo(7601)).unwrap();
-    assert_eq!(errno(a.send_to(&[0u8; 1025], lo(7601))), libc::EMSGSIZE, "the new limit applies");
+    assert_eq!(
+        errno(a.send_to(&[0u8; 1025], lo(7601))),
+        libc::EMSGSIZE,
+        "the new limit applies"
+    );
 }
 
 #[test]
@@ -221,7 +308,11 @@ fn unbound_destination_is_dropped_silently_and_counted() {
     let a = r.socket().unwrap();
     a.bind(lo(7701)).unwrap();
     assert_eq!(a.send_to(b"nobody", lo(7709)).unwrap(), 6);
-    wait_for(|| d.stat("drop_unbound_dest") == 1, Duration::from_secs(10), "drop counter");
+    wait_for(
+        || d.stat("drop_unbound_dest") == 1,
+        Duration::from_secs(10),
+        "drop counter",
+    );
 }
 
 #[test]
@@ -230,7 +321,11 @@ fn cancel_sent_to_drops_queued_messages_only_to_that_destination() {
     let r = d.attach();
     let a = r.socket().unwrap();
     let b = r.socket().unwrap();
-    assert_eq!(errno(a.cancel_sent_to(Some(lo(7802)))), libc::ENOTCONN, "unbound");
+    assert_eq!(
+        errno(a.cancel_sent_to(Some(lo(7802)))),
+        libc::ENOTCONN,
+        "unbound"
+    );
     a.bind(lo(7801)).unwrap();
     b.bind(lo(7802)).unwrap();
     b.set_recv_buffer_size(1 << 30).unwrap();
@@ -254,9 +349,20 @@ fn cancel_sent_to_drops_queued_messages_only_to_that_destination() {
         got.push(s);
     }
     let k = got.len() as u64;
-    assert_eq!(got, (0..k).collect::<Vec<_>>(), "what survived is an in-order prefix");
-    assert!(k < sent, "the cancel dropped something ({k} of {sent} delivered)");
-    assert_eq!(d.stat("drop_cancelled"), sent - k, "every cancelled message is counted");
+    assert_eq!(
+        got,
+        (0..k).collect::<Vec<_>>(),
+        "what survived is an in-order prefix"
+    );
+    assert!(
+        k < sent,
+        "the cancel dropped something ({k} of {sent} delivered)"
+    );
+    assert_eq!(
+        d.stat("drop_cancelled"),
+        sent - k,
+        "every cancelled message is counted"
+    );
 }
 
 fn poll_events(fd: i32, timeout_ms: i32) -> i16 {
@@ -272,37 +378,59 @@ fn pollable_fd_tracks_messages_and_send_room() {
     a.bind(lo(7901)).unwrap();
     b.bind(lo(7902)).unwrap();
     let bfd = b.pollable_fd().unwrap();
-    assert_eq!(poll_events(bfd, 0), libc::POLLOUT, "idle: writable, not readable");
+    assert_eq!(
+        poll_events(bfd, 0),
+        libc::POLLOUT,
+        "idle: writable, not readable"
+    );
     // epoll wakes up when a message arrives.
     // SAFETY: epoll calls on descriptors we own; the event buffer is valid.
     unsafe {
         let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
         assert!(ep >= 0);
-        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 42 };
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 42,
+        };
         assert_eq!(libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, bfd, &mut ev), 0);
         a.send_to(b"wake", lo(7902)).unwrap();
         let mut out = [libc::epoll_event { events: 0, u64: 0 }; 4];
         let n = libc::epoll_wait(ep, out.as_mut_ptr(), 4, 5000);
         assert_eq!(n, 1, "epoll reports the socket readable");
         let (evs, token) = (out[0].events, out[0].u64);
-        assert_eq!((evs & libc::EPOLLIN as u32, token), (libc::EPOLLIN as u32, 42));
+        assert_eq!(
+            (evs & libc::EPOLLIN as u32, token),
+            (libc::EPOLLIN as u32, 42)
+        );
         libc::close(ep);
     }
     let mut buf = [0u8; 16];
     b.recv_msg(&mut buf, nb()).unwrap();
-    wait_for(|| poll_events(bfd, 0) & libc::POLLIN == 0, Duration::from_secs(5), "POLLIN to clear");
+    wait_for(
+        || poll_events(bfd, 0) & libc::POLLIN == 0,
+        Duration::from_secs(5),
+        "POLLIN to clear",
+    );
     // POLLOUT goes away while the send buffer is full, and comes back when it drains.
     let c = r.socket().unwrap();
     c.bind(lo(7903)).unwrap();
     c.set_recv_buffer_size(1 << 30).unwrap();
     let afd = a.as_raw_fd();
     let sent = fill_send_buffer(&a, lo(7903));
-    wait_for(|| poll_events(afd, 0) & libc::POLLOUT == 0, Duration::from_secs(5), "POLLOUT to clear");
+    wait_for(
+        || poll_events(afd, 0) & libc::POLLOUT == 0,
+        Duration::from_secs(5),
+        "POLLOUT to clear",
+    );
     let mut big = vec![0u8; 2048];
     for _ in 0..sent {
         recv_within(&c, &mut big);
     }
-    assert_eq!(poll_events(afd, 5000) & libc::POLLOUT, libc::POLLOUT, "POLLOUT back");
+    assert_eq!(
+        poll_events(afd, 5000) & libc::POLLOUT,
+        libc::POLLOUT,
+        "POLLOUT back"
+    );
 }
 
 #[test]

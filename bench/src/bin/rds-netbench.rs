@@ -65,7 +65,10 @@ fn main() {
     let baddr: SocketAddrV4 = format!("{b_ip}:4100").parse().unwrap();
     a.bind(aaddr).unwrap();
     b.bind(baddr).unwrap();
-    let nb = RecvFlags { dontwait: true, ..Default::default() };
+    let nb = RecvFlags {
+        dontwait: true,
+        ..Default::default()
+    };
     let msg = vec![7u8; size];
     let mut buf = vec![0u8; 2048];
     // RDS_NETBENCH_BLOCKING=1: blocking receives (futex), for machines with fewer cores than
@@ -111,7 +114,9 @@ fn main() {
         while sent < n_rate {
             match a.send_msg(&msg, Some(baddr), true) {
                 Ok(_) => sent += 1,
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::ENOBUFS)) => std::hint::spin_loop(),
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::ENOBUFS)) => {
+                    std::hint::spin_loop()
+                }
                 Err(e) => panic!("send: {e}"),
             }
         }
@@ -120,9 +125,13 @@ fn main() {
 
     // ---- kernel TCP between the same namespaces ---------------------------------------------
     let b_ip2 = b_ip.clone();
-    let listener = in_netns(&b_ns, move || TcpListener::bind(format!("{b_ip2}:4200")).expect("listen"));
+    let listener = in_netns(&b_ns, move || {
+        TcpListener::bind(format!("{b_ip2}:4200")).expect("listen")
+    });
     let b_ip3 = b_ip.clone();
-    let client = in_netns(&a_ns, move || TcpStream::connect(format!("{b_ip3}:4200")).expect("connect"));
+    let client = in_netns(&a_ns, move || {
+        TcpStream::connect(format!("{b_ip3}:4200")).expect("connect")
+    });
     let (server, _) = listener.accept().unwrap();
     client.set_nodelay(true).unwrap();
     server.set_nodelay(true).unwrap();
@@ -156,9 +165,13 @@ fn main() {
     // One-way: 64 B application messages written back to back (TCP_NODELAY, one write each).
     let listener = {
         let b_ip = b_ip.clone();
-        in_netns(&b_ns, move || TcpListener::bind(format!("{b_ip}:4201")).expect("listen"))
+        in_netns(&b_ns, move || {
+            TcpListener::bind(format!("{b_ip}:4201")).expect("listen")
+        })
     };
-    let client = in_netns(&a_ns, move || TcpStream::connect(format!("{b_ip}:4201")).expect("connect"));
+    let client = in_netns(&a_ns, move || {
+        TcpStream::connect(format!("{b_ip}:4201")).expect("connect")
+    });
     let (mut server, _) = listener.accept().unwrap();
     client.set_nodelay(true).unwrap();
     let t = Instant::now();
@@ -178,8 +191,18 @@ fn main() {
     rx.join().unwrap();
     let tcp_rate = n_rate as f64 / t.elapsed().as_secs_f64();
 
-    println!("64 B between two network namespaces ({count} round trips, {n_rate} one-way messages)");
-    summary(if blocking { "rdsd RDS/TCP (blocking recv)" } else { "rdsd RDS/TCP (busy-poll)" }, &rds, rds_secs);
+    println!(
+        "64 B between two network namespaces ({count} round trips, {n_rate} one-way messages)"
+    );
+    summary(
+        if blocking {
+            "rdsd RDS/TCP (blocking recv)"
+        } else {
+            "rdsd RDS/TCP (busy-poll)"
+        },
+        &rds,
+        rds_secs,
+    );
     summary("kernel TCP ping-pong", &ht, tcp_secs);
     println!(
         "p50 ratio kernel TCP / rdsd: {:.2}",

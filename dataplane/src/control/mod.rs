@@ -40,10 +40,22 @@ pub struct Control {
 }
 
 fn peer_pid(fd: RawFd) -> i32 {
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: getsockopt into a correctly sized ucred.
-    let r = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, &mut cred as *mut _ as *mut _, &mut len) };
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut _ as *mut _,
+            &mut len,
+        )
+    };
     if r == 0 {
         cred.pid
     } else {
@@ -64,7 +76,13 @@ pub fn listen(path: &Path, group: Option<&str>) -> Result<OwnedFd> {
         std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
     }
     // SAFETY: plain socket(2), checked and owned.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) };
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
     if fd < 0 {
         return Err(std::io::Error::last_os_error()).context("socket(AF_UNIX, SOCK_SEQPACKET)");
     }
@@ -81,8 +99,16 @@ pub fn listen(path: &Path, group: Option<&str>) -> Result<OwnedFd> {
         *d = *s as libc::c_char;
     }
     // SAFETY: valid address of the stated length.
-    if unsafe { libc::bind(fd, &addr as *const _ as *const _, std::mem::size_of::<libc::sockaddr_un>() as u32) } < 0 {
-        return Err(std::io::Error::last_os_error()).with_context(|| format!("bind {}", path.display()));
+    if unsafe {
+        libc::bind(
+            fd,
+            &addr as *const _ as *const _,
+            std::mem::size_of::<libc::sockaddr_un>() as u32,
+        )
+    } < 0
+    {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("bind {}", path.display()));
     }
     // SAFETY: listen on our bound socket.
     if unsafe { libc::listen(fd, 128) } < 0 {
@@ -147,11 +173,23 @@ impl Control {
         while !self.shutdown.load(Ordering::Relaxed) && self.poll_alive.load(Ordering::Relaxed) {
             pfds.clear();
             idx.clear();
-            pfds.push(libc::pollfd { fd: self.listener.as_raw_fd(), events: libc::POLLIN, revents: 0 });
-            pfds.push(libc::pollfd { fd: self.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+            pfds.push(libc::pollfd {
+                fd: self.listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            pfds.push(libc::pollfd {
+                fd: self.wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
             for (i, c) in self.conns.iter().enumerate() {
                 if let Some(c) = c {
-                    pfds.push(libc::pollfd { fd: c.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+                    pfds.push(libc::pollfd {
+                        fd: c.fd.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    });
                     idx.push(i);
                 }
             }
@@ -197,7 +235,12 @@ impl Control {
         loop {
             // SAFETY: accept4 on our listener; the result is checked and owned.
             let fd = unsafe {
-                libc::accept4(self.listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC)
+                libc::accept4(
+                    self.listener.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_CLOEXEC,
+                )
             };
             if fd < 0 {
                 return;
@@ -208,19 +251,26 @@ impl Control {
             match self.conns.iter().position(|c| c.is_none()) {
                 Some(i) => {
                     tracing::debug!(pid, app = i, "control connection");
-                    self.conns[i] = Some(Conn { fd, pid, attached: false });
+                    self.conns[i] = Some(Conn {
+                        fd,
+                        pid,
+                        attached: false,
+                    });
                 }
                 None => {
                     tracing::warn!(pid, "refusing app: max_apps reached");
                     Stats::bump(&self.stats.attach_refused);
-                    let _ = sys::send_with_fds(fd.as_raw_fd(), &Reply::err(libc::EUSERS).encode(), &[]);
+                    let _ =
+                        sys::send_with_fds(fd.as_raw_fd(), &Reply::err(libc::EUSERS).encode(), &[]);
                 }
             }
         }
     }
 
     fn disconnect(&mut self, i: usize) {
-        let Some(c) = self.conns[i].take() else { return };
+        let Some(c) = self.conns[i].take() else {
+            return;
+        };
         if c.attached {
             if let Some(CmdReply::Detached(region)) = self.exec(Cmd::Detach { app: i }) {
                 // Unmapped here, off the poll core.
@@ -248,7 +298,8 @@ impl Control {
             if let Some(r) = self.chans.replies.pop() {
                 return Some(r);
             }
-            if !self.poll_alive.load(Ordering::Relaxed) || start.elapsed() > Duration::from_secs(10) {
+            if !self.poll_alive.load(Ordering::Relaxed) || start.elapsed() > Duration::from_secs(10)
+            {
                 tracing::error!("poll core did not answer a command");
                 return None;
             }
@@ -298,15 +349,31 @@ impl Control {
             Request::SocketOpen => {
                 let (app_end, state) = match readiness::create() {
                     Ok(x) => x,
-                    Err(e) => return self.reply(i, &Reply::err(e.raw_os_error().unwrap_or(libc::ENOMEM)), &[]),
+                    Err(e) => {
+                        return self.reply(
+                            i,
+                            &Reply::err(e.raw_os_error().unwrap_or(libc::ENOMEM)),
+                            &[],
+                        )
+                    }
                 };
-                match self.exec(Cmd::Request { app: i, req, readiness: Some(state) }) {
-                    Some(CmdReply::Reply(r)) if r.errno == 0 => self.reply(i, &r, &[app_end.as_raw_fd()]),
+                match self.exec(Cmd::Request {
+                    app: i,
+                    req,
+                    readiness: Some(state),
+                }) {
+                    Some(CmdReply::Reply(r)) if r.errno == 0 => {
+                        self.reply(i, &r, &[app_end.as_raw_fd()])
+                    }
                     Some(CmdReply::Reply(r)) => self.reply(i, &r, &[]),
                     _ => self.reply(i, &Reply::err(libc::EIO), &[]),
                 }
             }
-            _ => match self.exec(Cmd::Request { app: i, req, readiness: None }) {
+            _ => match self.exec(Cmd::Request {
+                app: i,
+                req,
+                readiness: None,
+            }) {
                 Some(CmdReply::Reply(r)) => self.reply(i, &r, &[]),
                 _ => self.reply(i, &Reply::err(libc::EIO), &[]),
             },
@@ -319,33 +386,57 @@ impl Control {
         }
         let pid = self.conns[i].as_ref().map_or(-1, |c| c.pid);
         if version != LAYOUT_VERSION {
-            tracing::warn!(pid, app_version = version, LAYOUT_VERSION, "refusing app: shm layout mismatch");
+            tracing::warn!(
+                pid,
+                app_version = version,
+                LAYOUT_VERSION,
+                "refusing app: shm layout mismatch"
+            );
             Stats::bump(&self.stats.attach_refused);
             let mut r = Reply::err(libc::EPROTONOSUPPORT);
             r.value = LAYOUT_VERSION as u64;
             return self.reply(i, &r, &[]);
         }
-        let region = match AppRegion::create(&format!("rdsd-app-{pid}"), self.cfg.geometry(), self.cfg.hugepages) {
+        let region = match AppRegion::create(
+            &format!("rdsd-app-{pid}"),
+            self.cfg.geometry(),
+            self.cfg.hugepages,
+        ) {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(pid, error = %e, "cannot create app region");
                 Stats::bump(&self.stats.attach_refused);
-                return self.reply(i, &Reply::err(e.raw_os_error().unwrap_or(libc::ENOMEM)), &[]);
+                return self.reply(
+                    i,
+                    &Reply::err(e.raw_os_error().unwrap_or(libc::ENOMEM)),
+                    &[],
+                );
             }
         };
         tracing::info!(
             pid,
             app = i,
             bytes = region.len(),
-            pages = if region.hugetlb() { "hugetlbfs 2 MiB" } else { "4 KiB + MADV_HUGEPAGE" },
+            pages = if region.hugetlb() {
+                "hugetlbfs 2 MiB"
+            } else {
+                "4 KiB + MADV_HUGEPAGE"
+            },
             "app attached"
         );
-        let info = HelloInfo { region_len: region.len() as u64, daemon_region_len: DAEMON_REGION_LEN as u64, hugetlb: region.hugetlb() as u32 };
+        let info = HelloInfo {
+            region_len: region.len() as u64,
+            daemon_region_len: DAEMON_REGION_LEN as u64,
+            hugetlb: region.hugetlb() as u32,
+        };
         let region_fd = match region.fd().try_clone() {
             Ok(fd) => fd,
             Err(_) => return self.reply(i, &Reply::err(libc::EMFILE), &[]),
         };
-        if !matches!(self.exec(Cmd::Attach { app: i, region }), Some(CmdReply::Attached)) {
+        if !matches!(
+            self.exec(Cmd::Attach { app: i, region }),
+            Some(CmdReply::Attached)
+        ) {
             return self.reply(i, &Reply::err(libc::EIO), &[]);
         }
         if let Some(c) = self.conns[i].as_mut() {
@@ -353,6 +444,14 @@ impl Control {
         }
         let mut r = Reply::ok(0);
         r.body = info.encode();
-        self.reply(i, &r, &[region_fd.as_raw_fd(), self.daemon.fd().as_raw_fd(), self.doorbell.as_raw_fd()]);
+        self.reply(
+            i,
+            &r,
+            &[
+                region_fd.as_raw_fd(),
+                self.daemon.fd().as_raw_fd(),
+                self.doorbell.as_raw_fd(),
+            ],
+        );
     }
 }

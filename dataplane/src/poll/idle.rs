@@ -16,8 +16,21 @@ pub struct Idle {
 
 impl Idle {
     /// `doorbell` is the eventfd apps and the control thread write to wake a parked core.
-    pub fn new(mode: IdleMode, spins: u32, yields: u32, park_timeout_ms: u64, doorbell: Arc<OwnedFd>) -> Idle {
-        Idle { mode, spins, yields, park_timeout_ms: park_timeout_ms.min(i32::MAX as u64) as i32, count: 0, doorbell }
+    pub fn new(
+        mode: IdleMode,
+        spins: u32,
+        yields: u32,
+        park_timeout_ms: u64,
+        doorbell: Arc<OwnedFd>,
+    ) -> Idle {
+        Idle {
+            mode,
+            spins,
+            yields,
+            park_timeout_ms: park_timeout_ms.min(i32::MAX as u64) as i32,
+            count: 0,
+            doorbell,
+        }
     }
 
     /// Called after every pass. Returns true when the core should park now.
@@ -51,8 +64,14 @@ impl Idle {
     /// (a transport timer) or the park timeout passes.
     pub fn park(&mut self, extra: &mut Vec<libc::pollfd>, timeout: Option<std::time::Duration>) {
         let fd = self.doorbell.as_raw_fd();
-        extra.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
-        let ms = timeout.map_or(self.park_timeout_ms, |t| (t.as_millis() as i32).clamp(0, self.park_timeout_ms));
+        extra.push(libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        let ms = timeout.map_or(self.park_timeout_ms, |t| {
+            (t.as_millis() as i32).clamp(0, self.park_timeout_ms)
+        });
         // SAFETY: `extra` is a valid array of pollfd for the call.
         unsafe { libc::poll(extra.as_mut_ptr(), extra.len() as libc::nfds_t, ms) };
         shm_api::sys::eventfd_drain(fd);

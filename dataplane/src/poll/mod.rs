@@ -16,11 +16,13 @@ use crate::stats::Stats;
 use crate::transport::loopback;
 use crate::transport::tcp::TcpTransport;
 use crate::transport::{NetTransport, OutMsg};
-use rds_proto::wire::CongMap;
 use crossbeam_queue::ArrayQueue;
+use rds_proto::wire::CongMap;
 use rustc_hash::FxHashMap;
 use shm_api::ctrl::{Reply, Request};
-use shm_api::layout::{cong_monitor_bit, DaemonView, SlotControl, CONG_ENTRIES, MAX_BUF, MAX_MSG_SIZE, MIN_BUF};
+use shm_api::layout::{
+    cong_monitor_bit, DaemonView, SlotControl, CONG_ENTRIES, MAX_BUF, MAX_MSG_SIZE, MIN_BUF,
+};
 use shm_api::ring::{Consumer, Producer, RawRing, Record, RingMemory};
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,7 +40,11 @@ pub enum Cmd {
     /// The app is gone: release everything and hand the region back.
     Detach { app: usize },
     /// A request from an attached app. `readiness` is set for SocketOpen.
-    Request { app: usize, req: Request, readiness: Option<readiness::Readiness> },
+    Request {
+        app: usize,
+        req: Request,
+        readiness: Option<readiness::Readiness>,
+    },
 }
 
 /// The poll core's answer to a [`Cmd`].
@@ -64,7 +70,11 @@ pub struct Channels {
 impl Channels {
     /// Bounded queues (commands are synchronous, so a few slots suffice).
     pub fn new(max_apps: usize) -> Channels {
-        Channels { cmds: ArrayQueue::new(16), replies: ArrayQueue::new(16), evictions: ArrayQueue::new(max_apps.max(1)) }
+        Channels {
+            cmds: ArrayQueue::new(16),
+            replies: ArrayQueue::new(16),
+            evictions: ArrayQueue::new(max_apps.max(1)),
+        }
     }
 }
 
@@ -157,7 +167,9 @@ impl PollCore {
     ) -> std::io::Result<PollCore> {
         let max_apps = cfg.max_apps as usize;
         let dview = daemon.view();
-        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64);
         let net = TcpTransport::new(&cfg)?.map(|t| Box::new(t) as Box<dyn NetTransport>);
         Ok(PollCore {
             cfg,
@@ -222,18 +234,29 @@ impl PollCore {
     }
 
     fn sock(&mut self, r: SockRef) -> Option<&mut Sock> {
-        self.apps.get_mut(r.app)?.as_mut()?.socks.get_mut(r.slot as usize)?.as_mut()
+        self.apps
+            .get_mut(r.app)?
+            .as_mut()?
+            .socks
+            .get_mut(r.slot as usize)?
+            .as_mut()
     }
 
     fn ctl(&self, r: SockRef) -> &SlotControl {
-        self.apps[r.app].as_ref().expect("live app").region.slot_control(r.slot)
+        self.apps[r.app]
+            .as_ref()
+            .expect("live app")
+            .region
+            .slot_control(r.slot)
     }
 
     /// Moves up to TX_BATCH messages off one socket's tx ring.
     fn drain_tx(&mut self, from: SockRef) -> usize {
         let mut done = 0;
         while done < TX_BATCH {
-            let Some(s) = self.sock(from) else { return done };
+            let Some(s) = self.sock(from) else {
+                return done;
+            };
             let pos = s.tx.position();
             s.ncancels = prune_cancels(&mut s.cancels, s.ncancels, pos);
             let rec = match s.tx.peek() {
@@ -249,7 +272,9 @@ impl PollCore {
                 return done;
             }
             let dest = (rec.header.addr, rec.header.port);
-            let cancelled = s.cancels[..s.ncancels].iter().any(|c| rec.end() <= c.upto && c.dest.is_none_or(|d| d == dest));
+            let cancelled = s.cancels[..s.ncancels]
+                .iter()
+                .any(|c| rec.end() <= c.upto && c.dest.is_none_or(|d| d == dest));
             let sender = s.bound;
             let outcome = if cancelled {
                 Stats::bump(&self.stats.drop_cancelled);
@@ -289,16 +314,26 @@ impl PollCore {
             return loopback::deliver(self, from, src, rec);
         }
         if self.net.as_ref().is_some_and(|n| n.routes_to(dest)) {
-            let Some(mut tcp) = self.net.take() else { unreachable!() };
+            let Some(mut tcp) = self.net.take() else {
+                unreachable!()
+            };
             let len = rec.header.len as usize;
             let app = self.apps[from.app].as_ref().expect("sender app");
             let ring = app.region.tx_ring(from.slot);
             let gen = app.socks[from.slot as usize].as_ref().map_or(0, |s| s.gen);
             // SAFETY: the ring consumer validated payload_offset + len against the data area;
             // the slice lives only for this call, while the region stays mapped.
-            let payload = unsafe { std::slice::from_raw_parts(ring.data_ptr().add(rec.payload_offset), len) };
+            let payload =
+                unsafe { std::slice::from_raw_parts(ring.data_ptr().add(rec.payload_offset), len) };
             let token = token_of(from, gen);
-            let msg = OutMsg { laddr: src.0, faddr: rec.header.addr, sport: src.1, dport: rec.header.port, payload, token };
+            let msg = OutMsg {
+                laddr: src.0,
+                faddr: rec.header.addr,
+                sport: src.1,
+                dport: rec.header.port,
+                payload,
+                token,
+            };
             let ok = tcp.send(self, msg);
             self.net = Some(tcp);
             return if ok {
@@ -328,14 +363,28 @@ impl PollCore {
     }
 
     /// A message from a peer for `laddr:dport`.
-    pub(crate) fn deliver_remote(&mut self, laddr: u32, faddr: u32, sport: u16, dport: u16, payload: &[u8]) {
+    pub(crate) fn deliver_remote(
+        &mut self,
+        laddr: u32,
+        faddr: u32,
+        sport: u16,
+        dport: u16,
+        payload: &[u8],
+    ) {
         let Some(&to) = self.binds.get(&(laddr, dport)) else {
             Stats::bump(&self.stats.drop_unbound_dest);
             return;
         };
-        let Some(app) = self.apps[to.app].as_mut() else { return };
-        let Some(sock) = app.socks[to.slot as usize].as_mut() else { return };
-        match sock.rx.push(shm_api::ring::RecordHeader::data(0, faddr, sport), payload) {
+        let Some(app) = self.apps[to.app].as_mut() else {
+            return;
+        };
+        let Some(sock) = app.socks[to.slot as usize].as_mut() else {
+            return;
+        };
+        match sock
+            .rx
+            .push(shm_api::ring::RecordHeader::data(0, faddr, sport), payload)
+        {
             Ok(()) => {
                 sock.rx.publish();
                 sock.rx_produced += payload.len() as u64;
@@ -356,10 +405,19 @@ impl PollCore {
     }
 
     /// Copies a peer's congestion map into the daemon region, where senders test it.
-    pub(crate) fn mirror_peer_map(&mut self, faddr: u32, bytes: &[u8; shm_api::layout::CONG_MAP_BYTES]) {
-        let Some(&(idx, _)) = self.cong_entries.get(&faddr) else { return };
+    pub(crate) fn mirror_peer_map(
+        &mut self,
+        faddr: u32,
+        bytes: &[u8; shm_api::layout::CONG_MAP_BYTES],
+    ) {
+        let Some(&(idx, _)) = self.cong_entries.get(&faddr) else {
+            return;
+        };
         for (w, chunk) in self.dview.map(idx).iter().zip(bytes.chunks_exact(8)) {
-            w.store(u64::from_le_bytes(chunk.try_into().expect("8 bytes")), Ordering::Release);
+            w.store(
+                u64::from_le_bytes(chunk.try_into().expect("8 bytes")),
+                Ordering::Release,
+            );
         }
         self.dview.header().cong_seq.fetch_add(1, Ordering::Release);
     }
@@ -408,7 +466,12 @@ impl PollCore {
         let mut i = 0;
         while i < self.congested.len() {
             let r = self.congested[i];
-            let below = match self.apps.get(r.app).and_then(|a| a.as_ref()).and_then(|a| a.socks[r.slot as usize].as_ref()) {
+            let below = match self
+                .apps
+                .get(r.app)
+                .and_then(|a| a.as_ref())
+                .and_then(|a| a.socks[r.slot as usize].as_ref())
+            {
                 Some(s) => {
                     let consumed = self.ctl(r).rx_consumed_bytes.load(Ordering::Acquire);
                     s.rx_produced.saturating_sub(consumed) < (s.rcvbuf / 2) as u64
@@ -459,14 +522,19 @@ impl PollCore {
     fn sync_readiness(&mut self) {
         for i in 0..self.readiness_socks.len() {
             let r = self.readiness_socks[i];
-            let Some(app) = self.apps.get_mut(r.app).and_then(|a| a.as_mut()) else { continue };
+            let Some(app) = self.apps.get_mut(r.app).and_then(|a| a.as_mut()) else {
+                continue;
+            };
             let ctl = app.region.slot_control(r.slot);
-            let Some(s) = app.socks[r.slot as usize].as_mut() else { continue };
+            let Some(s) = app.socks[r.slot as usize].as_mut() else {
+                continue;
+            };
             let sent = ctl.tx_sent_bytes.load(Ordering::Acquire);
             let writable = sent.wrapping_sub(s.released) < s.sndbuf as u64;
             // Positions, not byte counts: zero-length messages count too.
             let rx = s.rx.memory();
-            let pending = rx.producer().load(Ordering::Relaxed) != rx.consumer().load(Ordering::Acquire);
+            let pending =
+                rx.producer().load(Ordering::Relaxed) != rx.consumer().load(Ordering::Acquire);
             let readable = pending || (s.monitor && ctl.cong_notify.load(Ordering::Acquire) != 0);
             if let Some(rd) = s.readiness.as_mut() {
                 rd.sync(readable, writable);
@@ -475,11 +543,17 @@ impl PollCore {
     }
 
     fn evict(&mut self, app: usize, why: &'static str) {
-        let Some(a) = self.apps[app].as_mut() else { return };
+        let Some(a) = self.apps[app].as_mut() else {
+            return;
+        };
         if a.evicted {
             return;
         }
-        tracing::warn!(app, why, "evicting app: it broke the shared-memory protocol");
+        tracing::warn!(
+            app,
+            why,
+            "evicting app: it broke the shared-memory protocol"
+        );
         a.evicted = true;
         Stats::bump(&self.stats.apps_evicted);
         self.release_app_sockets(app);
@@ -490,18 +564,30 @@ impl PollCore {
     fn release_app_sockets(&mut self, app: usize) {
         let n = self.apps[app].as_ref().map_or(0, |a| a.socks.len());
         for slot in 0..n {
-            self.close_sock(SockRef { app, slot: slot as u32 });
+            self.close_sock(SockRef {
+                app,
+                slot: slot as u32,
+            });
         }
     }
 
     fn close_sock(&mut self, r: SockRef) {
         // A send that returned success is delivered even if the sender closes (or exits) right
         // after it: move what can still move before the socket goes.
-        if self.apps.get(r.app).and_then(|a| a.as_ref()).is_some_and(|a| !a.evicted) {
+        if self
+            .apps
+            .get(r.app)
+            .and_then(|a| a.as_ref())
+            .is_some_and(|a| !a.evicted)
+        {
             while self.drain_tx(r) > 0 {}
         }
-        let Some(app) = self.apps.get_mut(r.app).and_then(|a| a.as_mut()) else { return };
-        let Some(mut s) = app.socks[r.slot as usize].take() else { return };
+        let Some(app) = self.apps.get_mut(r.app).and_then(|a| a.as_mut()) else {
+            return;
+        };
+        let Some(mut s) = app.socks[r.slot as usize].take() else {
+            return;
+        };
         // Whatever the app queued and rdsd never took dies with the socket.
         while let Ok(Some(rec)) = s.tx.peek() {
             s.tx.consume(&rec);
@@ -527,7 +613,9 @@ impl PollCore {
             return Ok(());
         }
         let used: Vec<usize> = self.cong_entries.values().map(|e| e.0).collect();
-        let idx = (0..CONG_ENTRIES).find(|i| !used.contains(i)).ok_or(libc::ENOBUFS)?;
+        let idx = (0..CONG_ENTRIES)
+            .find(|i| !used.contains(i))
+            .ok_or(libc::ENOBUFS)?;
         for w in self.dview.map(idx) {
             w.store(0, Ordering::Relaxed);
         }
@@ -560,16 +648,29 @@ impl PollCore {
         match cmd {
             Cmd::Attach { app, region } => {
                 let n = region.geometry().max_sockets as usize;
-                self.apps[app] = Some(App { region, socks: (0..n).map(|_| None).collect(), evicted: false });
+                self.apps[app] = Some(App {
+                    region,
+                    socks: (0..n).map(|_| None).collect(),
+                    evicted: false,
+                });
                 Stats::bump(&self.stats.apps_attached);
                 CmdReply::Attached
             }
             Cmd::Detach { app } => {
                 self.release_app_sockets(app);
                 Stats::bump(&self.stats.apps_detached);
-                CmdReply::Detached(self.apps.get_mut(app).and_then(|a| a.take()).map(|a| a.region))
+                CmdReply::Detached(
+                    self.apps
+                        .get_mut(app)
+                        .and_then(|a| a.take())
+                        .map(|a| a.region),
+                )
             }
-            Cmd::Request { app, req, readiness } => CmdReply::Reply(match self.handle_request(app, req, readiness) {
+            Cmd::Request {
+                app,
+                req,
+                readiness,
+            } => CmdReply::Reply(match self.handle_request(app, req, readiness) {
                 Ok(v) => Reply::ok(v),
                 Err(e) => Reply::err(e),
             }),
@@ -584,7 +685,12 @@ impl PollCore {
         }
     }
 
-    fn handle_request(&mut self, app: usize, req: Request, readiness: Option<readiness::Readiness>) -> Result<u64, i32> {
+    fn handle_request(
+        &mut self,
+        app: usize,
+        req: Request,
+        readiness: Option<readiness::Readiness>,
+    ) -> Result<u64, i32> {
         match self.apps.get(app).and_then(|a| a.as_ref()) {
             Some(a) if !a.evicted => {}
             _ => return Err(libc::ECONNRESET),
@@ -593,7 +699,11 @@ impl PollCore {
             Request::Hello { .. } | Request::Stats => Err(libc::EINVAL),
             Request::SocketOpen => {
                 let a = self.apps[app].as_mut().expect("checked");
-                let slot = a.socks.iter().position(|s| s.is_none()).ok_or(libc::EMFILE)? as u32;
+                let slot = a
+                    .socks
+                    .iter()
+                    .position(|s| s.is_none())
+                    .ok_or(libc::EMFILE)? as u32;
                 a.region.reset_slot(slot);
                 let gen = self.next_gen;
                 self.next_gen = self.next_gen.wrapping_add(1).max(1);
@@ -608,7 +718,10 @@ impl PollCore {
                     released: 0,
                     rx_produced: 0,
                     congested: false,
-                    cancels: [Cancel { dest: None, upto: 0 }; MAX_CANCELS],
+                    cancels: [Cancel {
+                        dest: None,
+                        upto: 0,
+                    }; MAX_CANCELS],
                     ncancels: 0,
                     readiness,
                     readiness_on: false,
@@ -618,7 +731,8 @@ impl PollCore {
             }
             Request::Bind { slot, addr, port } => {
                 let r = self.live_sock(app, slot)?;
-                if addr.is_unspecified() || addr.is_broadcast() || addr.is_multicast() || port == 1 {
+                if addr.is_unspecified() || addr.is_broadcast() || addr.is_multicast() || port == 1
+                {
                     return Err(libc::EINVAL);
                 }
                 if self.sock(r).expect("live").bound.is_some() {
@@ -713,7 +827,13 @@ fn token_of(r: SockRef, gen: u32) -> u64 {
 }
 
 fn sock_of_token(t: u64) -> (SockRef, u32) {
-    (SockRef { app: (t >> 44) as usize, slot: ((t >> 32) & 0xfff) as u32 }, t as u32)
+    (
+        SockRef {
+            app: (t >> 44) as usize,
+            slot: ((t >> 32) & 0xfff) as u32,
+        },
+        t as u32,
+    )
 }
 
 /// Drops cancel markers the consumer has moved past; returns the new count.

@@ -38,19 +38,42 @@ pub fn create() -> std::io::Result<(OwnedFd, Readiness)> {
         );
     }
     let app_end_dup = app_end.try_clone()?;
-    Ok((app_end, Readiness { app_end_dup, daemon_end, readable: false, writable: true }))
+    Ok((
+        app_end,
+        Readiness {
+            app_end_dup,
+            daemon_end,
+            readable: false,
+            writable: true,
+        },
+    ))
 }
 
 fn send_dontwait(fd: RawFd, len: usize) {
     let buf = [0u8; 1500];
     // SAFETY: sends `len` (<= 1500) bytes from a valid buffer.
-    unsafe { libc::send(fd, buf.as_ptr() as *const _, len.min(buf.len()), libc::MSG_DONTWAIT) };
+    unsafe {
+        libc::send(
+            fd,
+            buf.as_ptr() as *const _,
+            len.min(buf.len()),
+            libc::MSG_DONTWAIT,
+        )
+    };
 }
 
 fn drain(fd: RawFd) {
     let mut buf = [0u8; 1500];
     // SAFETY: receives into a valid buffer; non-blocking, so the loop ends at EAGAIN.
-    while unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut _, buf.len(), libc::MSG_DONTWAIT) } >= 0 {}
+    while unsafe {
+        libc::recv(
+            fd,
+            buf.as_mut_ptr() as *mut _,
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    } >= 0
+    {}
 }
 
 impl Readiness {

@@ -3,8 +3,8 @@
 
 use crate::config::HugepageMode;
 use shm_api::layout::{
-    AppRegionHeader, DaemonHeader, DaemonView, RegionGeometry, SlotControl, DAEMON_REGION_LEN, LAYOUT_VERSION,
-    SHM_MAGIC,
+    AppRegionHeader, DaemonHeader, DaemonView, RegionGeometry, SlotControl, DAEMON_REGION_LEN,
+    LAYOUT_VERSION, SHM_MAGIC,
 };
 use shm_api::ring::RawRing;
 use shm_api::sys::{self, Mapping, HUGE_PAGE};
@@ -54,7 +54,11 @@ pub struct AppRegion {
 
 impl AppRegion {
     /// Creates and initialises a region laid out by `geometry`.
-    pub fn create(name: &str, geometry: RegionGeometry, mode: HugepageMode) -> io::Result<AppRegion> {
+    pub fn create(
+        name: &str,
+        geometry: RegionGeometry,
+        mode: HugepageMode,
+    ) -> io::Result<AppRegion> {
         let mut huge_err = None;
         if mode != HugepageMode::Off {
             let len = geometry.region_len(HUGE_PAGE);
@@ -94,7 +98,12 @@ impl AppRegion {
         };
         // SAFETY: offset 0 of a fresh mapping far larger than the header; nobody else has it yet.
         unsafe { std::ptr::write(map.as_ptr() as *mut AppRegionHeader, header) };
-        AppRegion { map, fd, geometry, hugetlb }
+        AppRegion {
+            map,
+            fd,
+            geometry,
+            hugetlb,
+        }
     }
 
     /// The memfd to pass to the app.
@@ -132,19 +141,30 @@ impl AppRegion {
 
     /// Slot `slot`'s tx ring (app → rdsd).
     pub fn tx_ring(&self, slot: u32) -> RawRing {
-        self.ring(self.geometry.tx_ring_offset(slot), self.geometry.tx_ring_capacity)
+        self.ring(
+            self.geometry.tx_ring_offset(slot),
+            self.geometry.tx_ring_capacity,
+        )
     }
 
     /// Slot `slot`'s rx ring (rdsd → app).
     pub fn rx_ring(&self, slot: u32) -> RawRing {
-        self.ring(self.geometry.rx_ring_offset(slot), self.geometry.rx_ring_capacity)
+        self.ring(
+            self.geometry.rx_ring_offset(slot),
+            self.geometry.rx_ring_capacity,
+        )
     }
 
     fn ring(&self, off: usize, cap: u32) -> RawRing {
         assert!(off + shm_api::layout::RING_HEADER_LEN + cap as usize <= self.map.len());
         // SAFETY: in bounds (asserted), 128-aligned; the mapping outlives every RawRing made
         // here because the poll thread drops a socket's rings before it hands the region back.
-        unsafe { RawRing::new(NonNull::new(self.map.as_ptr().add(off)).expect("non-null"), cap as usize) }
+        unsafe {
+            RawRing::new(
+                NonNull::new(self.map.as_ptr().add(off)).expect("non-null"),
+                cap as usize,
+            )
+        }
     }
 
     /// Zeroes slot `slot` (control block and ring counters) before it is handed out again.
@@ -153,9 +173,20 @@ impl AppRegion {
         // SAFETY: the control block and the two ring headers are in bounds; the slot is not in
         // use by the app (it was closed or never opened), so nothing else touches it now.
         unsafe {
-            std::ptr::write_bytes(self.map.as_ptr().add(off), 0, shm_api::layout::SLOT_CONTROL_LEN);
-            for r in [self.geometry.tx_ring_offset(slot), self.geometry.rx_ring_offset(slot)] {
-                std::ptr::write_bytes(self.map.as_ptr().add(r), 0, shm_api::layout::RING_HEADER_LEN);
+            std::ptr::write_bytes(
+                self.map.as_ptr().add(off),
+                0,
+                shm_api::layout::SLOT_CONTROL_LEN,
+            );
+            for r in [
+                self.geometry.tx_ring_offset(slot),
+                self.geometry.rx_ring_offset(slot),
+            ] {
+                std::ptr::write_bytes(
+                    self.map.as_ptr().add(r),
+                    0,
+                    shm_api::layout::RING_HEADER_LEN,
+                );
             }
         }
     }
@@ -183,7 +214,10 @@ impl DaemonRegion {
             std::ptr::addr_of_mut!((*h).magic).write(SHM_MAGIC);
             std::ptr::addr_of_mut!((*h).version).write(LAYOUT_VERSION);
         }
-        r.view().header().may_sleep.store(may_sleep as u32, std::sync::atomic::Ordering::Release);
+        r.view()
+            .header()
+            .may_sleep
+            .store(may_sleep as u32, std::sync::atomic::Ordering::Release);
         Ok(r)
     }
 
@@ -219,10 +253,16 @@ mod tests {
     fn daemon_region_cannot_be_mapped_writable_by_fd_holders() {
         let r = DaemonRegion::create(true).unwrap();
         let w = Mapping::new(r.fd().as_raw_fd(), DAEMON_REGION_LEN, true, false);
-        assert!(w.is_err(), "a writable mapping of the sealed daemon region must fail");
+        assert!(
+            w.is_err(),
+            "a writable mapping of the sealed daemon region must fail"
+        );
         let ro = Mapping::new(r.fd().as_raw_fd(), DAEMON_REGION_LEN, false, false).unwrap();
         // Our own writes show through the app's read-only mapping.
-        r.view().entry(3).addr.store(0x7f000001, std::sync::atomic::Ordering::Release);
+        r.view()
+            .entry(3)
+            .addr
+            .store(0x7f000001, std::sync::atomic::Ordering::Release);
         // SAFETY: the read-only mapping is the right size.
         let v = unsafe { DaemonView::new(ro.as_ptr()) };
         assert_eq!(v.find(0x7f000001), Some(3));
@@ -230,7 +270,11 @@ mod tests {
 
     #[test]
     fn app_region_cannot_be_shrunk() {
-        let g = RegionGeometry { max_sockets: 1, tx_ring_capacity: 2 << 20, rx_ring_capacity: 2 << 20 };
+        let g = RegionGeometry {
+            max_sockets: 1,
+            tx_ring_capacity: 2 << 20,
+            rx_ring_capacity: 2 << 20,
+        };
         let r = AppRegion::create("t", g, HugepageMode::Off).unwrap();
         // SAFETY: our own fd.
         let rc = unsafe { libc::ftruncate(r.fd().as_raw_fd(), 4096) };

@@ -19,11 +19,18 @@ pub fn deliver(core: &mut PollCore, from: SockRef, src: (u32, u16), rec: &Record
     let src_ptr = {
         let app = core.apps[from.app].as_ref().expect("sender app");
         // The consumer validated payload_offset + len against the ring's data area.
-        app.region.tx_ring(from.slot).data_ptr().wrapping_add(rec.payload_offset)
+        app.region
+            .tx_ring(from.slot)
+            .data_ptr()
+            .wrapping_add(rec.payload_offset)
     };
     let header = RecordHeader::data(len as u32, src.0, src.1);
-    let app = core.apps[to.app].as_mut().expect("bound sockets belong to live apps");
-    let sock = app.socks[to.slot as usize].as_mut().expect("bound sockets are open");
+    let app = core.apps[to.app]
+        .as_mut()
+        .expect("bound sockets belong to live apps");
+    let sock = app.socks[to.slot as usize]
+        .as_mut()
+        .expect("bound sockets are open");
     let pushed = sock.rx.push_with(header, |mem, off| {
         // SAFETY: `src_ptr..+len` lies in the sender's tx ring data area (validated by the
         // ring consumer) and `off..+len` in the receiver's rx ring data area (reserved by the
@@ -39,7 +46,9 @@ pub fn deliver(core: &mut PollCore, from: SockRef, src: (u32, u16), rec: &Record
             ctl.rx_produced_bytes.store(produced, Ordering::Release);
             wake_slot(ctl);
             Stats::bump(&core.stats.loop_delivered);
-            core.stats.loop_bytes.fetch_add(len as u64, Ordering::Relaxed);
+            core.stats
+                .loop_bytes
+                .fetch_add(len as u64, Ordering::Relaxed);
             core.after_enqueue(to);
             Outcome::Delivered
         }

@@ -13,10 +13,10 @@
 //! pool, so steady state allocates nothing; the engine keeps them until TCP acknowledges them.
 
 use crate::config::Config;
-use crate::poll::PollCore;
-use crate::transport::{NetTransport, OutMsg};
 use crate::config::Prefix;
+use crate::poll::PollCore;
 use crate::stats::Stats;
+use crate::transport::{NetTransport, OutMsg};
 use rds_proto::{Connection, Event, Instant};
 use rustc_hash::FxHashMap;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
@@ -112,7 +112,10 @@ fn new_stream(laddr: u32) -> std::io::Result<Socket> {
 }
 
 fn connect_nonblocking(s: &Socket, faddr: u32, port: u16) -> std::io::Result<()> {
-    match s.connect(&SockAddr::from(SocketAddrV4::new(Ipv4Addr::from(faddr), port))) {
+    match s.connect(&SockAddr::from(SocketAddrV4::new(
+        Ipv4Addr::from(faddr),
+        port,
+    ))) {
         Ok(()) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(()),
         Err(e) => Err(e),
@@ -136,11 +139,21 @@ fn bytes_acked(fd: RawFd) -> Option<u64> {
     let mut buf = [0u8; 256];
     let mut len = buf.len() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into our buffer and updates `len`.
-    let r = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, buf.as_mut_ptr() as *mut _, &mut len) };
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            buf.as_mut_ptr() as *mut _,
+            &mut len,
+        )
+    };
     if r != 0 || (len as usize) < OFFSET + 8 {
         return None;
     }
-    Some(u64::from_ne_bytes(buf[OFFSET..OFFSET + 8].try_into().expect("8 bytes")))
+    Some(u64::from_ne_bytes(
+        buf[OFFSET..OFFSET + 8].try_into().expect("8 bytes"),
+    ))
 }
 
 enum Io {
@@ -159,14 +172,24 @@ impl TcpTransport {
         l.set_reuse_address(true)?;
         l.set_nonblocking(true)?;
         l.set_nodelay(true)?;
-        l.bind(&SockAddr::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, cfg.tcp_port)))?;
+        l.bind(&SockAddr::from(SocketAddrV4::new(
+            Ipv4Addr::UNSPECIFIED,
+            cfg.tcp_port,
+        )))?;
         l.listen(64)?;
-        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.as_nanos() as u64);
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(7, |d| d.as_nanos() as u64);
         let mut generation = (seed ^ (seed >> 29) ^ u64::from(std::process::id())) as u32;
         if generation == 0 {
             generation = 1;
         }
-        tracing::info!(port = cfg.tcp_port, generation, paths = cfg.paths, "RDS/TCP listening");
+        tracing::info!(
+            port = cfg.tcp_port,
+            generation,
+            paths = cfg.paths,
+            "RDS/TCP listening"
+        );
         Ok(Some(TcpTransport {
             routes: cfg.tcp_routes.clone(),
             port: cfg.tcp_port,
@@ -187,8 +210,16 @@ impl TcpTransport {
         if let Some(&i) = self.index.get(&(laddr, faddr)) {
             return Some(i);
         }
-        self.seed = self.seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        let mut c = rds_proto::Config::new(Ipv4Addr::from(laddr), Ipv4Addr::from(faddr), self.generation, self.seed);
+        self.seed = self
+            .seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let mut c = rds_proto::Config::new(
+            Ipv4Addr::from(laddr),
+            Ipv4Addr::from(faddr),
+            self.generation,
+            self.seed,
+        );
         c.npaths = self.npaths;
         let engine = match Connection::new(c) {
             Ok(e) => e,
@@ -202,7 +233,13 @@ impl TcpTransport {
             tracing::warn!(peer = %Ipv4Addr::from(faddr), "congestion table full; peer congestion not mirrored");
         }
         tracing::info!(local = %Ipv4Addr::from(laddr), peer = %Ipv4Addr::from(faddr), "new RDS/TCP connection");
-        self.conns.push(Conn { engine, paths: Default::default(), laddr, faddr, maps_seen: 0 });
+        self.conns.push(Conn {
+            engine,
+            paths: Default::default(),
+            laddr,
+            faddr,
+            maps_seen: 0,
+        });
         let i = self.conns.len() - 1;
         self.index.insert((laddr, faddr), i);
         Some(i)
@@ -219,7 +256,9 @@ impl TcpTransport {
             n += 1;
             let peer = peer.as_socket_ipv4();
             let local = sock.local_addr().ok().and_then(|a| a.as_socket_ipv4());
-            let (Some(peer), Some(local)) = (peer, local) else { continue };
+            let (Some(peer), Some(local)) = (peer, local) else {
+                continue;
+            };
             if core.cfg.is_local(*peer.ip()) || !core.cfg.is_local(*local.ip()) {
                 // Local traffic uses loopback (spec §6.2); refuse.
                 Stats::bump(&core.stats.tcp_accepts_refused);
@@ -227,12 +266,17 @@ impl TcpTransport {
             }
             let _ = sock.set_nonblocking(true);
             let _ = sock.set_nodelay(true);
-            let Some(i) = self.conn_for(core, u32::from(*local.ip()), u32::from(*peer.ip())) else { continue };
+            let Some(i) = self.conn_for(core, u32::from(*local.ip()), u32::from(*peer.ip())) else {
+                continue;
+            };
             let c = &mut self.conns[i];
             match c.engine.handle_accepted(now, peer.port()) {
                 Ok(path) => {
                     Stats::bump(&core.stats.tcp_accepts);
-                    c.paths[path] = Some(PathSock { sock, connecting: false });
+                    c.paths[path] = Some(PathSock {
+                        sock,
+                        connecting: false,
+                    });
                 }
                 Err(_) => {
                     // Reset (linger 0), as the kernel does for the side that must connect.
@@ -246,7 +290,8 @@ impl TcpTransport {
 
     fn reap_doorbells(&mut self, now: Instant) {
         self.doorbells.retain(|(s, deadline)| {
-            let rev = shm_api::sys::poll_one(s.as_raw_fd(), libc::POLLOUT, 0).unwrap_or(libc::POLLERR);
+            let rev =
+                shm_api::sys::poll_one(s.as_raw_fd(), libc::POLLOUT, 0).unwrap_or(libc::POLLERR);
             rev == 0 && now < *deadline
         });
     }
@@ -256,7 +301,8 @@ impl TcpTransport {
         if let Some(ps) = c.paths[path].take() {
             if !ps.connecting {
                 if let Some(acked) = bytes_acked(ps.sock.as_raw_fd()) {
-                    c.engine.handle_acked(path, acked.min(c.engine.stream_offset(path)));
+                    c.engine
+                        .handle_acked(path, acked.min(c.engine.stream_offset(path)));
                 }
             }
             Stats::bump(&core.stats.tcp_path_down);
@@ -266,7 +312,11 @@ impl TcpTransport {
 
     fn poll_conn(&mut self, core: &mut PollCore, i: usize, now: Instant) -> usize {
         let mut work = 0;
-        if self.conns[i].engine.poll_timeout().is_some_and(|t| t <= now) {
+        if self.conns[i]
+            .engine
+            .poll_timeout()
+            .is_some_and(|t| t <= now)
+        {
             self.conns[i].engine.handle_timeout(now);
             work += 1;
         }
@@ -320,7 +370,14 @@ impl TcpTransport {
         let mut budget = READ_BUDGET;
         while budget > 0 {
             // SAFETY: recv into our own buffer.
-            let n = unsafe { libc::recv(fd, self.rxbuf.as_mut_ptr() as *mut _, self.rxbuf.len(), libc::MSG_DONTWAIT) };
+            let n = unsafe {
+                libc::recv(
+                    fd,
+                    self.rxbuf.as_mut_ptr() as *mut _,
+                    self.rxbuf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
             if n == 0 {
                 return Io::Down;
             }
@@ -335,9 +392,10 @@ impl TcpTransport {
             budget = budget.saturating_sub(n);
             work += 1;
             let (laddr, faddr) = (c.laddr, c.faddr);
-            c.engine.handle_stream_data(now, path, &self.rxbuf[..n], |d| {
-                core.deliver_remote(laddr, faddr, d.sport, d.dport, d.payload);
-            });
+            c.engine
+                .handle_stream_data(now, path, &self.rxbuf[..n], |d| {
+                    core.deliver_remote(laddr, faddr, d.sport, d.dport, d.payload);
+                });
             if c.engine.path_state(path) != rds_proto::PathState::Up {
                 // The engine dropped the path (malformed input): its Close event follows.
                 return Io::Progress(work);
@@ -347,8 +405,14 @@ impl TcpTransport {
         let local_map = core.local_map(c.laddr);
         while let Some(chunk) = c.engine.poll_transmit_chunk(now, path, local_map) {
             let iov = [
-                libc::iovec { iov_base: chunk.header.as_ptr() as *mut _, iov_len: chunk.header.len() },
-                libc::iovec { iov_base: chunk.payload.as_ptr() as *mut _, iov_len: chunk.payload.len() },
+                libc::iovec {
+                    iov_base: chunk.header.as_ptr() as *mut _,
+                    iov_len: chunk.header.len(),
+                },
+                libc::iovec {
+                    iov_base: chunk.payload.as_ptr() as *mut _,
+                    iov_len: chunk.payload.len(),
+                },
             ];
             let want = chunk.len();
             let mut msg: libc::msghdr = unsafe_zeroed_msghdr();
@@ -391,8 +455,15 @@ impl TcpTransport {
             match ev {
                 Event::Connect { path } => {
                     Stats::bump(&core.stats.tcp_connects);
-                    match new_stream(laddr).and_then(|s| connect_nonblocking(&s, faddr, self.port).map(|()| s)) {
-                        Ok(sock) => self.conns[i].paths[path] = Some(PathSock { sock, connecting: true }),
+                    match new_stream(laddr)
+                        .and_then(|s| connect_nonblocking(&s, faddr, self.port).map(|()| s))
+                    {
+                        Ok(sock) => {
+                            self.conns[i].paths[path] = Some(PathSock {
+                                sock,
+                                connecting: true,
+                            })
+                        }
                         Err(e) => {
                             tracing::debug!(error = %e, path, "connect failed");
                             let _ = self.conns[i].engine.handle_path_down(now, path);
@@ -409,7 +480,10 @@ impl TcpTransport {
                 Event::Close { path } => self.path_down(core, i, path, now),
                 Event::Released { token, len } => core.release_token(token, len as u64),
                 Event::CongestionChanged { uncongested_mask } => {
-                    core.mirror_peer_map(faddr, self.conns[i].engine.peer_congestion_map().as_bytes());
+                    core.mirror_peer_map(
+                        faddr,
+                        self.conns[i].engine.peer_congestion_map().as_bytes(),
+                    );
                     self.conns[i].maps_seen = self.conns[i].engine.counters().cong_map_received;
                     core.remote_uncongested(uncongested_mask);
                 }
@@ -424,7 +498,6 @@ impl TcpTransport {
         }
         n
     }
-
 }
 
 impl NetTransport for TcpTransport {
@@ -437,9 +510,14 @@ impl NetTransport for TcpTransport {
     }
 
     fn send(&mut self, core: &mut PollCore, m: OutMsg<'_>) -> bool {
-        let Some(i) = self.conn_for(core, m.laddr, m.faddr) else { return false };
+        let Some(i) = self.conn_for(core, m.laddr, m.faddr) else {
+            return false;
+        };
         let now = now_since(self.epoch);
-        self.conns[i].engine.send(now, m.sport, m.dport, PoolBuf::copy_of(m.payload), m.token).is_ok()
+        self.conns[i]
+            .engine
+            .send(now, m.sport, m.dport, PoolBuf::copy_of(m.payload), m.token)
+            .is_ok()
     }
 
     /// One pass over every connection and path. Returns the work done.
@@ -485,12 +563,24 @@ impl NetTransport for TcpTransport {
     /// Descriptors to watch while the poll core parks.
     fn park_fds(&self, out: &mut Vec<libc::pollfd>) {
         if let Some(l) = &self.listener {
-            out.push(libc::pollfd { fd: l.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+            out.push(libc::pollfd {
+                fd: l.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
         }
         for c in &self.conns {
             for p in c.paths.iter().flatten() {
-                let events = if p.connecting { libc::POLLOUT } else { libc::POLLIN };
-                out.push(libc::pollfd { fd: p.sock.as_raw_fd(), events, revents: 0 });
+                let events = if p.connecting {
+                    libc::POLLOUT
+                } else {
+                    libc::POLLIN
+                };
+                out.push(libc::pollfd {
+                    fd: p.sock.as_raw_fd(),
+                    events,
+                    revents: 0,
+                });
             }
         }
     }
@@ -498,7 +588,10 @@ impl NetTransport for TcpTransport {
     /// Earliest engine timer, as a park timeout.
     fn next_timeout(&self) -> Option<Duration> {
         let now = now_since(self.epoch);
-        let has_unacked = self.conns.iter().any(|c| (0..MAX_PATHS).any(|p| c.engine.unacked_messages(p) > 0));
+        let has_unacked = self
+            .conns
+            .iter()
+            .any(|c| (0..MAX_PATHS).any(|p| c.engine.unacked_messages(p) > 0));
         if has_unacked {
             // Acknowledgements don't wake poll(); look again soon.
             return Some(Duration::from_millis(1));
@@ -535,10 +628,16 @@ impl NetTransport for TcpTransport {
         set(&stats.tcp_tx_messages, sum.tx_messages);
         set(&stats.tcp_retransmits, sum.tx_retransmits);
         set(&stats.tcp_rx_messages, sum.rx_messages);
-        set(&stats.tcp_drop_bad_header, sum.rx_drop_bad_header + sum.rx_bad_exthdr);
+        set(
+            &stats.tcp_drop_bad_header,
+            sum.rx_drop_bad_header + sum.rx_bad_exthdr,
+        );
         set(&stats.tcp_drop_oversize, sum.rx_drop_oversize);
         set(&stats.tcp_drop_dup_seq, sum.rx_drop_dup_seq);
-        set(&stats.tcp_drop_unknown, sum.rx_drop_unknown + sum.rx_truncated);
+        set(
+            &stats.tcp_drop_unknown,
+            sum.rx_drop_unknown + sum.rx_truncated,
+        );
         set(&stats.tcp_path_errors, sum.path_errors);
         set(&stats.tcp_reconnects, sum.reconnects);
         set(&stats.tcp_cong_maps_sent, sum.cong_map_sent);

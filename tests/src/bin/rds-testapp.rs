@@ -46,7 +46,9 @@ fn main() {
             let mut buf = vec![0u8; 1 << 20];
             let mut expect = 0u64;
             while expect < count {
-                let (n, _from) = s.recv_from(&mut buf).unwrap_or_else(|e| fail(format!("recv: {e}")));
+                let (n, _from) = s
+                    .recv_from(&mut buf)
+                    .unwrap_or_else(|e| fail(format!("recv: {e}")));
                 let seq = payload_seq(&buf[..n]);
                 if seq != expect {
                     fail(format!("out of order: got {seq}, expected {expect}"));
@@ -64,7 +66,8 @@ fn main() {
             let s = rdsd.socket().unwrap();
             s.bind(src).unwrap_or_else(|e| fail(format!("bind: {e}")));
             for i in 0..count {
-                s.send_to(&seq_payload(i, len), dst).unwrap_or_else(|e| fail(format!("send {i}: {e}")));
+                s.send_to(&seq_payload(i, len), dst)
+                    .unwrap_or_else(|e| fail(format!("send {i}: {e}")));
             }
             say(format!("sent {count}"));
         }
@@ -101,8 +104,8 @@ fn main() {
             let (base, len) = rdsd.region_for_tests();
             let slot_off = rdsd.slot_offset_for_tests(s.slot_for_tests());
             let tx_ring = slot_off + 512; // control block, then tx ring header
-            // SAFETY: our own mapping; offsets inside it. This process deliberately corrupts
-            // its own region to prove rdsd survives it.
+                                          // SAFETY: our own mapping; offsets inside it. This process deliberately corrupts
+                                          // its own region to prove rdsd survives it.
             unsafe {
                 let producer = base.add(tx_ring) as *mut u64;
                 let data = base.add(tx_ring + 256);
@@ -135,7 +138,13 @@ fn main() {
             let start = Instant::now();
             let mut buf = [0u8; 64];
             loop {
-                match s.recv_msg(&mut buf, RecvFlags { dontwait: true, ..Default::default() }) {
+                match s.recv_msg(
+                    &mut buf,
+                    RecvFlags {
+                        dontwait: true,
+                        ..Default::default()
+                    },
+                ) {
                     Err(e) if is_daemon_gone(&e) => {
                         say("evicted");
                         break;
@@ -154,7 +163,9 @@ fn main() {
             let mut buf = [0u8; 64];
             let t = Instant::now();
             match s.recv_from(&mut buf) {
-                Err(e) if is_daemon_gone(&e) => say(format!("gone after {} ms: {e}", t.elapsed().as_millis())),
+                Err(e) if is_daemon_gone(&e) => {
+                    say(format!("gone after {} ms: {e}", t.elapsed().as_millis()))
+                }
                 other => fail(format!("unexpected {other:?}")),
             }
             drop(s);
@@ -163,13 +174,16 @@ fn main() {
             let again = loop {
                 match Rdsd::attach() {
                     Ok(r) => break r,
-                    Err(_) if start.elapsed() < Duration::from_secs(30) => std::thread::sleep(Duration::from_millis(50)),
+                    Err(_) if start.elapsed() < Duration::from_secs(30) => {
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
                     Err(e) => fail(format!("reattach: {e}")),
                 }
             };
             say("reattached");
             let a = again.socket().unwrap();
-            a.bind(addr).unwrap_or_else(|e| fail(format!("rebind: {e}")));
+            a.bind(addr)
+                .unwrap_or_else(|e| fail(format!("rebind: {e}")));
             a.send_to(b"hi", addr).unwrap();
             let (n, from) = a.recv_from(&mut buf).unwrap();
             if &buf[..n] != b"hi" || from != addr {
@@ -201,12 +215,15 @@ fn main() {
             say(format!("enobufs {i}"));
             s.set_recv_timeout(Some(Duration::from_secs(20))).unwrap();
             let mut buf = [0u8; 16];
-            let m = s.recv_msg(&mut buf, RecvFlags::default()).unwrap_or_else(|e| fail(format!("recv: {e}")));
+            let m = s
+                .recv_msg(&mut buf, RecvFlags::default())
+                .unwrap_or_else(|e| fail(format!("recv: {e}")));
             match m.cong_update {
                 Some(mask) if m.len == 0 => say(format!("cong_update {mask}")),
                 _ => fail(format!("expected a congestion update, got {m:?}")),
             }
-            s.send_to(&seq_payload(i, 512), dst).unwrap_or_else(|e| fail(format!("send after clear: {e}")));
+            s.send_to(&seq_payload(i, 512), dst)
+                .unwrap_or_else(|e| fail(format!("send after clear: {e}")));
             say(format!("sent-after-clear {}", i + 1));
         }
         // recv-multi ADDR TOTAL: receive TOTAL messages from any senders; each sender's
@@ -221,7 +238,9 @@ fn main() {
             let mut next = std::collections::HashMap::<SocketAddrV4, u64>::new();
             let mut buf = vec![0u8; 1 << 20];
             for _ in 0..total {
-                let (n, from) = s.recv_from(&mut buf).unwrap_or_else(|e| fail(format!("recv: {e}")));
+                let (n, from) = s
+                    .recv_from(&mut buf)
+                    .unwrap_or_else(|e| fail(format!("recv: {e}")));
                 let seq = payload_seq(&buf[..n]);
                 let e = next.entry(from).or_insert(0);
                 if seq != *e {
@@ -235,12 +254,14 @@ fn main() {
         "fanout" => {
             let src: SocketAddrV4 = arg(&args, 1, "src");
             let count: u64 = arg(&args, 2, "count");
-            let dsts: Vec<SocketAddrV4> = args[3..].iter().map(|a| a.parse().expect("dst")).collect();
+            let dsts: Vec<SocketAddrV4> =
+                args[3..].iter().map(|a| a.parse().expect("dst")).collect();
             let s = rdsd.socket().unwrap();
             s.bind(src).unwrap();
             for i in 0..count {
                 for d in &dsts {
-                    s.send_to(&seq_payload(i, 100), *d).unwrap_or_else(|e| fail(format!("send: {e}")));
+                    s.send_to(&seq_payload(i, 100), *d)
+                        .unwrap_or_else(|e| fail(format!("send: {e}")));
                 }
             }
             say(format!("sent {count}"));
@@ -262,7 +283,8 @@ fn main() {
                 .collect();
             for i in 0..count {
                 for s in &socks {
-                    s.send_to(&seq_payload(i, 64 + (i as usize % 200)), dst).unwrap_or_else(|e| fail(format!("send: {e}")));
+                    s.send_to(&seq_payload(i, 64 + (i as usize % 200)), dst)
+                        .unwrap_or_else(|e| fail(format!("send: {e}")));
                 }
             }
             say(format!("sent {}", count * n as u64));
@@ -321,7 +343,10 @@ fn main() {
                         let seq = payload_seq(&buf[..n]);
                         let expect = prev.map_or(0, |p| p + 1);
                         if prev.is_some_and(|p| seq <= p) {
-                            fail(format!("duplicate or reordering: {seq} after {}", prev.unwrap()));
+                            fail(format!(
+                                "duplicate or reordering: {seq} after {}",
+                                prev.unwrap()
+                            ));
                         }
                         if seq != expect {
                             gaps += 1;
@@ -339,13 +364,16 @@ fn main() {
                         r = reattach();
                         s = r.socket().unwrap();
                         s.set_recv_buffer_size(8 << 20).unwrap();
-                        s.bind(addr).unwrap_or_else(|e| fail(format!("rebind: {e}")));
+                        s.bind(addr)
+                            .unwrap_or_else(|e| fail(format!("rebind: {e}")));
                         say("rebound");
                     }
                     Err(e) => fail(format!("recv: {e}")),
                 }
             }
-            say(format!("done got {got} gaps {gaps} missing {missing} restarts {restarts}"));
+            say(format!(
+                "done got {got} gaps {gaps} missing {missing} restarts {restarts}"
+            ));
         }
         other => fail(format!("unknown command {other:?}")),
     }
@@ -356,7 +384,9 @@ fn reattach() -> Rdsd {
     loop {
         match Rdsd::attach() {
             Ok(r) => return r,
-            Err(_) if start.elapsed() < Duration::from_secs(30) => std::thread::sleep(Duration::from_millis(20)),
+            Err(_) if start.elapsed() < Duration::from_secs(30) => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
             Err(e) => fail(format!("reattach: {e}")),
         }
     }
@@ -367,7 +397,8 @@ fn garbage_peer(args: &[String]) {
     use std::io::Write;
     let addr: std::net::SocketAddr = format!("{}:{}", args[1], args[2]).parse().expect("addr");
     let mode = args.get(3).map(String::as_str).unwrap_or("");
-    let mut t = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap_or_else(|e| fail(format!("connect: {e}")));
+    let mut t = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .unwrap_or_else(|e| fail(format!("connect: {e}")));
     let mut hdr = [0u8; 48];
     match mode {
         "random" => {
