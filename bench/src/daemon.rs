@@ -184,7 +184,7 @@ impl Spawned {
         // makes it log a (harmless) "poll core did not answer" error.
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(1) {
-            match fetch_stats(&self.socket) {
+            match shm_api::stats_at(&self.socket) {
                 Ok(s) if counter(&s, "apps_attached") <= counter(&s, "apps_detached") => break,
                 Ok(_) => std::thread::sleep(Duration::from_millis(2)),
                 Err(_) => break,
@@ -220,22 +220,6 @@ impl Drop for Spawned {
             eprintln!("rds-bench: {e:#}");
         }
     }
-}
-
-/// rdsd's counters, read over the control socket without attaching (like `rdsctl stats`).
-fn fetch_stats(path: &Path) -> std::io::Result<String> {
-    use shm_api::ctrl::{Reply, Request, MAX_DATAGRAM};
-    use std::os::fd::AsRawFd;
-    let sock = shm_api::sys::connect_seqpacket(path)?;
-    shm_api::sys::send_with_fds(sock.as_raw_fd(), &Request::Stats.encode(), &[])?;
-    let mut buf = vec![0u8; MAX_DATAGRAM];
-    let (n, _) = shm_api::sys::recv_with_fds(sock.as_raw_fd(), &mut buf, 0)?;
-    let reply = Reply::decode(&buf[..n])
-        .ok_or_else(|| std::io::Error::other("malformed reply from rdsd"))?;
-    if reply.errno != 0 {
-        return Err(std::io::Error::from_raw_os_error(reply.errno));
-    }
-    Ok(String::from_utf8_lossy(&reply.body).into_owned())
 }
 
 /// Counter `name` in a stats text (0 if absent).

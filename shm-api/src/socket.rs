@@ -313,6 +313,21 @@ impl Rdsd {
     }
 }
 
+/// rdsd's counters (`name value` per line), read over its control socket without attaching:
+/// no region is created. Used by `rdsctl` and `rds-bench`.
+pub fn stats_at(path: &Path) -> io::Result<String> {
+    let sock = sys::connect_seqpacket(path)?;
+    sys::send_with_fds(sock.as_raw_fd(), &Request::Stats.encode(), &[])?;
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let (n, _) = sys::recv_with_fds(sock.as_raw_fd(), &mut buf, 0)?;
+    let reply =
+        Reply::decode(&buf[..n]).ok_or_else(|| io::Error::other("malformed reply from rdsd"))?;
+    if reply.errno != 0 {
+        return Err(errno(reply.errno));
+    }
+    Ok(String::from_utf8_lossy(&reply.body).into_owned())
+}
+
 fn version_mismatch(daemon: u32) -> io::Error {
     io::Error::new(
         io::ErrorKind::Unsupported,
