@@ -193,6 +193,44 @@ impl App {
         }
     }
 
+    /// Like [`App::expect`], but panics if no matching line arrives within `limit` (a hung
+    /// app fails the test instead of blocking it). Relies on the app writing whole lines.
+    pub fn expect_within(&mut self, prefix: &str, limit: Duration) -> String {
+        use std::os::fd::AsRawFd;
+        let deadline = Instant::now() + limit;
+        loop {
+            if !self.lines.buffer().contains(&b'\n') {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let fd = self.lines.get_ref().as_raw_fd();
+                let rev = shm_api::sys::poll_one(fd, libc::POLLIN, left.as_millis() as i32)
+                    .expect("poll app stdout");
+                assert!(
+                    rev != 0,
+                    "timed out after {limit:?} waiting for app line {prefix:?}"
+                );
+            }
+            let l = self.line();
+            assert!(!l.starts_with("FAIL"), "app reported: {l}");
+            if let Some(rest) = l.strip_prefix(prefix) {
+                return rest.trim().to_string();
+            }
+        }
+    }
+
+    /// Waits up to `limit` for exit; `None` if the app is still running then.
+    pub fn wait_within(&mut self, limit: Duration) -> Option<i32> {
+        let start = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().expect("try_wait") {
+                return Some(st.code().unwrap_or(-1));
+            }
+            if start.elapsed() >= limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Waits for exit and returns the exit code.
     pub fn wait(mut self) -> i32 {
         let st = self.child.wait().expect("wait");

@@ -20,29 +20,43 @@
 //! with the kernel's backoff (first attempt at once, then a random delay in `[0, bound)` with
 //! the bound doubling from 1 ms to 1 s, reset when the path comes up). The larger address is
 //! *passive*: it only accepts, and while it has data to send with path 0 down it emits
-//! [`Event::Doorbell`] (a connect the smaller side resets before connecting back).
+//! [`Event::Doorbell`] (a connect the smaller side resets before connecting back), at most once
+//! per interval: the first at once, then never sooner than a bound after the previous one, the
+//! bound starting at [`Config::doorbell_min`] (10 ms) and doubling up to
+//! [`Config::reconnect_max`] (a jitter only lengthens it, by less than half), reset when path 0
+//! comes up.
 //!
 //! When path 0 comes up both sides send a handshake probe (sport 1 → dport 0 ping carrying
 //! `NPATHS`, `GEN_NUM` and optionally `SPORT_IDX`), answered by a pong (sport 0 → dport 1).
 //! The connection then uses `min(our offer, peer offer)` paths; the active side connects paths
 //! 1.. only after a pong on the current path-0 connection. A socket's messages go on path
 //! `hash(sport) % npaths` (path 0 before the handshake); each path numbers its messages from 1
-//! when they are queued. Every new path first sends the local congestion map.
+//! when they are queued.
+//!
+//! Congestion maps follow the kernel (spec §8): the connection has **one** pending-map flag,
+//! set when any path comes up and on [`Connection::local_congestion_changed`]. The first up
+//! path that transmits between two messages sends the current map and clears the flag, so
+//! one change costs one 8 KiB map per connection, not one per path. If that path goes down
+//! while writing the map, the flag is set again and another path sends it.
 //!
 //! Delivery is confirmed by TCP: a message is released ([`Event::Released`]) when the
 //! transport's acknowledged stream offset passes its last byte. When a path goes down, its
 //! unacknowledged messages go back to the front of its queue and are resent with
 //! `RETRANSMITTED` and their original numbers; the receiver drops a `RETRANSMITTED` message
 //! whose number is below the next expected one. Peer restarts are handled with generation
-//! numbers; the policy is described in [`conn`].
+//! numbers; the policy is described in [`conn`]. A restart of *our* daemon can keep the
+//! receive state (peer generation and next expected number per path) through
+//! [`Connection::restore_rx_state`], so a surviving peer's resends of messages we had already
+//! delivered are dropped instead of delivered twice.
 //!
 //! # I/O contract
 //!
 //! The transport (kernel TCP, or later a userspace TCP) owns the sockets and must:
 //!
 //! 1. Create one [`Connection`] per (local, peer) pair with a [`Config`] (random non-zero
-//!    generation chosen once per daemon start, RNG seed). Call [`Connection::open`] or just
-//!    [`Connection::send`].
+//!    generation chosen once per daemon start, RNG seed). If an earlier run of the daemon
+//!    persisted receive state for this pair, call [`Connection::restore_rx_state`] at once,
+//!    before any other input. Call [`Connection::open`] or just [`Connection::send`].
 //! 2. After every call, drain [`Connection::poll_event`]:
 //!    * [`Event::Connect`]: open a TCP connection from the local address (with
 //!      [`Config::sport_idx`], from a source port with `port % 8 == path`) to `peer:16385`; on
@@ -51,8 +65,10 @@
 //!    * [`Event::Doorbell`]: open a throw-away connection to `peer:16385` and close it.
 //!    * [`Event::Close`]: close that path's socket, then call `handle_path_down`.
 //!    * [`Event::Released`]: return `len` bytes to the sending socket's send buffer.
-//!    * [`Event::CongestionChanged`], [`Event::PathsNegotiated`], [`Event::PeerRestarted`]:
-//!      notifications (wake congestion waiters, update stats).
+//!    * [`Event::PeerRestarted`]: a notification; if you persist receive state, the new
+//!      generation must already be stored (step 6).
+//!    * [`Event::CongestionChanged`], [`Event::PathsNegotiated`]: notifications (wake
+//!      congestion waiters, update stats).
 //! 3. On an inbound connection from the peer's address call [`Connection::handle_accepted`]
 //!    with the peer's TCP source port; on `Err` reset the socket (linger 0).
 //! 4. When a path's socket is writable and [`Connection::has_pending_transmit`] holds, write
@@ -65,7 +81,11 @@
 //!    moment the path came up. Read it at least before reporting the path down.
 //! 6. Feed received bytes to [`Connection::handle_stream_data`] (callback per delivery) or
 //!    [`Connection::receive`] (pull, one message per call). Deliveries borrow the input or a
-//!    per-path buffer; nothing is allocated per message in steady state.
+//!    per-path buffer; nothing is allocated per message in steady state. To survive a restart
+//!    without duplicates, persist after each message has reached its socket its
+//!    [`Delivery::peer_generation`] and `sequence + 1` for its [`Delivery::path`], and after
+//!    each call any change of [`Connection::peer_generation`] (the exact rule is on
+//!    [`Connection::restore_rx_state`]).
 //! 7. Report a dead socket (EOF, RST, error other than EAGAIN, keepalive timeout) with
 //!    [`Connection::handle_path_down`].
 //! 8. Call [`Connection::handle_timeout`] when [`Connection::poll_timeout`] expires.
@@ -92,10 +112,12 @@
 //! * Passive path mapping with `SPORT_IDX` uses `sport % 8` (equal to the kernel's
 //!   `sport % npaths` for power-of-two counts); a busy path refuses the connection instead of
 //!   stashing it. Without `SPORT_IDX` the first free path is used, like classic kernels.
-//! * The passive side re-rings the doorbell at backoff pace while it has data queued and path 0
-//!   is down (the kernel only does so on sendmsg).
-//! * Pongs and probes are queued messages retransmitted like data (as in the kernel); the
-//!   congestion map goes out on every up path when it changes (the kernel picks one).
+//! * The passive side re-rings the doorbell while it has data queued and path 0 is down (the
+//!   kernel only does so on sendmsg and at the end of a path-0 shutdown), at most once per
+//!   interval of [`Config::doorbell_min`] doubling to [`Config::reconnect_max`].
+//! * Pongs and probes are queued messages retransmitted like data (as in the kernel).
+//! * Receive state can outlive the daemon ([`Connection::restore_rx_state`]); the kernel
+//!   loses it when the module is reloaded.
 //! * Checksums, `h_ack` and `h_credit` are neither set nor checked (as kernel TCP).
 //! * No `ACK_REQUIRED` bookkeeping, no RDMA extensions acted upon, no FIN-drain shutdown.
 //!
@@ -103,7 +125,21 @@
 //!
 //! * If the acknowledgement of bytes the peer already consumed is lost together with a reset
 //!   connection **and** the peer restarts before the resend, the restarted peer delivers that
-//!   message again (nothing can tell the two apart without an end-to-end acknowledgement).
+//!   message again, unless it restored its persisted receive state (an rdsd peer using
+//!   [`Connection::restore_rx_state`]); a kernel peer cannot.
+//! * Restored receive state is only as fresh as the store: if the peer restarted and our
+//!   daemon crashes after our TCP acknowledged the peer's new-generation probe but before the
+//!   I/O layer stored that generation, the stale numbers can drop resends of the restarted
+//!   peer that precede its next probe (a loss, never a duplicate). With classic (non-`SPORT_IDX`) multipath peers, restored numbers follow
+//!   our path indices, which may disagree with the peer's after reconnects (see below).
+//! * A receiver that has not learned a surviving sender's generation yet (it restarted, and the
+//!   sender's probe on the new path-0 connection queues behind its resends) takes a later
+//!   sender restart for the first generation learned and keeps its numbers; that restarted
+//!   sender's resends below them are dropped (a loss, never a duplicate). Restoring the
+//!   generation with [`Connection::restore_rx_state`] avoids this after our own restarts.
+//! * Maps of successive congestion changes can go out on different paths and reach the peer
+//!   out of order, as with the kernel; a stale map then stays until the next change or the
+//!   next path coming up.
 //! * A peer restart that *lowers* the path count moves messages queued on vanished paths to
 //!   their new path; messages that were unacknowledged on such a path are moved only when the
 //!   path is reported down and can then be reordered after newer messages of the same socket.

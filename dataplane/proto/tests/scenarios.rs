@@ -1,10 +1,12 @@
 //! Targeted behaviours of the general layer: handshake, ping/pong, congestion maps, malformed
-//! input, cancel, duplicate rule, retransmission, partial writes, backoff, doorbell.
+//! input, cancel, duplicate rule, retransmission, partial writes, backoff, doorbell, restored
+//! receive state.
 
 mod util;
 
 use rds_proto::wire::{
-    flags, CongMap, Deframer, ExtHeader, HeaderRepr, CONG_MAP_BYTES, MAX_MSG_SIZE,
+    flags, CongMap, Deframer, ExtHeader, ExtHeaders, HeaderRepr, CONG_MAP_BYTES, HEADER_LEN,
+    MAX_MSG_SIZE, MAX_PATHS,
 };
 use rds_proto::{
     AcceptError, Config, ConfigError, Connection, Event, Instant, PathState, SendError,
@@ -103,6 +105,14 @@ fn config_and_send_errors() {
         Connection::<Vec<u8>>::new(Config::new(ADDR_A, ADDR_B, 0, 0)).err(),
         Some(ConfigError::ZeroGeneration)
     );
+    let mut c = Config::new(ADDR_B, ADDR_A, 1, 0);
+    assert_eq!(c.doorbell_min, Duration::from_millis(10));
+    c.doorbell_min = Duration::ZERO;
+    assert_eq!(c.validate(), Err(ConfigError::BadDoorbell));
+    c.doorbell_min = c.reconnect_max + Duration::from_nanos(1);
+    assert_eq!(c.validate(), Err(ConfigError::BadDoorbell));
+    c.doorbell_min = c.reconnect_max;
+    assert_eq!(c.validate(), Ok(()));
     let mut a = conn(ADDR_A, ADDR_B, GEN_A);
     let now = Instant::ZERO;
     let big = vec![0u8; MAX_MSG_SIZE as usize + 1];
@@ -245,8 +255,8 @@ fn congestion_map_applied_then_cleared() {
     assert!(pair.drive(10_000));
     assert!(pair.hosts[0].conn.peer_port_congested(3000));
     assert!(!pair.hosts[0].conn.peer_port_congested(3001));
-    // Every up path sends it.
-    assert_eq!(pair.hosts[1].conn.counters().cong_map_sent, sent_before + 2);
+    // One map per connection, on one of the two up paths.
+    assert_eq!(pair.hosts[1].conn.counters().cong_map_sent, sent_before + 1);
     assert!(!pair.hosts[0]
         .events
         .iter()
@@ -270,6 +280,129 @@ fn congestion_map_applied_then_cleared() {
     assert_eq!(got, vec![b"after".to_vec()]);
     assert_eq!(b.counters().rx_drop_bad_header, 1);
     assert!(!b.peer_port_congested(0));
+}
+
+/// Kernel wire economy (spec §8): one pending map per connection, not one per path.
+#[test]
+fn congestion_map_goes_out_once_per_connection_not_per_path() {
+    let mut pair = established(Faults::default(), 8);
+    assert_eq!(pair.link_count(), 8);
+    for host in 0..2 {
+        for path in 0..MAX_PATHS {
+            assert_eq!(pair.hosts[host].conn.path_state(path), PathState::Up);
+        }
+    }
+    // N changes, each followed by quiescence: at most N maps, and the peer tracks each one.
+    const N: u64 = 6;
+    let before = pair.hosts[1].conn.counters().cong_map_sent;
+    for i in 0..N {
+        let port = 3000 + i as u16;
+        if i % 3 == 2 {
+            pair.hosts[1].local_map.clear(port - 1);
+        } else {
+            pair.hosts[1].local_map.set(port);
+        }
+        pair.conn(1).local_congestion_changed();
+        assert!(pair.drive(10_000));
+        assert!(
+            pair.hosts[0].conn.peer_congestion_map() == &pair.hosts[1].local_map,
+            "peer map after change {i}"
+        );
+    }
+    let sent = pair.hosts[1].conn.counters().cong_map_sent - before;
+    assert!(
+        sent > 0 && sent <= N,
+        "{sent} maps for {N} changes on 8 paths"
+    );
+    assert_eq!(
+        pair.hosts[0].conn.counters().cong_map_received,
+        pair.hosts[1].conn.counters().cong_map_sent
+    );
+
+    // Several changes before any transmit pass: exactly one map, the latest.
+    let before = pair.hosts[1].conn.counters().cong_map_sent;
+    for port in [4000u16, 4001, 4002, 4003] {
+        pair.hosts[1].local_map.set(port);
+        pair.conn(1).local_congestion_changed();
+    }
+    for path in 0..MAX_PATHS {
+        assert!(
+            pair.hosts[1].conn.has_pending_transmit(path),
+            "the connection's pending map shows on up path {path}"
+        );
+    }
+    assert!(pair.drive(10_000));
+    assert_eq!(pair.hosts[1].conn.counters().cong_map_sent, before + 1);
+    assert!(pair.hosts[0].conn.peer_port_congested(4003));
+    assert!(pair.hosts[0].conn.peer_congestion_map() == &pair.hosts[1].local_map);
+}
+
+/// Passive side with paths 0 and 1 up (the peer's pong negotiated 2 paths with SPORT_IDX).
+fn passive_two_paths(now: Instant) -> Connection<Vec<u8>> {
+    let mut b = passive_up(now);
+    let mut ext = ExtHeaders::new();
+    ext.push(ExtHeader::NPaths(2)).unwrap();
+    ext.push(ExtHeader::GenNum(GEN_A)).unwrap();
+    ext.push(ExtHeader::SportIdx(0)).unwrap();
+    let pong = HeaderRepr {
+        sequence: 1,
+        sport: 0,
+        dport: 1,
+        exthdr: ext,
+        ..Default::default()
+    };
+    b.handle_stream_data(now, 0, &pong.to_bytes(), |_| panic!("pong delivered"));
+    assert_eq!(b.handle_accepted(now, 40001), Ok(1));
+    let _ = events(&mut b);
+    b
+}
+
+#[test]
+fn congestion_map_cut_mid_frame_goes_out_on_another_path() {
+    let now = Instant::ZERO;
+    let mut b = passive_two_paths(now);
+    let mut map = CongMap::new();
+    assert!(b.has_pending_transmit(0) && b.has_pending_transmit(1));
+    // Both paths came up, but the first transmit pass (path 0) sends the only map.
+    let out = frames(&drain(&mut b, now, 0, &map));
+    assert_eq!(out[0].0.flags, flags::CONG_BITMAP);
+    assert_eq!(out.iter().filter(|(h, _)| h.is_cong_bitmap()).count(), 1);
+    assert!(!b.has_pending_transmit(1));
+    assert!(
+        drain(&mut b, now, 1, &map).is_empty(),
+        "no second map on path 1"
+    );
+    assert_eq!(b.counters().cong_map_sent, 1);
+
+    map.set(4242);
+    b.local_congestion_changed();
+    assert!(b.has_pending_transmit(0) && b.has_pending_transmit(1));
+    // Path 1 runs first and starts the map; path 0 has nothing left to send.
+    let chunk = b.poll_transmit_chunk(now, 1, &map).unwrap();
+    assert_eq!(chunk.len(), HEADER_LEN + CONG_MAP_BYTES);
+    b.advance_transmit(1, 100);
+    assert!(!b.has_pending_transmit(0));
+    assert!(drain(&mut b, now, 0, &map).is_empty());
+    assert_eq!(b.counters().cong_map_sent, 2);
+
+    // Path 1 dies mid-map: the map is pending again and path 0 sends it.
+    b.handle_path_down(now, 1).unwrap();
+    assert!(b.has_pending_transmit(0));
+    assert!(!b.has_pending_transmit(1), "a down path sends nothing");
+    let out = frames(&drain(&mut b, now, 0, &map));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0.flags, flags::CONG_BITMAP);
+    assert_eq!(out[0].1.as_slice(), &map.as_bytes()[..]);
+    assert_eq!(b.counters().cong_map_sent, 3);
+
+    // A path that finished its map before dying does not re-arm it (a path coming up does).
+    map.clear(4242);
+    b.local_congestion_changed();
+    assert_eq!(frames(&drain(&mut b, now, 0, &map)).len(), 1);
+    b.handle_path_down(now, 0).unwrap();
+    assert!(!b.has_pending_transmit(0));
+    assert_eq!(b.handle_accepted(now, 40008), Ok(0));
+    assert!(b.has_pending_transmit(0));
 }
 
 #[test]
@@ -525,6 +658,82 @@ fn passive_side_never_reconnects_but_rings_the_doorbell() {
     assert!(b.poll_timeout().is_none());
 }
 
+/// Passive side with path 0 down and data queued: doorbells at most once per backoff interval
+/// (10 ms, doubling to 1 s), however often the timer is polled or the application sends.
+#[test]
+fn doorbell_rings_at_most_once_per_backoff_interval() {
+    let start = Instant::from_nanos(5_000_000);
+    let mut b = passive_up(start);
+    b.handle_path_down(start, 0).unwrap();
+    assert!(events(&mut b).is_empty(), "nothing queued: no doorbell");
+    b.send(start, 9, 10, b"x".to_vec(), 1).unwrap();
+
+    // Drive virtual time in small ticks (and exactly to each timer), sending now and then.
+    let tick = Duration::from_micros(250);
+    let drive = |b: &mut Connection<Vec<u8>>, from: Instant, until: Instant| {
+        let mut rings = Vec::new();
+        let mut now = from;
+        let mut token = 100;
+        while now <= until {
+            b.handle_timeout(now);
+            if now.as_nanos() % 1_000_000 < tick.as_nanos() as u64 {
+                token += 1;
+                b.send(now, 9, 10, b"more".to_vec(), token).unwrap();
+            }
+            for e in events(b) {
+                assert_eq!(e, Event::Doorbell);
+                rings.push(now);
+            }
+            now = match b.poll_timeout() {
+                Some(t) if t > now => t.min(now + tick),
+                _ => now + tick,
+            };
+        }
+        rings
+    };
+    let mut rings = vec![start];
+    assert_eq!(
+        events(&mut b),
+        vec![Event::Doorbell],
+        "the first one rings at once"
+    );
+    rings.extend(drive(&mut b, start, start + Duration::from_millis(35)));
+    assert!(
+        (2..=3).contains(&rings.len()),
+        "doorbells in 35 ms: {rings:?}"
+    );
+    assert_eq!(b.counters().doorbells, rings.len() as u64);
+
+    // Over a longer span, consecutive doorbells are at least the (doubling) bound apart and
+    // at most 1.5 times it (capped at reconnect_max): paced, but never stalled.
+    let end = start + Duration::from_secs(4);
+    rings.extend(drive(&mut b, start + Duration::from_millis(35) + tick, end));
+    assert_eq!(b.counters().doorbells, rings.len() as u64);
+    let max = Duration::from_secs(1);
+    let mut bound = Duration::from_millis(10);
+    for (k, w) in rings.windows(2).enumerate() {
+        let gap = w[1].saturating_duration_since(w[0]);
+        assert!(gap >= bound, "gap {k}: {gap:?} below the bound {bound:?}");
+        let upper = (bound + bound / 2).min(max) + tick;
+        assert!(gap <= upper, "gap {k}: {gap:?} above {upper:?}");
+        bound = (bound * 2).min(max);
+    }
+    assert!(rings.len() >= 8, "{} doorbells in 4 s", rings.len());
+
+    // Path 0 up resets the pacing: the next loss of path 0 rings at once, then 10 ms later.
+    let now = end;
+    assert_eq!(b.handle_accepted(now, 40000), Ok(0));
+    assert!(b.poll_timeout().is_none());
+    b.handle_path_down(now, 0).unwrap();
+    assert_eq!(events(&mut b), vec![Event::Doorbell]);
+    let next = b.poll_timeout().unwrap();
+    let gap = next.saturating_duration_since(now);
+    assert!(
+        gap >= Duration::from_millis(10) && gap < Duration::from_millis(15),
+        "{gap:?}"
+    );
+}
+
 #[test]
 fn active_side_resets_inbound_and_connects_back() {
     let now = Instant::ZERO;
@@ -677,4 +886,140 @@ fn close_stops_reconnecting_until_reopened() {
     assert!(a.poll_timeout().is_none());
     a.send(now, 5, 6, vec![], 1).unwrap();
     assert_eq!(events(&mut a), vec![Event::Connect { path: 0 }]);
+}
+
+fn probe(seq: u64, generation: Option<u32>) -> Vec<u8> {
+    let mut ext = ExtHeaders::new();
+    ext.push(ExtHeader::NPaths(8)).unwrap();
+    if let Some(g) = generation {
+        ext.push(ExtHeader::GenNum(g)).unwrap();
+    }
+    HeaderRepr {
+        sequence: seq,
+        sport: 1,
+        dport: 0,
+        exthdr: ext,
+        ..Default::default()
+    }
+    .to_bytes()
+    .to_vec()
+}
+
+/// (sequence, retransmitted, peer generation, payload) of each delivery.
+type Got = Vec<(u64, bool, u32, Vec<u8>)>;
+
+fn feed(c: &mut Connection<Vec<u8>>, path: usize, stream: &[u8]) -> Got {
+    let mut got = Vec::new();
+    c.handle_stream_data(Instant::ZERO, path, stream, |d| {
+        assert_eq!(d.path, path);
+        got.push((
+            d.sequence,
+            d.retransmitted,
+            d.peer_generation,
+            d.payload.to_vec(),
+        ))
+    });
+    got
+}
+
+/// B restarted and restored what it had delivered; A kept running and resends what it never
+/// saw acknowledged.
+#[test]
+fn restored_rx_state_drops_resends_of_a_surviving_peer() {
+    let now = Instant::ZERO;
+    let mut b = conn(ADDR_B, ADDR_A, 0xbbbb_0003);
+    assert_eq!(b.rx_state(), (0, [0; MAX_PATHS]));
+    let mut next = [0u64; MAX_PATHS];
+    next[0] = 5;
+    next[3] = 9;
+    b.restore_rx_state(GEN_A, next);
+    assert_eq!(b.rx_state(), (GEN_A, next));
+    assert_eq!(b.peer_generation(), GEN_A);
+    assert_eq!(b.handle_accepted(now, 40000), Ok(0));
+
+    let r = flags::RETRANSMITTED;
+    let mut stream = probe(7, Some(GEN_A));
+    stream.extend(message(3, 9, 10, r, b"delivered before the restart"));
+    stream.extend(message(4, 9, 10, r, b"delivered before the restart"));
+    stream.extend(message(5, 9, 10, r, b"five"));
+    stream.extend(message(6, 9, 10, 0, b"six"));
+    let got = feed(&mut b, 0, &stream);
+    assert_eq!(
+        got,
+        vec![
+            (5, true, GEN_A, b"five".to_vec()),
+            (6, false, GEN_A, b"six".to_vec())
+        ]
+    );
+    assert_eq!(b.counters().rx_drop_dup_seq, 2);
+    assert_eq!(b.counters().peer_restarts, 0);
+    assert!(!events(&mut b)
+        .iter()
+        .any(|e| matches!(e, Event::PeerRestarted { .. })));
+    next[0] = 7;
+    assert_eq!(b.rx_state(), (GEN_A, next));
+
+    // Without the restore, the same resends are delivered a second time.
+    let mut fresh = conn(ADDR_B, ADDR_A, 0xbbbb_0003);
+    assert_eq!(fresh.handle_accepted(now, 40000), Ok(0));
+    assert_eq!(feed(&mut fresh, 0, &stream).len(), 4);
+}
+
+/// Both sides restarted: the new peer generation discards the restored numbers.
+#[test]
+fn restored_rx_state_is_discarded_when_the_peer_restarted_too() {
+    const GEN_A2: u32 = 0xaaaa_0002;
+    let now = Instant::ZERO;
+    let mut b = conn(ADDR_B, ADDR_A, 0xbbbb_0003);
+    b.restore_rx_state(GEN_A, [50; MAX_PATHS]);
+    assert_eq!(b.handle_accepted(now, 40000), Ok(0));
+    // The new A numbers from 1 again; its message 2 went out twice (a reset in between).
+    let mut stream = probe(1, Some(GEN_A2));
+    stream.extend(message(2, 9, 10, flags::RETRANSMITTED, b"new peer"));
+    let got = feed(&mut b, 0, &stream);
+    assert_eq!(got, vec![(2, true, GEN_A2, b"new peer".to_vec())]);
+    assert!(events(&mut b).contains(&Event::PeerRestarted {
+        old_generation: GEN_A,
+        new_generation: GEN_A2
+    }));
+    let mut expected = [0u64; MAX_PATHS];
+    expected[0] = 3;
+    assert_eq!(b.rx_state(), (GEN_A2, expected));
+}
+
+/// A classic peer (no GEN_NUM in its probe) keeps the restored numbers; the kernel's rule lets
+/// its non-retransmitted messages through even if it restarted and numbers from 1.
+#[test]
+fn restored_rx_state_is_kept_for_a_peer_without_gen_num() {
+    let now = Instant::ZERO;
+    let mut b = conn(ADDR_B, ADDR_A, 0xbbbb_0003);
+    let mut next = [0u64; MAX_PATHS];
+    next[0] = 50;
+    b.restore_rx_state(0, next);
+    assert_eq!(b.handle_accepted(now, 40000), Ok(0));
+    let r = flags::RETRANSMITTED;
+    let mut stream = probe(60, None);
+    stream.extend(message(49, 9, 10, r, b"dup"));
+    stream.extend(message(50, 9, 10, r, b"fifty"));
+    stream.extend(message(1, 9, 10, 0, b"restarted classic peer"));
+    stream.extend(message(1, 9, 10, r, b"dup"));
+    stream.extend(message(2, 9, 10, r, b"two"));
+    let got: Vec<(u64, Vec<u8>)> = feed(&mut b, 0, &stream)
+        .into_iter()
+        .map(|(seq, _, generation, payload)| {
+            assert_eq!(generation, 0);
+            (seq, payload)
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (50, b"fifty".to_vec()),
+            (1, b"restarted classic peer".to_vec()),
+            (2, b"two".to_vec())
+        ]
+    );
+    assert_eq!(b.counters().rx_drop_dup_seq, 2);
+    assert_eq!(b.rx_state().0, 0);
+    assert_eq!(b.next_rx_seq(0), 3);
 }

@@ -375,6 +375,129 @@ fn main() {
                 "done got {got} gaps {gaps} missing {missing} restarts {restarts}"
             ));
         }
+        // send-bounded SRC DST COUNT LEN SNDBUF TIMEOUT_MS [GAP_US]: blocking sends of COUNT
+        // sequence-numbered messages of LEN bytes (SO_SNDBUF = SNDBUF unless 0), pausing GAP_US
+        // after each; fails if one send or the whole run takes longer than TIMEOUT_MS. Prints
+        // "sent COUNT in MS ms", then stays attached (a closed socket drops unsent messages)
+        // until killed.
+        "send-bounded" => {
+            let src: SocketAddrV4 = arg(&args, 1, "src");
+            let dst: SocketAddrV4 = arg(&args, 2, "dst");
+            let count: u64 = arg(&args, 3, "count");
+            let len: usize = arg(&args, 4, "len");
+            let sndbuf: usize = arg(&args, 5, "sndbuf");
+            let limit = Duration::from_millis(arg(&args, 6, "timeout ms"));
+            let gap: u64 = if args.len() > 7 {
+                arg(&args, 7, "gap us")
+            } else {
+                0
+            };
+            let s = rdsd.socket().unwrap();
+            if sndbuf > 0 {
+                s.set_send_buffer_size(sndbuf)
+                    .unwrap_or_else(|e| fail(format!("SO_SNDBUF: {e}")));
+            }
+            s.set_send_timeout(Some(limit)).unwrap();
+            s.bind(src).unwrap_or_else(|e| fail(format!("bind: {e}")));
+            say("sending");
+            let start = Instant::now();
+            for i in 0..count {
+                s.send_to(&seq_payload(i, len), dst)
+                    .unwrap_or_else(|e| fail(format!("send {i} of {count}: {e}")));
+                if gap > 0 {
+                    std::thread::sleep(Duration::from_micros(gap));
+                }
+                if start.elapsed() > limit {
+                    fail(format!("only {} of {count} sent in {limit:?}", i + 1));
+                }
+            }
+            say(format!(
+                "sent {count} in {} ms",
+                start.elapsed().as_millis()
+            ));
+            std::thread::sleep(Duration::from_secs(600));
+        }
+        // recv-resilient-count ADDR LAST IDLE_MS: like recv-resilient, but counts duplicates
+        // (a sequence seen before) and reorderings (a lower sequence not seen before) instead
+        // of failing on the first, and gives up after IDLE_MS without a message. Prints up to
+        // 20 "anomaly ..." lines, then
+        // "done got G gaps N missing M dups D reorders R restarts K last L timeout T".
+        "recv-resilient-count" => {
+            let addr: SocketAddrV4 = arg(&args, 1, "addr");
+            let last: u64 = arg(&args, 2, "last");
+            let idle = Duration::from_millis(arg(&args, 3, "idle ms"));
+            let open = |r: &Rdsd| {
+                let s = r.socket().unwrap();
+                s.set_recv_buffer_size(8 << 20).unwrap();
+                s.set_recv_timeout(Some(idle)).unwrap();
+                s.bind(addr)
+                    .unwrap_or_else(|e| fail(format!("rebind: {e}")));
+                s
+            };
+            let mut r = rdsd;
+            let mut s = open(&r);
+            say("bound");
+            let (mut gaps, mut missing, mut restarts, mut got) = (0u64, 0u64, 0u64, 0u64);
+            let (mut dups, mut reorders, mut timeout, mut reports) = (0u64, 0u64, 0u64, 0);
+            let mut seen = vec![false; last as usize + 1];
+            let mut prev: Option<u64> = None;
+            let mut buf = vec![0u8; 1 << 20];
+            loop {
+                match s.recv_from(&mut buf) {
+                    Ok((n, _)) => {
+                        let seq = payload_seq(&buf[..n]);
+                        if seq > last {
+                            fail(format!("sequence {seq} beyond {last}"));
+                        }
+                        got += 1;
+                        let p = prev.unwrap_or(0);
+                        if prev.is_some_and(|p| seq <= p) {
+                            let dup = seen[seq as usize];
+                            if dup {
+                                dups += 1;
+                            } else {
+                                reorders += 1;
+                            }
+                            if reports < 20 {
+                                reports += 1;
+                                let what = if dup { "duplicate" } else { "reordered" };
+                                say(format!(
+                                    "anomaly {what} {seq} after {p} (restarts so far {restarts})"
+                                ));
+                            }
+                        } else {
+                            let expect = prev.map_or(0, |p| p + 1);
+                            if seq != expect {
+                                gaps += 1;
+                                missing += seq - expect;
+                            }
+                            prev = Some(seq);
+                        }
+                        seen[seq as usize] = true;
+                        if seq == last {
+                            break;
+                        }
+                    }
+                    Err(e) if is_daemon_gone(&e) => {
+                        restarts += 1;
+                        drop(s);
+                        r = reattach();
+                        s = open(&r);
+                        say("rebound");
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => {
+                        timeout = 1;
+                        break;
+                    }
+                    Err(e) => fail(format!("recv: {e}")),
+                }
+            }
+            say(format!(
+                "done got {got} gaps {gaps} missing {missing} dups {dups} reorders {reorders} \
+                 restarts {restarts} last {} timeout {timeout}",
+                prev.map_or(-1, |p| p as i64)
+            ));
+        }
         other => fail(format!("unknown command {other:?}")),
     }
 }

@@ -26,13 +26,18 @@ pub struct Config {
     pub sport_idx: bool,
     /// Initial reconnect backoff bound (`reconnect_min_delay_ms`, 1 ms).
     pub reconnect_min: Duration,
-    /// Largest reconnect backoff bound (`reconnect_max_delay_ms`, 1 s).
+    /// Largest reconnect backoff bound (`reconnect_max_delay_ms`, 1 s). Also caps the
+    /// doorbell interval.
     pub reconnect_max: Duration,
+    /// Passive side: smallest interval between two [`super::Event::Doorbell`]s (10 ms). After
+    /// a doorbell the next one waits at least this bound, which doubles after each doorbell up
+    /// to `reconnect_max` and is reset when path 0 comes up.
+    pub doorbell_min: Duration,
 }
 
 impl Config {
     /// A configuration with kernel defaults: 8 paths offered, GEN_NUM sent, no SPORT_IDX,
-    /// backoff 1 ms..1 s.
+    /// backoff 1 ms..1 s, doorbell interval 10 ms..1 s.
     pub fn new(local_addr: Ipv4Addr, peer_addr: Ipv4Addr, generation: u32, rng_seed: u64) -> Self {
         Config {
             local_addr,
@@ -44,6 +49,7 @@ impl Config {
             sport_idx: false,
             reconnect_min: Duration::from_millis(1),
             reconnect_max: Duration::from_secs(1),
+            doorbell_min: Duration::from_millis(10),
         }
     }
 
@@ -61,6 +67,9 @@ impl Config {
         if self.reconnect_min.is_zero() || self.reconnect_min > self.reconnect_max {
             return Err(ConfigError::BadBackoff);
         }
+        if self.doorbell_min.is_zero() || self.doorbell_min > self.reconnect_max {
+            return Err(ConfigError::BadDoorbell);
+        }
         Ok(())
     }
 }
@@ -76,6 +85,8 @@ pub enum ConfigError {
     ZeroGeneration,
     /// `reconnect_min` is zero or above `reconnect_max`.
     BadBackoff,
+    /// `doorbell_min` is zero or above `reconnect_max`.
+    BadDoorbell,
 }
 
 impl fmt::Display for ConfigError {
@@ -86,6 +97,9 @@ impl fmt::Display for ConfigError {
             ConfigError::ZeroGeneration => write!(f, "generation number must be non-zero"),
             ConfigError::BadBackoff => {
                 write!(f, "reconnect_min must be non-zero and <= reconnect_max")
+            }
+            ConfigError::BadDoorbell => {
+                write!(f, "doorbell_min must be non-zero and <= reconnect_max")
             }
         }
     }

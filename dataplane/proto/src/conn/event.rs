@@ -52,12 +52,20 @@ pub enum Event {
 }
 
 /// A message for a local socket, borrowed from the input or the path's reassembly buffer.
+///
+/// `path`, `sequence` and `peer_generation` are what the I/O layer persists for
+/// [`super::Connection::restore_rx_state`] once the message has really reached a socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Delivery<'a> {
     /// Path it arrived on.
     pub path: usize,
     /// Its sequence number.
     pub sequence: u64,
+    /// The peer generation the engine knew when it accepted the message (0 = unknown), i.e.
+    /// [`super::Connection::peer_generation`] at that point of the stream. A generation change
+    /// announced earlier in the same input is already reflected here, even though its
+    /// [`Event::PeerRestarted`] is only drained after the call.
+    pub peer_generation: u32,
     /// Source RDS port (source address = the peer address).
     pub sport: u16,
     /// Destination RDS port (destination address = the local address).

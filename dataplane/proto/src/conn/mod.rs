@@ -24,6 +24,37 @@
 //! application never sees a duplicate or a reordering; across a restart it can see one gap
 //! (messages the restarted side had accepted but not yet handed to TCP, or had received from
 //! TCP but not yet delivered).
+//!
+//! # Restarts of our own daemon: restored receive state
+//!
+//! The guarantee above assumes the sender learns, before a restarted receiver comes back,
+//! which bytes it consumed. After a crash that acknowledgement can be lost: the surviving
+//! peer then resends, flagged `RETRANSMITTED`, messages we had already delivered, and a fresh
+//! connection (`next_rx_seq = 0`) would deliver them again. To prevent that, the I/O layer
+//! persists, per connection, the peer generation and one past the last sequence number
+//! delivered to a socket on each path, and hands them to [`Connection::restore_rx_state`]
+//! after the restart; the duplicate rule then drops exactly the resends we had delivered
+//! (the persistence rule and the reasoning are on that method). A peer that restarted too
+//! announces a new generation, and the rule above (reset `next_rx_seq` on a generation
+//! change) discards the restored numbers before its data matters. [`Connection::rx_state`]
+//! shows the current state.
+//!
+//! # Congestion maps
+//!
+//! One pending-map flag per connection (spec §8): a path coming up or
+//! [`Connection::local_congestion_changed`] sets it, and the next
+//! [`Connection::poll_transmit_chunk`] on any up path with no frame in progress starts the map
+//! (a copy of the caller's current map) and clears it; [`Connection::has_pending_transmit`]
+//! reports it on every up path until then. A path that goes down in the middle of its map
+//! frame sets the flag again. Maps carry sequence number 0 and are never retransmitted.
+//!
+//! # Doorbell pacing
+//!
+//! The passive side rings [`Event::Doorbell`] while it has data queued and path 0 is down: the
+//! first time at once, then never less than a bound after the previous doorbell. The bound
+//! starts at [`Config::doorbell_min`] and doubles after each doorbell up to
+//! [`Config::reconnect_max`]; the actual interval is in `[bound, 1.5 * bound)`, capped at
+//! `reconnect_max` but never below the bound. The pacing is reset when path 0 comes up.
 
 mod config;
 mod event;
@@ -72,9 +103,18 @@ pub struct Connection<P> {
     /// with a sequence number at or below this one (per-socket order across the switch).
     fanout_barrier: Option<u64>,
     peer_map: CongMap,
+    /// Our congestion map must go out: set when a path comes up and on
+    /// [`Connection::local_congestion_changed`], cleared when one up path starts the map frame
+    /// (spec §8: one map per connection, on whichever path transmits first).
+    cong_pending: bool,
     events: VecDeque<Event>,
     counters: Counters,
+    /// Passive side: the minimum interval after the next doorbell (0 until the first one since
+    /// path 0 was last up).
     doorbell_bound: Duration,
+    /// Passive side: no doorbell before this instant (`None`: one may ring at once).
+    doorbell_next: Option<Instant>,
+    /// Passive side: the doorbell timer, when one is armed.
     doorbell_at: Option<Instant>,
 }
 
@@ -115,9 +155,11 @@ impl<P: AsRef<[u8]>> Connection<P> {
             path0_confirmed: false,
             fanout_barrier: None,
             peer_map: CongMap::new(),
+            cong_pending: false,
             events: VecDeque::new(),
             counters: Counters::default(),
             doorbell_bound: Duration::ZERO,
+            doorbell_next: None,
             doorbell_at: None,
             config,
         };
@@ -167,6 +209,73 @@ impl<P: AsRef<[u8]>> Connection<P> {
     /// The peer's generation number, 0 while unknown.
     pub fn peer_generation(&self) -> u32 {
         self.peer_generation
+    }
+
+    /// Receive state for introspection and persistence checks: the peer's generation (0 while
+    /// unknown) and `next_rx_seq` of every path. See [`Connection::restore_rx_state`].
+    pub fn rx_state(&self) -> (u32, [u64; MAX_PATHS]) {
+        let mut next = [0u64; MAX_PATHS];
+        for (slot, rx) in next.iter_mut().zip(&self.rx) {
+            *slot = rx.next_rx_seq;
+        }
+        (self.peer_generation, next)
+    }
+
+    /// Restores the receive state persisted by an earlier incarnation of this daemon, so that
+    /// a peer that kept running does not get messages delivered twice after *our* restart.
+    /// Call it right after [`Connection::new`], before any other input.
+    ///
+    /// `peer_generation` is the peer generation the persisted numbers belong to (0 = unknown)
+    /// and `next_rx_seq[p]` is one past the sequence number of the last message of path `p`
+    /// that really reached a socket (0 when none). The I/O layer maintains them so:
+    ///
+    /// * on each delivery, once the socket has the message: if [`Delivery::peer_generation`]
+    ///   is non-zero and differs from the stored non-zero generation, zero every stored path
+    ///   number; store the generation if non-zero; store `sequence + 1` for
+    ///   [`Delivery::path`]. (Storing before the socket has it would turn a crash in between
+    ///   into a lost message; storing after can only cost that one message, never duplicate
+    ///   it.)
+    /// * after each call that fed input, compare [`Connection::peer_generation`] with the
+    ///   stored generation: if it is non-zero and differs, store it, zeroing every stored path
+    ///   number if the stored one was non-zero ([`Event::PeerRestarted`] reports the latter
+    ///   case; learning the first generation has no event). Do it before passing more input.
+    ///   This keeps what the previous incarnation knew when it had not delivered anything
+    ///   since: without it, a peer restart would go unnoticed.
+    ///
+    /// What it guarantees:
+    ///
+    /// * **The peer kept running** (it announces the same generation, or none): it resends
+    ///   every message whose TCP acknowledgement it did not see, flagged `RETRANSMITTED`, with
+    ///   its original number. Those we had delivered are below the restored `next_rx_seq` and
+    ///   are dropped by the duplicate rule; the others are at or above it (a path's messages
+    ///   reach us in sequence order) and are delivered. So the application sees no duplicate
+    ///   and no reordering; it can miss only messages our transport had acknowledged but we had
+    ///   not yet delivered.
+    /// * **The peer restarted too and announces a new generation:** if our previous
+    ///   incarnation never processed that generation, the new peer's probe is still the first
+    ///   message it has for us on path 0 (the first message of a fresh connection, resent first
+    ///   while unacknowledged), and its data on other paths waits for our pong; so the ordinary
+    ///   generation logic resets `next_rx_seq` of every path to 0 before any of its data, the
+    ///   restored numbers are discarded, and the new peer's messages are delivered. If our
+    ///   previous incarnation processed it, the stored state already belongs to the new
+    ///   generation (rules above). Residual window: a crash after our transport acknowledged
+    ///   that probe but before the new generation was stored leaves stale numbers, which can
+    ///   drop the new peer's resends that precede its next probe on path 0 (a loss, never a
+    ///   duplicate).
+    /// * **The peer sends no `GEN_NUM`** (classic kernels, e.g. Debian's 6.1, put only `NPATHS`
+    ///   in the probe): the restored numbers are kept, which is safe because the duplicate rule
+    ///   only drops messages that are flagged `RETRANSMITTED` *and* below `next_rx_seq`. A
+    ///   non-retransmitted message sets `next_rx_seq` to its number + 1, possibly backwards, as
+    ///   in the kernel, so a restarted classic peer numbering again from 1 is delivered. The
+    ///   only loss is the kernel's own between classic peers: a restarted classic peer whose
+    ///   *first* messages on a path reach us as retransmissions below the old number. The same
+    ///   holds for numbers restored with generation 0 (never learned): a later generation is a
+    ///   first one, not a restart, as for a connection that was never restored.
+    pub fn restore_rx_state(&mut self, peer_generation: u32, next_rx_seq: [u64; MAX_PATHS]) {
+        self.peer_generation = peer_generation;
+        for (rx, next) in self.rx.iter_mut().zip(next_rx_seq) {
+            rx.next_rx_seq = next;
+        }
     }
 
     /// Counters.
@@ -239,7 +348,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
         };
         tx.state == PathState::Up
             && (tx.frame.is_some()
-                || tx.cong_pending
+                || self.cong_pending
                 || (!tx.queue.is_empty() && self.data_allowed(path)))
     }
 
@@ -373,9 +482,12 @@ impl<P: AsRef<[u8]>> Connection<P> {
             return Ok(());
         }
         let was_connected = tx.state != PathState::Connecting;
+        if tx.writing_cong_map() {
+            // The partial map is lost with the stream: another path sends the map.
+            self.cong_pending = true;
+        }
         tx.state = PathState::Down;
         tx.frame = None;
-        tx.cong_pending = false;
         while let Some(mut msg) = tx.unacked.pop_back() {
             if msg.cancelled {
                 push_released(&mut self.events, &msg);
@@ -408,7 +520,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
         if self.active {
             self.schedule_paths(now);
         } else {
-            self.arm_doorbell(now);
+            self.maybe_ring_doorbell(now);
         }
         Ok(())
     }
@@ -470,15 +582,16 @@ impl<P: AsRef<[u8]>> Connection<P> {
         tx.stream_offset = 0;
         tx.acked_offset = 0;
         tx.frame = None;
-        tx.cong_pending = true;
         tx.backoff_bound = Duration::ZERO;
         tx.reconnect_at = None;
         tx.was_up = true;
+        self.cong_pending = true;
         self.rx[path].deframer.reset();
         self.counters.paths_up += 1;
         if path == 0 {
             self.path0_confirmed = false;
             self.doorbell_bound = Duration::ZERO;
+            self.doorbell_next = None;
             self.doorbell_at = None;
             if !self.tx[0].has_probe_pending() {
                 self.queue_control(0, Control::ProbePing);
@@ -487,37 +600,35 @@ impl<P: AsRef<[u8]>> Connection<P> {
     }
 
     /// Passive side: with data waiting and path 0 down, ask the I/O layer to poke the peer
-    /// (kernel: a connect attempt that the smaller side resets), at most at backoff pace.
+    /// (kernel: a connect attempt that the smaller side resets). The first doorbell since path
+    /// 0 was last up rings at once; after a doorbell at `t` the next one waits until at least
+    /// `t + bound`, the bound starting at [`Config::doorbell_min`] and doubling up to
+    /// [`Config::reconnect_max`]. Otherwise the timer is (re)armed for the earliest allowed time.
     fn maybe_ring_doorbell(&mut self, now: Instant) {
         if self.active || self.tx[0].state == PathState::Up || !self.has_pending_data() {
             self.doorbell_at = None;
             return;
         }
-        if matches!(self.doorbell_at, Some(at) if at > now) {
+        if let Some(next) = self.doorbell_next.filter(|&next| next > now) {
+            self.doorbell_at = Some(next);
             return;
         }
         self.events.push_back(Event::Doorbell);
         self.counters.doorbells += 1;
-        self.doorbell_at = None;
-        self.arm_doorbell(now);
-    }
-
-    fn arm_doorbell(&mut self, now: Instant) {
-        if self.active
-            || self.doorbell_at.is_some()
-            || self.tx[0].state == PathState::Up
-            || !self.has_pending_data()
-        {
-            return;
-        }
+        let max = self.config.reconnect_max;
         let bound = if self.doorbell_bound.is_zero() {
-            self.config.reconnect_min
+            self.config.doorbell_min
         } else {
             self.doorbell_bound
         };
-        let delay = Duration::from_nanos(self.rng.below(duration_nanos(bound)));
-        self.doorbell_at = Some(now + delay);
-        self.doorbell_bound = bound.saturating_mul(2).min(self.config.reconnect_max);
+        // Jitter only above the bound, so that many connections do not ring in lockstep:
+        // the interval is in [bound, 1.5 * bound), capped at the maximum but never below bound.
+        let jitter = Duration::from_nanos(self.rng.below(duration_nanos(bound / 2)));
+        let interval = (bound + jitter).min(max).max(bound);
+        let next = now + interval;
+        self.doorbell_next = Some(next);
+        self.doorbell_at = Some(next);
+        self.doorbell_bound = bound.saturating_mul(2).min(max);
     }
 
     // ----- sending ---------------------------------------------------------------------------
@@ -661,19 +772,20 @@ impl<P: AsRef<[u8]>> Connection<P> {
         count
     }
 
-    /// The local congestion map changed: every up path sends it before its next message.
+    /// The local congestion map changed: the current map goes out once, on the first up path
+    /// that transmits between two messages (spec §8). Several changes before that transmit
+    /// pass cost one map.
     pub fn local_congestion_changed(&mut self) {
-        for tx in self.tx.iter_mut().filter(|t| t.state == PathState::Up) {
-            tx.cong_pending = true;
-        }
+        self.cong_pending = true;
     }
 
     // ----- transmit ----------------------------------------------------------------------------
 
     /// The remaining bytes of the frame being written on `path`, starting the next frame
-    /// (congestion map first, then the queue) if none is in progress. `None` when there is
-    /// nothing to send. `local_map` is the current map of our address; it is copied when a
-    /// map frame starts. Report what the socket took with [`Connection::advance_transmit`].
+    /// (the connection's pending congestion map first, then the queue) if none is in progress.
+    /// `None` when there is nothing to send. `local_map` is the current map of our address; it
+    /// is copied when a map frame starts, and the map is then no longer pending on the other
+    /// paths. Report what the socket took with [`Connection::advance_transmit`].
     pub fn poll_transmit_chunk(
         &mut self,
         _now: Instant,
@@ -686,8 +798,8 @@ impl<P: AsRef<[u8]>> Connection<P> {
             return None;
         }
         if tx.frame.is_none() {
-            if tx.cong_pending {
-                tx.cong_pending = false;
+            if self.cong_pending {
+                self.cong_pending = false;
                 tx.start_cong_map(local_map);
                 self.counters.cong_map_sent += 1;
             } else if allowed {
@@ -842,6 +954,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             delivery: Some(Delivery {
                 path,
                 sequence: header.sequence,
+                peer_generation: self.peer_generation,
                 sport: header.sport,
                 dport: header.dport,
                 retransmitted: header.flags & flags::RETRANSMITTED != 0,

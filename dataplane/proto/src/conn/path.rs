@@ -115,7 +115,6 @@ pub(crate) struct TxPath<P> {
     pub stream_offset: u64,
     pub acked_offset: u64,
     pub frame: Option<FrameInProgress>,
-    pub cong_pending: bool,
     /// Copy of the local map taken when a map frame starts, so a change mid-write cannot tear it.
     pub cong_snapshot: Option<CongMap>,
     pub backoff_bound: Duration,
@@ -135,7 +134,6 @@ impl<P: AsRef<[u8]>> TxPath<P> {
             stream_offset: 0,
             acked_offset: 0,
             frame: None,
-            cong_pending: false,
             cong_snapshot: None,
             backoff_bound: Duration::ZERO,
             reconnect_at: None,
@@ -157,6 +155,17 @@ impl<P: AsRef<[u8]>> TxPath<P> {
     pub fn has_pending_data(&self) -> bool {
         let is_data = |m: &Message<P>| matches!(m.body, Body::Data { .. });
         self.queue.iter().any(is_data) || self.unacked.iter().any(is_data)
+    }
+
+    /// A congestion-map frame is being written on this path.
+    pub fn writing_cong_map(&self) -> bool {
+        matches!(
+            self.frame,
+            Some(FrameInProgress {
+                kind: FrameKind::CongMap,
+                ..
+            })
+        )
     }
 
     pub fn has_probe_pending(&self) -> bool {

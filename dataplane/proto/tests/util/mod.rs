@@ -7,12 +7,17 @@
 //! consumed yet (the receiver's kernel acks on receipt, and consumption is when rdsd reads),
 //! and when a host restarts, everything it consumed is acked to its peer first (its kernel
 //! FINs with the final ack). Bytes in flight on a reset connection are lost.
+//!
+//! [`Pair::crash_restart`] models a crash instead: the peer learns no final acknowledgement,
+//! and the restarted host can restore the receive state its I/O layer persisted
+//! ([`PersistedRx`], updated on every delivery as the crate docs prescribe).
 
 #![allow(dead_code)]
 
 use rds_proto::rng::SplitMix64;
 use rds_proto::wire::CongMap;
-use rds_proto::{Config, Connection, Event, Instant};
+use rds_proto::wire::MAX_PATHS;
+use rds_proto::{Config, Connection, Delivery, Event, Instant};
 use std::collections::{BTreeMap, VecDeque};
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -55,9 +60,58 @@ impl Default for Faults {
 /// A message handed to a local socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivered {
+    pub path: usize,
+    pub sequence: u64,
     pub sport: u16,
     pub dport: u16,
     pub payload: Vec<u8>,
+}
+
+/// What an I/O layer persists (in a small shared-memory file) so that a restarted daemon can
+/// call `Connection::restore_rx_state`: the peer generation and, per path, one past the last
+/// sequence number delivered to a socket.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PersistedRx {
+    pub peer_generation: u32,
+    pub next_rx_seq: [u64; MAX_PATHS],
+}
+
+impl PersistedRx {
+    /// The update rule documented on `Connection::restore_rx_state`, applied once the message
+    /// reached the socket.
+    pub fn record(&mut self, d: &Delivery<'_>) {
+        if d.peer_generation != 0 {
+            if self.peer_generation != 0 && self.peer_generation != d.peer_generation {
+                self.next_rx_seq = [0; MAX_PATHS];
+            }
+            self.peer_generation = d.peer_generation;
+        }
+        self.next_rx_seq[d.path] = d.sequence + 1;
+    }
+
+    /// After each call into the engine (and on `Event::PeerRestarted`): store the generation
+    /// the engine knows; a change from another non-zero one means the stored numbers belong
+    /// to the peer's previous incarnation. Idempotent with `record` having seen it already.
+    pub fn sync_generation(&mut self, generation: u32) {
+        if generation != 0 && generation != self.peer_generation {
+            if self.peer_generation != 0 {
+                self.next_rx_seq = [0; MAX_PATHS];
+            }
+            self.peer_generation = generation;
+        }
+    }
+}
+
+/// Hands a delivery to the application and persists its receive state.
+fn deliver(delivered: &mut Vec<Delivered>, persisted: &mut PersistedRx, d: Delivery<'_>) {
+    delivered.push(Delivered {
+        path: d.path,
+        sequence: d.sequence,
+        sport: d.sport,
+        dport: d.dport,
+        payload: d.payload.to_vec(),
+    });
+    persisted.record(&d);
 }
 
 pub struct Host {
@@ -71,6 +125,8 @@ pub struct Host {
     /// Every event seen (except Released), for assertions.
     pub events: Vec<Event>,
     pub restarts: u32,
+    /// The receive state the I/O layer persisted, across restarts.
+    pub persisted_rx: PersistedRx,
 }
 
 #[derive(Debug, Default)]
@@ -130,6 +186,7 @@ impl Host {
             released: Vec::new(),
             events: Vec::new(),
             restarts: 0,
+            persisted_rx: PersistedRx::default(),
         }
     }
 }
@@ -243,6 +300,12 @@ impl Pair {
                 }
             }
             Event::Released { token, .. } => self.hosts[host].released.push(token),
+            Event::PeerRestarted { new_generation, .. } => {
+                self.hosts[host]
+                    .persisted_rx
+                    .sync_generation(new_generation);
+                self.hosts[host].events.push(event);
+            }
             other => self.hosts[host].events.push(other),
         }
     }
@@ -293,14 +356,10 @@ impl Pair {
     pub fn inject(&mut self, host: usize, path: usize, bytes: &[u8]) {
         let now = self.now;
         let h = &mut self.hosts[host];
-        let delivered = &mut h.delivered;
-        h.conn.handle_stream_data(now, path, bytes, |d| {
-            delivered.push(Delivered {
-                sport: d.sport,
-                dport: d.dport,
-                payload: d.payload.to_vec(),
-            })
-        });
+        let (delivered, persisted) = (&mut h.delivered, &mut h.persisted_rx);
+        h.conn
+            .handle_stream_data(now, path, bytes, |d| deliver(delivered, persisted, d));
+        h.persisted_rx.sync_generation(h.conn.peer_generation());
         self.process_events();
     }
 
@@ -316,13 +375,27 @@ impl Pair {
     /// restart. Everything the host consumed is acknowledged to the peer first; then every
     /// link is reset.
     pub fn restart(&mut self, host: usize, new_generation: u32) {
+        self.restart_with(host, new_generation, true, false);
+    }
+
+    /// Replaces host `host`'s Connection as after a daemon crash: every link is reset, bytes in
+    /// flight are lost, and the peer learns nothing more about what the host consumed (its
+    /// unreported acknowledgements are lost with the connections). With `restore`, the new
+    /// Connection gets the receive state the host persisted (`restore_rx_state`).
+    pub fn crash_restart(&mut self, host: usize, new_generation: u32, restore: bool) {
+        self.restart_with(host, new_generation, false, restore);
+    }
+
+    fn restart_with(&mut self, host: usize, new_generation: u32, final_acks: bool, restore: bool) {
         let now = self.now;
         let peer = 1 - host;
-        for link in &self.links {
-            let consumed = link.pipes[peer].consumed;
-            self.hosts[peer]
-                .conn
-                .handle_acked(link.paths[peer], consumed);
+        if final_acks {
+            for link in &self.links {
+                let consumed = link.pipes[peer].consumed;
+                self.hosts[peer]
+                    .conn
+                    .handle_acked(link.paths[peer], consumed);
+            }
         }
         while let Some(link) = self.links.pop() {
             self.hosts[peer]
@@ -335,6 +408,11 @@ impl Pair {
         config.rng_seed = config.rng_seed.wrapping_add(0x5555);
         let h = &mut self.hosts[host];
         h.conn = Connection::new(config.clone()).unwrap();
+        if restore {
+            let saved = h.persisted_rx;
+            h.conn
+                .restore_rx_state(saved.peer_generation, saved.next_rx_seq);
+        }
         h.config = config;
         h.restarts += 1;
         // The restarted daemon's sockets come back uncongested.
@@ -429,14 +507,11 @@ impl Pair {
                     while !rest.is_empty() {
                         let n = self.rand_range(1, self.faults.max_chunk).min(rest.len());
                         let h = &mut self.hosts[receiver];
-                        let delivered = &mut h.delivered;
+                        let (delivered, persisted) = (&mut h.delivered, &mut h.persisted_rx);
                         h.conn.handle_stream_data(now, path, &rest[..n], |d| {
-                            delivered.push(Delivered {
-                                sport: d.sport,
-                                dport: d.dport,
-                                payload: d.payload.to_vec(),
-                            })
+                            deliver(delivered, persisted, d)
                         });
+                        h.persisted_rx.sync_generation(h.conn.peer_generation());
                         rest = &rest[n..];
                     }
                     self.links[li].pipes[host].consumed += bytes.len() as u64;
@@ -580,6 +655,22 @@ impl Workload {
             }
         }
         Workload { flows }
+    }
+
+    /// Only `from`'s sockets send (to the other host).
+    pub fn one_way(from: usize, sockets: u16, dests: u16, per_flow: u32) -> Self {
+        let mut w = Self::new(sockets, dests, per_flow);
+        w.flows.retain(|f| f.host == from);
+        w
+    }
+
+    /// Whether some flow was delivered a message twice.
+    pub fn has_duplicate(&self, pair: &Pair) -> bool {
+        self.delivered(pair).values().any(|ids| {
+            let mut sorted = ids.clone();
+            sorted.sort_unstable();
+            sorted.windows(2).any(|w| w[0] == w[1])
+        })
     }
 
     pub fn done(&self) -> bool {

@@ -1,0 +1,567 @@
+//! Delivery guarantees under pressure, between two "hosts" in network namespaces (RDS over
+//! kernel TCP): a receiver whose rx ring fills, 1 MiB messages to a slow reader, a receiving
+//! rdsd restarted again and again mid-stream (also right after its ACKs were lost), and
+//! congestion-map traffic per connection.
+//! Every test is bounded in time: a hang fails it instead of blocking the suite.
+
+use rdsd_tests::netns::{self, Lab};
+use rdsd_tests::*;
+use shm_api::Socket;
+use std::net::SocketAddrV4;
+use std::time::{Duration, Instant};
+
+fn addr(s: &str) -> SocketAddrV4 {
+    s.parse().unwrap()
+}
+
+/// Counter `name`, or `None` if this rdsd has no such counter (for diagnostics only: the set
+/// of counters is changing).
+fn stat_opt(d: &Daemon, name: &str) -> Option<u64> {
+    let s = d.attach().stats().expect("stats");
+    s.lines().find_map(|l| {
+        l.strip_prefix(name)
+            .and_then(|r| r.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
+/// `name=value` for each counter that exists, for the test log.
+fn show(d: &Daemon, names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|n| match stat_opt(d, n) {
+            Some(v) => format!("{n}={v}"),
+            None => format!("{n}=(none)"),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Counters once rdsd has been idle long enough to publish them (the TCP transport's are
+/// summed lazily): reads until two reads 300 ms apart agree.
+fn settled(d: &Daemon, names: &[&str]) -> Vec<u64> {
+    let read = || -> Vec<u64> { names.iter().map(|n| d.stat(n)).collect() };
+    let start = Instant::now();
+    let mut a = read();
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let b = read();
+        if a == b {
+            return b;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "counters {names:?} never settled"
+        );
+        a = b;
+    }
+}
+
+/// The numbers of a recv-resilient-count report,
+/// "got G gaps N missing M dups D reorders R restarts K last L timeout T", by name.
+fn fields(done: &str) -> std::collections::HashMap<&str, i64> {
+    done.split_whitespace()
+        .collect::<Vec<_>>()
+        .chunks(2)
+        .map(|kv| (kv[0], kv[1].parse().expect("number")))
+        .collect()
+}
+
+/// What a receiver saw of one sender's sequence 0, 1, 2, ...
+#[derive(Default)]
+struct Tally {
+    got: u64,
+    gaps: u64,
+    missing: u64,
+    dups: u64,
+    reorders: u64,
+    corrupt: u64,
+    last: Option<u64>,
+    seen: std::collections::HashSet<u64>,
+    notes: Vec<String>,
+}
+
+impl Tally {
+    fn note(&mut self, s: String) {
+        if self.notes.len() < 10 {
+            self.notes.push(s);
+        }
+    }
+
+    fn add(&mut self, seq: u64) {
+        self.got += 1;
+        match self.last {
+            Some(p) if seq <= p => {
+                if self.seen.contains(&seq) {
+                    self.dups += 1;
+                    self.note(format!("duplicate {seq} after {p}"));
+                } else {
+                    self.reorders += 1;
+                    self.note(format!("reordered {seq} after {p}"));
+                }
+            }
+            _ => {
+                let expect = self.last.map_or(0, |p| p + 1);
+                if seq != expect {
+                    self.gaps += 1;
+                    self.missing += seq - expect;
+                    self.note(format!("gap: {seq} after {:?}", self.last));
+                }
+                self.last = Some(seq);
+            }
+        }
+        self.seen.insert(seq);
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "got {} gaps {} missing {} dups {} reorders {} corrupt {} last {:?}; {:?}",
+            self.got,
+            self.gaps,
+            self.missing,
+            self.dups,
+            self.reorders,
+            self.corrupt,
+            self.last,
+            self.notes
+        )
+    }
+
+    fn exactly_once_in_order(&self, count: u64) -> bool {
+        self.got == count
+            && self.gaps == 0
+            && self.dups == 0
+            && self.reorders == 0
+            && self.corrupt == 0
+            && self.last == Some(count - 1)
+    }
+}
+
+/// Receives from `s` until sequence `last` arrives or nothing comes for `idle`; `pause` before
+/// each receive (a slow reader). Each payload must be `seq_payload(seq, len)` exactly when
+/// `len` is given.
+fn drain(s: &Socket, last: u64, idle: Duration, pause: Duration, len: Option<usize>) -> Tally {
+    s.set_recv_timeout(Some(idle)).unwrap();
+    let mut buf = vec![0u8; (1 << 20) + 1];
+    let mut t = Tally::default();
+    loop {
+        if !pause.is_zero() {
+            std::thread::sleep(pause);
+        }
+        let n = match s.recv_from(&mut buf) {
+            Ok((n, _)) => n,
+            Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => {
+                t.note(format!("nothing for {idle:?} after {:?}", t.last));
+                return t;
+            }
+            Err(e) => panic!("recv: {e}"),
+        };
+        if n < 8 {
+            t.corrupt += 1;
+            t.note(format!("{n}-byte message"));
+            continue;
+        }
+        let seq = payload_seq(&buf[..n]);
+        if let Some(len) = len {
+            if n != len || buf[..n] != seq_payload(seq, len)[..] {
+                t.corrupt += 1;
+                t.note(format!("message {seq}: {n} bytes, content differs"));
+            }
+        }
+        t.add(seq);
+        if seq >= last {
+            return t;
+        }
+    }
+}
+
+/// The receiver's rx ring (2 MiB) fills while its SO_RCVBUF (64 MiB) never congests the port:
+/// rdsd must stop reading that path (TCP then pushes back on the sender) rather than drop
+/// messages TCP already acknowledged.
+#[test]
+fn full_receiver_ring_loses_nothing() {
+    const COUNT: u64 = 3000;
+    const LEN: usize = 4096;
+    let lab = Lab::new(2, 2, &[]);
+    let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
+    let r = h1.d().attach();
+    let rcv = r.socket().unwrap();
+    rcv.set_recv_buffer_size(64 << 20).unwrap();
+    rcv.bind(addr(&h1.at(9500))).unwrap();
+    // 12 MiB of messages, 6 times what the ring holds; SO_SNDBUF is not the limit.
+    let mut snd = h0.d().app(&[
+        "send-bounded",
+        &h0.at(9501),
+        &h1.at(9500),
+        &COUNT.to_string(),
+        &LEN.to_string(),
+        &(16 << 20).to_string(),
+        "30000",
+    ]);
+    snd.expect_within("sending", Duration::from_secs(10));
+    // The receiver sleeps while the sender pushes all it can.
+    std::thread::sleep(Duration::from_secs(3));
+    eprintln!(
+        "before draining: host 1 {}",
+        show(
+            h1.d(),
+            &[
+                "tcp_delivered",
+                "drop_rx_ring_full",
+                "rx_ring_full",
+                "rx_paused"
+            ]
+        )
+    );
+    let t = drain(
+        &rcv,
+        COUNT - 1,
+        Duration::from_secs(5),
+        Duration::ZERO,
+        Some(LEN),
+    );
+    eprintln!("drained: {}", t.summary());
+    eprintln!(
+        "host 1 {}",
+        show(
+            h1.d(),
+            &[
+                "tcp_delivered",
+                "drop_rx_ring_full",
+                "rx_ring_full",
+                "rx_paused"
+            ]
+        )
+    );
+    assert!(
+        t.exactly_once_in_order(COUNT),
+        "every message exactly once, in order: {}",
+        t.summary()
+    );
+    let sent = snd.expect_within("sent", Duration::from_secs(15));
+    assert!(sent.starts_with(&COUNT.to_string()), "{sent}");
+    assert!(
+        h1.d().stat("rx_paused") >= 1,
+        "the full ring paused the path"
+    );
+}
+
+/// 40 messages of the largest size (1 MiB) to a receiver that reads one every 50 ms.
+#[test]
+fn one_mib_messages_to_a_slow_receiver() {
+    const COUNT: u64 = 40;
+    const LEN: usize = 1 << 20;
+    let lab = Lab::new(2, 2, &[]);
+    let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
+    let r = h1.d().attach();
+    let rcv = r.socket().unwrap(); // default SO_RCVBUF
+    rcv.bind(addr(&h1.at(9510))).unwrap();
+    let mut snd = h0.d().app(&[
+        "send-bounded",
+        &h0.at(9511),
+        &h1.at(9510),
+        &COUNT.to_string(),
+        &LEN.to_string(),
+        &(4 << 20).to_string(),
+        "30000",
+    ]);
+    snd.expect_within("sending", Duration::from_secs(10));
+    let start = Instant::now();
+    let t = drain(
+        &rcv,
+        COUNT - 1,
+        Duration::from_secs(8),
+        Duration::from_millis(50),
+        Some(LEN),
+    );
+    eprintln!("after {:?}: {}", start.elapsed(), t.summary());
+    eprintln!(
+        "host 1 {}",
+        show(
+            h1.d(),
+            &[
+                "tcp_delivered",
+                "drop_rx_ring_full",
+                "rx_ring_full",
+                "rx_paused",
+                "cong_marked",
+                "tcp_drop_oversize",
+                "tcp_path_down"
+            ]
+        )
+    );
+    assert!(
+        t.exactly_once_in_order(COUNT),
+        "every 1 MiB message exactly once, in order, intact: {}",
+        t.summary()
+    );
+    let sent = snd.expect_within("sent", Duration::from_secs(15));
+    assert!(sent.starts_with(&COUNT.to_string()), "{sent}");
+}
+
+/// The receiving host's rdsd is SIGKILLed and restarted five times while host 0 streams small
+/// messages fast. The re-attached app may miss messages (at most one gap per restart), but
+/// must never see one twice or out of order, though the sender resends (RETRANSMITTED) what
+/// it had not seen acknowledged when the connection dropped.
+///
+/// The window for such a duplicate is small (the killed rdsd read a segment whose delayed ACK
+/// had not left yet, and unread data made the close a reset). Measured: about 1 duplicate in
+/// 50 kills on an idle 2-core machine (the test then mostly passes), 1 in 5 while another build
+/// loads it (mostly fails). `receiver_restart_after_lost_acks_no_duplicates` widens the window
+/// and fails every time.
+#[test]
+fn receiver_restart_loop_no_duplicates() {
+    const COUNT: u64 = 60_000;
+    const RESTARTS: u64 = 5;
+    let mut lab = Lab::new(2, 2, &[]);
+    let (a0, a1) = (lab.hosts[0].at(9521), lab.hosts[1].at(9520));
+    let mut r = lab.hosts[1].d().app(&[
+        "recv-resilient-count",
+        &a1,
+        &(COUNT - 1).to_string(),
+        "8000",
+    ]);
+    r.expect_within("bound", Duration::from_secs(10));
+    let mut s = lab.hosts[0]
+        .d()
+        .app(&["send-resilient", &a0, &a1, &COUNT.to_string(), "20"]);
+    s.expect_within("sending", Duration::from_secs(10));
+    let start = Instant::now();
+    std::thread::sleep(Duration::from_millis(400));
+    for k in 0..RESTARTS {
+        let before = stat_opt(lab.hosts[1].d(), "tcp_delivered").unwrap_or(0);
+        lab.hosts[1].daemon.as_mut().unwrap().kill();
+        std::thread::sleep(Duration::from_millis(100));
+        lab.hosts[1].daemon.as_mut().unwrap().spawn();
+        eprintln!(
+            "kill {} at {:?}: the killed rdsd had delivered {before}",
+            k + 1,
+            start.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    let mut anomalies = Vec::new();
+    let done = loop {
+        let l = r.expect_within("", Duration::from_secs(30));
+        if let Some(rest) = l.strip_prefix("done") {
+            break rest.trim().to_string();
+        }
+        if l.starts_with("anomaly") {
+            anomalies.push(l);
+        }
+    };
+    eprintln!("receiver after {:?}: {done}", start.elapsed());
+    for a in &anomalies {
+        eprintln!("  {a}");
+    }
+    eprintln!(
+        "host 0 {}",
+        show(
+            lab.hosts[0].d(),
+            &["tcp_retransmits", "tcp_peer_restarts", "tcp_path_down"]
+        )
+    );
+    let f = fields(&done);
+    assert_eq!(f["timeout"], 0, "the stream reached its end: {done}");
+    assert_eq!(f["last"], COUNT as i64 - 1, "{done}");
+    assert_eq!(
+        f["restarts"], RESTARTS as i64,
+        "the receiver re-attached after every restart: {done}"
+    );
+    assert_eq!(f["dups"], 0, "no message delivered twice: {done}");
+    assert_eq!(f["reorders"], 0, "no message out of order: {done}");
+    assert!(
+        f["gaps"] <= RESTARTS as i64,
+        "at most one gap per restart: {done}"
+    );
+    let sent = s.expect_within("sent", Duration::from_secs(20));
+    assert!(sent.starts_with(&COUNT.to_string()), "{sent}");
+}
+
+/// With 8 paths to one peer, each change of the local congestion map should reach the peer
+/// once per connection (coalesced), not once per path.
+#[test]
+fn congestion_maps_are_coalesced_per_connection() {
+    const COUNT: u64 = 100;
+    let lab = Lab::new(2, 2, &["--paths", "8"]);
+    let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
+    // Traffic from 16 ports brings every path up.
+    let mut sink = h1.d().app(&["recv-multi", &h1.at(9530), "1600"]);
+    sink.expect_within("bound", Duration::from_secs(10));
+    let ip0 = h0.addr.to_string();
+    let mut multi = h0
+        .d()
+        .app(&["multi-send", &ip0, "9540", "16", &h1.at(9530), "100"]);
+    assert_eq!(
+        sink.expect_within("received", Duration::from_secs(20)),
+        "1600 sources 16"
+    );
+    assert_eq!(multi.wait_within(Duration::from_secs(10)), Some(0));
+    wait_for(
+        || h0.d().stat("tcp_path_up") == 8 && h1.d().stat("tcp_accepts") == 8,
+        Duration::from_secs(10),
+        "8 paths up",
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let names = [
+        "cong_marked",
+        "cong_cleared",
+        "tcp_cong_maps_sent",
+        "tcp_path_down",
+    ];
+    let before = settled(h1.d(), &names);
+
+    // A receiver with a 4 KiB SO_RCVBUF that reads in bursts every 150 ms: the blocking sender,
+    // one message per millisecond, fills it (congested), waits, the burst drains it (cleared),
+    // and so on.
+    let r = h1.d().attach();
+    let rcv = r.socket().unwrap();
+    rcv.set_recv_buffer_size(4096).unwrap();
+    rcv.bind(addr(&h1.at(9550))).unwrap();
+    rcv.set_nonblocking(true).unwrap();
+    let mut snd = h0.d().app(&[
+        "send-bounded",
+        &h0.at(9551),
+        &h1.at(9550),
+        &COUNT.to_string(),
+        "512",
+        "0",
+        "20000",
+        "1000",
+    ]);
+    snd.expect_within("sending", Duration::from_secs(10));
+    let start = Instant::now();
+    let mut buf = [0u8; 1024];
+    let mut next = 0u64;
+    while next < COUNT {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "received only {next} of {COUNT}"
+        );
+        std::thread::sleep(Duration::from_millis(150));
+        loop {
+            match rcv.recv_from(&mut buf) {
+                Ok((n, _)) => {
+                    assert_eq!(payload_seq(&buf[..n]), next);
+                    next += 1;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => break,
+                Err(e) => panic!("recv: {e}"),
+            }
+        }
+    }
+    let sent = snd.expect_within("sent", Duration::from_secs(10));
+    assert!(sent.starts_with(&COUNT.to_string()), "{sent}");
+    let after = settled(h1.d(), &names);
+    let d: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    let changes = d[0] + d[1];
+    eprintln!(
+        "host 1: {changes} congestion changes (marked {} cleared {}), {} maps sent, {} path downs",
+        d[0], d[1], d[2], d[3]
+    );
+    assert!(changes >= 2, "the receiver really was congested: {d:?}");
+    assert_eq!(d[3], 0, "no path went down (a path coming up sends a map)");
+    assert!(
+        d[2] >= 1,
+        "the peer was told about the changes: {} maps",
+        d[2]
+    );
+    assert!(
+        d[2] <= changes,
+        "{} maps sent for {changes} congestion changes on one connection (8 paths)",
+        d[2]
+    );
+}
+
+/// Drops every segment host 1's RDS/TCP sockets send (ACKs included) while `on`.
+fn lose_acks(h: &netns::Host, on: bool) {
+    if on {
+        h.nft(
+            "table ip ackloss {
+            chain out {
+                type filter hook output priority 0; policy accept;
+                tcp sport 16385 drop
+            }
+        }",
+        );
+    } else {
+        h.nft("delete table ip ackloss");
+    }
+}
+
+/// The deterministic form of `receiver_restart_loop_no_duplicates`: before each SIGKILL, the
+/// receiving host's TCP acknowledgements are lost for 150 ms (while its rdsd goes on reading and
+/// delivering), and the orphaned TCP sockets of the killed rdsd are destroyed (`ss -K`) before
+/// the loss ends, so the sender never learns that those messages arrived. It resends them with
+/// RETRANSMITTED to the restarted rdsd: the re-attached app must still not see them twice.
+#[test]
+fn receiver_restart_after_lost_acks_no_duplicates() {
+    const COUNT: u64 = 30_000;
+    const RESTARTS: u64 = 3;
+    let mut lab = Lab::new(2, 2, &[]);
+    let (a0, a1) = (lab.hosts[0].at(9561), lab.hosts[1].at(9560));
+    let mut r = lab.hosts[1].d().app(&[
+        "recv-resilient-count",
+        &a1,
+        &(COUNT - 1).to_string(),
+        "8000",
+    ]);
+    r.expect_within("bound", Duration::from_secs(10));
+    let mut s = lab.hosts[0]
+        .d()
+        .app(&["send-resilient", &a0, &a1, &COUNT.to_string(), "20"]);
+    s.expect_within("sending", Duration::from_secs(10));
+    let start = Instant::now();
+    std::thread::sleep(Duration::from_millis(400));
+    for k in 0..RESTARTS {
+        lose_acks(&lab.hosts[1], true);
+        std::thread::sleep(Duration::from_millis(150));
+        let delivered = stat_opt(lab.hosts[1].d(), "tcp_delivered").unwrap_or(0);
+        lab.hosts[1].daemon.as_mut().unwrap().kill();
+        lab.hosts[1].exec(&["ss", "-K", "-t", "-n", "sport = :16385"]);
+        lose_acks(&lab.hosts[1], false);
+        lab.hosts[1].daemon.as_mut().unwrap().spawn();
+        eprintln!(
+            "kill {} at {:?}: the killed rdsd had delivered {delivered}",
+            k + 1,
+            start.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    let mut anomalies = Vec::new();
+    let done = loop {
+        let l = r.expect_within("", Duration::from_secs(30));
+        if let Some(rest) = l.strip_prefix("done") {
+            break rest.trim().to_string();
+        }
+        if l.starts_with("anomaly") {
+            anomalies.push(l);
+        }
+    };
+    eprintln!("receiver after {:?}: {done}", start.elapsed());
+    for a in &anomalies {
+        eprintln!("  {a}");
+    }
+    eprintln!(
+        "host 0 {}",
+        show(
+            lab.hosts[0].d(),
+            &["tcp_retransmits", "tcp_peer_restarts", "tcp_path_down"]
+        )
+    );
+    let f = fields(&done);
+    assert_eq!(f["timeout"], 0, "the stream reached its end: {done}");
+    assert_eq!(f["last"], COUNT as i64 - 1, "{done}");
+    assert_eq!(
+        f["restarts"], RESTARTS as i64,
+        "the receiver re-attached after every restart: {done}"
+    );
+    assert_eq!(f["dups"], 0, "no message delivered twice: {done}");
+    assert_eq!(f["reorders"], 0, "no message out of order: {done}");
+    assert!(
+        f["gaps"] <= RESTARTS as i64,
+        "at most one gap per restart: {done}"
+    );
+    let sent = s.expect_within("sent", Duration::from_secs(20));
+    assert!(sent.starts_with(&COUNT.to_string()), "{sent}");
+}
