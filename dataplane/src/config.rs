@@ -89,6 +89,7 @@ struct RawConfig {
     tcp_port: u16,
     tcp_routes: Vec<String>,
     paths: u8,
+    state_file: String,
 }
 
 /// rdsd's validated configuration.
@@ -128,6 +129,8 @@ pub struct Config {
     pub tcp_routes: Vec<Prefix>,
     /// Paths offered per peer (mprds), 1..=8.
     pub paths: u8,
+    /// Where the receive sequence numbers survive a restart (see `protocol::RxStateFile`).
+    pub state_file: PathBuf,
 }
 
 /// Command-line overrides (all optional).
@@ -160,6 +163,9 @@ pub struct Overrides {
     /// Paths offered per peer, 1..=8.
     #[arg(long)]
     pub paths: Option<u8>,
+    /// Receive-state file (default: next to the control socket, extension .rxseq).
+    #[arg(long)]
+    pub state_file: Option<PathBuf>,
 }
 
 fn merge(base: &mut toml::Table, over: toml::Table) {
@@ -246,6 +252,13 @@ impl Config {
                 .map(|s| s.parse())
                 .collect::<Result<Vec<Prefix>>>()?,
             paths: over.paths.unwrap_or(raw.paths),
+            state_file: PathBuf::new(),
+        };
+        let mut cfg = cfg;
+        cfg.state_file = match (&over.state_file, raw.state_file.as_str()) {
+            (Some(p), _) => p.clone(),
+            (None, "") => cfg.control_socket.with_extension("rxseq"),
+            (None, p) => PathBuf::from(p),
         };
         if cfg.paths == 0 || cfg.paths > 8 {
             bail!("paths must be 1..=8 (got {})", cfg.paths);
@@ -296,6 +309,7 @@ mod tests {
         assert!(!c.is_local("10.0.0.1".parse().unwrap()));
         assert_eq!(c.idle, IdleMode::Backoff);
         assert_eq!(c.control_socket, PathBuf::from("/run/rdsd/rdsd.sock"));
+        assert_eq!(c.state_file, PathBuf::from("/run/rdsd/rdsd.rxseq"));
     }
 
     #[test]

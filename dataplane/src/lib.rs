@@ -2,7 +2,10 @@
 //!
 //! * `control`: the control thread (attach, socket operations, app death, eviction).
 //! * `poll`: the poll core (rings, routing, congestion, readiness) and its idle strategies.
-//! * `transport`: how messages leave the poll core (loopback today).
+//! * `seam`: the transport seam (the `Transport` and `Upcalls` traits) between the two.
+//! * `protocol`: the protocol layer shared by network transports (connection table over the
+//!   sans-IO engine, pause on full rings, restart-safe receive state) and its `Link` trait.
+//! * `transport`: loopback and kernel TCP, and the registry that builds them from the config.
 //! * `shm`: creating and sealing shared regions.
 //! * `config`, `stats`: configuration and counters.
 //!
@@ -11,6 +14,8 @@
 pub mod config;
 pub mod control;
 pub mod poll;
+pub mod protocol;
+pub mod seam;
 pub mod shm;
 pub mod stats;
 pub mod transport;
@@ -45,14 +50,15 @@ pub fn run(cfg: Config, shutdown: Arc<AtomicBool>) -> Result<()> {
     tracing::info!(socket = %cfg.control_socket.display(), idle = ?cfg.idle, local = ?cfg.local_addrs, "rdsd listening");
 
     let poll_alive = Arc::new(AtomicBool::new(true));
+    let transports = transport::build(&cfg, &stats).context("starting the transports")?;
     let core = poll::PollCore::new(
         cfg.clone(),
         stats.clone(),
         daemon.clone(),
         chans.clone(),
         control_wake.clone(),
-    )
-    .context("starting the transports")?;
+        transports,
+    );
     let idle = poll::idle::Idle::new(
         cfg.idle,
         cfg.spin_iterations,

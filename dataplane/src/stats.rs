@@ -5,21 +5,23 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 macro_rules! counters {
-    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
-        /// All of rdsd's counters.
+    ($(#[$sdoc:meta])* $ty:ident { $($(#[$doc:meta])* $name:ident),* $(,)? }) => {
+        $(#[$sdoc])*
         #[derive(Default, Debug)]
-        pub struct Stats { $($(#[$doc])* pub $name: AtomicU64,)* }
+        pub struct $ty { $($(#[$doc])* pub $name: AtomicU64,)* }
 
-        impl Stats {
+        impl $ty {
             /// `(name, value)` for every counter, in declaration order.
-            pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
-                vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
+            fn each(&self, prefix: &str, out: &mut Vec<(String, u64)>) {
+                $(out.push((format!("{prefix}{}", stringify!($name)), self.$name.load(Ordering::Relaxed)));)*
             }
         }
     };
 }
 
 counters! {
+    /// Counters of the daemon as a whole (sockets, apps, loopback, congestion).
+    Base {
     /// Processes that attached.
     apps_attached,
     /// Processes that went away (exit, crash or eviction).
@@ -58,49 +60,88 @@ counters! {
     cong_notifications,
     /// Times the poll core parked.
     poll_parks,
-    /// Messages from the network dropped because the receiver's rx ring was full.
-    drop_rx_ring_full,
+    /// Times a network path stopped reading because a receiver's rx ring was full (the message
+    /// waits in rdsd and TCP's window pushes back on the sender; nothing is dropped).
+    rx_paused,
+    /// Paused paths that resumed once the receiver drained.
+    rx_resumed,
+}
+}
+
+counters! {
+    /// Counters of one network transport under the shared protocol layer (`protocol::Endpoint`).
+    NetStats {
     /// Messages from the network delivered to local sockets.
-    tcp_delivered,
-    /// Outgoing TCP connects started (paths and reconnects).
-    tcp_connects,
+    delivered,
+    /// Outgoing connects started (paths and reconnects).
+    connects,
     /// Paths that came up on our connect.
-    tcp_path_up,
+    path_up,
     /// Paths that went down (reset, EOF, error, protocol violation).
-    tcp_path_down,
-    /// TCP connections accepted as paths.
-    tcp_accepts,
-    /// TCP connections reset on accept (we connect instead, no free path, local peer).
-    tcp_accepts_refused,
+    path_down,
+    /// Connections accepted as paths.
+    accepts,
+    /// Connections reset on accept (we connect instead, no free path, local peer).
+    accepts_refused,
     /// Peers seen restarting (new generation number).
-    tcp_peer_restarts,
-    /// Messages written to TCP (data, control, retransmits).
-    tcp_tx_messages,
+    peer_restarts,
+    /// Messages written (data, control, retransmits).
+    tx_messages,
     /// Messages resent after a reconnect (RETRANSMITTED).
-    tcp_retransmits,
-    /// Complete messages read from TCP.
-    tcp_rx_messages,
+    retransmits,
+    /// Complete messages read.
+    rx_messages,
     /// Malformed headers or extension headers from peers.
-    tcp_drop_bad_header,
+    drop_bad_header,
     /// Frames with h_len above 1 MiB (the path was dropped).
-    tcp_drop_oversize,
-    /// Duplicates dropped by sequence number.
-    tcp_drop_dup_seq,
+    drop_oversize,
+    /// Duplicates dropped by sequence number (including after our own restart).
+    drop_dup_seq,
     /// Messages nobody handles, or truncated at a path drop.
-    tcp_drop_unknown,
+    drop_unknown,
     /// Paths dropped for protocol errors.
-    tcp_path_errors,
+    path_errors,
     /// Reconnects scheduled.
-    tcp_reconnects,
-    /// Congestion maps sent.
-    tcp_cong_maps_sent,
+    reconnects,
+    /// Congestion maps sent (one per change per connection, plus one per path-up).
+    cong_maps_sent,
     /// Congestion maps received.
-    tcp_cong_maps_received,
+    cong_maps_received,
     /// Pings answered.
-    tcp_pings_received,
+    pings_received,
+    /// Doorbell connects sent (passive side asking the peer to connect).
+    doorbells,
+    /// Connections whose receive sequence numbers were restored from the state file.
+    rx_state_restored,
+}
+}
+
+/// All of rdsd's counters: the daemon's, then one group per network transport, whose names
+/// carry the transport's prefix (`tcp_delivered`, ...).
+#[derive(Default, Debug)]
+pub struct Stats {
+    /// Daemon-wide counters.
+    pub base: Base,
+    /// The kernel-TCP transport.
+    pub tcp: NetStats,
+}
+
+impl std::ops::Deref for Stats {
+    type Target = Base;
+    fn deref(&self) -> &Base {
+        &self.base
+    }
 }
 
 impl Stats {
+    /// `(name, value)` for every counter, in a stable order.
+    pub fn snapshot(&self) -> Vec<(String, u64)> {
+        let mut out = Vec::with_capacity(64);
+        self.base.each("", &mut out);
+        self.tcp.each("tcp_", &mut out);
+        out
+    }
+
     /// Adds 1 to `c`.
     #[inline]
     pub fn bump(c: &AtomicU64) {
@@ -127,6 +168,9 @@ mod tests {
         Stats::bump(&s.drop_cancelled);
         let text = s.render();
         assert!(text.contains("drop_cancelled 1\n"));
+        Stats::bump(&s.tcp.doorbells);
+        assert!(text.contains("drop_cancelled 1\n"));
+        assert!(s.render().contains("tcp_doorbells 1\n"));
         assert!(text.lines().count() >= 39);
     }
 }

@@ -1,0 +1,465 @@
+//! The socket table: every app, socket, binding and congestion bit of one poll core. Transports
+//! reach it only through [`Upcalls`].
+
+use super::readiness::Readiness;
+use super::Channels;
+use crate::config::Config;
+use crate::seam::{Delivered, Incoming, Upcalls};
+use crate::shm::region::{wake_slot, AppRegion, DaemonRegion};
+use crate::stats::Stats;
+use rds_proto::wire::CongMap;
+use rustc_hash::{FxHashMap, FxHashSet};
+use shm_api::layout::{cong_monitor_bit, DaemonView, SlotControl, CONG_ENTRIES};
+use shm_api::ring::{Consumer, Producer, PushError, RawRing, RecordHeader, RingMemory};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Outstanding RDS_CANCEL_SENT_TO markers per socket.
+pub(super) const MAX_CANCELS: usize = 8;
+
+/// Where a socket lives: app index and slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SockRef {
+    /// Index in the app table.
+    pub app: usize,
+    /// Slot in that app's region.
+    pub slot: u32,
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct Cancel {
+    pub dest: Option<(u32, u16)>,
+    pub upto: u64,
+}
+
+/// rdsd's view of one socket.
+pub(super) struct Sock {
+    pub gen: u32,
+    pub tx: Consumer<RawRing>,
+    pub rx: Producer<RawRing>,
+    pub bound: Option<(u32, u16)>,
+    pub rcvbuf: u32,
+    pub sndbuf: u32,
+    pub monitor: bool,
+    pub released: u64,
+    pub rx_produced: u64,
+    pub congested: bool,
+    pub cancels: [Cancel; MAX_CANCELS],
+    pub ncancels: usize,
+    pub readiness: Option<Readiness>,
+    pub readiness_on: bool,
+}
+
+/// One attached process.
+pub(super) struct App {
+    pub region: AppRegion,
+    pub socks: Vec<Option<Sock>>,
+    pub evicted: bool,
+}
+
+/// The sockets of one poll core.
+pub struct SocketTable {
+    pub(super) cfg: Arc<Config>,
+    pub(super) stats: Arc<Stats>,
+    _daemon: Arc<DaemonRegion>,
+    pub(super) dview: DaemonView,
+    pub(super) apps: Vec<Option<App>>,
+    pub(super) binds: FxHashMap<(u32, u16), SockRef>,
+    cong_entries: FxHashMap<u32, (usize, u32)>,
+    /// Peers whose congestion map has an entry in the daemon region.
+    peer_entries: FxHashSet<u32>,
+    congested: Vec<SockRef>,
+    pub(super) readiness_socks: Vec<SockRef>,
+    chans: Arc<Channels>,
+    control_wake: Arc<std::os::fd::OwnedFd>,
+    rng: u64,
+    pub(super) next_gen: u32,
+    local_maps: FxHashMap<u32, CongMap>,
+    empty_map: CongMap,
+    /// Local addresses whose map changed since the transports last heard.
+    pub(super) cong_changed: Vec<u32>,
+}
+
+impl SocketTable {
+    /// An empty table.
+    pub(super) fn new(
+        cfg: Arc<Config>,
+        stats: Arc<Stats>,
+        daemon: Arc<DaemonRegion>,
+        chans: Arc<Channels>,
+        control_wake: Arc<std::os::fd::OwnedFd>,
+    ) -> SocketTable {
+        let max_apps = cfg.max_apps as usize;
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64);
+        SocketTable {
+            dview: daemon.view(),
+            _daemon: daemon,
+            cfg,
+            stats,
+            apps: (0..max_apps).map(|_| None).collect(),
+            binds: FxHashMap::default(),
+            cong_entries: FxHashMap::default(),
+            peer_entries: FxHashSet::default(),
+            congested: Vec::with_capacity(1024),
+            readiness_socks: Vec::with_capacity(1024),
+            chans,
+            control_wake,
+            rng: seed | 1,
+            next_gen: 1,
+            local_maps: FxHashMap::default(),
+            empty_map: CongMap::new(),
+            cong_changed: Vec::with_capacity(256),
+        }
+    }
+
+    pub(super) fn chans(&self) -> &Channels {
+        &self.chans
+    }
+
+    pub(super) fn sock(&mut self, r: SockRef) -> Option<&mut Sock> {
+        self.apps
+            .get_mut(r.app)?
+            .as_mut()?
+            .socks
+            .get_mut(r.slot as usize)?
+            .as_mut()
+    }
+
+    pub(super) fn ctl(&self, r: SockRef) -> &SlotControl {
+        self.apps[r.app]
+            .as_ref()
+            .expect("live app")
+            .region
+            .slot_control(r.slot)
+    }
+
+    /// Publishes a socket's released send-buffer bytes and wakes a blocked sender.
+    pub(super) fn publish_released(&mut self, r: SockRef) {
+        let Some(s) = self.sock(r) else { return };
+        s.tx.release();
+        let released = s.released;
+        let ctl = self.ctl(r);
+        ctl.tx_released_bytes.store(released, Ordering::Release);
+        wake_slot(ctl);
+    }
+
+    /// After a message was queued on `to`: mark its port congested above SO_RCVBUF.
+    fn after_enqueue(&mut self, to: SockRef) {
+        let consumed = self.ctl(to).rx_consumed_bytes.load(Ordering::Acquire);
+        let s = self.sock(to).expect("receiver open");
+        let queued = s.rx_produced.saturating_sub(consumed);
+        if queued > s.rcvbuf as u64 && !s.congested {
+            s.congested = true;
+            let (addr, port) = s.bound.expect("receivers are bound");
+            self.set_cong_bit(addr, port, true);
+            self.congested.push(to);
+            Stats::bump(&self.stats.cong_marked);
+        }
+    }
+
+    fn set_cong_bit(&mut self, addr: u32, port: u16, on: bool) {
+        let map = self.local_maps.entry(addr).or_default();
+        map.set_congested(port, on);
+        if !self.cong_changed.contains(&addr) {
+            self.cong_changed.push(addr);
+        }
+        if let Some(&(idx, _)) = self.cong_entries.get(&addr) {
+            let word = &self.dview.map(idx)[port as usize / 64];
+            if on {
+                word.fetch_or(1 << (port % 64), Ordering::AcqRel);
+            } else {
+                word.fetch_and(!(1 << (port % 64)), Ordering::AcqRel);
+            }
+            self.dview.header().cong_seq.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Clears congestion on ports whose queue fell below half of SO_RCVBUF.
+    pub(super) fn check_congested(&mut self) -> usize {
+        if self.congested.is_empty() {
+            return 0;
+        }
+        let mut cleared = 0;
+        let mut i = 0;
+        while i < self.congested.len() {
+            let r = self.congested[i];
+            let below = match self
+                .apps
+                .get(r.app)
+                .and_then(|a| a.as_ref())
+                .and_then(|a| a.socks[r.slot as usize].as_ref())
+            {
+                Some(s) => {
+                    let consumed = self.ctl(r).rx_consumed_bytes.load(Ordering::Acquire);
+                    s.rx_produced.saturating_sub(consumed) < (s.rcvbuf / 2) as u64
+                }
+                None => true,
+            };
+            if below {
+                self.congested.swap_remove(i);
+                if let Some(s) = self.sock(r) {
+                    s.congested = false;
+                    let (addr, port) = s.bound.expect("bound");
+                    self.uncongest(addr, port);
+                }
+                cleared += 1;
+            } else {
+                i += 1;
+            }
+        }
+        cleared
+    }
+
+    /// Clears a port's bit and wakes blocked senders and monitors.
+    fn uncongest(&mut self, addr: u32, port: u16) {
+        self.set_cong_bit(addr, port, false);
+        Stats::bump(&self.stats.cong_cleared);
+        self.notify_uncongested(cong_monitor_bit(port));
+    }
+
+    /// Wakes every blocked app thread and posts `bit` to monitors that asked for it.
+    fn notify_uncongested(&mut self, bit: u64) {
+        for a in self.apps.iter().flatten().filter(|a| !a.evicted) {
+            for (slot, s) in a.socks.iter().enumerate() {
+                let Some(s) = s else { continue };
+                let ctl = a.region.slot_control(slot as u32);
+                if s.monitor {
+                    let hit = ctl.cong_interest.load(Ordering::Acquire) & bit;
+                    if hit != 0 {
+                        ctl.cong_interest.fetch_and(!hit, Ordering::AcqRel);
+                        ctl.cong_notify.fetch_or(hit, Ordering::AcqRel);
+                        Stats::bump(&self.stats.cong_notifications);
+                    }
+                }
+                wake_slot(ctl);
+            }
+        }
+    }
+
+    pub(super) fn sync_readiness(&mut self) {
+        for i in 0..self.readiness_socks.len() {
+            let r = self.readiness_socks[i];
+            let Some(app) = self.apps.get_mut(r.app).and_then(|a| a.as_mut()) else {
+                continue;
+            };
+            let ctl = app.region.slot_control(r.slot);
+            let Some(s) = app.socks[r.slot as usize].as_mut() else {
+                continue;
+            };
+            let sent = ctl.tx_sent_bytes.load(Ordering::Acquire);
+            let writable = sent.wrapping_sub(s.released) < s.sndbuf as u64;
+            // Positions, not byte counts: zero-length messages count too.
+            let rx = s.rx.memory();
+            let pending =
+                rx.producer().load(Ordering::Relaxed) != rx.consumer().load(Ordering::Acquire);
+            let readable = pending || (s.monitor && ctl.cong_notify.load(Ordering::Acquire) != 0);
+            if let Some(rd) = s.readiness.as_mut() {
+                rd.sync(readable, writable);
+            }
+        }
+    }
+
+    /// Evicts an app that broke the shared-memory protocol: its sockets close at once (nothing
+    /// of its rings is trusted any more) and the control thread hangs up on it.
+    pub(super) fn evict(&mut self, app: usize, why: &'static str) {
+        let Some(a) = self.apps[app].as_mut() else {
+            return;
+        };
+        if a.evicted {
+            return;
+        }
+        tracing::warn!(
+            app,
+            why,
+            "evicting app: it broke the shared-memory protocol"
+        );
+        a.evicted = true;
+        Stats::bump(&self.stats.apps_evicted);
+        let n = a.socks.len();
+        for slot in 0..n {
+            self.close_sock_now(SockRef {
+                app,
+                slot: slot as u32,
+            });
+        }
+        let _ = self.chans.evictions.push(app);
+        shm_api::sys::eventfd_signal(std::os::fd::AsRawFd::as_raw_fd(&*self.control_wake));
+    }
+
+    pub(super) fn is_evicted(&self, app: usize) -> bool {
+        self.apps
+            .get(app)
+            .and_then(|a| a.as_ref())
+            .is_none_or(|a| a.evicted)
+    }
+
+    /// Closes a socket without moving anything more off its tx ring. Returns its bound
+    /// address, if any.
+    pub(super) fn close_sock_now(&mut self, r: SockRef) -> Option<(u32, u16)> {
+        let app = self.apps.get_mut(r.app).and_then(|a| a.as_mut())?;
+        let mut s = app.socks[r.slot as usize].take()?;
+        // Whatever the app queued and rdsd never took dies with the socket.
+        while let Ok(Some(rec)) = s.tx.peek() {
+            s.tx.consume(&rec);
+            Stats::bump(&self.stats.drop_socket_closed);
+        }
+        Stats::bump(&self.stats.sockets_closed);
+        self.readiness_socks.retain(|x| *x != r);
+        if s.congested {
+            self.congested.retain(|x| *x != r);
+        }
+        if let Some(b) = s.bound {
+            self.binds.remove(&b);
+            if s.congested {
+                self.uncongest(b.0, b.1);
+            }
+            self.unref_cong_entry(b.0);
+        }
+        s.bound
+    }
+
+    pub(super) fn ref_cong_entry(&mut self, addr: u32) -> Result<(), i32> {
+        if let Some(e) = self.cong_entries.get_mut(&addr) {
+            e.1 += 1;
+            return Ok(());
+        }
+        let idx = (0..CONG_ENTRIES)
+            .find(|i| !self.cong_entries.values().any(|e| e.0 == *i))
+            .ok_or(libc::ENOBUFS)?;
+        for w in self.dview.map(idx) {
+            w.store(0, Ordering::Relaxed);
+        }
+        self.dview.entry(idx).addr.store(addr, Ordering::Release);
+        self.cong_entries.insert(addr, (idx, 1));
+        Ok(())
+    }
+
+    fn unref_cong_entry(&mut self, addr: u32) {
+        if let Some(e) = self.cong_entries.get_mut(&addr) {
+            e.1 -= 1;
+            if e.1 == 0 {
+                let idx = e.0;
+                self.cong_entries.remove(&addr);
+                self.local_maps.remove(&addr);
+                self.dview.entry(idx).addr.store(0, Ordering::Release);
+            }
+        }
+    }
+
+    pub(super) fn next_rand(&mut self) -> u64 {
+        // xorshift64: only used to pick the start of the free-port search.
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+}
+
+impl Upcalls for SocketTable {
+    fn deliver(&mut self, m: Incoming<'_>) -> Delivered {
+        let Some(&to) = self.binds.get(&(m.laddr, m.dport)) else {
+            // rds(7): a datagram to an unbound port is silently dropped.
+            Stats::bump(&self.stats.drop_unbound_dest);
+            return Delivered::NoSocket;
+        };
+        let len = m.payload.len();
+        let Some(app) = self.apps[to.app].as_mut() else {
+            return Delivered::NoSocket;
+        };
+        let Some(sock) = app.socks[to.slot as usize].as_mut() else {
+            return Delivered::NoSocket;
+        };
+        let header = RecordHeader::data(len as u32, m.faddr, m.sport);
+        let pushed = sock.rx.push_with(header, |mem, off| {
+            // SAFETY: `off..off + len` lies in the receiver's rx ring data area (reserved by
+            // the producer for a record of `len` bytes); the source is a separate buffer or
+            // another ring (rings never overlap, even for a socket sending to itself).
+            unsafe { m.payload.copy_to(mem.data_ptr().add(off)) }
+        });
+        match pushed {
+            Ok(()) => {
+                sock.rx.publish();
+                sock.rx_produced += len as u64;
+                let produced = sock.rx_produced;
+                let ctl = app.region.slot_control(to.slot);
+                ctl.rx_produced_bytes.store(produced, Ordering::Release);
+                wake_slot(ctl);
+                self.after_enqueue(to);
+                Delivered::Yes
+            }
+            Err(PushError::Full) => {
+                Stats::bump(&self.stats.rx_ring_full);
+                Delivered::Full
+            }
+            Err(PushError::TooLarge) => {
+                // Rings are sized to hold the largest message; a smaller one is a config bug.
+                Stats::bump(&self.stats.drop_no_route);
+                Delivered::NoSocket
+            }
+        }
+    }
+
+    fn release(&mut self, token: u64, len: u64) {
+        let (r, gen) = sock_of_token(token);
+        let Some(s) = self.sock(r) else { return };
+        if s.gen != gen {
+            return;
+        }
+        s.released += len;
+        let released = s.released;
+        let ctl = self.ctl(r);
+        ctl.tx_released_bytes.store(released, Ordering::Release);
+        wake_slot(ctl);
+    }
+
+    fn local_map(&self, addr: u32) -> &CongMap {
+        self.local_maps.get(&addr).unwrap_or(&self.empty_map)
+    }
+
+    fn peer_map_changed(&mut self, faddr: u32, map: &CongMap) {
+        if !self.peer_entries.contains(&faddr) {
+            if self.ref_cong_entry(faddr).is_err() {
+                tracing::warn!(peer = %std::net::Ipv4Addr::from(faddr), "congestion table full; peer congestion not mirrored");
+                return;
+            }
+            self.peer_entries.insert(faddr);
+        }
+        let Some(&(idx, _)) = self.cong_entries.get(&faddr) else {
+            return;
+        };
+        for (w, chunk) in self
+            .dview
+            .map(idx)
+            .iter()
+            .zip(map.as_bytes().chunks_exact(8))
+        {
+            w.store(
+                u64::from_le_bytes(chunk.try_into().expect("8 bytes")),
+                Ordering::Release,
+            );
+        }
+        self.dview.header().cong_seq.fetch_add(1, Ordering::Release);
+    }
+
+    fn uncongested(&mut self, mask: u64) {
+        self.notify_uncongested(mask);
+    }
+}
+
+/// The token a network transport carries for a message: which socket (and which incarnation
+/// of that slot) gets the bytes back when it is released.
+pub(super) fn token_of(r: SockRef, gen: u32) -> u64 {
+    ((r.app as u64) << 44) | ((r.slot as u64 & 0xfff) << 32) | gen as u64
+}
+
+fn sock_of_token(t: u64) -> (SockRef, u32) {
+    (
+        SockRef {
+            app: (t >> 44) as usize,
+            slot: ((t >> 32) & 0xfff) as u32,
+        },
+        t as u32,
+    )
+}

@@ -1,0 +1,737 @@
+//! The shared protocol layer: every RDS connection of one network transport, over any [`Link`].
+//!
+//! It owns what is the same for kernel TCP, userspace TCP and RDMA: the connection table, our
+//! generation number and the RNG seeding each connection, dispatch of engine events to link
+//! operations, peer congestion-map mirroring, counter summing, the restart-safe receive state,
+//! and the rule that an accepted message is never dropped: when a receiver's rx ring is full
+//! the path stops reading (the message waits here; TCP's window or RDMA credits push back).
+
+use super::link::{Accepted, ConnectPoll, Framing, Link, Read, Write};
+use super::persist::RxStateFile;
+use crate::config::Prefix;
+use crate::seam::{Delivered, Incoming, MsgBytes, OutMsg, SendOutcome, Transport, Upcalls};
+use crate::stats::{NetStats, Stats};
+use rds_proto::wire::MAX_PATHS;
+use rds_proto::{Connection, Event, Instant, PathState};
+use rustc_hash::FxHashMap;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Bytes read from one path per pass (fairness between paths).
+const READ_BUDGET: usize = 256 * 1024;
+/// Size of the shared receive buffer of stream links.
+const RXBUF: usize = 64 * 1024;
+
+/// What an endpoint is configured with.
+#[derive(Clone, Debug)]
+pub struct EndpointConfig {
+    /// Short name for logs ("tcp").
+    pub name: &'static str,
+    /// Destinations this transport carries.
+    pub routes: Vec<Prefix>,
+    /// This host's RDS addresses: inbound connections must arrive on one, and never come
+    /// from one (local traffic is loopback's).
+    pub local: Vec<Prefix>,
+    /// Paths offered per peer (1..=8).
+    pub npaths: u8,
+    /// Where the receive state survives restarts (`None`: not persisted).
+    pub state_file: Option<PathBuf>,
+}
+
+/// Which group of the daemon's counters an endpoint bumps.
+pub type StatsGroup = fn(&Stats) -> &NetStats;
+
+/// A message accepted from the wire that its receiver could not take yet.
+#[derive(Debug, Default)]
+struct RxHold {
+    /// The message waiting for room: (sport, dport, sequence, peer generation), payload in
+    /// `held_bytes`.
+    held: Option<(u16, u16, u64, u32)>,
+    held_bytes: Vec<u8>,
+    /// Received bytes not yet given to the engine, from `stash_pos` on.
+    stash: Vec<u8>,
+    stash_pos: usize,
+}
+
+impl RxHold {
+    fn is_paused(&self) -> bool {
+        self.held.is_some() || self.stash_pos < self.stash.len()
+    }
+}
+
+struct PathSlot<P> {
+    io: P,
+    connecting: bool,
+}
+
+struct Conn<L: Link> {
+    engine: Connection<L::Payload>,
+    paths: [Option<PathSlot<L::Path>>; MAX_PATHS],
+    rx: [RxHold; MAX_PATHS],
+    /// The transport died while received bytes still wait in `rx`: the engine keeps the path
+    /// up (so they can be processed) and hears of the drop once they are.
+    dead: [bool; MAX_PATHS],
+    laddr: u32,
+    faddr: u32,
+    maps_seen: u64,
+    persist: Option<usize>,
+}
+
+/// One transport's RDS connections over a [`Link`]; a [`Transport`] for the poll core.
+pub struct Endpoint<L: Link> {
+    link: L,
+    cfg: EndpointConfig,
+    generation: u32,
+    seed: u64,
+    conns: Vec<Conn<L>>,
+    index: FxHashMap<(u32, u32), usize>,
+    rxbuf: Vec<u8>,
+    epoch: std::time::Instant,
+    pass: u32,
+    stats: Arc<Stats>,
+    group: StatsGroup,
+    persist: Option<RxStateFile>,
+    restored: u32,
+}
+
+fn ip(a: u32) -> Ipv4Addr {
+    Ipv4Addr::from(a)
+}
+
+fn random_seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(7, |d| d.as_nanos() as u64);
+    t ^ (u64::from(std::process::id()) << 32)
+}
+
+impl<L: Link> Endpoint<L> {
+    /// An endpoint over `link`. Fails only if the state file cannot be opened.
+    pub fn new(
+        link: L,
+        cfg: EndpointConfig,
+        stats: Arc<Stats>,
+        group: StatsGroup,
+    ) -> std::io::Result<Endpoint<L>> {
+        let seed = random_seed();
+        let mut generation = (seed ^ (seed >> 29)) as u32;
+        if generation == 0 {
+            generation = 1;
+        }
+        let persist = match &cfg.state_file {
+            Some(p) => Some(RxStateFile::open(p)?),
+            None => None,
+        };
+        tracing::info!(
+            transport = cfg.name,
+            generation,
+            paths = cfg.npaths,
+            state = ?cfg.state_file,
+            "RDS endpoint ready"
+        );
+        Ok(Endpoint {
+            link,
+            cfg,
+            generation,
+            seed,
+            conns: Vec::with_capacity(64),
+            index: FxHashMap::default(),
+            rxbuf: vec![0u8; RXBUF],
+            epoch: std::time::Instant::now(),
+            pass: 0,
+            stats,
+            group,
+            persist,
+            restored: 0,
+        })
+    }
+
+    /// Connections whose receive state came from the state file.
+    pub fn restored_connections(&self) -> u32 {
+        self.restored
+    }
+
+    /// Our generation number (GEN_NUM), new at every start.
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// The link, for tests and diagnostics.
+    pub fn link(&self) -> &L {
+        &self.link
+    }
+
+    /// The engine of the connection (laddr, faddr), if any.
+    pub fn connection(&self, laddr: u32, faddr: u32) -> Option<&Connection<L::Payload>> {
+        self.index
+            .get(&(laddr, faddr))
+            .map(|&i| &self.conns[i].engine)
+    }
+
+    fn now(&self) -> Instant {
+        Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    fn net(&self) -> &NetStats {
+        (self.group)(&self.stats)
+    }
+
+    fn is_local(&self, a: u32) -> bool {
+        self.cfg.local.iter().any(|p| p.contains(ip(a)))
+    }
+
+    fn conn_for(&mut self, laddr: u32, faddr: u32) -> Option<usize> {
+        if let Some(&i) = self.index.get(&(laddr, faddr)) {
+            return Some(i);
+        }
+        self.seed = self
+            .seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let mut c = rds_proto::Config::new(ip(laddr), ip(faddr), self.generation, self.seed);
+        c.npaths = self.cfg.npaths;
+        let mut engine = match Connection::new(c) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot create RDS connection");
+                return None;
+            }
+        };
+        let persist = self.persist.as_mut().and_then(|f| f.slot_for(laddr, faddr));
+        if let (Some(f), Some(slot)) = (&self.persist, persist) {
+            let (peer_generation, next_rx_seq) = f.load(slot);
+            if next_rx_seq.iter().any(|&s| s != 0) {
+                engine.restore_rx_state(peer_generation, next_rx_seq);
+                self.restored += 1;
+                Stats::bump(&self.net().rx_state_restored);
+                tracing::info!(peer = %ip(faddr), peer_generation, ?next_rx_seq, "receive state restored");
+            }
+        }
+        tracing::info!(transport = self.cfg.name, local = %ip(laddr), peer = %ip(faddr), "new RDS connection");
+        self.conns.push(Conn {
+            engine,
+            paths: Default::default(),
+            rx: Default::default(),
+            dead: [false; MAX_PATHS],
+            laddr,
+            faddr,
+            maps_seen: 0,
+            persist,
+        });
+        let i = self.conns.len() - 1;
+        self.index.insert((laddr, faddr), i);
+        Some(i)
+    }
+
+    fn accept(&mut self, up: &mut dyn Upcalls, now: Instant) -> usize {
+        let mut n = 0;
+        while let Some(Accepted {
+            path,
+            laddr,
+            faddr,
+            peer_port,
+        }) = self.link.accept()
+        {
+            n += 1;
+            if self.is_local(faddr) || !self.is_local(laddr) {
+                // Local traffic uses loopback (spec §6.2); refuse.
+                Stats::bump(&self.net().accepts_refused);
+                self.link.close(path, true);
+                continue;
+            }
+            let Some(i) = self.conn_for(laddr, faddr) else {
+                self.link.close(path, true);
+                continue;
+            };
+            let c = &mut self.conns[i];
+            match c.engine.handle_accepted(now, peer_port) {
+                Ok(p) => {
+                    Stats::bump(&(self.group)(&self.stats).accepts);
+                    c.paths[p] = Some(PathSlot {
+                        io: path,
+                        connecting: false,
+                    });
+                    c.dead[p] = false;
+                }
+                Err(_) => {
+                    // Reset, as the kernel does for the side that must connect.
+                    Stats::bump(&(self.group)(&self.stats).accepts_refused);
+                    self.link.close(path, true);
+                }
+            }
+            self.drain_events(up, i, now);
+        }
+        n
+    }
+
+    /// Closes a path's I/O and tells the engine, unless received bytes must still be processed.
+    fn path_down(&mut self, i: usize, path: usize, now: Instant) {
+        let c = &mut self.conns[i];
+        if let Some(ps) = c.paths[path].take() {
+            if !ps.connecting {
+                let written = c.engine.stream_offset(path);
+                if let Some(acked) = self.link.final_acked(&ps.io, written) {
+                    c.engine.handle_acked(path, acked.min(written));
+                }
+            }
+            self.link.close(ps.io, false);
+            Stats::bump(&(self.group)(&self.stats).path_down);
+        }
+        if c.rx[path].stash_pos < c.rx[path].stash.len()
+            && c.engine.path_state(path) == PathState::Up
+        {
+            // TCP acknowledged these bytes to the peer: process them before the engine forgets
+            // the stream (path_down resets its deframer).
+            c.dead[path] = true;
+            return;
+        }
+        c.dead[path] = false;
+        let _ = c.engine.handle_path_down(now, path);
+    }
+
+    fn poll_conn(&mut self, up: &mut dyn Upcalls, i: usize, now: Instant) -> usize {
+        let mut work = 0;
+        if self.conns[i]
+            .engine
+            .poll_timeout()
+            .is_some_and(|t| t <= now)
+        {
+            self.conns[i].engine.handle_timeout(now);
+            work += 1;
+        }
+        work += self.drain_events(up, i, now);
+        for path in 0..MAX_PATHS {
+            let c = &self.conns[i];
+            if c.paths[path].is_none() && !c.dead[path] && c.rx[path].held.is_none() {
+                continue;
+            }
+            match self.poll_path(up, i, path, now) {
+                Ok(n) => work += n,
+                Err(()) => {
+                    self.path_down(i, path, now);
+                    work += 1;
+                }
+            }
+        }
+        work += self.drain_events(up, i, now);
+        let c = &mut self.conns[i];
+        let seen = c.engine.counters().cong_map_received;
+        if seen != c.maps_seen {
+            c.maps_seen = seen;
+            up.peer_map_changed(c.faddr, c.engine.peer_congestion_map());
+        }
+        work
+    }
+
+    /// Delivers what waits on a paused path; true when the path may read again.
+    fn resume(&mut self, up: &mut dyn Upcalls, i: usize, path: usize, now: Instant) -> bool {
+        let c = &mut self.conns[i];
+        let hold = &mut c.rx[path];
+        if let Some((sport, dport, seq, generation)) = hold.held {
+            let msg = Incoming {
+                laddr: c.laddr,
+                faddr: c.faddr,
+                sport,
+                dport,
+                payload: MsgBytes::from_slice(&hold.held_bytes),
+            };
+            if up.deliver(msg) == Delivered::Full {
+                return false;
+            }
+            hold.held = None;
+            Stats::bump(&self.stats.rx_resumed);
+            Stats::bump(&(self.group)(&self.stats).delivered);
+            if let (Some(f), Some(slot)) = (&self.persist, c.persist) {
+                f.delivered(slot, path, generation, seq);
+            }
+        }
+        if hold.stash_pos < hold.stash.len() {
+            let stash = std::mem::take(&mut hold.stash);
+            let pos = hold.stash_pos;
+            let used = feed(
+                &mut c.engine,
+                &mut c.rx[path],
+                up,
+                Ctx {
+                    now,
+                    path,
+                    laddr: c.laddr,
+                    faddr: c.faddr,
+                    persist: self.persist.as_ref().zip(c.persist),
+                    stats: &self.stats,
+                    net: (self.group)(&self.stats),
+                },
+                &stash[pos..],
+            );
+            let hold = &mut c.rx[path];
+            if hold.held.is_some() {
+                // Paused again: the rest of the stash waits, in place.
+                hold.stash = stash;
+                hold.stash_pos = pos + used;
+                return false;
+            }
+            hold.stash = stash;
+            hold.stash.clear();
+            hold.stash_pos = 0;
+        }
+        if c.dead[path] {
+            c.dead[path] = false;
+            let _ = c.engine.handle_path_down(now, path);
+        }
+        true
+    }
+
+    /// One path's I/O: finish a connect, deliver what waits, read, write, read acknowledgements.
+    /// `Err` means the path's transport is gone.
+    fn poll_path(
+        &mut self,
+        up: &mut dyn Upcalls,
+        i: usize,
+        path: usize,
+        now: Instant,
+    ) -> Result<usize, ()> {
+        let mut work = 0;
+        let c = &mut self.conns[i];
+        if let Some(ps) = c.paths[path].as_mut().filter(|p| p.connecting) {
+            return match self.link.poll_connect(&mut ps.io) {
+                ConnectPoll::Pending => Ok(0),
+                ConnectPoll::Failed => Err(()),
+                ConnectPoll::Up => {
+                    ps.connecting = false;
+                    if c.engine.handle_connected(now, path).is_err() {
+                        return Err(());
+                    }
+                    Stats::bump(&(self.group)(&self.stats).path_up);
+                    Ok(1)
+                }
+            };
+        }
+        if c.rx[path].is_paused() {
+            if !self.resume(up, i, path, now) {
+                // Still full: read nothing (the peer's window closes), but keep writing.
+                return self.transmit(up, i, path, now);
+            }
+            work += 1;
+        }
+        let c = &mut self.conns[i];
+        let Some(ps) = c.paths[path].as_mut() else {
+            return Ok(work);
+        };
+        let mut budget = READ_BUDGET;
+        while budget > 0 {
+            let data = match self.link.read(&mut ps.io, &mut self.rxbuf) {
+                Read::Data(d) => d,
+                Read::WouldBlock => break,
+                Read::Closed => return Err(()),
+            };
+            budget = budget.saturating_sub(data.len().max(1));
+            work += 1;
+            let used = feed(
+                &mut c.engine,
+                &mut c.rx[path],
+                up,
+                Ctx {
+                    now,
+                    path,
+                    laddr: c.laddr,
+                    faddr: c.faddr,
+                    persist: self.persist.as_ref().zip(c.persist),
+                    stats: &self.stats,
+                    net: (self.group)(&self.stats),
+                },
+                data,
+            );
+            if c.rx[path].held.is_some() {
+                let hold = &mut c.rx[path];
+                hold.stash.clear();
+                hold.stash.extend_from_slice(&data[used..]);
+                hold.stash_pos = 0;
+                break;
+            }
+            if c.engine.path_state(path) != PathState::Up {
+                // The engine dropped the path (malformed input): its Close event follows.
+                return Ok(work);
+            }
+        }
+        Ok(work + self.transmit(up, i, path, now)?)
+    }
+
+    fn transmit(
+        &mut self,
+        up: &mut dyn Upcalls,
+        i: usize,
+        path: usize,
+        now: Instant,
+    ) -> Result<usize, ()> {
+        let c = &mut self.conns[i];
+        let Some(ps) = c.paths[path].as_mut() else {
+            return Ok(0);
+        };
+        let mut work = 0;
+        let local_map = up.local_map(c.laddr);
+        while let Some(chunk) = c.engine.poll_transmit_chunk(now, path, local_map) {
+            let want = chunk.len();
+            match self.link.write(&mut ps.io, chunk.header, chunk.payload) {
+                Write::Wrote(n) => {
+                    debug_assert!(L::FRAMING == Framing::Stream || n == want);
+                    c.engine.advance_transmit(path, n);
+                    work += 1;
+                    if n < want {
+                        break;
+                    }
+                }
+                Write::WouldBlock => break,
+                Write::Closed => return Err(()),
+            }
+        }
+        if c.engine.unacked_messages(path) > 0 {
+            let written = c.engine.stream_offset(path);
+            if let Some(acked) = self.link.acked(&ps.io, written) {
+                c.engine.handle_acked(path, acked.min(written));
+            }
+        }
+        Ok(work)
+    }
+
+    fn drain_events(&mut self, up: &mut dyn Upcalls, i: usize, now: Instant) -> usize {
+        let mut n = 0;
+        while let Some(ev) = self.conns[i].engine.poll_event() {
+            n += 1;
+            let (laddr, faddr) = (self.conns[i].laddr, self.conns[i].faddr);
+            match ev {
+                Event::Connect { path } => {
+                    Stats::bump(&self.net().connects);
+                    match self.link.connect(laddr, faddr, path) {
+                        Ok(io) => {
+                            let c = &mut self.conns[i];
+                            c.paths[path] = Some(PathSlot {
+                                io,
+                                connecting: true,
+                            });
+                            c.dead[path] = false;
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, path, "connect failed");
+                            let _ = self.conns[i].engine.handle_path_down(now, path);
+                        }
+                    }
+                }
+                Event::Doorbell => self.link.doorbell(laddr, faddr),
+                Event::Close { path } => {
+                    // Bytes after a protocol error are garbage; forget them.
+                    let hold = &mut self.conns[i].rx[path];
+                    hold.stash.clear();
+                    hold.stash_pos = 0;
+                    self.path_down(i, path, now);
+                }
+                Event::Released { token, len } => up.release(token, len as u64),
+                Event::CongestionChanged { uncongested_mask } => {
+                    let c = &mut self.conns[i];
+                    c.maps_seen = c.engine.counters().cong_map_received;
+                    up.peer_map_changed(faddr, c.engine.peer_congestion_map());
+                    up.uncongested(uncongested_mask);
+                }
+                Event::PathsNegotiated { npaths } => {
+                    tracing::info!(peer = %ip(faddr), npaths, "paths negotiated");
+                }
+                Event::PeerRestarted { .. } => {
+                    // The stored generation (and with it the void old numbers) is updated
+                    // below, after every call, with `learned`.
+                    tracing::info!(peer = %ip(faddr), "peer restarted");
+                    Stats::bump(&self.net().peer_restarts);
+                }
+            }
+        }
+        let c = &self.conns[i];
+        if let (Some(f), Some(slot)) = (&self.persist, c.persist) {
+            f.learned(slot, c.engine.peer_generation());
+        }
+        n
+    }
+}
+
+/// What [`feed`] needs besides the engine and the path's hold.
+struct Ctx<'a> {
+    now: Instant,
+    path: usize,
+    laddr: u32,
+    faddr: u32,
+    persist: Option<(&'a RxStateFile, usize)>,
+    stats: &'a Stats,
+    net: &'a NetStats,
+}
+
+/// Gives `data` to the engine and delivers what completes. Stops at the first message the
+/// receiver cannot take, which it keeps in `hold`; returns the bytes of `data` consumed.
+fn feed<P: AsRef<[u8]>>(
+    engine: &mut Connection<P>,
+    hold: &mut RxHold,
+    up: &mut dyn Upcalls,
+    cx: Ctx<'_>,
+    data: &[u8],
+) -> usize {
+    let mut off = 0;
+    while off < data.len() {
+        let r = engine.receive(cx.now, cx.path, &data[off..]);
+        off += r.consumed;
+        if let Some(d) = r.delivery {
+            let msg = Incoming {
+                laddr: cx.laddr,
+                faddr: cx.faddr,
+                sport: d.sport,
+                dport: d.dport,
+                payload: MsgBytes::from_slice(d.payload),
+            };
+            if up.deliver(msg) == Delivered::Full {
+                hold.held_bytes.clear();
+                hold.held_bytes.extend_from_slice(d.payload);
+                hold.held = Some((d.sport, d.dport, d.sequence, d.peer_generation));
+                Stats::bump(&cx.stats.rx_paused);
+                return off;
+            }
+            Stats::bump(&cx.net.delivered);
+            if let Some((f, slot)) = cx.persist {
+                f.delivered(slot, cx.path, d.peer_generation, d.sequence);
+            }
+        }
+        if engine.path_state(cx.path) != PathState::Up {
+            return data.len();
+        }
+    }
+    off
+}
+
+impl<L: Link> Transport for Endpoint<L> {
+    fn name(&self) -> &'static str {
+        self.cfg.name
+    }
+
+    fn routes_to(&self, dest: Ipv4Addr) -> bool {
+        self.cfg.routes.iter().any(|p| p.contains(dest))
+    }
+
+    fn send(&mut self, _up: &mut dyn Upcalls, m: OutMsg<'_>) -> SendOutcome {
+        let Some(i) = self.conn_for(m.laddr, m.faddr) else {
+            Stats::bump(&self.stats.drop_no_route);
+            return SendOutcome::Dropped;
+        };
+        let now = self.now();
+        let payload = self.link.payload(m.payload);
+        match self.conns[i]
+            .engine
+            .send(now, m.sport, m.dport, payload, m.token)
+        {
+            Ok(_) => SendOutcome::Queued,
+            Err(_) => {
+                Stats::bump(&self.stats.drop_no_route);
+                SendOutcome::Dropped
+            }
+        }
+    }
+
+    fn poll(&mut self, up: &mut dyn Upcalls) -> usize {
+        let now = self.now();
+        let mut work = 0;
+        self.pass = self.pass.wrapping_add(1);
+        if self.pass % 16 == 0 || self.conns.is_empty() {
+            work += self.accept(up, now);
+        }
+        work += self.link.poll_aux();
+        for i in 0..self.conns.len() {
+            work += self.poll_conn(up, i, now);
+        }
+        work
+    }
+
+    fn cancel(&mut self, laddr: u32, sport: u16, dest: Option<(u32, u16)>) {
+        for c in self.conns.iter_mut().filter(|c| c.laddr == laddr) {
+            match dest {
+                Some((a, p)) if a == c.faddr => {
+                    c.engine.cancel_sent_to(sport, p);
+                }
+                Some(_) => {}
+                None => {
+                    c.engine.cancel_socket(sport);
+                }
+            }
+        }
+    }
+
+    fn local_congestion_changed(&mut self, laddr: u32) {
+        for c in self.conns.iter_mut().filter(|c| c.laddr == laddr) {
+            c.engine.local_congestion_changed();
+        }
+    }
+
+    fn park_fds(&self, out: &mut Vec<libc::pollfd>) {
+        self.link.park_fds(out);
+        for c in &self.conns {
+            for (p, slot) in c.paths.iter().enumerate() {
+                // A paused path is not watched: its data is already here.
+                if let Some(s) = slot.as_ref().filter(|_| !c.rx[p].is_paused()) {
+                    self.link.park_fd(&s.io, s.connecting, out);
+                }
+            }
+        }
+    }
+
+    fn next_timeout(&self) -> Option<Duration> {
+        let now = self.now();
+        let waiting = self
+            .conns
+            .iter()
+            .any(|c| c.rx.iter().any(RxHold::is_paused));
+        let unacked = self.link.acks_need_polling()
+            && self
+                .conns
+                .iter()
+                .any(|c| (0..MAX_PATHS).any(|p| c.engine.unacked_messages(p) > 0));
+        if waiting || unacked {
+            // Neither a receiver draining its ring nor a TCP acknowledgement wakes poll().
+            return Some(Duration::from_millis(1));
+        }
+        self.conns
+            .iter()
+            .filter_map(|c| c.engine.poll_timeout())
+            .min()
+            .map(|t| t.saturating_duration_since(now))
+    }
+
+    fn publish_counters(&self) {
+        let mut sum = rds_proto::Counters::default();
+        for c in &self.conns {
+            let k = c.engine.counters();
+            sum.tx_messages += k.tx_messages;
+            sum.tx_retransmits += k.tx_retransmits;
+            sum.rx_messages += k.rx_messages;
+            sum.rx_drop_bad_header += k.rx_drop_bad_header + k.rx_bad_exthdr;
+            sum.rx_drop_oversize += k.rx_drop_oversize;
+            sum.rx_drop_dup_seq += k.rx_drop_dup_seq;
+            sum.rx_drop_unknown += k.rx_drop_unknown + k.rx_truncated;
+            sum.path_errors += k.path_errors;
+            sum.reconnects += k.reconnects;
+            sum.cong_map_sent += k.cong_map_sent;
+            sum.cong_map_received += k.cong_map_received;
+            sum.pings_received += k.pings_received;
+            sum.doorbells += k.doorbells;
+        }
+        let n = self.net();
+        let set = |c: &std::sync::atomic::AtomicU64, v: u64| c.store(v, Ordering::Relaxed);
+        set(&n.tx_messages, sum.tx_messages);
+        set(&n.retransmits, sum.tx_retransmits);
+        set(&n.rx_messages, sum.rx_messages);
+        set(&n.drop_bad_header, sum.rx_drop_bad_header);
+        set(&n.drop_oversize, sum.rx_drop_oversize);
+        set(&n.drop_dup_seq, sum.rx_drop_dup_seq);
+        set(&n.drop_unknown, sum.rx_drop_unknown);
+        set(&n.path_errors, sum.path_errors);
+        set(&n.reconnects, sum.reconnects);
+        set(&n.cong_maps_sent, sum.cong_map_sent);
+        set(&n.cong_maps_received, sum.cong_map_received);
+        set(&n.pings_received, sum.pings_received);
+        set(&n.doorbells, sum.doorbells);
+    }
+}

@@ -1,0 +1,120 @@
+//! The path I/O trait: what a network transport must provide under the shared protocol layer.
+//!
+//! A [`Link`] moves frames (`[48-byte RDS header][payload]`) over paths and reports
+//! acknowledgements; it knows nothing of connections, sequence numbers, congestion maps or
+//! sockets. Two kinds fit:
+//!
+//! * **Stream links** (kernel TCP, userspace TCP over DPDK): `read` returns any number of
+//!   stream bytes, `write` may take part of a frame, and the acknowledged offset is TCP's
+//!   (bytes written minus the unacknowledged send queue).
+//! * **Message links** (RDMA RC): `read` returns exactly one whole frame per call, `write`
+//!   takes a whole frame or nothing (no credit, no send slot: `WouldBlock`), and the
+//!   acknowledged offset counts the frames the peer confirmed (with `h_ack`), in the same frame
+//!   bytes. The payload type can be a handle into the app's registered memory, kept in place
+//!   until the engine releases it after that acknowledgement (zero copy).
+
+use crate::seam::MsgBytes;
+use std::io;
+
+/// How a link carries frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// A byte stream: partial reads and writes.
+    Stream,
+    /// Whole frames only, one per read and per write.
+    Message,
+}
+
+/// Progress of an outgoing connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectPoll {
+    /// Not established yet.
+    Pending,
+    /// Established.
+    Up,
+    /// Failed.
+    Failed,
+}
+
+/// Result of [`Link::read`].
+#[derive(Debug)]
+pub enum Read<'a> {
+    /// Bytes received (for a message link, one whole frame).
+    Data(&'a [u8]),
+    /// Nothing now.
+    WouldBlock,
+    /// The path is gone (EOF, reset, error).
+    Closed,
+}
+
+/// Result of [`Link::write`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// This many bytes were taken (a message link takes all or returns `WouldBlock`).
+    Wrote(usize),
+    /// No room now.
+    WouldBlock,
+    /// The path is gone.
+    Closed,
+}
+
+/// An inbound connection.
+#[derive(Debug)]
+pub struct Accepted<P> {
+    /// Its I/O handle.
+    pub path: P,
+    /// Our address it arrived on (the RDS address it serves).
+    pub laddr: u32,
+    /// The peer's address.
+    pub faddr: u32,
+    /// The peer's source port (for SPORT_IDX path mapping).
+    pub peer_port: u16,
+}
+
+/// Path I/O for one network transport. Every call is non-blocking.
+pub trait Link: Send {
+    /// One path's I/O handle (a TCP connection, a QP).
+    type Path: Send;
+    /// How queued payloads are held until the peer acknowledges them.
+    type Payload: AsRef<[u8]> + Send + std::fmt::Debug;
+    /// Stream or message framing.
+    const FRAMING: Framing;
+
+    /// Takes the payload of a message being queued (a copy into a pool, or a handle).
+    fn payload(&mut self, bytes: MsgBytes<'_>) -> Self::Payload;
+    /// An inbound connection, if one is waiting.
+    fn accept(&mut self) -> Option<Accepted<Self::Path>>;
+    /// Starts a connection for `path` from `laddr` to the peer.
+    fn connect(&mut self, laddr: u32, faddr: u32, path: usize) -> io::Result<Self::Path>;
+    /// Progress of a connection started with `connect`.
+    fn poll_connect(&mut self, p: &mut Self::Path) -> ConnectPoll;
+    /// Passive side: pokes the peer so that it connects to us (spec §6.2).
+    fn doorbell(&mut self, laddr: u32, faddr: u32);
+    /// Receives into `buf` (or returns the link's own buffer).
+    fn read<'a>(&'a mut self, p: &mut Self::Path, buf: &'a mut [u8]) -> Read<'a>;
+    /// Sends (part of) a frame: the remaining header bytes, then the remaining payload bytes.
+    fn write(&mut self, p: &mut Self::Path, header: &[u8], payload: &[u8]) -> Write;
+    /// Bytes of this path's connection the peer has acknowledged, out of `written`; cheap
+    /// enough to call every pass while messages are unacknowledged.
+    fn acked(&mut self, p: &Self::Path, written: u64) -> Option<u64>;
+    /// The last word on acknowledgement before the path is reported down.
+    fn final_acked(&mut self, p: &Self::Path, written: u64) -> Option<u64> {
+        self.acked(p, written)
+    }
+    /// Closes a path (`reset`: abortively, for refused connections).
+    fn close(&mut self, p: Self::Path, reset: bool);
+    /// Link-level housekeeping once per pass (e.g. reaping doorbell connections).
+    fn poll_aux(&mut self) -> usize {
+        0
+    }
+    /// True when acknowledgements arrive without waking `park_fds` (kernel TCP's send queue
+    /// shrinks silently): the poll core then parks for at most 1 ms while messages are
+    /// unacknowledged.
+    fn acks_need_polling(&self) -> bool {
+        false
+    }
+    /// Descriptors of the link itself (listener) that must wake a parked poll core.
+    fn park_fds(&self, _out: &mut Vec<libc::pollfd>) {}
+    /// A path's descriptor for a parked poll core (readable; writable while `connecting`).
+    fn park_fd(&self, _p: &Self::Path, _connecting: bool, _out: &mut Vec<libc::pollfd>) {}
+}

@@ -1,0 +1,21 @@
+//! The protocol layer shared by every network transport (DESIGN §1a).
+//!
+//! * [`Endpoint`]: the connection table over the sans-IO engine `rds_proto::Connection`
+//!   (generation, event dispatch, congestion-map mirroring, counters, restart-safe receive
+//!   state, pause on a full rx ring). It is a [`crate::seam::Transport`].
+//! * [`Link`]: the path I/O a transport provides underneath (stream or message framing).
+//! * [`RxStateFile`]: the persisted receive sequence numbers.
+//! * [`PoolBuf`]: pooled payload copies for links that copy.
+//!
+//! A new network transport is a `Link` in its own folder under `transport/` plus one line in
+//! `transport::build`.
+
+mod endpoint;
+mod link;
+mod persist;
+mod pool;
+
+pub use endpoint::{Endpoint, EndpointConfig, StatsGroup};
+pub use link::{Accepted, ConnectPoll, Framing, Link, Read, Write};
+pub use persist::RxStateFile;
+pub use pool::PoolBuf;

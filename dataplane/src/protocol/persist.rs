@@ -1,0 +1,213 @@
+//! The receive state that survives an rdsd restart: per connection (local address, peer
+//! address), the peer's generation and, per path, the sequence number after the last message
+//! delivered to a socket.
+//!
+//! It lives in a small `MAP_SHARED` file (by default next to the control socket, under /run), so
+//! a plain store on the delivery path persists it: no syscall, and a SIGKILLed rdsd loses
+//! nothing the kernel's page cache holds. After a restart the protocol layer seeds each new
+//! connection with it, and the peer's retransmissions at or below it are dropped as duplicates
+//! (spec §7) instead of being delivered a second time.
+//!
+//! The file is rdsd's alone (mode 0600, locked with `flock` so two daemons cannot share it); a
+//! file of the wrong size or magic is reinitialised.
+
+use memmap2::MmapMut;
+use rds_proto::wire::MAX_PATHS;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+const MAGIC: u64 = u64::from_le_bytes(*b"RDSDRXSQ");
+const VERSION: u32 = 1;
+/// Connections remembered; beyond that, new connections are not persisted (and counted).
+pub const SLOTS: usize = 1024;
+const HEADER: usize = 64;
+
+/// One connection's record. Only rdsd maps the file, so references into it are sound.
+#[repr(C)]
+struct Slot {
+    laddr: AtomicU32,
+    faddr: AtomicU32,
+    peer_generation: AtomicU32,
+    used: AtomicU32,
+    next_rx_seq: [AtomicU64; MAX_PATHS],
+}
+
+const SLOT_LEN: usize = std::mem::size_of::<Slot>();
+const FILE_LEN: usize = HEADER + SLOTS * SLOT_LEN;
+
+/// The mapped state file.
+pub struct RxStateFile {
+    map: MmapMut,
+    _file: File,
+    used: usize,
+}
+
+// The mapping is only touched by the poll thread that owns the endpoint.
+// SAFETY: MmapMut is Send; the raw atomics inside are accessed through &self / &mut self.
+unsafe impl Send for RxStateFile {}
+
+impl RxStateFile {
+    /// Opens (or creates) the file and locks it for this process.
+    pub fn open(path: &Path) -> io::Result<RxStateFile> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)?;
+        // SAFETY: flock on our own descriptor.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!("{} is in use by another rdsd: {e}", path.display()),
+            ));
+        }
+        let fresh = file.metadata()?.len() != FILE_LEN as u64;
+        if fresh {
+            file.set_len(0)?;
+            file.set_len(FILE_LEN as u64)?;
+        }
+        // SAFETY: the file is ours (locked, 0600) and sized to FILE_LEN; no one truncates it
+        // while mapped.
+        let mut map = unsafe { MmapMut::map_mut(&file)? };
+        let valid = !fresh
+            && map[..8] == MAGIC.to_le_bytes()
+            && map[8..12] == VERSION.to_le_bytes()
+            && map[12..16] == (SLOTS as u32).to_le_bytes();
+        if !valid {
+            map.fill(0);
+            map[..8].copy_from_slice(&MAGIC.to_le_bytes());
+            map[8..12].copy_from_slice(&VERSION.to_le_bytes());
+            map[12..16].copy_from_slice(&(SLOTS as u32).to_le_bytes());
+        }
+        let mut f = RxStateFile {
+            map,
+            _file: file,
+            used: 0,
+        };
+        f.used = (0..SLOTS)
+            .take_while(|&i| f.slot(i).used.load(Ordering::Relaxed) != 0)
+            .count();
+        Ok(f)
+    }
+
+    fn slot(&self, i: usize) -> &Slot {
+        assert!(i < SLOTS);
+        // SAFETY: i < SLOTS, so the slot lies inside the mapping; the mapping is page-aligned
+        // and HEADER and SLOT_LEN are multiples of 8, so the atomics are aligned; every bit
+        // pattern is a valid Slot.
+        unsafe { &*(self.map.as_ptr().add(HEADER + i * SLOT_LEN) as *const Slot) }
+    }
+
+    /// The slot of a connection, claiming a free one for a new connection; `None` when full.
+    pub fn slot_for(&mut self, laddr: u32, faddr: u32) -> Option<usize> {
+        if let Some(i) = (0..self.used).find(|&i| {
+            let s = self.slot(i);
+            s.laddr.load(Ordering::Relaxed) == laddr && s.faddr.load(Ordering::Relaxed) == faddr
+        }) {
+            return Some(i);
+        }
+        if self.used == SLOTS {
+            return None;
+        }
+        let i = self.used;
+        let s = self.slot(i);
+        s.laddr.store(laddr, Ordering::Relaxed);
+        s.faddr.store(faddr, Ordering::Relaxed);
+        s.peer_generation.store(0, Ordering::Relaxed);
+        for q in &s.next_rx_seq {
+            q.store(0, Ordering::Relaxed);
+        }
+        s.used.store(1, Ordering::Release);
+        self.used += 1;
+        Some(i)
+    }
+
+    /// What was persisted for a slot: (peer generation, next sequence per path).
+    pub fn load(&self, i: usize) -> (u32, [u64; MAX_PATHS]) {
+        let s = self.slot(i);
+        let seqs = std::array::from_fn(|p| s.next_rx_seq[p].load(Ordering::Relaxed));
+        (s.peer_generation.load(Ordering::Relaxed), seqs)
+    }
+
+    /// The engine knows the peer's generation `generation` (0 = not yet). A new non-zero value
+    /// is stored at once, not at the next delivery: a crash before that delivery must not
+    /// restore "unknown", or the peer's next restart would go unnoticed. When it replaces an
+    /// older non-zero value the peer restarted, and its old numbers are void.
+    #[inline]
+    pub fn learned(&self, i: usize, generation: u32) {
+        let s = self.slot(i);
+        let stored = s.peer_generation.load(Ordering::Relaxed);
+        if generation == 0 || generation == stored {
+            return;
+        }
+        if stored != 0 {
+            for q in &s.next_rx_seq {
+                q.store(0, Ordering::Relaxed);
+            }
+        }
+        s.peer_generation.store(generation, Ordering::Relaxed);
+    }
+
+    /// A message with sequence `seq`, accepted while the peer's generation was `generation`,
+    /// was delivered on `path`: a load and one or two plain stores.
+    #[inline]
+    pub fn delivered(&self, i: usize, path: usize, generation: u32, seq: u64) {
+        self.learned(i, generation);
+        let s = self.slot(i);
+        s.next_rx_seq[path % MAX_PATHS].store(seq.saturating_add(1), Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_survives_reopen_and_a_second_opener_is_refused() {
+        let dir = std::env::temp_dir().join(format!("rdsd-persist-{}", std::process::id()));
+        let path = dir.join("rx.state");
+        let _ = std::fs::remove_file(&path);
+        {
+            let mut f = RxStateFile::open(&path).unwrap();
+            let a = f.slot_for(1, 2).unwrap();
+            let b = f.slot_for(1, 3).unwrap();
+            assert_ne!(a, b);
+            assert_eq!(f.slot_for(1, 2), Some(a));
+            f.delivered(a, 3, 77, 41);
+            f.delivered(b, 0, 9, 5);
+            // The peer of b restarted (generation 9 -> 10): its old numbers are void.
+            f.learned(b, 10);
+            f.delivered(b, 1, 10, 2);
+            f.learned(b, 0);
+            assert!(
+                RxStateFile::open(&path).is_err(),
+                "locked by the first opener"
+            );
+        }
+        let mut f = RxStateFile::open(&path).unwrap();
+        let a = f.slot_for(1, 2).unwrap();
+        let (gen, seqs) = f.load(a);
+        assert_eq!(gen, 77);
+        assert_eq!(seqs[3], 42);
+        assert_eq!(seqs[0], 0);
+        let b = f.slot_for(1, 3).unwrap();
+        assert_eq!(f.load(b), (10, [0, 3, 0, 0, 0, 0, 0, 0]));
+        drop(f);
+        // A scribbled file is reinitialised, not trusted.
+        std::fs::write(&path, b"garbage").unwrap();
+        let mut f = RxStateFile::open(&path).unwrap();
+        let a = f.slot_for(1, 2).unwrap();
+        assert_eq!(f.load(a), (0, [0; MAX_PATHS]));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

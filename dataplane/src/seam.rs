@@ -1,0 +1,189 @@
+//! The transport seam (DESIGN §1a): the only types a transport and the poll core share.
+//!
+//! * [`Transport`]: what the poll core asks of a transport (send a message, one pass of I/O,
+//!   cancel, congestion changes, park descriptors, counters).
+//! * [`Upcalls`]: what a transport asks of the poll core's socket table (deliver a message,
+//!   release send-buffer bytes, mirror a peer's congestion map, wake senders of uncongested
+//!   ports, read the local map). It is the narrow interface a transport sees instead of the
+//!   poll core itself.
+//! * [`MsgBytes`]: a payload that may live in an app's shared memory, which must never be
+//!   turned into a Rust reference (the app can write it at any time): it is only copied.
+//!
+//! `poll/` and `transport/` both depend on this module and never on each other (the poll core
+//! receives its transports as a list built by `transport::build`).
+
+use rds_proto::wire::CongMap;
+use std::marker::PhantomData;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+/// Payload bytes handed across the seam, valid for the duration of one call.
+///
+/// The bytes may live in an app's tx ring, which the app can scribble concurrently; building a
+/// `&[u8]` over them would be undefined behaviour, so this type only offers copies.
+#[derive(Clone, Copy, Debug)]
+pub struct MsgBytes<'a> {
+    ptr: *const u8,
+    len: usize,
+    _life: PhantomData<&'a [u8]>,
+}
+
+impl<'a> MsgBytes<'a> {
+    /// Bytes owned by rdsd (a receive buffer, a test vector).
+    pub fn from_slice(s: &'a [u8]) -> MsgBytes<'a> {
+        MsgBytes {
+            ptr: s.as_ptr(),
+            len: s.len(),
+            _life: PhantomData,
+        }
+    }
+
+    /// Bytes in shared memory.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must stay mapped and inside one allocation for `'a`. Its contents may
+    /// change under us; readers only copy them.
+    pub unsafe fn from_shared(ptr: *const u8, len: usize) -> MsgBytes<'a> {
+        MsgBytes {
+            ptr,
+            len,
+            _life: PhantomData,
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-length message.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies the bytes to `dst`.
+    ///
+    /// # Safety
+    /// `dst..dst + len` must be valid for writes and must not overlap the source.
+    pub unsafe fn copy_to(&self, dst: *mut u8) {
+        // SAFETY: the source range is valid for 'a (constructor contract); the destination is
+        // the caller's (this function's contract). A raw copy never forms a reference.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr, dst, self.len) }
+    }
+
+    /// Replaces `v`'s contents with a copy (reusing its capacity).
+    pub fn copy_into(&self, v: &mut Vec<u8>) {
+        v.clear();
+        v.reserve(self.len);
+        // SAFETY: `v` has room for `len` bytes after reserve, and rdsd's own vector cannot
+        // overlap the source; the new length covers exactly the bytes just written.
+        unsafe {
+            self.copy_to(v.as_mut_ptr());
+            v.set_len(self.len);
+        }
+    }
+}
+
+/// A message arriving for a local socket.
+#[derive(Clone, Copy, Debug)]
+pub struct Incoming<'a> {
+    /// Local (destination) address.
+    pub laddr: u32,
+    /// Peer (source) address.
+    pub faddr: u32,
+    /// Source port.
+    pub sport: u16,
+    /// Destination port.
+    pub dport: u16,
+    /// Payload.
+    pub payload: MsgBytes<'a>,
+}
+
+/// What became of a delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivered {
+    /// It is in the receiver's rx ring.
+    Yes,
+    /// The receiver's rx ring is full: keep the message and try again later (a network
+    /// transport pauses the path; loopback leaves it on the sender's ring).
+    Full,
+    /// Nobody is bound there (rds(7): silently dropped; already counted).
+    NoSocket,
+}
+
+/// The poll core's socket table, as a transport sees it.
+pub trait Upcalls {
+    /// Puts a message in the rx ring of the socket bound at `laddr:dport`.
+    fn deliver(&mut self, msg: Incoming<'_>) -> Delivered;
+    /// A message sent with `token` left the transport for good (acknowledged or cancelled):
+    /// give its `len` bytes back to the sender's send buffer.
+    fn release(&mut self, token: u64, len: u64);
+    /// Our current congestion map for a local address (all clear if none is bound there).
+    fn local_map(&self, laddr: u32) -> &CongMap;
+    /// A peer's congestion map changed: mirror it where the apps test it.
+    fn peer_map_changed(&mut self, faddr: u32, map: &CongMap);
+    /// A peer cleared congestion on ports `mask` (bit = port % 64): wake senders and monitors.
+    fn uncongested(&mut self, mask: u64);
+}
+
+/// One message handed to a transport. The payload is valid for the call only: a transport that
+/// keeps it copies it (or, for a zero-copy transport, keeps the ring space; see DESIGN §1a).
+#[derive(Clone, Copy, Debug)]
+pub struct OutMsg<'a> {
+    /// Sender's bound address.
+    pub laddr: u32,
+    /// Destination address.
+    pub faddr: u32,
+    /// Sender's bound port.
+    pub sport: u16,
+    /// Destination port.
+    pub dport: u16,
+    /// Payload.
+    pub payload: MsgBytes<'a>,
+    /// Comes back through [`Upcalls::release`] when a queued message is acknowledged or
+    /// cancelled.
+    pub token: u64,
+}
+
+/// What a transport did with a message from [`Transport::send`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOutcome {
+    /// Handed to the receiver already (its send-buffer bytes are free now).
+    Delivered,
+    /// Taken; the bytes come back through [`Upcalls::release`].
+    Queued,
+    /// The destination can't take it now: leave it on the sender's ring and retry.
+    Blocked,
+    /// Dropped (already counted by whoever dropped it).
+    Dropped,
+}
+
+/// A transport under the poll core: loopback, kernel TCP, later DPDK and RDMA.
+///
+/// `send` and `poll` never block; steady state allocates nothing. Everything a transport
+/// learns from the wire reaches the sockets through [`Upcalls`].
+pub trait Transport: Send {
+    /// Short name for logs.
+    fn name(&self) -> &'static str;
+    /// True if this transport carries traffic to `dest` (the first transport that does wins).
+    fn routes_to(&self, dest: Ipv4Addr) -> bool;
+    /// Takes one message.
+    fn send(&mut self, up: &mut dyn Upcalls, msg: OutMsg<'_>) -> SendOutcome;
+    /// One pass of I/O; returns the work done (0 = idle).
+    fn poll(&mut self, _up: &mut dyn Upcalls) -> usize {
+        0
+    }
+    /// RDS_CANCEL_SENT_TO: drop what `laddr:sport` queued for `dest` (`None` = everything);
+    /// each dropped message comes back through [`Upcalls::release`] on a later poll.
+    fn cancel(&mut self, _laddr: u32, _sport: u16, _dest: Option<(u32, u16)>) {}
+    /// Our congestion map for `laddr` changed.
+    fn local_congestion_changed(&mut self, _laddr: u32) {}
+    /// Descriptors whose readiness must wake a parked poll core.
+    fn park_fds(&self, _out: &mut Vec<libc::pollfd>) {}
+    /// Longest the poll core may park before `poll` must run again.
+    fn next_timeout(&self) -> Option<Duration> {
+        None
+    }
+    /// Makes the transport's counters exact in the daemon's stats (they may be summed lazily).
+    fn publish_counters(&self) {}
+}
