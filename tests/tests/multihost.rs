@@ -104,9 +104,10 @@ fn slow_remote_receiver_congests_the_sender_which_recovers() {
     let n: u64 = snd.expect("enobufs").parse().unwrap();
     assert!(n >= 9, "ENOBUFS after {n}");
     assert!(h1.d().stat("cong_marked") >= 1);
-    // 8 maps when the paths came up, then at least one update (counters are published lazily).
+    // At least one map when the paths came up (coalesced per connection), then at least one
+    // update (counters are published lazily).
     wait_for(
-        || h0.d().stat("tcp_cong_maps_received") > 8,
+        || h0.d().stat("tcp_cong_maps_received") >= 2,
         Duration::from_secs(5),
         "a map update at the sender",
     );

@@ -36,6 +36,62 @@ fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static)
     .expect("netns thread")
 }
 
+/// Context switches of every thread of `pid` (voluntary + involuntary), and its CPU ticks.
+fn proc_sample(pid: Option<u32>) -> (u64, u64) {
+    let Some(pid) = pid else { return (0, 0) };
+    let mut switches = 0;
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            for line in status.lines() {
+                if line.starts_with("voluntary_ctxt_switches")
+                    || line.starts_with("nonvoluntary_ctxt_switches")
+                {
+                    switches += line
+                        .split_whitespace()
+                        .nth(1)
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or(0);
+                }
+            }
+        }
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<u64> = after
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    // Fields 14 and 15 (utime, stime) are at 11 and 12 after the command name.
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    (switches, ticks)
+}
+
+fn stat_of(sock: &str, name: &str) -> u64 {
+    shm_api::stats_at(sock.as_ref())
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn thread_switches() -> u64 {
+    // SAFETY: getrusage writes into our struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a rusage.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    (ru.ru_nvcsw + ru.ru_nivcsw) as u64
+}
+
+fn opt_arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
 fn summary(name: &str, h: &Histogram<u64>, secs: f64) {
     println!(
         "{name:<28} p50 {:>8.2} us  p99 {:>8.2} us  p99.9 {:>8.2} us  {:>9.0} round trips/s",
@@ -84,8 +140,22 @@ fn main() {
             Err(e) => panic!("recv: {e}"),
         }
     };
+    let pids = [
+        opt_arg("--a-pid").and_then(|p| p.parse().ok()),
+        opt_arg("--b-pid").and_then(|p| p.parse().ok()),
+    ];
+    let socks = [arg("--a-sock"), arg("--b-sock")];
+    let mut before = None;
     let mut h = Histogram::<u64>::new(3).unwrap();
     for i in 0..count + 1000 {
+        if i == 1000 {
+            before = Some((
+                pids.map(proc_sample),
+                [0, 1].map(|k| stat_of(&socks[k], "poll_parks")),
+                thread_switches(),
+                Instant::now(),
+            ));
+        }
         let t = Instant::now();
         a.send_to(&msg, baddr).unwrap();
         spin_recv(&b, &mut buf);
@@ -97,6 +167,25 @@ fn main() {
     }
     let rds_secs = h.mean() * h.len() as f64 / 1e9;
     let rds = h.clone();
+    // Where the time goes: wake-ups and CPU per round trip, for each rdsd and the app.
+    let (p0, parks0, app0, t0) = before.expect("sampled");
+    let p1 = pids.map(proc_sample);
+    let parks1 = [0, 1].map(|k| stat_of(&socks[k], "poll_parks"));
+    let app1 = thread_switches();
+    let wall = t0.elapsed().as_secs_f64();
+    let n = count as f64;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let per_rt = format!(
+        "per round trip: rdsd parks A {:.2} B {:.2}; rdsd context switches A {:.2} B {:.2}; app context switches {:.2}; rdsd CPU A {:.0}% B {:.0}%",
+        (parks1[0] - parks0[0]) as f64 / n,
+        (parks1[1] - parks0[1]) as f64 / n,
+        (p1[0].0 - p0[0].0) as f64 / n,
+        (p1[1].0 - p0[1].0) as f64 / n,
+        (app1 - app0) as f64 / n,
+        100.0 * (p1[0].1 - p0[0].1) as f64 / hz / wall,
+        100.0 * (p1[1].1 - p0[1].1) as f64 / hz / wall,
+    );
 
     // ---- rdsd one-way rate -------------------------------------------------------------------
     b.set_recv_buffer_size(64 << 20).unwrap();
@@ -203,6 +292,7 @@ fn main() {
         &rds,
         rds_secs,
     );
+    println!("  {per_rt}");
     summary("kernel TCP ping-pong", &ht, tcp_secs);
     println!(
         "p50 ratio kernel TCP / rdsd: {:.2}",
