@@ -28,6 +28,13 @@ fi
 log "build"
 cargo build --workspace --bins
 
+log "lints"
+if cargo clippy --version >/dev/null 2>&1; then
+    cargo clippy --workspace --all-targets -q -- -D warnings
+else
+    echo "clippy not installed (rustup component add clippy); skipping lints"
+fi
+
 log "hugepages"
 # rdsd falls back to 4 KiB pages when none are free; the suite passes either way.
 as_root target/debug/hugepage-setup --pages 256 || echo "no hugepages reserved; regions will use 4 KiB pages"

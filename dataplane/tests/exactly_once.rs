@@ -188,7 +188,7 @@ impl Link for MockMessageLink {
         };
         pipe.consumed += frame.len() as u64;
         pipe.consumed_frames += 1;
-        if pipe.consumed_frames % ack_every == 0 {
+        if pipe.consumed_frames.is_multiple_of(ack_every) {
             pipe.acked = pipe.consumed;
         }
         // A message link hands over one whole frame; the endpoint's buffer is 64 KiB, and this

@@ -276,7 +276,7 @@ mod tests {
         assert!(g.rx_ring_offset(0) + RING_HEADER_LEN + (2 << 20) <= g.slot_offset(1));
         assert_eq!(g.tx_ring_offset(0) % 128, 0);
         assert_eq!(g.rx_ring_offset(0) % 128, 0);
-        assert!(g.region_len(2 << 20) % (2 << 20) == 0);
+        assert!(g.region_len(2 << 20).is_multiple_of(2 << 20));
         let bad = RegionGeometry {
             tx_ring_capacity: 1 << 20,
             ..g

@@ -158,7 +158,7 @@ impl<M: RingMemory> Producer<M> {
         // misaligned head (only possible if the peer scribbled the producer counter before
         // `new`) would let a record or pad straddle the end of the data area: also "no space".
         if self.head.wrapping_sub(tail) > self.mem.capacity() as u64
-            || self.head % RECORD_ALIGN as u64 != 0
+            || !self.head.is_multiple_of(RECORD_ALIGN as u64)
         {
             return Err(PushError::Full);
         }
@@ -297,13 +297,13 @@ impl<M: RingMemory> Consumer<M> {
         if avail > self.mem.capacity() as u64 {
             return Err(RingCorrupt("producer position out of range"));
         }
-        if avail % RECORD_ALIGN as u64 != 0 {
+        if !avail.is_multiple_of(RECORD_ALIGN as u64) {
             return Err(RingCorrupt("producer position misaligned"));
         }
         // `tail` comes from the shared consumer counter when `new` attaches, so the peer may
         // have made it misaligned; a header read at a misaligned tail could run past the end of
         // the data area (fewer than RECORD_HEADER_LEN bytes left before the wrap).
-        if self.tail % RECORD_ALIGN as u64 != 0 {
+        if !self.tail.is_multiple_of(RECORD_ALIGN as u64) {
             return Err(RingCorrupt("consumer position misaligned"));
         }
         self.cached_head = head;
@@ -737,7 +737,7 @@ mod tests {
                     let payload = i.to_le_bytes().repeat((i % 9) as usize);
                     if p.push(RecordHeader::data(0, i, 0), &payload).is_ok() {
                         i += 1;
-                        if i % 4 == 0 {
+                        if i.is_multiple_of(4) {
                             p.publish();
                         }
                     } else {

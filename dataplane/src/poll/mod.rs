@@ -145,7 +145,7 @@ impl PollCore {
             }
         }
         self.passes = self.passes.wrapping_add(1);
-        if self.passes % 256 == 0 {
+        if self.passes.is_multiple_of(256) {
             self.publish_counters();
         }
         if !self.table.readiness_socks.is_empty() {

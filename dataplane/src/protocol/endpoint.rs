@@ -636,7 +636,7 @@ impl<L: Link> Transport for Endpoint<L> {
         let now = self.now();
         let mut work = 0;
         self.pass = self.pass.wrapping_add(1);
-        if self.pass % 16 == 0 || self.conns.is_empty() {
+        if self.pass.is_multiple_of(16) || self.conns.is_empty() {
             work += self.accept(up, now);
         }
         work += self.link.poll_aux();
