@@ -311,34 +311,57 @@ fn one_mib_messages_to_a_slow_receiver() {
 /// and fails every time.
 #[test]
 fn receiver_restart_loop_no_duplicates() {
-    const COUNT: u64 = 60_000;
-    const RESTARTS: u64 = 5;
+    restart_stream(60_000, 5, 9520, false);
+}
+
+/// Streams `count` messages from host 0 to host 1 while host 1's rdsd is SIGKILLed and
+/// restarted `restarts` times; with `lose_acks_first`, host 1's TCP acknowledgements are lost
+/// for 150 ms before each kill and the killed rdsd's sockets are destroyed (`ss -K`), so the
+/// sender resends what host 1 had delivered. Asserts exactly-once in order, one gap per restart.
+fn restart_stream(count: u64, restarts: u64, port: u16, lose_acks_first: bool) {
     let mut lab = Lab::new(2, 2, &[]);
-    let (a0, a1) = (lab.hosts[0].at(9521), lab.hosts[1].at(9520));
+    let (a0, a1) = (lab.hosts[0].at(port + 1), lab.hosts[1].at(port));
     let mut r = lab.hosts[1].d().app(&[
         "recv-resilient-count",
         &a1,
-        &(COUNT - 1).to_string(),
+        &(count - 1).to_string(),
         "8000",
     ]);
     r.expect_within("bound", Duration::from_secs(10));
     let mut s = lab.hosts[0]
         .d()
-        .app(&["send-resilient", &a0, &a1, &COUNT.to_string(), "20"]);
+        .app(&["send-resilient", &a0, &a1, &count.to_string(), "20"]);
     s.expect_within("sending", Duration::from_secs(10));
     let start = Instant::now();
     std::thread::sleep(Duration::from_millis(400));
-    for k in 0..RESTARTS {
-        let before = stat_opt(lab.hosts[1].d(), "tcp_delivered").unwrap_or(0);
+    let (mut restored, mut dups_dropped) = (0, 0);
+    for k in 0..restarts {
+        if lose_acks_first {
+            lose_acks(&lab.hosts[1], true);
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        let delivered = stat_opt(lab.hosts[1].d(), "tcp_delivered").unwrap_or(0);
         lab.hosts[1].daemon.as_mut().unwrap().kill();
-        std::thread::sleep(Duration::from_millis(100));
+        if lose_acks_first {
+            lab.hosts[1].exec(&["ss", "-K", "-t", "-n", "sport = :16385"]);
+            lose_acks(&lab.hosts[1], false);
+        } else {
+            std::thread::sleep(Duration::from_millis(100));
+        }
         lab.hosts[1].daemon.as_mut().unwrap().spawn();
         eprintln!(
-            "kill {} at {:?}: the killed rdsd had delivered {before}",
+            "kill {} at {:?}: the killed rdsd had delivered {delivered}",
             k + 1,
             start.elapsed()
         );
-        std::thread::sleep(Duration::from_millis(400));
+        std::thread::sleep(Duration::from_millis(if lose_acks_first {
+            700
+        } else {
+            400
+        }));
+        // Counters of this incarnation, just before the next kill.
+        restored += stat_opt(lab.hosts[1].d(), "tcp_rx_state_restored").unwrap_or(0);
+        dups_dropped += stat_opt(lab.hosts[1].d(), "tcp_drop_dup_seq").unwrap_or(0);
     }
     let mut anomalies = Vec::new();
     let done = loop {
@@ -355,7 +378,7 @@ fn receiver_restart_loop_no_duplicates() {
         eprintln!("  {a}");
     }
     eprintln!(
-        "host 0 {}",
+        "host 0 {}; host 1: receive state restored {restored} times, {dups_dropped} resends dropped",
         show(
             lab.hosts[0].d(),
             &["tcp_retransmits", "tcp_peer_restarts", "tcp_path_down"]
@@ -363,19 +386,29 @@ fn receiver_restart_loop_no_duplicates() {
     );
     let f = fields(&done);
     assert_eq!(f["timeout"], 0, "the stream reached its end: {done}");
-    assert_eq!(f["last"], COUNT as i64 - 1, "{done}");
+    assert_eq!(f["last"], count as i64 - 1, "{done}");
     assert_eq!(
-        f["restarts"], RESTARTS as i64,
+        f["restarts"], restarts as i64,
         "the receiver re-attached after every restart: {done}"
     );
     assert_eq!(f["dups"], 0, "no message delivered twice: {done}");
     assert_eq!(f["reorders"], 0, "no message out of order: {done}");
     assert!(
-        f["gaps"] <= RESTARTS as i64,
+        f["gaps"] <= restarts as i64,
         "at most one gap per restart: {done}"
     );
+    assert_eq!(
+        restored, restarts,
+        "every restart restored the receive state"
+    );
+    if lose_acks_first {
+        assert!(
+            dups_dropped > 0,
+            "the sender's resends were dropped as duplicates"
+        );
+    }
     let sent = s.expect_within("sent", Duration::from_secs(20));
-    assert!(sent.starts_with(&COUNT.to_string()), "{sent}");
+    assert!(sent.starts_with(&count.to_string()), "{sent}");
 }
 
 /// With 8 paths to one peer, each change of the local congestion map should reach the peer
@@ -496,72 +529,5 @@ fn lose_acks(h: &netns::Host, on: bool) {
 /// RETRANSMITTED to the restarted rdsd: the re-attached app must still not see them twice.
 #[test]
 fn receiver_restart_after_lost_acks_no_duplicates() {
-    const COUNT: u64 = 30_000;
-    const RESTARTS: u64 = 3;
-    let mut lab = Lab::new(2, 2, &[]);
-    let (a0, a1) = (lab.hosts[0].at(9561), lab.hosts[1].at(9560));
-    let mut r = lab.hosts[1].d().app(&[
-        "recv-resilient-count",
-        &a1,
-        &(COUNT - 1).to_string(),
-        "8000",
-    ]);
-    r.expect_within("bound", Duration::from_secs(10));
-    let mut s = lab.hosts[0]
-        .d()
-        .app(&["send-resilient", &a0, &a1, &COUNT.to_string(), "20"]);
-    s.expect_within("sending", Duration::from_secs(10));
-    let start = Instant::now();
-    std::thread::sleep(Duration::from_millis(400));
-    for k in 0..RESTARTS {
-        lose_acks(&lab.hosts[1], true);
-        std::thread::sleep(Duration::from_millis(150));
-        let delivered = stat_opt(lab.hosts[1].d(), "tcp_delivered").unwrap_or(0);
-        lab.hosts[1].daemon.as_mut().unwrap().kill();
-        lab.hosts[1].exec(&["ss", "-K", "-t", "-n", "sport = :16385"]);
-        lose_acks(&lab.hosts[1], false);
-        lab.hosts[1].daemon.as_mut().unwrap().spawn();
-        eprintln!(
-            "kill {} at {:?}: the killed rdsd had delivered {delivered}",
-            k + 1,
-            start.elapsed()
-        );
-        std::thread::sleep(Duration::from_millis(700));
-    }
-    let mut anomalies = Vec::new();
-    let done = loop {
-        let l = r.expect_within("", Duration::from_secs(30));
-        if let Some(rest) = l.strip_prefix("done") {
-            break rest.trim().to_string();
-        }
-        if l.starts_with("anomaly") {
-            anomalies.push(l);
-        }
-    };
-    eprintln!("receiver after {:?}: {done}", start.elapsed());
-    for a in &anomalies {
-        eprintln!("  {a}");
-    }
-    eprintln!(
-        "host 0 {}",
-        show(
-            lab.hosts[0].d(),
-            &["tcp_retransmits", "tcp_peer_restarts", "tcp_path_down"]
-        )
-    );
-    let f = fields(&done);
-    assert_eq!(f["timeout"], 0, "the stream reached its end: {done}");
-    assert_eq!(f["last"], COUNT as i64 - 1, "{done}");
-    assert_eq!(
-        f["restarts"], RESTARTS as i64,
-        "the receiver re-attached after every restart: {done}"
-    );
-    assert_eq!(f["dups"], 0, "no message delivered twice: {done}");
-    assert_eq!(f["reorders"], 0, "no message out of order: {done}");
-    assert!(
-        f["gaps"] <= RESTARTS as i64,
-        "at most one gap per restart: {done}"
-    );
-    let sent = s.expect_within("sent", Duration::from_secs(20));
-    assert!(sent.starts_with(&COUNT.to_string()), "{sent}");
+    restart_stream(30_000, 3, 9560, true);
 }

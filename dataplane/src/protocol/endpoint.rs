@@ -351,21 +351,9 @@ impl<L: Link> Endpoint<L> {
         if hold.stash_pos < hold.stash.len() {
             let stash = std::mem::take(&mut hold.stash);
             let pos = hold.stash_pos;
-            let used = feed(
-                &mut c.engine,
-                &mut c.rx[path],
-                up,
-                Ctx {
-                    now,
-                    path,
-                    laddr: c.laddr,
-                    faddr: c.faddr,
-                    persist: self.persist.as_ref().zip(c.persist),
-                    stats: &self.stats,
-                    net: (self.group)(&self.stats),
-                },
-                &stash[pos..],
-            );
+            let cx = Ctx::new(now, path, self.persist.as_ref(), &self.stats, self.group);
+            let id = (c.laddr, c.faddr, c.persist);
+            let used = feed(&mut c.engine, &mut c.rx[path], id, up, cx, &stash[pos..]);
             let hold = &mut c.rx[path];
             if hold.held.is_some() {
                 // Paused again: the rest of the stash waits, in place.
@@ -429,21 +417,9 @@ impl<L: Link> Endpoint<L> {
             };
             budget = budget.saturating_sub(data.len().max(1));
             work += 1;
-            let used = feed(
-                &mut c.engine,
-                &mut c.rx[path],
-                up,
-                Ctx {
-                    now,
-                    path,
-                    laddr: c.laddr,
-                    faddr: c.faddr,
-                    persist: self.persist.as_ref().zip(c.persist),
-                    stats: &self.stats,
-                    net: (self.group)(&self.stats),
-                },
-                data,
-            );
+            let cx = Ctx::new(now, path, self.persist.as_ref(), &self.stats, self.group);
+            let id = (c.laddr, c.faddr, c.persist);
+            let used = feed(&mut c.engine, &mut c.rx[path], id, up, cx, data);
             if c.rx[path].held.is_some() {
                 let hold = &mut c.rx[path];
                 hold.stash.clear();
@@ -553,34 +529,53 @@ impl<L: Link> Endpoint<L> {
     }
 }
 
-/// What [`feed`] needs besides the engine and the path's hold.
+/// What [`feed`] needs besides the connection.
 struct Ctx<'a> {
     now: Instant,
     path: usize,
-    laddr: u32,
-    faddr: u32,
-    persist: Option<(&'a RxStateFile, usize)>,
+    persist: Option<&'a RxStateFile>,
     stats: &'a Stats,
     net: &'a NetStats,
 }
 
-/// Gives `data` to the engine and delivers what completes. Stops at the first message the
-/// receiver cannot take, which it keeps in `hold`; returns the bytes of `data` consumed.
+impl<'a> Ctx<'a> {
+    fn new(
+        now: Instant,
+        path: usize,
+        persist: Option<&'a RxStateFile>,
+        stats: &'a Stats,
+        group: StatsGroup,
+    ) -> Ctx<'a> {
+        Ctx {
+            now,
+            path,
+            persist,
+            stats,
+            net: group(stats),
+        }
+    }
+}
+
+/// Gives `data` (received on `cx.path`) to the engine and delivers what completes. Stops at
+/// the first message the receiver cannot take, which it keeps in the path's hold; returns the
+/// bytes of `data` consumed.
 fn feed<P: AsRef<[u8]>>(
     engine: &mut Connection<P>,
     hold: &mut RxHold,
+    (laddr, faddr, slot): (u32, u32, Option<usize>),
     up: &mut dyn Upcalls,
     cx: Ctx<'_>,
     data: &[u8],
 ) -> usize {
+    let persist = cx.persist.zip(slot);
     let mut off = 0;
     while off < data.len() {
         let r = engine.receive(cx.now, cx.path, &data[off..]);
         off += r.consumed;
         if let Some(d) = r.delivery {
             let msg = Incoming {
-                laddr: cx.laddr,
-                faddr: cx.faddr,
+                laddr,
+                faddr,
                 sport: d.sport,
                 dport: d.dport,
                 payload: MsgBytes::from_slice(d.payload),
@@ -593,7 +588,7 @@ fn feed<P: AsRef<[u8]>>(
                 return off;
             }
             Stats::bump(&cx.net.delivered);
-            if let Some((f, slot)) = cx.persist {
+            if let Some((f, slot)) = persist {
                 f.delivered(slot, cx.path, d.peer_generation, d.sequence);
             }
         }
