@@ -18,11 +18,11 @@ ip netns add "${tag}a"; ip netns add "${tag}b"
 ip link add eth0 netns "${tag}a" type veth peer name eth0 netns "${tag}b"
 ip -n "${tag}a" addr add 10.77.0.1/24 dev eth0; ip -n "${tag}b" addr add 10.77.0.2/24 dev eth0
 for n in a b; do ip -n "${tag}$n" link set eth0 up; ip -n "${tag}$n" link set lo up; done
-# Optional idle tuning for experiments: SPIN=<passes> YIELDS=<n> PATHS=<1..8>.
+# Optional idle tuning for experiments: SPIN_US=<µs> YIELD_US=<µs> PATHS=<1..8>.
 conf="/tmp/${tag}.toml"
 : > "$conf"
-[ -n "${SPIN:-}" ] && echo "spin_iterations = $SPIN" >> "$conf"
-[ -n "${YIELDS:-}" ] && echo "yield_iterations = $YIELDS" >> "$conf"
+[ -n "${SPIN_US:-}" ] && echo "spin_us = $SPIN_US" >> "$conf"
+[ -n "${YIELD_US:-}" ] && echo "yield_us = $YIELD_US" >> "$conf"
 pids=()
 for n in a b; do
     ip=10.77.0.$([ $n = a ] && echo 1 || echo 2)

@@ -78,8 +78,8 @@ struct RawConfig {
     control_core: i64,
     poll_cores: Vec<i64>,
     idle: IdleMode,
-    spin_iterations: u32,
-    yield_iterations: u32,
+    spin_us: u64,
+    yield_us: u64,
     park_timeout_ms: u64,
     hugepages: HugepageMode,
     max_apps: u32,
@@ -107,10 +107,10 @@ pub struct Config {
     pub poll_cores: Vec<Option<usize>>,
     /// Idle strategy.
     pub idle: IdleMode,
-    /// Backoff: spins before yielding.
-    pub spin_iterations: u32,
-    /// Backoff: yields before parking.
-    pub yield_iterations: u32,
+    /// Backoff: how long an idle core spins (`pause`) before it yields.
+    pub spin: std::time::Duration,
+    /// Backoff: how long it then yields the CPU between passes before it parks.
+    pub yield_for: std::time::Duration,
     /// Backoff: longest park.
     pub park_timeout_ms: u64,
     /// Hugepage policy.
@@ -237,8 +237,8 @@ impl Config {
             control_core: core(over.control_core.unwrap_or(raw.control_core), ncpu)?,
             poll_cores,
             idle: over.idle.unwrap_or(raw.idle),
-            spin_iterations: raw.spin_iterations,
-            yield_iterations: raw.yield_iterations,
+            spin: std::time::Duration::from_micros(raw.spin_us.min(10_000_000)),
+            yield_for: std::time::Duration::from_micros(raw.yield_us.min(10_000_000)),
             park_timeout_ms: raw.park_timeout_ms.clamp(1, 10_000),
             hugepages: over.hugepages.unwrap_or(raw.hugepages),
             max_apps: raw.max_apps,

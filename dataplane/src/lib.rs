@@ -61,8 +61,8 @@ pub fn run(cfg: Config, shutdown: Arc<AtomicBool>) -> Result<()> {
     );
     let idle = poll::idle::Idle::new(
         cfg.idle,
-        cfg.spin_iterations,
-        cfg.yield_iterations,
+        cfg.spin,
+        cfg.yield_for,
         cfg.park_timeout_ms,
         doorbell.clone(),
     );

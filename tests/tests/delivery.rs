@@ -531,3 +531,73 @@ fn lose_acks(h: &netns::Host, on: bool) {
 fn receiver_restart_after_lost_acks_no_duplicates() {
     restart_stream(30_000, 3, 9560, true);
 }
+
+/// Head-of-line effect of a paused path (ARCHITECTURE.md, "A full rx ring"): while host 1's
+/// receiver X has a full rx ring, host 0's path to host 1 is paused, so a message to another
+/// socket Y on host 1 that shares the path waits until X drains; a message to host 2 (another
+/// connection) does not wait. With one path per connection every socket shares it. Prints the
+/// delays; asserts the bounds.
+#[test]
+fn paused_path_delays_only_sockets_that_share_it() {
+    let lab = Lab::new(3, 3, &["--paths", "1"]);
+    let (h0, h1, h2) = (&lab.hosts[0], &lab.hosts[1], &lab.hosts[2]);
+    let (r1, r2) = (h1.d().attach(), h2.d().attach());
+    let x = r1.socket().unwrap();
+    x.set_recv_buffer_size(64 << 20).unwrap();
+    x.bind(addr(&h1.at(9600))).unwrap();
+    let y = r1.socket().unwrap();
+    y.bind(addr(&h1.at(9601))).unwrap();
+    let z = r2.socket().unwrap();
+    z.bind(addr(&h2.at(9602))).unwrap();
+    // 3000 x 4 KiB to X: six times its ring, so host 1 pauses the path.
+    let mut flood = h0.d().app(&[
+        "send-bounded",
+        &h0.at(9603),
+        &h1.at(9600),
+        "3000",
+        "4096",
+        &(16 << 20).to_string(),
+        "30000",
+    ]);
+    flood.expect_within("sending", Duration::from_secs(10));
+    wait_for(
+        || h1.d().stat("rx_paused") >= 1,
+        Duration::from_secs(10),
+        "host 1 to pause the path",
+    );
+    let r0 = h0.d().attach();
+    let s = r0.socket().unwrap();
+    s.bind(addr(&h0.at(9604))).unwrap();
+    let sent = Instant::now();
+    s.send_to(&seq_payload(1, 64), addr(&h1.at(9601))).unwrap();
+    s.send_to(&seq_payload(2, 64), addr(&h2.at(9602))).unwrap();
+    let mut buf = [0u8; 256];
+    z.set_recv_timeout(Some(Duration::from_secs(2))).unwrap();
+    let (n, _) = z
+        .recv_from(&mut buf)
+        .expect("host 2 is not held up by host 1's pause");
+    let other_connection = sent.elapsed();
+    assert_eq!(payload_seq(&buf[..n]), 2);
+    y.set_recv_timeout(Some(Duration::from_millis(1000)))
+        .unwrap();
+    let e = y.recv_from(&mut buf).expect_err("Y shares the paused path");
+    assert_eq!(e.raw_os_error(), Some(libc::ETIMEDOUT));
+    // X drains; Y's message follows X's backlog on the path.
+    let drained = std::thread::spawn(move || {
+        let t = drain(&x, 2999, Duration::from_secs(5), Duration::ZERO, Some(4096));
+        (t.exactly_once_in_order(3000), Instant::now())
+    });
+    y.set_recv_timeout(Some(Duration::from_secs(20))).unwrap();
+    let (n, _) = y.recv_from(&mut buf).expect("Y's message after X drains");
+    let same_path = sent.elapsed();
+    assert_eq!(payload_seq(&buf[..n]), 1);
+    let (x_ok, x_done) = drained.join().unwrap();
+    assert!(x_ok, "X got its 3000 messages exactly once, in order");
+    eprintln!(
+        "head-of-line: message to another connection {other_connection:?}; to a socket on the \
+         paused path {same_path:?} (X finished draining {:?} after the send)",
+        x_done.duration_since(sent)
+    );
+    assert!(other_connection < Duration::from_secs(1));
+    assert!(same_path > Duration::from_secs(1));
+}

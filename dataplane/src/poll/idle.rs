@@ -3,14 +3,22 @@
 use crate::config::IdleMode;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Idle strategy state for one poll core.
+///
+/// The backoff phases are measured in time, not passes: a pass costs ~50 ns with loopback only
+/// and several µs with eight TCP paths to poll, and what matters is how long the core holds the
+/// CPU. Spinning with `pause` is short by default because on a shared core it keeps the apps
+/// (and another rdsd) off the CPU for a whole scheduler slice; yielding instead gives the CPU to
+/// whoever is runnable at once and costs one cheap syscall when nobody is (bench/RESULTS.md,
+/// "Where the time goes").
 pub struct Idle {
     mode: IdleMode,
-    spins: u32,
-    yields: u32,
+    spin: Duration,
+    yield_for: Duration,
     park_timeout_ms: i32,
-    count: u32,
+    idle_since: Option<Instant>,
     doorbell: Arc<OwnedFd>,
 }
 
@@ -18,17 +26,17 @@ impl Idle {
     /// `doorbell` is the eventfd apps and the control thread write to wake a parked core.
     pub fn new(
         mode: IdleMode,
-        spins: u32,
-        yields: u32,
+        spin: Duration,
+        yield_for: Duration,
         park_timeout_ms: u64,
         doorbell: Arc<OwnedFd>,
     ) -> Idle {
         Idle {
             mode,
-            spins,
-            yields,
+            spin,
+            yield_for,
             park_timeout_ms: park_timeout_ms.min(i32::MAX as u64) as i32,
-            count: 0,
+            idle_since: None,
             doorbell,
         }
     }
@@ -37,7 +45,7 @@ impl Idle {
     #[inline]
     pub fn idle(&mut self, work: usize) -> bool {
         if work > 0 {
-            self.count = 0;
+            self.idle_since = None;
             return false;
         }
         match self.mode {
@@ -46,11 +54,12 @@ impl Idle {
                 false
             }
             IdleMode::Backoff => {
-                self.count = self.count.saturating_add(1);
-                if self.count <= self.spins {
+                let now = Instant::now();
+                let idle = now.duration_since(*self.idle_since.get_or_insert(now));
+                if idle < self.spin {
                     std::hint::spin_loop();
                     false
-                } else if self.count <= self.spins + self.yields {
+                } else if idle < self.spin + self.yield_for {
                     std::thread::yield_now();
                     false
                 } else {
@@ -79,7 +88,7 @@ impl Idle {
 
     /// Starts the backoff over.
     pub fn reset(&mut self) {
-        self.count = 0;
+        self.idle_since = None;
     }
 }
 
@@ -90,15 +99,20 @@ mod tests {
     #[test]
     fn backoff_spins_then_yields_then_parks() {
         let fd = Arc::new(shm_api::sys::eventfd().unwrap());
-        let mut i = Idle::new(IdleMode::Backoff, 3, 2, 1, fd.clone());
-        let parks: Vec<bool> = (0..6).map(|_| i.idle(0)).collect();
-        assert_eq!(parks, [false, false, false, false, false, true]);
+        let ms = Duration::from_millis;
+        let mut i = Idle::new(IdleMode::Backoff, ms(20), ms(20), 1, fd.clone());
+        let t = Instant::now();
+        while !i.idle(0) {}
+        assert!(
+            t.elapsed() >= ms(40),
+            "spins then yields for the configured time"
+        );
         assert!(!i.idle(1), "work resets the backoff");
         assert!(!i.idle(0));
         // A rung doorbell ends the park at once.
         shm_api::sys::eventfd_signal(fd.as_raw_fd());
         let t = std::time::Instant::now();
-        let mut i = Idle::new(IdleMode::Backoff, 0, 0, 5_000, fd);
+        let mut i = Idle::new(IdleMode::Backoff, Duration::ZERO, Duration::ZERO, 5_000, fd);
         i.park(&mut Vec::new(), None);
         assert!(t.elapsed() < std::time::Duration::from_secs(1));
     }
@@ -106,7 +120,7 @@ mod tests {
     #[test]
     fn spin_never_parks() {
         let fd = Arc::new(shm_api::sys::eventfd().unwrap());
-        let mut i = Idle::new(IdleMode::Spin, 0, 0, 1, fd);
+        let mut i = Idle::new(IdleMode::Spin, Duration::ZERO, Duration::ZERO, 1, fd);
         assert!((0..100_000).all(|_| !i.idle(0)));
     }
 }
