@@ -198,7 +198,7 @@ impl Link for MockMessageLink {
         Read::Data(&buf[..frame.len()])
     }
 
-    fn write(&mut self, p: &mut MockPath, header: &[u8], payload: &[u8]) -> Write {
+    fn write(&mut self, p: &mut MockPath, slices: &[&[u8]]) -> Write {
         let mut net = self.net.lock().unwrap();
         let c = &mut net.channels[p.chan];
         if c.closed {
@@ -208,13 +208,11 @@ impl Link for MockMessageLink {
         if pipe.frames.len() >= self.credits {
             return Write::WouldBlock;
         }
-        assert_eq!(
-            header.len(),
-            48,
-            "a message link never gets a partial frame"
+        assert!(
+            (1..=2).contains(&slices.len()) && slices[0].len() == 48,
+            "a message link gets exactly one whole frame"
         );
-        let mut f = header.to_vec();
-        f.extend_from_slice(payload);
+        let f = slices.concat();
         let n = f.len();
         pipe.frames.push_back(f);
         Write::Wrote(n)

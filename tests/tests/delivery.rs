@@ -221,18 +221,20 @@ fn full_receiver_ring_loses_nothing() {
         Some(LEN),
     );
     eprintln!("drained: {}", t.summary());
-    eprintln!(
-        "host 1 {}",
-        show(
-            h1.d(),
-            &[
-                "tcp_delivered",
-                "drop_rx_ring_full",
-                "rx_ring_full",
-                "rx_paused"
-            ]
-        )
-    );
+    let counters = [
+        "tcp_delivered",
+        "rx_ring_full",
+        "rx_paused",
+        "rx_resumed",
+        "tcp_path_down",
+        "tcp_path_errors",
+        "tcp_retransmits",
+        "tcp_drop_dup_seq",
+        "tcp_drop_bad_header",
+        "tcp_drop_unknown",
+    ];
+    eprintln!("host 1 {}", show(h1.d(), &counters));
+    eprintln!("host 0 {}", show(h0.d(), &counters));
     assert!(
         t.exactly_once_in_order(COUNT),
         "every message exactly once, in order: {}",

@@ -72,9 +72,22 @@
 //! 3. On an inbound connection from the peer's address call [`Connection::handle_accepted`]
 //!    with the peer's TCP source port; on `Err` reset the socket (linger 0).
 //! 4. When a path's socket is writable and [`Connection::has_pending_transmit`] holds, write
-//!    [`Connection::poll_transmit_chunk`] (header and payload slices, e.g. with `writev`) and
-//!    report the bytes the socket took with [`Connection::advance_transmit`]; or copy with
-//!    [`Connection::poll_transmit`]. Pass the current local congestion map; call
+//!    with one of:
+//!    * [`Connection::poll_transmit_slices`] (vectored, preferred for small messages): fills a
+//!      caller-provided array of `&[u8]` (e.g. `[&[]; 64]` on the stack) with the remaining
+//!      header and payload slices of up to `max_frames` frames in stream order (the frames
+//!      already started first, then new ones), to pass as the iovecs of **one**
+//!      `writev`/`sendmsg`. Nothing is allocated per call in steady state.
+//!    * [`Connection::poll_transmit_chunk`]: the header and payload slices of the one frame
+//!      being written.
+//!    * [`Connection::poll_transmit`]: copies into your buffer and counts the bytes as written.
+//!
+//!    After a vectored or chunk write, report the bytes the socket took with
+//!    [`Connection::advance_transmit`] before polling again; the count may span several frames
+//!    and end anywhere inside one (the rest is returned first by the next poll). Frames that
+//!    were returned but not written stay committed to the stream: their messages are already
+//!    unacknowledged messages of the path (resent if it goes down; a cancel releases them once
+//!    their frame is written). Pass the current local congestion map; call
 //!    [`Connection::local_congestion_changed`] whenever a local port's bit flips.
 //! 5. Report TCP acknowledgement progress with [`Connection::handle_acked`]: bytes written on
 //!    this socket minus `SIOCOUTQ` (or `snd_una` − ISN on a userspace stack), counted from the
@@ -156,6 +169,6 @@ pub mod wire;
 
 pub use conn::{
     AcceptError, Config, ConfigError, Connection, Counters, Delivery, Event, PathError, PathState,
-    Received, SendError, TransmitChunk,
+    Received, SendError, TransmitChunk, TransmitSlices,
 };
 pub use time::Instant;

@@ -1,12 +1,13 @@
 //! Targeted behaviours of the general layer: handshake, ping/pong, congestion maps, malformed
 //! input, cancel, duplicate rule, retransmission, partial writes, backoff, doorbell, restored
-//! receive state.
+//! receive state, and the vectored transmit API (gathered frames, partial writes, cancel and
+//! path down with several frames started).
 
 mod util;
 
 use rds_proto::wire::{
-    flags, CongMap, Deframer, ExtHeader, ExtHeaders, HeaderRepr, CONG_MAP_BYTES, HEADER_LEN,
-    MAX_MSG_SIZE, MAX_PATHS,
+    flags, CongMap, Deframer, ExtHeader, ExtHeaders, HeaderPacket, HeaderRepr, CONG_MAP_BYTES,
+    HEADER_LEN, MAX_MSG_SIZE, MAX_PATHS,
 };
 use rds_proto::{
     AcceptError, Config, ConfigError, Connection, Event, Instant, PathState, SendError,
@@ -1022,4 +1023,500 @@ fn restored_rx_state_is_kept_for_a_peer_without_gen_num() {
     assert_eq!(b.counters().rx_drop_dup_seq, 2);
     assert_eq!(b.rx_state().0, 0);
     assert_eq!(b.next_rx_seq(0), 3);
+}
+
+// ----- vectored transmit (poll_transmit_slices) -------------------------------------------------
+
+/// One vectored poll on `path` with at most `max_frames` frames and `slots` slices; the
+/// slices, copied.
+fn gather(
+    c: &mut Connection<Vec<u8>>,
+    now: Instant,
+    path: usize,
+    map: &CongMap,
+    max_frames: usize,
+    slots: usize,
+) -> Vec<Vec<u8>> {
+    let mut out: [&[u8]; 64] = [&[]; 64];
+    let got = c.poll_transmit_slices(now, path, map, max_frames, &mut out[..slots]);
+    let slices: Vec<Vec<u8>> = out[..got.slices].iter().map(|s| s.to_vec()).collect();
+    assert!(slices.iter().all(|s| !s.is_empty()), "empty slice");
+    assert_eq!(slices.iter().map(Vec::len).sum::<usize>(), got.bytes);
+    assert_eq!(got.is_empty(), got.bytes == 0);
+    slices
+}
+
+fn lens(slices: &[Vec<u8>]) -> Vec<usize> {
+    slices.iter().map(Vec::len).collect()
+}
+
+/// Like `drain`, with vectored writes of up to 32 frames that the socket takes whole.
+fn drain_vectored(
+    c: &mut Connection<Vec<u8>>,
+    now: Instant,
+    path: usize,
+    map: &CongMap,
+) -> Vec<u8> {
+    let mut stream = Vec::new();
+    loop {
+        let bytes = gather(c, now, path, map, 32, 64).concat();
+        if bytes.is_empty() {
+            return stream;
+        }
+        c.advance_transmit(path, bytes.len());
+        stream.extend_from_slice(&bytes);
+    }
+}
+
+fn released(c: &mut Connection<Vec<u8>>) -> Vec<u64> {
+    events(c)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Released { token, .. } => Some(token),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Active side with path 0 up and five messages of 0, 10, .. 40 bytes queued behind the
+/// congestion map and the probe.
+fn loaded(now: Instant) -> Connection<Vec<u8>> {
+    let mut a = active_up(now);
+    for i in 0..5u8 {
+        a.send(now, 7, 10, vec![i; 10 * usize::from(i)], u64::from(i))
+            .unwrap();
+    }
+    a
+}
+
+#[test]
+fn vectored_poll_gathers_several_frames_completed_by_one_advance() {
+    let now = Instant::ZERO;
+    let map = CongMap::new();
+    let reference = drain(&mut loaded(now), now, 0, &map);
+
+    let mut a = loaded(now);
+    let slices = gather(&mut a, now, 0, &map, 32, 64);
+    // Map (header, payload), probe (header), message 0 (header, no payload), messages 1..4.
+    assert_eq!(
+        lens(&slices),
+        vec![48, CONG_MAP_BYTES, 48, 48, 48, 10, 48, 20, 48, 30, 48, 40]
+    );
+    let bytes = slices.concat();
+    assert_eq!(bytes, reference, "same stream as the copying API");
+    assert_eq!(a.stream_offset(0), 0, "nothing counted before the write");
+    assert_eq!((a.queued_messages(0), a.unacked_messages(0)), (0, 6));
+    assert!(a.has_pending_transmit(0), "started frames are pending");
+    a.advance_transmit(0, bytes.len());
+    assert_eq!(a.stream_offset(0), bytes.len() as u64);
+    assert!(!a.has_pending_transmit(0));
+    assert!(gather(&mut a, now, 0, &map, 32, 64).is_empty());
+    let c = a.counters();
+    assert_eq!(
+        (c.tx_messages, c.tx_bytes, c.cong_map_sent, c.probes_sent),
+        (6, 100, 1, 1)
+    );
+    a.handle_acked(0, bytes.len() as u64);
+    assert_eq!(released(&mut a), vec![0, 1, 2, 3, 4]);
+}
+
+#[test]
+fn vectored_poll_respects_the_frame_limit_and_the_slice_array() {
+    let now = Instant::ZERO;
+    let map = CongMap::new();
+    let reference = drain(&mut loaded(now), now, 0, &map);
+    let mut a = loaded(now);
+    assert!(gather(&mut a, now, 0, &map, 0, 64).is_empty());
+    assert_eq!(a.queued_messages(0), 6, "max_frames 0 starts nothing");
+    // Map, probe, message 0.
+    assert_eq!(
+        lens(&gather(&mut a, now, 0, &map, 3, 64)),
+        vec![48, CONG_MAP_BYTES, 48, 48]
+    );
+    assert_eq!(a.queued_messages(0), 4);
+    // The started frames come back first; one more frame is started.
+    assert_eq!(
+        lens(&gather(&mut a, now, 0, &map, 4, 64)),
+        vec![48, CONG_MAP_BYTES, 48, 48, 48, 10]
+    );
+    // Fewer frames than started: only those.
+    assert_eq!(
+        lens(&gather(&mut a, now, 0, &map, 1, 64)),
+        vec![48, CONG_MAP_BYTES]
+    );
+    // One free slot left: message 2 needs two, so it is not started.
+    assert_eq!(lens(&gather(&mut a, now, 0, &map, 32, 7)).len(), 6);
+    assert_eq!(a.queued_messages(0), 3);
+    // A slice array smaller than the started frames: a prefix of them.
+    assert_eq!(lens(&gather(&mut a, now, 0, &map, 32, 1)), vec![48]);
+    assert_eq!(a.queued_messages(0), 3);
+    // The single-frame API sees the same first frame.
+    let chunk = a.poll_transmit_chunk(now, 0, &map).unwrap();
+    assert_eq!(
+        (chunk.header.len(), chunk.payload.len()),
+        (48, CONG_MAP_BYTES)
+    );
+    assert_eq!(drain_vectored(&mut a, now, 0, &map), reference);
+}
+
+#[test]
+fn partial_vectored_write_ends_mid_header_then_mid_payload_of_later_frames() {
+    let now = Instant::ZERO;
+    let map = CongMap::new();
+    let build = || {
+        let mut a = active_up(now);
+        for i in 0..5u8 {
+            a.send(now, 7, 10, vec![i; 100], u64::from(i)).unwrap();
+        }
+        a
+    };
+    let reference = drain(&mut build(), now, 0, &map);
+    let mut a = build();
+    let map_frame = 48 + CONG_MAP_BYTES;
+    let mut stream = Vec::new();
+
+    // Map, probe, messages 0 and 1 complete, 20 bytes into the header of message 2.
+    let bytes = gather(&mut a, now, 0, &map, 32, 64).concat();
+    let n = map_frame + 48 + 148 + 148 + 20;
+    stream.extend_from_slice(&bytes[..n]);
+    a.advance_transmit(0, n);
+    assert_eq!(a.stream_offset(0), n as u64);
+    assert_eq!(a.counters().tx_messages, 6, "no frame started twice");
+
+    let slices = gather(&mut a, now, 0, &map, 32, 64);
+    assert_eq!(lens(&slices), vec![28, 100, 48, 100, 48, 100]);
+    let chunk = a.poll_transmit_chunk(now, 0, &map).unwrap();
+    assert_eq!((chunk.header.len(), chunk.payload.len()), (28, 100));
+    // Rest of message 2, 30 bytes into the payload of message 3.
+    let bytes = slices.concat();
+    let n = 28 + 100 + 48 + 30;
+    stream.extend_from_slice(&bytes[..n]);
+    a.advance_transmit(0, n);
+
+    let slices = gather(&mut a, now, 0, &map, 32, 64);
+    assert_eq!(lens(&slices), vec![70, 48, 100]);
+    let bytes = slices.concat();
+    // More than was gathered: only the started frames count.
+    a.advance_transmit(0, bytes.len() + 500);
+    stream.extend_from_slice(&bytes);
+    assert_eq!(stream, reference);
+    assert_eq!(a.stream_offset(0), stream.len() as u64);
+    assert!(!a.has_pending_transmit(0));
+    assert_eq!(a.counters().tx_messages, 6);
+}
+
+/// `ack_end` of a frame started behind unwritten frames counts their bytes: each message is
+/// released exactly when the acknowledged offset reaches its last byte.
+#[test]
+fn gathered_messages_are_released_exactly_at_their_last_byte() {
+    let now = Instant::ZERO;
+    let map = CongMap::new();
+    let mut a = active_up(now);
+    let base = drain(&mut a, now, 0, &map).len() as u64; // map + probe
+    a.handle_acked(0, base);
+    let _ = events(&mut a);
+    a.send(now, 7, 10, vec![1; 10], 1).unwrap();
+    a.send(now, 7, 10, vec![2; 200], 2).unwrap();
+    a.send(now, 7, 10, vec![], 3).unwrap();
+    let bytes = gather(&mut a, now, 0, &map, 32, 64).concat();
+    assert_eq!(bytes.len(), 58 + 248 + 48);
+    // Message 1 and 10 header bytes of message 2 are written.
+    a.advance_transmit(0, 58 + 10);
+    // An acknowledgement cannot pass what was written: only message 1 is released.
+    a.handle_acked(0, u64::MAX);
+    assert_eq!(released(&mut a), vec![1]);
+    // Message 4 starts behind the unwritten rest of messages 2 and 3.
+    a.send(now, 7, 10, vec![4; 5], 4).unwrap();
+    let bytes = gather(&mut a, now, 0, &map, 32, 64).concat();
+    assert_eq!(bytes.len(), 238 + 48 + 53);
+    a.advance_transmit(0, bytes.len());
+    let end1 = base + 58;
+    let end2 = end1 + 248;
+    let end3 = end2 + 48;
+    let end4 = end3 + 53;
+    assert_eq!(a.stream_offset(0), end4);
+    for (token, end) in [(2, end2), (3, end3), (4, end4)] {
+        a.handle_acked(0, end - 1);
+        assert_eq!(released(&mut a), Vec::<u64>::new(), "message {token} early");
+        a.handle_acked(0, end);
+        assert_eq!(
+            released(&mut a),
+            vec![token],
+            "message {token} at its last byte"
+        );
+    }
+    assert_eq!(a.unacked_messages(0), 0);
+}
+
+#[test]
+fn congestion_map_is_gathered_in_front_of_messages_one_per_path_at_a_time() {
+    let now = Instant::ZERO;
+    let mut map = CongMap::new();
+    map.set(5000);
+    let mut a = active_up(now);
+    a.send(now, 7, 10, b"one".to_vec(), 1).unwrap();
+    a.send(now, 7, 10, b"two".to_vec(), 2).unwrap();
+    let slices = gather(&mut a, now, 0, &map, 32, 64);
+    assert_eq!(lens(&slices), vec![48, CONG_MAP_BYTES, 48, 48, 3, 48, 3]);
+    let header = HeaderPacket::new_checked(&slices[0][..]).unwrap();
+    assert_eq!(header.flags(), flags::CONG_BITMAP);
+    assert_eq!(&slices[1][..], &map.as_bytes()[..]);
+    let mut stream = slices.concat()[..100].to_vec();
+    a.advance_transmit(0, 100); // into the map's payload
+
+    // The map changes while the first map frame is unwritten: the pending map waits for this
+    // path's snapshot to be free, and messages queued after the change wait behind it.
+    let mut map2 = map.clone();
+    map2.set(6000);
+    a.local_congestion_changed();
+    a.send(now, 7, 10, b"three".to_vec(), 3).unwrap();
+    let slices = gather(&mut a, now, 0, &map2, 32, 64);
+    assert_eq!(lens(&slices), vec![CONG_MAP_BYTES - 52, 48, 48, 3, 48, 3]);
+    assert_eq!(
+        &slices[0][..],
+        &map.as_bytes()[52..],
+        "the snapshot is not torn"
+    );
+    assert_eq!(a.queued_messages(0), 1);
+    assert_eq!(a.counters().cong_map_sent, 1);
+    assert!(a.has_pending_transmit(0));
+    let bytes = slices.concat();
+    a.advance_transmit(0, bytes.len());
+    stream.extend_from_slice(&bytes);
+
+    let slices = gather(&mut a, now, 0, &map2, 32, 64);
+    assert_eq!(lens(&slices), vec![48, CONG_MAP_BYTES, 48, 5]);
+    let bytes = slices.concat();
+    a.advance_transmit(0, bytes.len());
+    stream.extend_from_slice(&bytes);
+    assert_eq!(a.counters().cong_map_sent, 2);
+
+    let out = frames(&stream);
+    let summary: Vec<(bool, Vec<u8>)> = out
+        .iter()
+        .filter(|(h, _)| h.sport != 1)
+        .map(|(h, p)| (h.is_cong_bitmap(), p.clone()))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (true, map.as_bytes().to_vec()),
+            (false, b"one".to_vec()),
+            (false, b"two".to_vec()),
+            (true, map2.as_bytes().to_vec()),
+            (false, b"three".to_vec()),
+        ]
+    );
+}
+
+/// Cancel with several frames started: written messages are released at once, started but
+/// unfinished ones (partly written or untouched) once their frame is out; the stream stays
+/// well-formed and nothing is released twice.
+#[test]
+fn cancel_with_several_started_frames_releases_each_once_its_frame_is_out() {
+    let now = Instant::ZERO;
+    let map = CongMap::new();
+    let mut a = active_up(now);
+    let mut stream = drain(&mut a, now, 0, &map); // map + probe
+                                                  // sport 7: 1, 2, 4 (cancelled); sport 8: 3, 5 (kept). 100-byte payloads, 148-byte frames.
+    for (token, sport) in [(1u8, 7u16), (2, 7), (3, 8), (4, 7), (5, 8)] {
+        a.send(now, sport, 10, vec![token; 100], u64::from(token))
+            .unwrap();
+    }
+    let bytes = gather(&mut a, now, 0, &map, 32, 64).concat();
+    assert_eq!(bytes.len(), 5 * 148);
+    // Message 1 written, message 2 half written, 3..5 untouched.
+    let n = 148 + 70;
+    a.advance_transmit(0, n);
+    let mut pos = n;
+    let _ = events(&mut a);
+
+    assert_eq!(a.cancel_socket(7), 3);
+    assert_eq!(
+        released(&mut a),
+        vec![1],
+        "only the written message at once"
+    );
+    assert_eq!(
+        a.unacked_messages(0),
+        5,
+        "probe and the four started messages"
+    );
+    assert_eq!(a.queued_messages(0), 0);
+    // Finish message 2 except its last byte, then that byte.
+    a.advance_transmit(0, 148 * 2 - pos - 1);
+    assert!(released(&mut a).is_empty());
+    a.advance_transmit(0, 1);
+    assert_eq!(released(&mut a), vec![2]);
+    pos = 2 * 148;
+    // Message 3 (kept) and message 4 (cancelled, untouched until now).
+    let slices = gather(&mut a, now, 0, &map, 32, 64);
+    assert_eq!(lens(&slices), vec![48, 100, 48, 100, 48, 100]);
+    a.advance_transmit(0, 148);
+    assert!(released(&mut a).is_empty(), "message 3 is not cancelled");
+    a.advance_transmit(0, 148);
+    assert_eq!(released(&mut a), vec![4]);
+    a.advance_transmit(0, 148);
+    assert!(released(&mut a).is_empty());
+    pos += 3 * 148;
+    assert_eq!(pos, bytes.len());
+    assert!(!a.has_pending_transmit(0));
+    stream.extend_from_slice(&bytes);
+
+    // The peer reads a well-formed stream (messages already in it are delivered).
+    let mut b = passive_up(now);
+    let mut got = Vec::new();
+    b.handle_stream_data(now, 0, &stream, |d| got.push(d.payload[0]));
+    assert_eq!(got, vec![1, 2, 3, 4, 5]);
+    assert_eq!(frames(&stream).len(), 7);
+
+    assert_eq!(a.unacked_messages(0), 3, "probe, 3 and 5");
+    a.handle_acked(0, a.stream_offset(0));
+    assert_eq!(released(&mut a), vec![3, 5]);
+    assert_eq!(a.counters().cancelled, 3);
+}
+
+/// A path dies with frames started: fully written, partly written and untouched ones. Every
+/// unacknowledged message goes back to the queue once, in order, flagged RETRANSMITTED with
+/// its number; a cancelled unfinished one is released instead.
+#[test]
+fn path_down_with_several_started_frames_requeues_all_in_order() {
+    let mut now = Instant::ZERO;
+    let map = CongMap::new();
+    let mut a = active_up(now);
+    let base = drain(&mut a, now, 0, &map).len();
+    a.handle_acked(0, base as u64);
+    let _ = events(&mut a);
+    // Tokens 1..=6, sequence numbers 2..=7 (the probe is 1); token 5 from another socket.
+    for token in 1..=6u8 {
+        let sport = if token == 5 { 8 } else { 7 };
+        a.send(now, sport, 10, vec![token; 50], u64::from(token))
+            .unwrap();
+    }
+    let bytes = gather(&mut a, now, 0, &map, 32, 64).concat();
+    assert_eq!(bytes.len(), 6 * 98);
+    // 1 and 2 written, 3 partly, 4..6 untouched; the peer acknowledged message 1.
+    a.advance_transmit(0, 98 + 98 + 30);
+    a.handle_acked(0, base as u64 + 98);
+    assert_eq!(released(&mut a), vec![1]);
+    assert_eq!(a.cancel_socket(8), 1);
+    assert!(
+        released(&mut a).is_empty(),
+        "5 is started: released when written"
+    );
+
+    now += Duration::from_millis(1);
+    a.handle_path_down(now, 0).unwrap();
+    assert_eq!(
+        events(&mut a),
+        vec![
+            Event::Released { token: 5, len: 50 },
+            Event::Connect { path: 0 }
+        ]
+    );
+    assert_eq!((a.queued_messages(0), a.unacked_messages(0)), (4, 0));
+    assert!(!a.has_pending_transmit(0));
+    a.handle_connected(now, 0).unwrap();
+    let stream = drain_vectored(&mut a, now, 0, &map);
+    let out = frames(&stream);
+    assert!(out[0].0.is_cong_bitmap());
+    let resent: Vec<(u64, u8, u8)> = out[1..5]
+        .iter()
+        .map(|(h, p)| (h.sequence, h.flags, p[0]))
+        .collect();
+    let r = flags::RETRANSMITTED;
+    assert_eq!(resent, vec![(3, r, 2), (4, r, 3), (5, r, 4), (7, r, 6)]);
+    assert_eq!(
+        (out[5].0.sport, out[5].0.sequence),
+        (1, 8),
+        "then a new probe"
+    );
+    assert_eq!(out.len(), 6);
+    assert_eq!(a.counters().tx_retransmits, 4);
+    a.handle_acked(0, stream.len() as u64);
+    assert_eq!(released(&mut a), vec![2, 3, 4, 6]);
+    assert!(!a.has_pending_messages());
+}
+
+/// A path dies right after a vectored poll, before the socket took anything: the gathered
+/// messages were only started, and all of them are resent.
+#[test]
+fn path_down_after_a_vectored_poll_with_nothing_written_loses_nothing() {
+    let mut now = Instant::ZERO;
+    let map = CongMap::new();
+    let mut a = loaded(now);
+    let slices = gather(&mut a, now, 0, &map, 32, 64);
+    assert_eq!(slices.len(), 12);
+    a.advance_transmit(0, 0);
+    now += Duration::from_millis(1);
+    a.handle_path_down(now, 0).unwrap();
+    assert_eq!(events(&mut a), vec![Event::Connect { path: 0 }]);
+    assert_eq!(a.queued_messages(0), 6, "probe and five messages");
+    a.handle_connected(now, 0).unwrap();
+    let out = frames(&drain_vectored(&mut a, now, 0, &map));
+    let seqs: Vec<(u64, u8)> = out.iter().map(|(h, _)| (h.sequence, h.flags)).collect();
+    let r = flags::RETRANSMITTED;
+    assert_eq!(
+        seqs,
+        vec![
+            (0, flags::CONG_BITMAP),
+            (1, r),
+            (2, r),
+            (3, r),
+            (4, r),
+            (5, r),
+            (6, r)
+        ]
+    );
+    assert_eq!(a.counters().cong_map_sent, 2);
+}
+
+/// A map frame that was gathered but not (completely) written when its path died is pending
+/// again, so another path sends it; also when it sat behind a message frame.
+#[test]
+fn gathered_but_unwritten_map_goes_out_on_another_path() {
+    let now = Instant::ZERO;
+    let mut b = passive_two_paths(now);
+    let mut map = CongMap::new();
+    drain(&mut b, now, 0, &map);
+    drain(&mut b, now, 1, &map);
+    // Path 0's probe is acknowledged: data may go on path 1 (fan-out barrier).
+    b.handle_acked(0, b.stream_offset(0));
+    assert!(!b.has_pending_transmit(0) && !b.has_pending_transmit(1));
+
+    // Path 1 gathers the map and writes nothing.
+    map.set(4242);
+    b.local_congestion_changed();
+    assert_eq!(
+        lens(&gather(&mut b, now, 1, &map, 32, 64)),
+        vec![48, CONG_MAP_BYTES]
+    );
+    assert!(!b.has_pending_transmit(0), "the map is taken by path 1");
+    b.advance_transmit(1, 0);
+    b.handle_path_down(now, 1).unwrap();
+    let out = frames(&drain_vectored(&mut b, now, 0, &map));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].1.as_slice(), &map.as_bytes()[..]);
+
+    // Path 1 again, the map gathered behind a message of path 1's socket whose frame is
+    // partly written.
+    assert_eq!(b.handle_accepted(now, 40009), Ok(1));
+    drain(&mut b, now, 1, &map);
+    let sport = (2000..).find(|&p| b.route(p) == 1).unwrap();
+    b.send(now, sport, 10, vec![7; 100], 1).unwrap();
+    assert_eq!(lens(&gather(&mut b, now, 1, &map, 1, 64)), vec![48, 100]);
+    map.clear(4242);
+    b.local_congestion_changed();
+    assert_eq!(
+        lens(&gather(&mut b, now, 1, &map, 32, 64)),
+        vec![48, 100, 48, CONG_MAP_BYTES]
+    );
+    b.advance_transmit(1, 60);
+    b.handle_path_down(now, 1).unwrap();
+    assert!(b.has_pending_transmit(0));
+    let out = frames(&drain_vectored(&mut b, now, 0, &map));
+    assert_eq!(out.len(), 1);
+    assert!(out[0].0.is_cong_bitmap());
+    assert_eq!(out[0].1.as_slice(), &map.as_bytes()[..]);
+    assert_eq!(b.counters().cong_map_sent, 6);
 }

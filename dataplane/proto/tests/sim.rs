@@ -2,6 +2,10 @@
 //! (socket, destination) with random chunking, delays, lazy acks and connection resets; and
 //! no duplicate / no reordering / at most one gap across a peer restart; and exactly-once
 //! across a crash of the receiving daemon when it restores its persisted receive state.
+//!
+//! Every property also draws how often the simulated I/O layer writes with the vectored
+//! `poll_transmit_slices` (random frame count, random partial take) instead of the copying
+//! `poll_transmit`: never, always, or a mix.
 
 mod util;
 
@@ -55,6 +59,7 @@ fn faults(
     max_chunk: usize,
     max_delay_us: u64,
     ack_pct: u32,
+    vectored_pct: u32,
 ) -> Faults {
     Faults {
         reset_prob: f64::from(reset_per_10k) / 10_000.0,
@@ -63,6 +68,7 @@ fn faults(
         max_chunk,
         ack_prob: f64::from(ack_pct) / 100.0,
         lose_acks_on_reset: true,
+        vectored_prob: f64::from(vectored_pct) / 100.0,
     }
 }
 
@@ -98,7 +104,7 @@ fn tiny_chunks_byte_by_byte() {
     let (pair, workload) = run(&Scenario {
         seed: 4,
         npaths: 2,
-        faults: faults(0, 0, 3, 50, 50),
+        faults: faults(0, 0, 3, 50, 50, 50),
         per_flow: 3,
         restart: None,
     });
@@ -110,7 +116,7 @@ fn heavy_resets_four_paths() {
     let (pair, workload) = run(&Scenario {
         seed: 3,
         npaths: 4,
-        faults: faults(300, 10, 3000, 300, 20),
+        faults: faults(300, 10, 3000, 300, 20, 50),
         per_flow: 150,
         restart: None,
     });
@@ -131,7 +137,7 @@ fn restart_of_each_side() {
             let (pair, workload) = run(&Scenario {
                 seed: 100 + seed,
                 npaths: 4,
-                faults: faults(0, 0, 1500, 200, 30),
+                faults: faults(0, 0, 1500, 200, 30, 50),
                 per_flow: 30,
                 restart: Some((host, 150)),
             });
@@ -143,6 +149,34 @@ fn restart_of_each_side() {
                 "host {host} seed {seed}"
             );
         }
+    }
+}
+
+/// Share of vectored writes: only the copying API, only the vectored one, or a mix.
+fn vectored_pct() -> impl Strategy<Value = u32> {
+    prop_oneof![Just(0u32), Just(100u32), 1u32..100]
+}
+
+/// Only vectored writes, with resets: gathered writes of many frames, cut anywhere, keep the
+/// exactly-once property.
+#[test]
+fn vectored_writes_only_with_resets() {
+    for seed in 0..4u64 {
+        let (pair, workload) = run(&Scenario {
+            seed: 200 + seed,
+            npaths: [1u8, 2, 4, 8][seed as usize],
+            faults: faults(150, 5, 2500, 300, 30, 100),
+            per_flow: 60,
+            restart: None,
+        });
+        workload.check_exactly_once(&pair);
+        assert!(pair.partial_vectored_writes > 0, "seed {seed}");
+        assert!(
+            pair.max_gathered_slices > 8,
+            "seed {seed}: at most {} slices gathered",
+            pair.max_gathered_slices
+        );
+        assert!(pair.resets > 0, "seed {seed}");
     }
 }
 
@@ -164,9 +198,10 @@ proptest! {
         max_chunk in 100usize..4000,
         max_delay_us in 0u64..500,
         ack_pct in 5u32..100,
+        vectored_pct in vectored_pct(),
     ) {
         let (pair, workload) = run(&Scenario {
-            seed, npaths, faults: faults(0, 0, max_chunk, max_delay_us, ack_pct), per_flow: 15, restart: None,
+            seed, npaths, faults: faults(0, 0, max_chunk, max_delay_us, ack_pct, vectored_pct), per_flow: 15, restart: None,
         });
         workload.check_exactly_once(&pair);
     }
@@ -180,9 +215,10 @@ proptest! {
         max_chunk in 100usize..4000,
         max_delay_us in 0u64..500,
         ack_pct in 5u32..100,
+        vectored_pct in vectored_pct(),
     ) {
         let (pair, workload) = run(&Scenario {
-            seed, npaths, faults: faults(reset_per_10k, connect_fail_pct, max_chunk, max_delay_us, ack_pct),
+            seed, npaths, faults: faults(reset_per_10k, connect_fail_pct, max_chunk, max_delay_us, ack_pct, vectored_pct),
             per_flow: 15, restart: None,
         });
         workload.check_exactly_once(&pair);
@@ -198,9 +234,10 @@ proptest! {
         max_chunk in 100usize..4000,
         max_delay_us in 0u64..500,
         ack_pct in 5u32..100,
+        vectored_pct in vectored_pct(),
     ) {
         let (pair, workload) = run(&Scenario {
-            seed, npaths, faults: faults(reset_per_10k, 0, max_chunk, max_delay_us, ack_pct),
+            seed, npaths, faults: faults(reset_per_10k, 0, max_chunk, max_delay_us, ack_pct, vectored_pct),
             per_flow: 15, restart: Some((host, restart_at)),
         });
         workload.check_restart_semantics(&pair);
@@ -240,6 +277,7 @@ impl CrashCase {
                 100 + r.below(3900) as usize,
                 r.below(500),
                 5 + r.below(95) as u32,
+                [0, 100, r.below(101) as u32][r.below(3) as usize],
             ),
         }
     }

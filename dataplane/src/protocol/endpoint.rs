@@ -24,6 +24,8 @@ use std::time::Duration;
 const READ_BUDGET: usize = 256 * 1024;
 /// Size of the shared receive buffer of stream links.
 const RXBUF: usize = 64 * 1024;
+/// Frames gathered into one write on a stream link (one `sendmsg` for up to 32 messages).
+const GATHER_FRAMES: usize = 32;
 
 /// What an endpoint is configured with.
 #[derive(Clone, Debug)]
@@ -448,14 +450,24 @@ impl<L: Link> Endpoint<L> {
         };
         let mut work = 0;
         let local_map = up.local_map(c.laddr);
-        while let Some(chunk) = c.engine.poll_transmit_chunk(now, path, local_map) {
-            let want = chunk.len();
-            match self.link.write(&mut ps.io, chunk.header, chunk.payload) {
+        let max_frames = match L::FRAMING {
+            Framing::Stream => GATHER_FRAMES,
+            Framing::Message => 1,
+        };
+        loop {
+            let mut slices: [&[u8]; 2 * GATHER_FRAMES] = [&[]; 2 * GATHER_FRAMES];
+            let t = c
+                .engine
+                .poll_transmit_slices(now, path, local_map, max_frames, &mut slices);
+            if t.is_empty() {
+                break;
+            }
+            match self.link.write(&mut ps.io, &slices[..t.slices]) {
                 Write::Wrote(n) => {
-                    debug_assert!(L::FRAMING == Framing::Stream || n == want);
+                    debug_assert!(L::FRAMING == Framing::Stream || n == t.bytes);
                     c.engine.advance_transmit(path, n);
                     work += 1;
-                    if n < want {
+                    if n < t.bytes {
                         break;
                     }
                 }

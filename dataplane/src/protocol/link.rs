@@ -92,8 +92,10 @@ pub trait Link: Send {
     fn doorbell(&mut self, laddr: u32, faddr: u32);
     /// Receives into `buf` (or returns the link's own buffer).
     fn read<'a>(&'a mut self, p: &mut Self::Path, buf: &'a mut [u8]) -> Read<'a>;
-    /// Sends (part of) a frame: the remaining header bytes, then the remaining payload bytes.
-    fn write(&mut self, p: &mut Self::Path, header: &[u8], payload: &[u8]) -> Write;
+    /// Sends bytes of the stream, gathered: the slices of one or more frames in order (for a
+    /// message link, exactly one whole frame: its header slice, then its payload slice if it
+    /// has one). A stream link may take any prefix.
+    fn write(&mut self, p: &mut Self::Path, slices: &[&[u8]]) -> Write;
     /// Bytes of this path's connection the peer has acknowledged, out of `written`; cheap
     /// enough to call every pass while messages are unacknowledged.
     fn acked(&mut self, p: &Self::Path, written: u64) -> Option<u64>;

@@ -108,6 +108,23 @@ impl TransmitChunk<'_> {
     }
 }
 
+/// Result of [`super::Connection::poll_transmit_slices`]: what was written into the caller's
+/// slice array.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransmitSlices {
+    /// Slices written at the start of the array, in stream order (none is empty).
+    pub slices: usize,
+    /// Their total length in bytes.
+    pub bytes: usize,
+}
+
+impl TransmitSlices {
+    /// True when there is nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.slices == 0
+    }
+}
+
 /// Engine counters, in the spirit of the kernel's `rds-info -c`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {

@@ -42,11 +42,14 @@
 //! # Congestion maps
 //!
 //! One pending-map flag per connection (spec §8): a path coming up or
-//! [`Connection::local_congestion_changed`] sets it, and the next
-//! [`Connection::poll_transmit_chunk`] on any up path with no frame in progress starts the map
-//! (a copy of the caller's current map) and clears it; [`Connection::has_pending_transmit`]
-//! reports it on every up path until then. A path that goes down in the middle of its map
-//! frame sets the flag again. Maps carry sequence number 0 and are never retransmitted.
+//! [`Connection::local_congestion_changed`] sets it, and the next frame started on any up
+//! path ([`Connection::poll_transmit_chunk`] with no frame in progress, or
+//! [`Connection::poll_transmit_slices`] behind the frames already started) is the map (a copy
+//! of the caller's current map), which clears the flag; [`Connection::has_pending_transmit`]
+//! reports it on every up path until then. A path holds one map snapshot, so it starts no
+//! frame while a map is pending and its previous map frame is not completely written. A path
+//! that goes down with its map frame started but not completely written sets the flag again.
+//! Maps carry sequence number 0 and are never retransmitted.
 //!
 //! # Doorbell pacing
 //!
@@ -63,6 +66,7 @@ mod path;
 pub use config::{Config, ConfigError};
 pub use event::{
     AcceptError, Counters, Delivery, Event, PathError, Received, SendError, TransmitChunk,
+    TransmitSlices,
 };
 pub use path::PathState;
 
@@ -72,7 +76,7 @@ use crate::wire::{
     flags, CongMap, ExtHeader, ExtHeaders, FrameRef, HeaderRepr, CONG_MAP_BYTES, MAX_MSG_SIZE,
     MAX_PATHS, PROBE_PORT,
 };
-use path::{Body, Control, FrameInProgress, FrameKind, Message, RxPath, TxPath};
+use path::{frame_slices, Body, Control, Message, RxPath, TxPath};
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -116,6 +120,13 @@ pub struct Connection<P> {
     doorbell_next: Option<Instant>,
     /// Passive side: the doorbell timer, when one is armed.
     doorbell_at: Option<Instant>,
+}
+
+/// Which frame starts next on a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NextFrame {
+    CongMap,
+    Message,
 }
 
 /// Deterministic hash of a bound port (a 32-bit avalanche mix), for path selection.
@@ -341,13 +352,14 @@ impl<P: AsRef<[u8]>> Connection<P> {
         path == 0 || (self.peer_knows_our_generation && self.fanout_barrier.is_none())
     }
 
-    /// True when [`Connection::poll_transmit_chunk`] would return bytes for this path.
+    /// True when [`Connection::poll_transmit_chunk`] (or [`Connection::poll_transmit_slices`]
+    /// with room for a frame) would return bytes for this path.
     pub fn has_pending_transmit(&self, path: usize) -> bool {
         let Some(tx) = self.tx.get(path) else {
             return false;
         };
         tx.state == PathState::Up
-            && (tx.frame.is_some()
+            && (!tx.frames.is_empty()
                 || self.cong_pending
                 || (!tx.queue.is_empty() && self.data_allowed(path)))
     }
@@ -483,11 +495,13 @@ impl<P: AsRef<[u8]>> Connection<P> {
         }
         let was_connected = tx.state != PathState::Connecting;
         if tx.writing_cong_map() {
-            // The partial map is lost with the stream: another path sends the map.
+            // The partial (or unwritten) map is lost with the stream: another path sends it.
             self.cong_pending = true;
         }
         tx.state = PathState::Down;
-        tx.frame = None;
+        // Started frames die with the stream, written or not; their messages are unacked and
+        // go back to the queue below, in order, like every unacknowledged message.
+        tx.clear_frames();
         while let Some(mut msg) = tx.unacked.pop_back() {
             if msg.cancelled {
                 push_released(&mut self.events, &msg);
@@ -581,7 +595,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
         tx.state = PathState::Up;
         tx.stream_offset = 0;
         tx.acked_offset = 0;
-        tx.frame = None;
+        tx.clear_frames();
         tx.backoff_bound = Duration::ZERO;
         tx.reconnect_at = None;
         tx.was_up = true;
@@ -714,8 +728,9 @@ impl<P: AsRef<[u8]>> Connection<P> {
 
     /// Drops every queued or unacknowledged message from local port `sport` to peer port
     /// `dport` (`RDS_CANCEL_SENT_TO`), emitting `Event::Released` for each. Returns how many.
-    /// A message whose bytes are being written is released once its frame is complete, since
-    /// the stream cannot be cut mid-message.
+    /// A message whose frame was started but is not completely written (partly written, or
+    /// returned by [`Connection::poll_transmit_slices`] behind another frame) is released once
+    /// its frame is complete, since the stream cannot be cut mid-message.
     pub fn cancel_sent_to(&mut self, sport: u16, dport: u16) -> usize {
         self.cancel_matching(sport, Some(dport))
     }
@@ -744,14 +759,9 @@ impl<P: AsRef<[u8]>> Connection<P> {
                     true
                 }
             });
-            let in_progress = matches!(
-                tx.frame,
-                Some(FrameInProgress {
-                    kind: FrameKind::Message,
-                    ..
-                })
-            );
-            let last = tx.unacked.len();
+            // The last `message_frames` messages have started frames that are not completely
+            // written: the stream cannot be cut there, so they are released once written.
+            let first_started = tx.unacked.len() - tx.message_frames;
             let mut index = 0;
             tx.unacked.retain_mut(|m| {
                 index += 1;
@@ -759,7 +769,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
                     return true;
                 }
                 count += 1;
-                if in_progress && index == last {
+                if index > first_started {
                     m.cancelled = true;
                     return true;
                 }
@@ -781,28 +791,114 @@ impl<P: AsRef<[u8]>> Connection<P> {
 
     // ----- transmit ----------------------------------------------------------------------------
 
-    /// The remaining bytes of the frame being written on `path`, starting the next frame
-    /// (the connection's pending congestion map first, then the queue) if none is in progress.
-    /// `None` when there is nothing to send. `local_map` is the current map of our address; it
-    /// is copied when a map frame starts, and the map is then no longer pending on the other
-    /// paths. Report what the socket took with [`Connection::advance_transmit`].
+    /// The remaining bytes of the first started frame on `path` (the one being written),
+    /// starting the next frame (the connection's pending congestion map first, then the queue)
+    /// if none is started. `None` when there is nothing to send. `local_map` is the current map
+    /// of our address; it is copied when a map frame starts, and the map is then no longer
+    /// pending on the other paths. Report what the socket took with
+    /// [`Connection::advance_transmit`]. [`Connection::poll_transmit_slices`] is the same for
+    /// several frames at once.
     pub fn poll_transmit_chunk(
         &mut self,
         _now: Instant,
         path: usize,
         local_map: &CongMap,
     ) -> Option<TransmitChunk<'_>> {
-        let allowed = self.data_allowed(path);
-        let tx = self.tx.get_mut(path)?;
+        let tx = self.tx.get(path)?;
         if tx.state != PathState::Up {
             return None;
         }
-        if tx.frame.is_none() {
-            if self.cong_pending {
+        if tx.frames.is_empty() {
+            if let Some((kind, _)) = self.next_frame(path) {
+                self.start_frame(path, kind, local_map);
+            }
+        }
+        let (header, payload) = self.tx[path].chunk()?;
+        Some(TransmitChunk { header, payload })
+    }
+
+    /// The remaining bytes of up to `max_frames` frames of `path`, as byte slices in stream
+    /// order, for one vectored write (`writev`/`sendmsg`): first the frames already started
+    /// (the partly written one first), then new frames started now by the rules of
+    /// [`Connection::poll_transmit_chunk`] (the pending congestion map first, then queued
+    /// messages). Each frame contributes its remaining header and payload slices, empty slices
+    /// omitted; a new frame is started only if all its slices fit in `out`. Returns how many
+    /// slices were written at the start of `out` and their total length (0 and 0: nothing to
+    /// send).
+    ///
+    /// Report what the socket took with [`Connection::advance_transmit`]; it may complete
+    /// several frames and end anywhere in a later one. Frames that were returned but not
+    /// written stay started: the next call returns them again first (other calls may happen in
+    /// between, e.g. a cancel, which releases such a message only once its frame is written).
+    /// Nothing is allocated per call once the path's frame list has grown to `max_frames`.
+    ///
+    /// While a congestion map is pending and this path is still writing an earlier map, no
+    /// new frame starts on this path (one map snapshot per path; the map goes before later
+    /// messages).
+    pub fn poll_transmit_slices<'a>(
+        &'a mut self,
+        _now: Instant,
+        path: usize,
+        local_map: &CongMap,
+        max_frames: usize,
+        out: &mut [&'a [u8]],
+    ) -> TransmitSlices {
+        let Some(tx) = self.tx.get(path) else {
+            return TransmitSlices::default();
+        };
+        if tx.state != PathState::Up {
+            return TransmitSlices::default();
+        }
+        let started = tx.frames.len().min(max_frames);
+        let mut slots: usize = tx
+            .frames
+            .iter()
+            .take(started)
+            .map(|f| f.slices_left())
+            .sum();
+        for _ in started..max_frames {
+            let Some((kind, need)) = self.next_frame(path) else {
+                break;
+            };
+            if slots + need > out.len() {
+                break;
+            }
+            self.start_frame(path, kind, local_map);
+            slots += need;
+        }
+        let this: &'a Self = self;
+        let (slices, bytes) = this.tx[path].fill_slices(max_frames, out);
+        TransmitSlices { slices, bytes }
+    }
+
+    /// The frame that would start next on up path `path` after those already started, and
+    /// the slices it takes: the pending map (unless this path still writes one), else the
+    /// next queued message if data may go on this path.
+    fn next_frame(&self, path: usize) -> Option<(NextFrame, usize)> {
+        let tx = &self.tx[path];
+        if self.cong_pending {
+            if tx.writing_cong_map() {
+                return None;
+            }
+            return Some((NextFrame::CongMap, frame_slices(CONG_MAP_BYTES)));
+        }
+        if !self.data_allowed(path) {
+            return None;
+        }
+        let msg = tx.queue.front()?;
+        Some((NextFrame::Message, frame_slices(msg.len())))
+    }
+
+    /// Starts the frame chosen by [`Connection::next_frame`] and counts it.
+    fn start_frame(&mut self, path: usize, kind: NextFrame, local_map: &CongMap) {
+        let tx = &mut self.tx[path];
+        match kind {
+            NextFrame::CongMap => {
                 self.cong_pending = false;
                 tx.start_cong_map(local_map);
                 self.counters.cong_map_sent += 1;
-            } else if allowed {
+            }
+            NextFrame::Message => {
                 if let Some(msg) = tx.start_message() {
                     let c = &mut self.counters;
                     c.tx_messages += 1;
@@ -818,36 +914,24 @@ impl<P: AsRef<[u8]>> Connection<P> {
                 }
             }
         }
-        let (header, payload) = self.tx[path].chunk()?;
-        Some(TransmitChunk { header, payload })
+        self.tx[path].debug_check();
     }
 
-    /// The transport accepted `n` bytes of the chunk last returned for `path`.
+    /// The transport accepted `n` bytes of what [`Connection::poll_transmit_chunk`] or
+    /// [`Connection::poll_transmit_slices`] last returned for `path` (bytes beyond the started
+    /// frames are ignored). Completes frames in order; the last one may stay partly written.
     pub fn advance_transmit(&mut self, path: usize, n: usize) {
         let Some(tx) = self.tx.get_mut(path) else {
             return;
         };
-        let Some(frame) = tx.frame.as_mut() else {
-            return;
-        };
-        let n = n.min(frame.total - frame.written);
-        frame.written += n;
-        tx.stream_offset += n as u64;
-        if frame.written < frame.total {
-            return;
-        }
-        let kind = frame.kind;
-        tx.frame = None;
-        if kind == FrameKind::Message && tx.unacked.back().is_some_and(|m| m.cancelled) {
-            if let Some(msg) = tx.unacked.pop_back() {
-                push_released(&mut self.events, &msg);
-            }
-        }
+        let events = &mut self.events;
+        tx.advance(n, |msg| push_released(events, &msg));
     }
 
     /// Copies as many bytes as fit into `buf` (possibly spanning frames) and counts them as
     /// handed to the transport. Returns the number of bytes written. For partial socket writes
-    /// keep the unwritten tail in your own buffer, or use [`Connection::poll_transmit_chunk`].
+    /// keep the unwritten tail in your own buffer, or use [`Connection::poll_transmit_slices`]
+    /// or [`Connection::poll_transmit_chunk`].
     pub fn poll_transmit(
         &mut self,
         now: Instant,

@@ -8,6 +8,12 @@
 //! and when a host restarts, everything it consumed is acked to its peer first (its kernel
 //! FINs with the final ack). Bytes in flight on a reset connection are lost.
 //!
+//! Writes use either the copying `poll_transmit` or, with probability [`Faults::vectored_prob`],
+//! the vectored `poll_transmit_slices` with a random frame limit and slice-array size, of
+//! which the simulated socket takes a random prefix (possibly nothing, possibly ending inside
+//! any header or payload); after every write the engine's stream offset must equal the bytes
+//! the link carried.
+//!
 //! [`Pair::crash_restart`] models a crash instead: the peer learns no final acknowledgement,
 //! and the restarted host can restore the receive state its I/O layer persisted
 //! ([`PersistedRx`], updated on every delivery as the crate docs prescribe).
@@ -42,7 +48,14 @@ pub struct Faults {
     /// sender learns them before it sees the reset (the usual TCP case: the receiver's kernel
     /// acks data before the application reads it).
     pub lose_acks_on_reset: bool,
+    /// Per write, chance of using the vectored API (`poll_transmit_slices`, up to
+    /// [`MAX_GATHER`] frames, random partial take) instead of the copying `poll_transmit`.
+    pub vectored_prob: f64,
 }
+
+/// Most frames one simulated vectored write gathers, and slots of its slice array.
+pub const MAX_GATHER: usize = 32;
+const MAX_SLICES: usize = 2 * MAX_GATHER;
 
 impl Default for Faults {
     fn default() -> Self {
@@ -53,6 +66,7 @@ impl Default for Faults {
             max_chunk: 3000,
             ack_prob: 0.3,
             lose_acks_on_reset: true,
+            vectored_prob: 0.5,
         }
     }
 }
@@ -166,6 +180,11 @@ pub struct Pair {
     /// Links whose two ends disagree about the path index (should stay 0 with SPORT_IDX).
     pub path_mismatches: u32,
     pub resets: u32,
+    /// Vectored writes done, and how many of them took only part of the gathered bytes.
+    pub vectored_writes: u64,
+    pub partial_vectored_writes: u64,
+    /// Most slices one vectored write gathered.
+    pub max_gathered_slices: usize,
     buf: Vec<u8>,
 }
 
@@ -209,6 +228,9 @@ impl Pair {
             port_counter: 0,
             path_mismatches: 0,
             resets: 0,
+            vectored_writes: 0,
+            partial_vectored_writes: 0,
+            max_gathered_slices: 0,
             buf: vec![0u8; 1 << 16],
         }
     }
@@ -470,10 +492,19 @@ impl Pair {
                 let path = self.links[li].paths[host];
                 let chunk = self.rand_range(1, self.faults.max_chunk);
                 let delay = self.rng.below(self.faults.max_delay.as_nanos() as u64 + 1);
-                let h = &mut self.hosts[host];
-                let n = h
-                    .conn
-                    .poll_transmit(now, path, &h.local_map, &mut self.buf[..chunk]);
+                let n = if self.chance(self.faults.vectored_prob) {
+                    self.vectored_write(host, path, chunk)
+                } else {
+                    let h = &mut self.hosts[host];
+                    h.conn
+                        .poll_transmit(now, path, &h.local_map, &mut self.buf[..chunk])
+                };
+                let written = self.links[li].pipes[host].written + n as u64;
+                assert_eq!(
+                    self.hosts[host].conn.stream_offset(path),
+                    written,
+                    "host {host} path {path}: stream offset vs bytes on the link"
+                );
                 if n > 0 {
                     let pipe = &mut self.links[li].pipes[host];
                     let arrival = now + Duration::from_nanos(delay);
@@ -573,6 +604,42 @@ impl Pair {
                 .min()
                 .map_or(small, |t| t.max(small))
         };
+    }
+
+    /// One `sendmsg` with the vectored API: gathers up to a random number of frames into a
+    /// slice array of random size, and the socket takes a random prefix of at most `chunk`
+    /// bytes (sometimes none: EAGAIN), copied to `self.buf`. Returns the bytes taken.
+    fn vectored_write(&mut self, host: usize, path: usize, chunk: usize) -> usize {
+        let now = self.now;
+        let max_frames = self.rand_range(1, MAX_GATHER);
+        let slots = self.rand_range(1, MAX_SLICES);
+        let eagain = self.chance(0.05);
+        let mut slices: [&[u8]; MAX_SLICES] = [&[]; MAX_SLICES];
+        let h = &mut self.hosts[host];
+        let got =
+            h.conn
+                .poll_transmit_slices(now, path, &h.local_map, max_frames, &mut slices[..slots]);
+        assert!(got.slices <= slots);
+        let slices = &slices[..got.slices];
+        assert!(slices.iter().all(|s| !s.is_empty()), "empty slice returned");
+        assert_eq!(slices.iter().map(|s| s.len()).sum::<usize>(), got.bytes);
+        if got.bytes == 0 {
+            return 0;
+        }
+        self.vectored_writes += 1;
+        self.max_gathered_slices = self.max_gathered_slices.max(got.slices);
+        let take = if eagain { 0 } else { chunk.min(got.bytes) };
+        if take < got.bytes {
+            self.partial_vectored_writes += 1;
+        }
+        let mut filled = 0;
+        for s in slices {
+            let n = s.len().min(take - filled);
+            self.buf[filled..filled + n].copy_from_slice(&s[..n]);
+            filled += n;
+        }
+        self.hosts[host].conn.advance_transmit(path, take);
+        take
     }
 
     /// Steps until quiescent (after at least one step) or the step budget runs out.

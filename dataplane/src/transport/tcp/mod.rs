@@ -19,6 +19,8 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Most slices gathered into one `sendmsg` (the protocol layer gathers up to 32 frames).
+const MAX_IOV: usize = 64;
 /// How long a doorbell connection may stay open.
 const DOORBELL_TTL: Duration = Duration::from_secs(1);
 
@@ -198,21 +200,20 @@ impl Link for TcpLink {
         }
     }
 
-    fn write(&mut self, p: &mut TcpPath, header: &[u8], payload: &[u8]) -> Write {
-        let iov = [
-            libc::iovec {
-                iov_base: header.as_ptr() as *mut _,
-                iov_len: header.len(),
-            },
-            libc::iovec {
-                iov_base: payload.as_ptr() as *mut _,
-                iov_len: payload.len(),
-            },
-        ];
+    fn write(&mut self, p: &mut TcpPath, slices: &[&[u8]]) -> Write {
+        let mut iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; MAX_IOV];
+        let n = slices.len().min(MAX_IOV);
+        for (v, s) in iov.iter_mut().zip(&slices[..n]) {
+            v.iov_base = s.as_ptr() as *mut _;
+            v.iov_len = s.len();
+        }
         // SAFETY: msghdr is plain old data; all-zero is a valid empty value.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
         msg.msg_iov = iov.as_ptr() as *mut _;
-        msg.msg_iovlen = 2;
+        msg.msg_iovlen = n;
         // SAFETY: the iovecs point into the caller's live slices for this call only; the
         // kernel only reads them.
         let n = unsafe {
