@@ -116,8 +116,12 @@
 //!   numbering keeps running (the kernel flushes and restarts at 1). See [`conn`].
 //! * A fresh connection queues its probe as the first message of path 0; data on paths > 0
 //!   waits until a probe pong proves the peer has our generation, and after the path count
-//!   changes it waits until path 0 has drained what was queued before (like recent kernels'
-//!   catch-up step).
+//!   changes it waits until the peer has *processed* what path 0 carried before the switch:
+//!   TCP's acknowledgement of it and the pong to a probe ping queued behind it (recent kernels
+//!   only wait for their own catch-up, which TCP acknowledgement does not prove: acknowledged
+//!   bytes can still wait in the peer's socket buffer, or in a receiver that paused the path
+//!   because a ring was full, and a socket's later messages on another path would overtake
+//!   them). A resent barrier ping that goes unanswered is given up after `reconnect_max`.
 //! * The active side reconnects paths > 0 only after a pong on the current path-0 connection,
 //!   including after an isolated drop of such a path (it re-probes on path 0).
 //! * Path choice is `hash(sport) % npaths` (the kernel uses `jhash & (npaths - 1)`); the hash is

@@ -358,6 +358,21 @@ fn passive_two_paths(now: Instant) -> Connection<Vec<u8>> {
     b
 }
 
+/// The peer's probe pong on path 0, answering the latest probe ping we wrote there.
+fn answer_probe(b: &mut Connection<Vec<u8>>, now: Instant) {
+    let mut ext = ExtHeaders::new();
+    ext.push(ExtHeader::NPaths(2)).unwrap();
+    ext.push(ExtHeader::GenNum(GEN_A)).unwrap();
+    let pong = HeaderRepr {
+        sequence: 2,
+        sport: 0,
+        dport: 1,
+        exthdr: ext,
+        ..Default::default()
+    };
+    b.handle_stream_data(now, 0, &pong.to_bytes(), |_| panic!("pong delivered"));
+}
+
 #[test]
 fn congestion_map_cut_mid_frame_goes_out_on_another_path() {
     let now = Instant::ZERO;
@@ -1480,8 +1495,9 @@ fn gathered_but_unwritten_map_goes_out_on_another_path() {
     let mut map = CongMap::new();
     drain(&mut b, now, 0, &map);
     drain(&mut b, now, 1, &map);
-    // Path 0's probe is acknowledged: data may go on path 1 (fan-out barrier).
+    // Path 0's probe is acknowledged and answered: data may go on path 1 (fan-out barrier).
     b.handle_acked(0, b.stream_offset(0));
+    answer_probe(&mut b, now);
     assert!(!b.has_pending_transmit(0) && !b.has_pending_transmit(1));
 
     // Path 1 gathers the map and writes nothing.
@@ -1519,4 +1535,116 @@ fn gathered_but_unwritten_map_goes_out_on_another_path() {
     assert!(out[0].0.is_cong_bitmap());
     assert_eq!(out[0].1.as_slice(), &map.as_bytes()[..]);
     assert_eq!(b.counters().cong_map_sent, 6);
+}
+
+/// The peer's probe pong on path 0 (sport 0 → dport 1), offering `npaths`.
+fn probe_pong(seq: u64, npaths: u16) -> Vec<u8> {
+    let mut ext = ExtHeaders::new();
+    ext.push(ExtHeader::NPaths(npaths)).unwrap();
+    ext.push(ExtHeader::GenNum(GEN_B)).unwrap();
+    HeaderRepr {
+        sequence: seq,
+        sport: 0,
+        dport: 1,
+        exthdr: ext,
+        ..Default::default()
+    }
+    .to_bytes()
+    .to_vec()
+}
+
+/// A socket's messages move from path 0 to its hashed path when the handshake completes. TCP
+/// acknowledging path 0 is not enough to let them go: the peer may not have read those bytes
+/// (a receiver that paused the path because a ring was full). Data on other paths waits for
+/// the pong to a probe ping queued behind everything path 0 carried before the switch.
+#[test]
+fn fan_out_waits_for_the_pong_behind_what_path_zero_carried() {
+    let mut now = Instant::ZERO;
+    let map = CongMap::new();
+    let mut a = conn(ADDR_A, ADDR_B, GEN_A);
+    a.open(now);
+    let _ = events(&mut a);
+    a.handle_connected(now, 0).unwrap();
+    let two = passive_two_paths(now);
+    let sport = (2000..).find(|&p| two.route(p) == 1).unwrap();
+    for i in 0..3u8 {
+        a.send(now, sport, 10, vec![i; 8], u64::from(i)).unwrap();
+    }
+    // Before the handshake everything goes on path 0, and TCP acknowledges all of it.
+    let sent = frames(&drain(&mut a, now, 0, &map));
+    assert_eq!(sent.len(), 5, "map, probe, three messages");
+    a.handle_acked(0, a.stream_offset(0));
+    // The pong to the handshake probe: two paths.
+    assert!(feed(&mut a, 0, &probe_pong(1, 2)).is_empty());
+    assert_eq!(a.npaths(), Some(2));
+    a.send(now, sport, 10, vec![9; 8], 9).unwrap();
+    assert!(events(&mut a).contains(&Event::Connect { path: 1 }));
+    a.handle_connected(now, 1).unwrap();
+    let data = |out: Vec<(HeaderRepr, Vec<u8>)>| -> usize {
+        out.iter().filter(|(h, _)| !h.is_cong_bitmap()).count()
+    };
+    assert_eq!(
+        data(frames(&drain(&mut a, now, 1, &map))),
+        0,
+        "path 0 is acknowledged, but the peer has not proved it read it"
+    );
+    // The barrier ping goes out on path 0; TCP acknowledges it; still no pong.
+    let ping = frames(&drain(&mut a, now, 0, &map));
+    assert_eq!(ping.len(), 1);
+    assert_eq!((ping[0].0.sport, ping[0].0.dport), (1, 0));
+    a.handle_acked(0, a.stream_offset(0));
+    assert!(!a.has_pending_transmit(1));
+    // A pong flagged RETRANSMITTED answers a ping of an earlier connection: not this one.
+    let mut stale = HeaderRepr::parse_bytes(&probe_pong(2, 2)).unwrap();
+    stale.flags |= flags::RETRANSMITTED;
+    assert!(feed(&mut a, 0, &stale.to_bytes()).is_empty());
+    assert!(!a.has_pending_transmit(1));
+    // Its pong: the peer has processed everything before it; path 1 may carry data.
+    assert!(feed(&mut a, 0, &probe_pong(3, 2)).is_empty());
+    let out = frames(&drain(&mut a, now, 1, &map));
+    assert_eq!(out.last().unwrap().1, vec![9; 8]);
+    assert_eq!(a.counters().fanout_barrier_timeouts, 0);
+
+    // No timeout while the peer is silent: a paused receiver answers once it drains.
+    let silent = now + Duration::from_secs(30);
+    let mut b2 = conn(ADDR_A, ADDR_B, GEN_A);
+    b2.open(now);
+    let _ = events(&mut b2);
+    b2.handle_connected(now, 0).unwrap();
+    b2.send(now, sport, 10, vec![1; 8], 1).unwrap();
+    drain(&mut b2, now, 0, &map);
+    b2.handle_acked(0, b2.stream_offset(0));
+    assert!(feed(&mut b2, 0, &probe_pong(1, 2)).is_empty());
+    let _ = events(&mut b2);
+    b2.handle_connected(now, 1).unwrap();
+    b2.send(now, sport, 10, vec![2; 8], 2).unwrap();
+    // The barrier ping goes out; neither acknowledged nor answered.
+    drain(&mut b2, now, 0, &map);
+    b2.handle_timeout(silent);
+    assert!(!b2.has_pending_transmit(1), "still waiting for the pong");
+
+    // Path 0 drops before the pong: the barrier ping is resent (RETRANSMITTED). A peer that
+    // had processed it drops it silently, so for the resent ping the barrier gives up after
+    // reconnect_max.
+    now = silent;
+    b2.handle_path_down(now, 0).unwrap();
+    let _ = events(&mut b2);
+    b2.handle_timeout(now + Duration::from_secs(2));
+    let _ = events(&mut b2);
+    if b2.path_state(0) != PathState::Connecting {
+        b2.open(now);
+        let _ = events(&mut b2);
+    }
+    b2.handle_connected(now, 0).unwrap();
+    let resent = frames(&drain(&mut b2, now, 0, &map));
+    assert!(resent
+        .iter()
+        .any(|(h, _)| h.sport == 1 && h.flags & flags::RETRANSMITTED != 0));
+    b2.handle_acked(0, b2.stream_offset(0));
+    assert!(!b2.has_pending_transmit(1));
+    let deadline = b2.poll_timeout().expect("the resent ping's deadline");
+    assert!(deadline <= now + Duration::from_secs(1));
+    b2.handle_timeout(deadline);
+    assert_eq!(b2.counters().fanout_barrier_timeouts, 1);
+    assert!(b2.has_pending_transmit(1) || b2.path_state(1) != PathState::Up);
 }

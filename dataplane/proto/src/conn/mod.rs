@@ -103,9 +103,13 @@ pub struct Connection<P> {
     peer_knows_our_generation: bool,
     /// A probe pong arrived since path 0 last came up; gates connects of paths > 0.
     path0_confirmed: bool,
-    /// After routing changed, data on paths > 0 waits until path 0 has no pending message
-    /// with a sequence number at or below this one (per-socket order across the switch).
-    fanout_barrier: Option<u64>,
+    /// After routing changed, data on paths > 0 waits until the peer has processed what path 0
+    /// carried before the switch (per-socket order across the switch).
+    fanout_barrier: Option<Barrier>,
+    /// Probe pings started on the current path-0 connection.
+    path0_pings_started: u32,
+    /// Probe pongs (not flagged RETRANSMITTED) received on the current path-0 connection.
+    path0_pongs_received: u32,
     peer_map: CongMap,
     /// Our congestion map must go out: set when a path comes up and on
     /// [`Connection::local_congestion_changed`], cleared when one up path starts the map frame
@@ -120,6 +124,34 @@ pub struct Connection<P> {
     doorbell_next: Option<Instant>,
     /// Passive side: the doorbell timer, when one is armed.
     doorbell_at: Option<Instant>,
+}
+
+/// The fan-out barrier: after the path count changes, a socket's messages may move from path 0
+/// to another path, and must not overtake what path 0 still carries for it. TCP's
+/// acknowledgement is not enough (acknowledged bytes can still wait in the peer's socket buffer,
+/// or in a receiver that paused the path because a ring was full), so a probe ping is queued on
+/// path 0 behind everything sent before the switch: its pong proves the peer has processed all
+/// of it. Data on paths > 0 waits for both the acknowledgement and the pong. A multipath peer
+/// always answers a probe ping (spec §9), however long it takes (a paused receiver answers
+/// once it drains), so there is no timeout, with one exception: a barrier ping resent after a
+/// path-0 reconnect carries RETRANSMITTED, and a peer that had already processed it drops it
+/// as a duplicate without answering; for that ping only, the barrier gives up after
+/// `reconnect_max`.
+#[derive(Debug, Clone, Copy)]
+struct Barrier {
+    /// Highest path-0 sequence number queued before the switch.
+    upto: u64,
+    /// Sequence number of the barrier ping (a fresh one after every path-0 drop).
+    ping_seq: u64,
+    /// Its ordinal among the probe pings started on the current path-0 connection: the pong
+    /// with the same ordinal answers it (the peer answers pings in order on the same path).
+    ping_ordinal: Option<u32>,
+    /// The pong arrived (or the deadline passed).
+    confirmed: bool,
+    /// When to stop waiting for the pong (only for a resent ping).
+    deadline: Option<Instant>,
+    /// The ping is being resent on a new path-0 connection.
+    resent: bool,
 }
 
 /// Which frame starts next on a path.
@@ -165,6 +197,8 @@ impl<P: AsRef<[u8]>> Connection<P> {
             peer_knows_our_generation: false,
             path0_confirmed: false,
             fanout_barrier: None,
+            path0_pings_started: 0,
+            path0_pongs_received: 0,
             peer_map: CongMap::new(),
             cong_pending: false,
             events: VecDeque::new(),
@@ -377,6 +411,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             .iter()
             .filter_map(|t| t.reconnect_at)
             .chain(self.doorbell_at)
+            .chain(self.fanout_barrier.and_then(|b| b.deadline))
             .min()
     }
 
@@ -395,6 +430,15 @@ impl<P: AsRef<[u8]>> Connection<P> {
         }
         if matches!(self.doorbell_at, Some(at) if at <= now) {
             self.maybe_ring_doorbell(now);
+        }
+        if let Some(b) = self.fanout_barrier.as_mut() {
+            if !b.confirmed && b.deadline.is_some_and(|d| d <= now) {
+                // The resent ping was dropped as a duplicate: the peer had processed it.
+                b.confirmed = true;
+                b.deadline = None;
+                self.counters.fanout_barrier_timeouts += 1;
+                self.refresh_barrier();
+            }
         }
     }
 
@@ -521,6 +565,25 @@ impl<P: AsRef<[u8]>> Connection<P> {
         tx.peer_tcp_sport = None;
         if path == 0 {
             self.path0_confirmed = false;
+            // Pings and pongs are counted per path-0 connection. An unanswered barrier ping
+            // was requeued above (resent first, in order): it gets a new ordinal when it is
+            // written again; one TCP already acknowledged is not resent, so ask again.
+            self.path0_pings_started = 0;
+            self.path0_pongs_received = 0;
+            if let Some(b) = self.fanout_barrier.filter(|b| !b.confirmed) {
+                let pending = tx.queue.iter().any(|m| m.seq == b.ping_seq);
+                let ping_seq = if pending {
+                    b.ping_seq
+                } else {
+                    self.queue_control(0, Control::ProbePing)
+                };
+                if let Some(b) = self.fanout_barrier.as_mut() {
+                    b.ping_seq = ping_seq;
+                    b.ping_ordinal = None;
+                    b.deadline = None;
+                    b.resent = pending;
+                }
+            }
         } else if self.active {
             // Path 0 may be a dead connection to a peer that restarted; before connecting a
             // path > 0 again, a fresh pong on path 0 must prove the peer knows our path count
@@ -702,11 +765,11 @@ impl<P: AsRef<[u8]>> Connection<P> {
         ext
     }
 
-    fn queue_control(&mut self, path: usize, control: Control) {
-        self.queue_control_to(path, control, 0);
+    fn queue_control(&mut self, path: usize, control: Control) -> u64 {
+        self.queue_control_to(path, control, 0)
     }
 
-    fn queue_control_to(&mut self, path: usize, control: Control, pong_dport: u16) {
+    fn queue_control_to(&mut self, path: usize, control: Control, pong_dport: u16) -> u64 {
         let (sport, dport, ext) = match control {
             Control::ProbePing => (PROBE_PORT, 0, self.probe_ext()),
             Control::ProbePong => (0, PROBE_PORT, self.probe_ext()),
@@ -724,6 +787,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             cancelled: false,
             ack_end: 0,
         });
+        seq
     }
 
     /// Drops every queued or unacknowledged message from local port `sport` to peer port
@@ -800,7 +864,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
     /// several frames at once.
     pub fn poll_transmit_chunk(
         &mut self,
-        _now: Instant,
+        now: Instant,
         path: usize,
         local_map: &CongMap,
     ) -> Option<TransmitChunk<'_>> {
@@ -810,7 +874,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
         }
         if tx.frames.is_empty() {
             if let Some((kind, _)) = self.next_frame(path) {
-                self.start_frame(path, kind, local_map);
+                self.start_frame(now, path, kind, local_map);
             }
         }
         let (header, payload) = self.tx[path].chunk()?;
@@ -837,7 +901,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
     /// messages).
     pub fn poll_transmit_slices<'a>(
         &'a mut self,
-        _now: Instant,
+        now: Instant,
         path: usize,
         local_map: &CongMap,
         max_frames: usize,
@@ -863,7 +927,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             if slots + need > out.len() {
                 break;
             }
-            self.start_frame(path, kind, local_map);
+            self.start_frame(now, path, kind, local_map);
             slots += need;
         }
         let this: &'a Self = self;
@@ -890,7 +954,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
     }
 
     /// Starts the frame chosen by [`Connection::next_frame`] and counts it.
-    fn start_frame(&mut self, path: usize, kind: NextFrame, local_map: &CongMap) {
+    fn start_frame(&mut self, now: Instant, path: usize, kind: NextFrame, local_map: &CongMap) {
         let tx = &mut self.tx[path];
         match kind {
             NextFrame::CongMap => {
@@ -906,10 +970,22 @@ impl<P: AsRef<[u8]>> Connection<P> {
                     if msg.retransmit {
                         c.tx_retransmits += 1;
                     }
+                    let (seq, is_ping) = (msg.seq, msg.is_probe_ping());
                     match msg.body {
                         Body::Control(Control::ProbePing) => c.probes_sent += 1,
                         Body::Control(Control::Pong | Control::ProbePong) => c.pongs_sent += 1,
                         Body::Data { .. } => {}
+                    }
+                    if path == 0 && is_ping {
+                        self.path0_pings_started += 1;
+                        let ordinal = self.path0_pings_started;
+                        let wait = self.config.reconnect_max;
+                        if let Some(b) = self.fanout_barrier.as_mut() {
+                            if b.ping_ordinal.is_none() && seq >= b.ping_seq {
+                                b.ping_ordinal = Some(ordinal);
+                                b.deadline = b.resent.then_some(now + wait);
+                            }
+                        }
                     }
                 }
             }
@@ -984,8 +1060,9 @@ impl<P: AsRef<[u8]>> Connection<P> {
     }
 
     fn refresh_barrier(&mut self) {
-        if let Some(barrier) = self.fanout_barrier {
-            if !matches!(self.tx[0].oldest_pending_seq(), Some(s) if s <= barrier) {
+        if let Some(b) = self.fanout_barrier {
+            let acked = !matches!(self.tx[0].oldest_pending_seq(), Some(s) if s <= b.upto);
+            if acked && b.confirmed {
                 self.fanout_barrier = None;
             }
         }
@@ -1169,6 +1246,17 @@ impl<P: AsRef<[u8]>> Connection<P> {
             self.peer_knows_our_generation = true;
             if path == 0 {
                 self.path0_confirmed = true;
+                if h.flags & flags::RETRANSMITTED == 0 {
+                    self.path0_pongs_received += 1;
+                    let pongs = self.path0_pongs_received;
+                    if let Some(b) = self.fanout_barrier.as_mut() {
+                        if b.ping_ordinal.is_some_and(|o| pongs >= o) {
+                            b.confirmed = true;
+                            b.deadline = None;
+                        }
+                    }
+                    self.refresh_barrier();
+                }
             }
         }
         // No NPATHS: a legacy or single-path peer.
@@ -1210,11 +1298,10 @@ impl<P: AsRef<[u8]>> Connection<P> {
             self.events.push_back(Event::PathsNegotiated { npaths: n });
             let effective = usize::from(n);
             if effective != old_effective {
-                // Sockets may now hash to another path: data on paths > 0 waits until path 0
-                // has drained what was queued before the switch.
-                if self.tx[0].has_pending_messages() {
-                    self.fanout_barrier = Some(self.tx[0].next_tx_seq.saturating_sub(1));
-                }
+                // Sockets may now hash to another path: data on paths > 0 waits until the peer
+                // has processed what path 0 carried before the switch (see `Barrier`).
+                let upto = self.tx[0].next_tx_seq.saturating_sub(1);
+                self.fanout_barrier = Some(self.barrier_ping(upto));
                 for path in effective..MAX_PATHS {
                     self.reroute_queue(path);
                 }
@@ -1223,6 +1310,36 @@ impl<P: AsRef<[u8]>> Connection<P> {
         }
         if self.active {
             self.schedule_paths(now);
+        }
+    }
+
+    /// The barrier for a switch after path-0 sequence `upto`: a probe ping already pending on
+    /// path 0 behind every message but pongs serves (the handshake's own ping, usually);
+    /// otherwise a new one is queued.
+    fn barrier_ping(&mut self, upto: u64) -> Barrier {
+        let tx = &self.tx[0];
+        let last = tx
+            .unacked
+            .iter()
+            .map(|m| (m, true))
+            .chain(tx.queue.iter().map(|m| (m, false)))
+            .rev()
+            .find(|(m, _)| !matches!(m.body, Body::Control(Control::Pong | Control::ProbePong)));
+        let (ping_seq, ping_ordinal) = match last {
+            Some((m, started)) if m.is_probe_ping() => {
+                // A started ping is the latest one started on this connection.
+                (m.seq, started.then_some(self.path0_pings_started))
+            }
+            _ => (self.queue_control(0, Control::ProbePing), None),
+        };
+        let confirmed = ping_ordinal.is_some_and(|o| self.path0_pongs_received >= o);
+        Barrier {
+            upto,
+            ping_seq,
+            ping_ordinal,
+            confirmed,
+            deadline: None,
+            resent: false,
         }
     }
 
