@@ -360,17 +360,9 @@ fn passive_two_paths(now: Instant) -> Connection<Vec<u8>> {
 
 /// The peer's probe pong on path 0, answering the latest probe ping we wrote there.
 fn answer_probe(b: &mut Connection<Vec<u8>>, now: Instant) {
-    let mut ext = ExtHeaders::new();
-    ext.push(ExtHeader::NPaths(2)).unwrap();
-    ext.push(ExtHeader::GenNum(GEN_A)).unwrap();
-    let pong = HeaderRepr {
-        sequence: 2,
-        sport: 0,
-        dport: 1,
-        exthdr: ext,
-        ..Default::default()
-    };
-    b.handle_stream_data(now, 0, &pong.to_bytes(), |_| panic!("pong delivered"));
+    b.handle_stream_data(now, 0, &probe_pong(2, 2, GEN_A), |_| {
+        panic!("pong delivered")
+    });
 }
 
 #[test]
@@ -1537,11 +1529,11 @@ fn gathered_but_unwritten_map_goes_out_on_another_path() {
     assert_eq!(b.counters().cong_map_sent, 6);
 }
 
-/// The peer's probe pong on path 0 (sport 0 → dport 1), offering `npaths`.
-fn probe_pong(seq: u64, npaths: u16) -> Vec<u8> {
+/// A probe pong (sport 0 → dport 1) from a peer of `generation`, offering `npaths`.
+fn probe_pong(seq: u64, npaths: u16, generation: u32) -> Vec<u8> {
     let mut ext = ExtHeaders::new();
     ext.push(ExtHeader::NPaths(npaths)).unwrap();
-    ext.push(ExtHeader::GenNum(GEN_B)).unwrap();
+    ext.push(ExtHeader::GenNum(generation)).unwrap();
     HeaderRepr {
         sequence: seq,
         sport: 0,
@@ -1575,7 +1567,7 @@ fn fan_out_waits_for_the_pong_behind_what_path_zero_carried() {
     assert_eq!(sent.len(), 5, "map, probe, three messages");
     a.handle_acked(0, a.stream_offset(0));
     // The pong to the handshake probe: two paths.
-    assert!(feed(&mut a, 0, &probe_pong(1, 2)).is_empty());
+    assert!(feed(&mut a, 0, &probe_pong(1, 2, GEN_B)).is_empty());
     assert_eq!(a.npaths(), Some(2));
     a.send(now, sport, 10, vec![9; 8], 9).unwrap();
     assert!(events(&mut a).contains(&Event::Connect { path: 1 }));
@@ -1595,12 +1587,12 @@ fn fan_out_waits_for_the_pong_behind_what_path_zero_carried() {
     a.handle_acked(0, a.stream_offset(0));
     assert!(!a.has_pending_transmit(1));
     // A pong flagged RETRANSMITTED answers a ping of an earlier connection: not this one.
-    let mut stale = HeaderRepr::parse_bytes(&probe_pong(2, 2)).unwrap();
+    let mut stale = HeaderRepr::parse_bytes(&probe_pong(2, 2, GEN_B)).unwrap();
     stale.flags |= flags::RETRANSMITTED;
     assert!(feed(&mut a, 0, &stale.to_bytes()).is_empty());
     assert!(!a.has_pending_transmit(1));
     // Its pong: the peer has processed everything before it; path 1 may carry data.
-    assert!(feed(&mut a, 0, &probe_pong(3, 2)).is_empty());
+    assert!(feed(&mut a, 0, &probe_pong(3, 2, GEN_B)).is_empty());
     let out = frames(&drain(&mut a, now, 1, &map));
     assert_eq!(out.last().unwrap().1, vec![9; 8]);
     assert_eq!(a.counters().fanout_barrier_timeouts, 0);
@@ -1614,7 +1606,7 @@ fn fan_out_waits_for_the_pong_behind_what_path_zero_carried() {
     b2.send(now, sport, 10, vec![1; 8], 1).unwrap();
     drain(&mut b2, now, 0, &map);
     b2.handle_acked(0, b2.stream_offset(0));
-    assert!(feed(&mut b2, 0, &probe_pong(1, 2)).is_empty());
+    assert!(feed(&mut b2, 0, &probe_pong(1, 2, GEN_B)).is_empty());
     let _ = events(&mut b2);
     b2.handle_connected(now, 1).unwrap();
     b2.send(now, sport, 10, vec![2; 8], 2).unwrap();

@@ -708,37 +708,28 @@ impl<L: Link> Transport for Endpoint<L> {
     }
 
     fn publish_counters(&self) {
-        let mut sum = rds_proto::Counters::default();
-        for c in &self.conns {
-            let k = c.engine.counters();
-            sum.tx_messages += k.tx_messages;
-            sum.tx_retransmits += k.tx_retransmits;
-            sum.rx_messages += k.rx_messages;
-            sum.rx_drop_bad_header += k.rx_drop_bad_header + k.rx_bad_exthdr;
-            sum.rx_drop_oversize += k.rx_drop_oversize;
-            sum.rx_drop_dup_seq += k.rx_drop_dup_seq;
-            sum.rx_drop_unknown += k.rx_drop_unknown + k.rx_truncated;
-            sum.path_errors += k.path_errors;
-            sum.reconnects += k.reconnects;
-            sum.cong_map_sent += k.cong_map_sent;
-            sum.cong_map_received += k.cong_map_received;
-            sum.pings_received += k.pings_received;
-            sum.doorbells += k.doorbells;
-        }
+        type Get = fn(&rds_proto::Counters) -> u64;
         let n = self.net();
-        let set = |c: &std::sync::atomic::AtomicU64, v: u64| c.store(v, Ordering::Relaxed);
-        set(&n.tx_messages, sum.tx_messages);
-        set(&n.retransmits, sum.tx_retransmits);
-        set(&n.rx_messages, sum.rx_messages);
-        set(&n.drop_bad_header, sum.rx_drop_bad_header);
-        set(&n.drop_oversize, sum.rx_drop_oversize);
-        set(&n.drop_dup_seq, sum.rx_drop_dup_seq);
-        set(&n.drop_unknown, sum.rx_drop_unknown);
-        set(&n.path_errors, sum.path_errors);
-        set(&n.reconnects, sum.reconnects);
-        set(&n.cong_maps_sent, sum.cong_map_sent);
-        set(&n.cong_maps_received, sum.cong_map_received);
-        set(&n.pings_received, sum.pings_received);
-        set(&n.doorbells, sum.doorbells);
+        let fields: [(&std::sync::atomic::AtomicU64, Get); 13] = [
+            (&n.tx_messages, |k| k.tx_messages),
+            (&n.retransmits, |k| k.tx_retransmits),
+            (&n.rx_messages, |k| k.rx_messages),
+            (&n.drop_bad_header, |k| {
+                k.rx_drop_bad_header + k.rx_bad_exthdr
+            }),
+            (&n.drop_oversize, |k| k.rx_drop_oversize),
+            (&n.drop_dup_seq, |k| k.rx_drop_dup_seq),
+            (&n.drop_unknown, |k| k.rx_drop_unknown + k.rx_truncated),
+            (&n.path_errors, |k| k.path_errors),
+            (&n.reconnects, |k| k.reconnects),
+            (&n.cong_maps_sent, |k| k.cong_map_sent),
+            (&n.cong_maps_received, |k| k.cong_map_received),
+            (&n.pings_received, |k| k.pings_received),
+            (&n.doorbells, |k| k.doorbells),
+        ];
+        for (counter, get) in fields {
+            let sum = self.conns.iter().map(|c| get(c.engine.counters())).sum();
+            counter.store(sum, Ordering::Relaxed);
+        }
     }
 }
