@@ -14,7 +14,7 @@ pub struct DaemonArgs {
     /// --spawn-rdsd) rds-bench starts the `rdsd` that sits next to its own executable.
     #[arg(long, short)]
     pub socket: Option<PathBuf>,
-    /// Start this rdsd binary on a temporary control socket (with --idle spin) and stop it
+    /// Start this rdsd binary on a temporary control socket (with --idle, default spin) and stop it
     /// (SIGTERM) at the end.
     #[arg(long, conflicts_with = "socket", value_name = "PATH_TO_RDSD")]
     pub spawn_rdsd: Option<PathBuf>,
@@ -24,6 +24,10 @@ pub struct DaemonArgs {
     /// Log filter of a spawned rdsd.
     #[arg(long, default_value = "warn")]
     pub rdsd_log: String,
+    /// Idle strategy of a spawned rdsd (`spin` or `backoff`, rdsd's default). Default: spin,
+    /// except for `blocking`, which measures rdsd's default.
+    #[arg(long)]
+    pub idle: Option<String>,
 }
 
 /// The rdsd a benchmark talks to.
@@ -59,6 +63,7 @@ impl Target {
             &bin,
             args.poll_core,
             &args.rdsd_log,
+            args.idle.as_deref().unwrap_or("spin"),
         )?))
     }
 
@@ -84,6 +89,14 @@ impl Target {
         }
     }
 
+    /// The spawned rdsd's process id (`None` for an external one).
+    pub fn pid(&self) -> Option<u32> {
+        match self {
+            Target::External(_) => None,
+            Target::Spawned(s) => s.child.as_ref().map(|c| c.id()),
+        }
+    }
+
     pub fn is_spawned(&self) -> bool {
         matches!(self, Target::Spawned(_))
     }
@@ -106,14 +119,14 @@ pub struct Spawned {
 }
 
 impl Spawned {
-    fn start(bin: &Path, poll_core: i64, log: &str) -> Result<Spawned> {
+    fn start(bin: &Path, poll_core: i64, log: &str, idle: &str) -> Result<Spawned> {
         let socket = std::env::temp_dir().join(format!("rds-bench-{}.sock", std::process::id()));
         let _ = std::fs::remove_file(&socket);
         let args: Vec<String> = [
             "--control-socket",
             &socket.display().to_string(),
             "--idle",
-            "spin",
+            idle,
             "--poll-core",
             &poll_core.to_string(),
             "--control-core",

@@ -5,6 +5,7 @@
 //! rds-bench rtt  [--socket PATH | --spawn-rdsd RDSD] [--count N] [--warmup N] [--size B] [--app-core C]
 //! rds-bench tput [--socket PATH | --spawn-rdsd RDSD] [--count N] [--size B] [--app-core C]
 //! rds-bench demo [--socket PATH | --spawn-rdsd RDSD]
+//! rds-bench blocking [--socket PATH | --spawn-rdsd RDSD] [--count N] [--wake-samples N]
 //! ```
 //!
 //! Without `--socket`, rds-bench starts the `rdsd` next to its own executable on a temporary
@@ -14,6 +15,7 @@
 //!
 //! Every run prints a table, then `RESULT key=value ...` lines for scripts.
 
+mod blocking;
 mod daemon;
 mod rds;
 mod unix;
@@ -46,6 +48,15 @@ enum Cmd {
     Tput(TputArgs),
     /// A short tour that pushes real traffic through rdsd and prints what it saw.
     Demo(DemoArgs),
+    /// Applications that sleep in recv: two-process blocking round trip next to AF_UNIX,
+    /// wake-up latency after rdsd parked, idle CPU (rdsd on its default idle strategy).
+    Blocking(blocking::BlockingArgs),
+    /// (internal) wake-up receiver of `blocking`.
+    #[command(name = "__rds-wake", hide = true)]
+    RdsWake {
+        #[arg(long)]
+        socket: PathBuf,
+    },
     /// (internal) AF_UNIX echo peer of `rtt`.
     #[command(name = "__unix-echo", hide = true)]
     UnixEcho {
@@ -574,6 +585,8 @@ fn main() -> ExitCode {
         Cmd::Rtt(a) => cmd_rtt(a),
         Cmd::Tput(a) => cmd_tput(a),
         Cmd::Demo(a) => cmd_demo(a),
+        Cmd::Blocking(a) => blocking::cmd(a),
+        Cmd::RdsWake { socket } => blocking::wake_echo_main(&socket),
         Cmd::UnixEcho {
             fd,
             core,

@@ -478,9 +478,13 @@ pub fn run(mut core: PollCore, mut idle: idle::Idle, shutdown: Arc<AtomicBool>) 
                     };
                 }
                 idle.park(&mut fds, timeout);
+            } else {
+                idle.reset();
             }
             h.poll_sleeping.store(0, Ordering::Relaxed);
-            idle.reset();
+            // No reset after a park: a wake-up that finds no work (the park timeout, an app's
+            // liveness check) parks again at once instead of spinning and yielding anew; the
+            // next pass that does work restarts the backoff.
         }
     }
 }
