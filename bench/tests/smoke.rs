@@ -83,6 +83,31 @@ fn every_subcommand_runs() {
     ]);
     assert!(out.contains("summary:"), "{out}");
     assert!(out.contains("rdsd delivered"), "{out}");
+
+    let out = run(&[
+        "blocking",
+        "--poll-core",
+        "-2",
+        "--count",
+        "300",
+        "--wake-samples",
+        "5",
+        "--idle-secs",
+        "0.3",
+    ]);
+    assert!(out.contains("--idle backoff"), "measured on rdsd's default: {out}");
+    let wake = out
+        .lines()
+        .find(|l| l.starts_with("RESULT wake "))
+        .unwrap_or_else(|| panic!("{out}"));
+    let parks: u64 = wake
+        .rsplit("parks=")
+        .next()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{wake}"));
+    assert!(parks >= 5, "rdsd parked before every wake-up sample: {wake}");
+    assert!(out.contains("RESULT blocking rdsd_p50_ns="), "{out}");
+    assert!(out.contains("RESULT idle cpu_alone_pct="), "{out}");
 }
 
 #[test]
