@@ -125,6 +125,49 @@ fn wake_latency(
     res
 }
 
+/// The same wake-up measurement over an AF_UNIX SOCK_SEQPACKET pair: a receiver thread blocked
+/// in recv, one kernel wake-up per sample (rdsd's path has two: the poll core's and the app's).
+fn unix_wake_latency(samples: u32, gap: Duration) -> Result<Latency> {
+    let (a, b) = unix::seqpacket_pair()?;
+    let receiver = std::thread::spawn(move || -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let mut buf = [0u8; 64];
+        loop {
+            // SAFETY: recv into our own buffer on a descriptor this thread owns.
+            let n = unsafe { libc::recv(b.as_raw_fd(), buf.as_mut_ptr() as *mut _, 64, 0) };
+            let woke = mono_ns();
+            if n < 8 {
+                return Ok(());
+            }
+            let sent = u64::from_le_bytes(buf[..8].try_into().expect("8 bytes"));
+            let reply = woke.saturating_sub(sent).to_le_bytes();
+            // SAFETY: send from our own buffer.
+            unsafe { libc::send(b.as_raw_fd(), reply.as_ptr() as *const _, 8, 0) };
+        }
+    });
+    use std::os::fd::AsRawFd;
+    let fd = a.as_raw_fd();
+    let mut hist = new_histogram();
+    let start = Instant::now();
+    let mut buf = [0u8; 64];
+    for _ in 0..samples {
+        std::thread::sleep(gap);
+        let stamp = mono_ns().to_le_bytes();
+        // SAFETY: send/recv with our own buffers on our own descriptor.
+        let n = unsafe {
+            libc::send(fd, stamp.as_ptr() as *const _, 8, 0);
+            libc::recv(fd, buf.as_mut_ptr() as *mut _, 64, 0)
+        };
+        if n != 8 {
+            bail!("AF_UNIX wake receiver replied {n} bytes");
+        }
+        hist.saturating_record(u64::from_le_bytes(buf[..8].try_into()?).max(1));
+    }
+    drop(a);
+    let _ = receiver.join();
+    Ok(Latency::from_histogram(&hist, start.elapsed()))
+}
+
 /// Arguments of `rds-bench blocking`.
 #[derive(clap::Args)]
 pub struct BlockingArgs {
@@ -201,6 +244,7 @@ pub fn cmd(mut a: BlockingArgs) -> Result<()> {
     let u_any = unix::rtt(a.count, 1_000, size, None, None, false)?;
     let pinned = core_affinity::set_for_current(core_affinity::CoreId { id: 0 });
     let u_same = unix::rtt(a.count, 1_000, size, Some(0), Some(0), false)?;
+    let uw = unix_wake_latency(a.wake_samples, Duration::from_millis(a.wake_gap_ms))?;
     let best = if u_same.p50 < u_any.p50 && pinned {
         &u_same
     } else {
@@ -222,10 +266,16 @@ pub fn cmd(mut a: BlockingArgs) -> Result<()> {
         a.wake_gap_ms, a.wake_samples, parks
     );
     println!(
-        "  p50 {}  p99 {}  max {}  (target p99 <= 50 µs)",
+        "  rdsd:    p50 {}  p99 {}  max {}  (target p99 <= 50 µs)",
         fmt_ns(w.p50 as f64),
         fmt_ns(w.p99 as f64),
         fmt_ns(w.max as f64)
+    );
+    println!(
+        "  AF_UNIX: p50 {}  p99 {}  max {}  (one kernel wake-up; rdsd's path has two)",
+        fmt_ns(uw.p50 as f64),
+        fmt_ns(uw.p99 as f64),
+        fmt_ns(uw.max as f64)
     );
     if let Some((alone, blocked)) = idle {
         println!(
@@ -237,6 +287,10 @@ pub fn cmd(mut a: BlockingArgs) -> Result<()> {
     println!(
         "RESULT blocking rdsd_p50_ns={} rdsd_p99_ns={} unix_best_p50_ns={} unix_best_p99_ns={} ratio_p50={ratio:.3}",
         r.p50, r.p99, best.p50, best.p99
+    );
+    println!(
+        "RESULT wake_unix p50_ns={} p99_ns={} max_ns={}",
+        uw.p50, uw.p99, uw.max
     );
     println!(
         "RESULT wake p50_ns={} p99_ns={} max_ns={} parks={parks}",
