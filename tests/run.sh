@@ -25,6 +25,9 @@ if ! command -v cargo >/dev/null; then
     exit 1
 fi
 
+log "DPDK build dependencies (dpdk-sys: bindgen against Debian's libdpdk-dev)"
+bash dataplane/dpdk-sys/install-deps.sh
+
 log "build"
 cargo build --workspace --bins
 
