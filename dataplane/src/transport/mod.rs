@@ -9,6 +9,7 @@
 
 pub mod loopback;
 pub mod tcp;
+pub mod utcp;
 
 use crate::config::Config;
 use crate::seam::Transport;

@@ -1,0 +1,262 @@
+//! An in-memory Ethernet segment for tests: a [`Hub`] with one [`Port`] (a smoltcp
+//! `phy::Device`) per attached interface, and faults on the wire (loss, duplication,
+//! reordering, a blackout), plus a record of how long dropped data segments took to be
+//! retransmitted (the measured RTO).
+//!
+//! Not for production: frames are heap vectors behind a mutex. The DPDK device replaces it.
+
+use smoltcp::phy::{self, Device, DeviceCapabilities, Medium};
+use smoltcp::time::Instant;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Faults applied to every frame put on the wire (parts per 10 000).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Faults {
+    /// Frames lost.
+    pub drop_ppm: u32,
+    /// Frames delivered twice.
+    pub dup_ppm: u32,
+    /// Frames held back and delivered after the next frame to the same port.
+    pub reorder_ppm: u32,
+}
+
+#[derive(Default)]
+struct PortQ {
+    frames: VecDeque<Vec<u8>>,
+    /// A frame held back for reordering.
+    held: Option<Vec<u8>>,
+}
+
+/// (source IPv4, source port, sequence number) of a dropped data segment.
+type SegKey = (u32, u16, u32);
+
+#[derive(Default)]
+struct HubInner {
+    ports: HashMap<u64, PortQ>,
+    next_id: u64,
+    faults: Faults,
+    rng: u64,
+    blackout_until: Option<std::time::Instant>,
+    drop_next: u32,
+    dropped_data: HashMap<SegKey, std::time::Instant>,
+    retransmit_delays: Vec<Duration>,
+    frames: u64,
+    dropped: u64,
+    duplicated: u64,
+    reordered: u64,
+}
+
+impl HubInner {
+    fn roll(&mut self, ppm: u32) -> bool {
+        if ppm == 0 {
+            return false;
+        }
+        // xorshift64*
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        let r = self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        (r >> 32) % 10_000 < u64::from(ppm)
+    }
+
+    fn put(&mut self, from: u64, frame: &[u8]) {
+        self.frames += 1;
+        let now = std::time::Instant::now();
+        let seg = data_segment(frame);
+        if let Some(k) = seg {
+            if let Some(t) = self.dropped_data.remove(&k) {
+                self.retransmit_delays.push(now - t);
+            }
+        }
+        let blackout = self.blackout_until.is_some_and(|t| now < t);
+        let targeted = self.drop_next > 0 && seg.is_some();
+        if targeted {
+            self.drop_next -= 1;
+        }
+        if blackout || targeted || self.roll(self.faults.drop_ppm) {
+            self.dropped += 1;
+            if let Some(k) = seg {
+                self.dropped_data.entry(k).or_insert(now);
+            }
+            return;
+        }
+        let copies = if self.roll(self.faults.dup_ppm) {
+            self.duplicated += 1;
+            2
+        } else {
+            1
+        };
+        let reorder = self.roll(self.faults.reorder_ppm);
+        if reorder {
+            self.reordered += 1;
+        }
+        for (_, q) in self.ports.iter_mut().filter(|(&id, _)| id != from) {
+            for _ in 0..copies {
+                if reorder && q.held.is_none() {
+                    q.held = Some(frame.to_vec());
+                    continue;
+                }
+                q.frames.push_back(frame.to_vec());
+                if let Some(h) = q.held.take() {
+                    q.frames.push_back(h);
+                }
+            }
+        }
+    }
+}
+
+/// The TCP data segment in an Ethernet/IPv4 frame, if it carries payload.
+fn data_segment(f: &[u8]) -> Option<SegKey> {
+    if f.len() < 14 + 20 + 20 || f[12..14] != [0x08, 0x00] {
+        return None;
+    }
+    let ip = &f[14..];
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    if ip[9] != 6 || ip.len() < ihl + 20 {
+        return None;
+    }
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    let tcp = &ip[ihl..];
+    let doff = usize::from(tcp[12] >> 4) * 4;
+    if total <= ihl + doff {
+        return None;
+    }
+    let src = u32::from_be_bytes([ip[12], ip[13], ip[14], ip[15]]);
+    let sport = u16::from_be_bytes([tcp[0], tcp[1]]);
+    let seq = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);
+    Some((src, sport, seq))
+}
+
+/// One Ethernet segment shared by every [`Port`] attached to it.
+#[derive(Clone, Default)]
+pub struct Hub {
+    inner: Arc<Mutex<HubInner>>,
+}
+
+/// What the wire did, for reports.
+#[derive(Clone, Debug, Default)]
+pub struct WireStats {
+    /// Frames put on the wire.
+    pub frames: u64,
+    /// Frames lost (faults and blackouts).
+    pub dropped: u64,
+    /// Frames duplicated.
+    pub duplicated: u64,
+    /// Frames reordered.
+    pub reordered: u64,
+    /// For each dropped data segment that was sent again: how long that took.
+    pub retransmit_delays: Vec<Duration>,
+}
+
+impl Hub {
+    /// A clean wire.
+    pub fn new() -> Hub {
+        Hub::default()
+    }
+
+    /// Sets the faults (and the seed of their random numbers).
+    pub fn set_faults(&self, faults: Faults, seed: u64) {
+        let mut h = self.inner.lock().unwrap();
+        h.faults = faults;
+        h.rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    }
+
+    /// Drops every frame for `d` from now.
+    pub fn blackout(&self, d: Duration) {
+        self.inner.lock().unwrap().blackout_until = Some(std::time::Instant::now() + d);
+    }
+
+    /// Drops the next `n` TCP data segments (whichever way they go).
+    pub fn drop_next_data(&self, n: u32) {
+        self.inner.lock().unwrap().drop_next = n;
+    }
+
+    /// Attaches a new interface.
+    pub fn port(&self) -> Port {
+        let mut h = self.inner.lock().unwrap();
+        h.next_id += 1;
+        let id = h.next_id;
+        h.ports.insert(id, PortQ::default());
+        Port {
+            hub: self.clone(),
+            id,
+        }
+    }
+
+    /// What the wire did so far.
+    pub fn stats(&self) -> WireStats {
+        let h = self.inner.lock().unwrap();
+        WireStats {
+            frames: h.frames,
+            dropped: h.dropped,
+            duplicated: h.duplicated,
+            reordered: h.reordered,
+            retransmit_delays: h.retransmit_delays.clone(),
+        }
+    }
+}
+
+/// One interface's attachment to a [`Hub`]; detached when dropped.
+pub struct Port {
+    hub: Hub,
+    id: u64,
+}
+
+impl Drop for Port {
+    fn drop(&mut self) {
+        self.hub.inner.lock().unwrap().ports.remove(&self.id);
+    }
+}
+
+/// A received frame.
+pub struct RxToken(Vec<u8>);
+
+/// Room for a frame to send.
+pub struct TxToken<'a>(&'a Port);
+
+impl phy::RxToken for RxToken {
+    fn consume<R, F: FnOnce(&[u8]) -> R>(self, f: F) -> R {
+        f(&self.0)
+    }
+}
+
+impl phy::TxToken for TxToken<'_> {
+    fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
+        let mut buf = vec![0u8; len];
+        let r = f(&mut buf);
+        self.0.hub.inner.lock().unwrap().put(self.0.id, &buf);
+        r
+    }
+}
+
+impl Device for Port {
+    type RxToken<'a> = RxToken;
+    type TxToken<'a> = TxToken<'a>;
+
+    fn receive(&mut self, _now: Instant) -> Option<(RxToken, TxToken<'_>)> {
+        let frame = {
+            let mut h = self.hub.inner.lock().unwrap();
+            let q = h.ports.get_mut(&self.id)?;
+            match q.frames.pop_front() {
+                Some(f) => f,
+                // A held-back frame goes out once nothing else overtakes it.
+                None => q.held.take()?,
+            }
+        };
+        Some((RxToken(frame), TxToken(self)))
+    }
+
+    fn transmit(&mut self, _now: Instant) -> Option<TxToken<'_>> {
+        Some(TxToken(self))
+    }
+
+    fn capabilities(&self) -> DeviceCapabilities {
+        let mut c = DeviceCapabilities::default();
+        c.medium = Medium::Ethernet;
+        c.max_transmission_unit = 1514;
+        c.max_burst_size = Some(32);
+        c
+    }
+}

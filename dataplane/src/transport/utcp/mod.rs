@@ -1,0 +1,540 @@
+//! Userspace TCP: a [`Link`] on smoltcp, device-agnostic (issue 10, first step of the DPDK
+//! transport).
+//!
+//! [`UtcpLink<D>`] runs RDS/TCP's paths over a smoltcp [`Interface`] and [`SocketSet`] on any
+//! `smoltcp::phy::Device` `D`. The DPDK transport will be this link over a `Device` whose
+//! tokens wrap DPDK mbufs (`rte_eth_rx_burst`/`rte_eth_tx_burst`); everything above the
+//! device (sockets, listeners, the `Link` mapping, the shared protocol layer) is here already
+//! and is proved with the shared exactly-once suite over [`memwire`], an in-memory Ethernet
+//! segment with loss, duplication and reordering (`dataplane/tests/userspace_tcp.rs`).
+//!
+//! # Mapping
+//!
+//! * One TCP socket per path. `connect` binds an ephemeral local port (49152..65535, ours:
+//!   smoltcp does not pick one) on the RDS source address and connects to `faddr:port`;
+//!   `poll_connect` reads the socket state (Established: up; Closed: failed).
+//! * A pool of listening sockets on the RDS port (16385 by default): smoltcp takes one
+//!   listening socket per concurrent handshake. `accept` hands out a listener that became
+//!   established (endpoints from the socket) and arms a new one in its place, oldest
+//!   handshake first (stamped per pass, ties by lower peer port), like a kernel accept queue;
+//!   `connect` sends its SYN at once. Both matter: without SPORT_IDX the protocol layer maps
+//!   paths in accept order, and with an arbitrary order a path cut lost messages in the suite
+//!   (a reconnected path's retransmissions were judged against another path's sequence
+//!   numbers). A SYN lost or reordered on the wire can still swap paths (as with kernel TCP).
+//! * `read` is `recv_slice`; `Closed` once the socket is closed, reset or timed out and its
+//!   receive buffer is drained. `write` is `send_slice` of each slice in order, as much as
+//!   fits. `acked` is bytes written minus `send_queue()` (smoltcp's unacknowledged plus unsent
+//!   bytes); smoltcp keeps the send buffer when a RST closes the socket, so this stays right
+//!   for `final_acked` too.
+//! * `close` aborts (RST) or closes (FIN) and parks the socket until the RST or FIN went out
+//!   (at most [`UtcpConfig::linger`]); then the socket, with its buffers, goes back to a spare
+//!   list for the next path.
+//! * `doorbell` is a connection that is aborted as soon as it is established (or failed).
+//! * `poll_aux` runs `Interface::poll` (ingress, then egress) once per pass. Order within a
+//!   pass of `Endpoint::poll`: `accept` (every 16 passes), `poll_aux` (frames in, timers,
+//!   frames out), then per path `read` and `write`. Bytes written in a pass therefore leave at
+//!   the next pass's `poll_aux`: every pass's writes go out as one burst (what a DPDK
+//!   `tx_burst` wants), at a cost of one pass of latency (microseconds on a busy poll core).
+//!
+//! # smoltcp settings, and why
+//!
+//! * smoltcp 0.12 (0.13+ need Rust 1.91), features `medium-ethernet`, `proto-ipv4`,
+//!   `socket-tcp`, `socket-tcp-cubic` (congestion control, for a real NIC), `std` (clock),
+//!   64 neighbour-cache entries (one per peer host, not per path) and 8 interface addresses.
+//! * Nagle off: RDS writes whole frames and wants them out now (kernel RDS sets
+//!   `TCP_NODELAY`).
+//! * ACK delay off by default ([`UtcpConfig::ack_delay`]): the sender's `acked` releases send
+//!   buffer space, so a delayed ACK delays the app.
+//! * Window scaling: smoltcp derives the shift from the receive buffer size (256 KiB: shift 3)
+//!   and always offers it. Timestamps **off**: smoltcp 0.12 sizes a full segment without the
+//!   12-byte timestamp option, so with timestamps on every full-size segment exceeds the MTU,
+//!   is not sent, and the stream stalls (seen in the suite; upstream bug, not worked around).
+//!   SACK is not implemented by smoltcp 0.12.
+//! * 256 KiB receive and send buffers per path (allocated when a path's socket is first
+//!   created, then recycled), keep-alive 1 s and a 10 s idle timeout so a dead peer is noticed
+//!   (kernel TCP would retransmit for ~15 minutes).
+//!
+//! # Retransmission timeout (measured)
+//!
+//! smoltcp 0.12's RTO is `srtt + max(5 ms, 4 * rttvar)` clamped to 10 ms .. 10 s (constants
+//! `RTTE_MIN_RTO`/`RTTE_MAX_RTO`; no knob, so no way to set a minimum RTO without forking);
+//! the first estimate is 300 ms + 4 * 100 ms = 700 ms until samples arrive; after 3 timeouts
+//! without a sample the estimate doubles. Fast retransmit on 3 duplicate ACKs. Samples are
+//! whole milliseconds and the smoothing rounds up, so on a sub-millisecond wire srtt settles
+//! at 7 ms and rttvar near 10 ms: the effective RTO floor is ~40 ms, not 10 ms. Measured
+//! (debug build, in-memory wire, `dataplane/tests/userspace_tcp.rs`):
+//!
+//! * a single tail loss after warm-up (`utcp_rto_after_a_single_tail_loss`): delivered after
+//!   35–74 ms, median 39–47 ms over runs (lossless delivery: 0.2 ms);
+//! * the first data segment of a fresh path lost: 827 ms (the 700 ms initial RTO);
+//! * 2% loss, 1% duplication, 0.5% reordering through the suite: a dropped data segment is
+//!   sent again after 0.2 ms–0.9 s, median 70–115 ms, p90 115–815 ms over runs (fast
+//!   retransmits under 5 ms; the rest RTOs, some with backoff; the 0.7–0.9 s ones on fresh
+//!   paths, before any RTT sample); a lossy path cut takes up to ~3 s to heal when SYNs are
+//!   lost (700 ms initial RTO, then backoff);
+//! * a 300 ms blackout: consecutive resends 20–75 ms apart (backoff from the ~40 ms floor),
+//!   no path lost, nothing lost or doubled; that run took ~420 ms against ~130 ms without it.
+//!
+//! # Missing
+//!
+//! * The DPDK mbuf `Device`, EAL and port setup (`dataplane/dpdk-sys`), registration in
+//!   `transport::build`, config keys (port, buffer sizes, listener count, MAC/IP/gateway).
+//! * Counters: retransmits, out-of-order segments, RTO expiries and window stalls are not
+//!   exposed by smoltcp's public API; they need a patched smoltcp or wire-level accounting.
+//! * A poll-core timeout from `Interface::poll_delay` (the `Link` trait has no hook; with
+//!   `acks_need_polling` the poll core wakes every 1 ms while messages are unacknowledged,
+//!   which drives smoltcp's timers; a DPDK poll core does not park anyway).
+//! * Allocation in steady state: none on the data path; a new path's socket allocates its
+//!   buffers only when no spare socket is left, and the `SocketSet` grows its slot vector when
+//!   more sockets are live than ever before. ARP resolution is smoltcp's.
+
+pub mod memwire;
+
+use crate::protocol::{Accepted, ConnectPoll, Framing, Link, PoolBuf, Read, Write};
+use crate::seam::MsgBytes;
+use smoltcp::iface::{Config as IfaceConfig, Interface, SocketHandle, SocketSet};
+use smoltcp::phy::Device;
+use smoltcp::socket::tcp;
+use smoltcp::time::{Duration as SDuration, Instant as SInstant};
+use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, Ipv4Address};
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The RDS/TCP port.
+pub const RDS_PORT: u16 = 16385;
+
+/// How a [`UtcpLink`] is set up.
+#[derive(Clone, Debug)]
+pub struct UtcpConfig {
+    /// The interface's MAC address.
+    pub mac: [u8; 6],
+    /// The interface's addresses (the RDS addresses it serves) with their prefix lengths.
+    pub addrs: Vec<(Ipv4Addr, u8)>,
+    /// Default gateway, if peers are off-link.
+    pub gateway: Option<Ipv4Addr>,
+    /// The RDS port we listen on and connect to.
+    pub port: u16,
+    /// Listening sockets kept armed (concurrent inbound handshakes).
+    pub listeners: usize,
+    /// Receive buffer per path.
+    pub rx_buf: usize,
+    /// Send buffer per path.
+    pub tx_buf: usize,
+    /// Delayed-ACK timer (`None`: ACK at once).
+    pub ack_delay: Option<Duration>,
+    /// Keep-alive interval on established paths.
+    pub keep_alive: Option<Duration>,
+    /// Close a path that heard nothing from its peer for this long.
+    pub idle_timeout: Option<Duration>,
+    /// Longest a closed socket waits for its FIN or RST to go out before it is recycled.
+    pub linger: Duration,
+    /// Seed for smoltcp's initial sequence numbers and our ephemeral ports.
+    pub seed: u64,
+}
+
+impl UtcpConfig {
+    /// Defaults for an interface with one address.
+    pub fn new(mac: [u8; 6], addr: Ipv4Addr, prefix: u8) -> UtcpConfig {
+        UtcpConfig {
+            mac,
+            addrs: vec![(addr, prefix)],
+            gateway: None,
+            port: RDS_PORT,
+            listeners: 8,
+            rx_buf: 256 * 1024,
+            tx_buf: 256 * 1024,
+            ack_delay: None,
+            keep_alive: Some(Duration::from_secs(1)),
+            idle_timeout: Some(Duration::from_secs(10)),
+            linger: Duration::from_secs(2),
+            seed: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+                ^ u64::from(addr.to_bits()),
+        }
+    }
+}
+
+/// One path: a TCP socket in the link's socket set.
+#[derive(Debug)]
+pub struct UtcpPath {
+    handle: SocketHandle,
+}
+
+/// A shared switch that makes the link abort every path at its next pass (a link cut, or an
+/// operator's reset).
+#[derive(Clone, Debug, Default)]
+pub struct AbortSwitch(Arc<AtomicBool>);
+
+impl AbortSwitch {
+    /// Asks the link to abort every path.
+    pub fn trip(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Userspace TCP over a smoltcp device: every path of every RDS connection of one interface.
+pub struct UtcpLink<D: Device> {
+    cfg: UtcpConfig,
+    device: D,
+    iface: Interface,
+    sockets: SocketSet<'static>,
+    /// Listening sockets, each with the pass in which it left LISTEN (0: still listening).
+    listeners: Vec<(SocketHandle, u64)>,
+    /// `poll_aux` passes so far.
+    passes: u64,
+    /// Live path sockets (connected, connecting or accepted), for a cut.
+    live: Vec<SocketHandle>,
+    /// Closed sockets whose FIN or RST may still have to go out.
+    closing: Vec<(SocketHandle, std::time::Instant)>,
+    doorbells: Vec<(SocketHandle, std::time::Instant)>,
+    /// Sockets (with their buffers) ready for reuse.
+    spare: Vec<tcp::Socket<'static>>,
+    next_port: u16,
+    abort: AbortSwitch,
+}
+
+fn now() -> SInstant {
+    SInstant::now()
+}
+
+fn sdur(d: Duration) -> SDuration {
+    SDuration::from_micros(d.as_micros() as u64)
+}
+
+impl<D: Device> UtcpLink<D> {
+    /// An interface on `device` with `cfg`'s addresses, listening on `cfg.port`.
+    pub fn new(mut device: D, cfg: UtcpConfig) -> UtcpLink<D> {
+        let mut ic = IfaceConfig::new(HardwareAddress::Ethernet(EthernetAddress(cfg.mac)));
+        ic.random_seed = cfg.seed;
+        let mut iface = Interface::new(ic, &mut device, now());
+        iface.update_ip_addrs(|a| {
+            for &(addr, len) in &cfg.addrs {
+                let _ = a.push(IpCidr::new(IpAddress::Ipv4(addr), len));
+            }
+        });
+        if let Some(gw) = cfg.gateway {
+            let _ = iface.routes_mut().add_default_ipv4_route(gw);
+        }
+        let next_port = 49152 + (cfg.seed % 16384) as u16;
+        let mut link = UtcpLink {
+            device,
+            iface,
+            sockets: SocketSet::new(Vec::with_capacity(64)),
+            listeners: Vec::with_capacity(cfg.listeners),
+            passes: 0,
+            live: Vec::with_capacity(64),
+            closing: Vec::with_capacity(16),
+            doorbells: Vec::new(),
+            spare: Vec::new(),
+            next_port,
+            abort: AbortSwitch::default(),
+            cfg,
+        };
+        for _ in 0..link.cfg.listeners.max(1) {
+            link.arm_listener();
+        }
+        link
+    }
+
+    /// The switch that aborts every path (see [`AbortSwitch`]).
+    pub fn abort_switch(&self) -> AbortSwitch {
+        self.abort.clone()
+    }
+
+    /// Sockets in the set now (paths, listeners, closing), for tests and diagnostics.
+    pub fn socket_count(&self) -> usize {
+        self.sockets.iter().count()
+    }
+
+    /// (state, local port, remote port, send queue, receive queue) of every socket, for
+    /// diagnostics.
+    pub fn socket_states(&self) -> Vec<(tcp::State, u16, u16, usize, usize)> {
+        self.sockets
+            .iter()
+            .filter_map(|(_, s)| match s {
+                smoltcp::socket::Socket::Tcp(t) => Some((
+                    t.state(),
+                    t.local_endpoint().map_or(0, |e| e.port),
+                    t.remote_endpoint().map_or(0, |e| e.port),
+                    t.send_queue(),
+                    t.recv_queue(),
+                )),
+                #[allow(unreachable_patterns)]
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn new_socket(&mut self) -> tcp::Socket<'static> {
+        if let Some(s) = self.spare.pop() {
+            return s;
+        }
+        let mut s = tcp::Socket::new(
+            tcp::SocketBuffer::new(vec![0u8; self.cfg.rx_buf]),
+            tcp::SocketBuffer::new(vec![0u8; self.cfg.tx_buf]),
+        );
+        s.set_nagle_enabled(false);
+        s.set_ack_delay(self.cfg.ack_delay.map(sdur));
+        // No timestamps: smoltcp 0.12 sizes full segments without the 12-byte option, so they
+        // exceed the MTU and the interface drops them (the stream stalls at the first full
+        // segment). See the module doc.
+        s.set_tsval_generator(None);
+        s.set_keep_alive(self.cfg.keep_alive.map(sdur));
+        s.set_timeout(self.cfg.idle_timeout.map(sdur));
+        s
+    }
+
+    fn arm_listener(&mut self) {
+        let mut s = self.new_socket();
+        if s.listen(self.cfg.port).is_ok() {
+            let h = self.sockets.add(s);
+            self.listeners.push((h, 0));
+        }
+    }
+
+    fn ephemeral_port(&mut self) -> u16 {
+        let p = self.next_port;
+        self.next_port = if p == u16::MAX { 49152 } else { p + 1 };
+        p
+    }
+
+    fn sock(&mut self, h: SocketHandle) -> &mut tcp::Socket<'static> {
+        self.sockets.get_mut::<tcp::Socket>(h)
+    }
+
+    /// Gives a socket back: it stays in the set until its FIN/RST went out.
+    fn retire(&mut self, h: SocketHandle) {
+        if let Some(i) = self.live.iter().position(|&x| x == h) {
+            self.live.swap_remove(i);
+        }
+        self.closing
+            .push((h, std::time::Instant::now() + self.cfg.linger));
+    }
+
+    fn reap(&mut self) {
+        let t = std::time::Instant::now();
+        let mut i = 0;
+        while i < self.closing.len() {
+            let (h, deadline) = self.closing[i];
+            let s = self.sockets.get_mut::<tcp::Socket>(h);
+            let done = match s.state() {
+                // A RST or FIN exchange is over once smoltcp forgot the peer.
+                tcp::State::Closed => s.remote_endpoint().is_none(),
+                tcp::State::TimeWait => true,
+                _ => false,
+            };
+            if done || t >= deadline {
+                self.closing.swap_remove(i);
+                // Irrefutable with only `socket-tcp`, not if a dependent enables more kinds.
+                #[allow(irrefutable_let_patterns)]
+                if let smoltcp::socket::Socket::Tcp(mut tcp) = self.sockets.remove(h) {
+                    tcp.abort();
+                    self.spare.push(tcp);
+                }
+            } else {
+                i += 1;
+            }
+        }
+        let mut i = 0;
+        while i < self.doorbells.len() {
+            let (h, deadline) = self.doorbells[i];
+            let s = self.sockets.get_mut::<tcp::Socket>(h);
+            let st = s.state();
+            if st == tcp::State::Established || st == tcp::State::Closed || t >= deadline {
+                s.abort();
+                self.doorbells.swap_remove(i);
+                self.closing.push((h, t + self.cfg.linger));
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn start_connect(&mut self, laddr: u32, faddr: u32) -> std::io::Result<SocketHandle> {
+        let mut s = self.new_socket();
+        let port = self.ephemeral_port();
+        let remote = (IpAddress::Ipv4(Ipv4Address::from(faddr)), self.cfg.port);
+        let local = (IpAddress::Ipv4(Ipv4Address::from(laddr)), port);
+        match s.connect(self.iface.context(), remote, local) {
+            Ok(()) => Ok(self.sockets.add(s)),
+            Err(e) => {
+                self.spare.push(s);
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::AddrNotAvailable,
+                    format!("smoltcp connect: {e}"),
+                ))
+            }
+        }
+    }
+
+    /// Runs the interface once: frames in, timers, frames out.
+    fn poll_iface(&mut self) -> bool {
+        self.iface.poll(now(), &mut self.device, &mut self.sockets)
+            == smoltcp::iface::PollResult::SocketStateChanged
+    }
+}
+
+fn v4(a: IpAddress) -> u32 {
+    match a {
+        IpAddress::Ipv4(a) => u32::from(a),
+    }
+}
+
+impl<D: Device + Send> Link for UtcpLink<D> {
+    type Path = UtcpPath;
+    type Payload = PoolBuf;
+    const FRAMING: Framing = Framing::Stream;
+
+    fn payload(&mut self, bytes: MsgBytes<'_>) -> PoolBuf {
+        PoolBuf::copy_of(bytes)
+    }
+
+    fn accept(&mut self) -> Option<Accepted<UtcpPath>> {
+        // Oldest handshake first (then the lower peer port: the peer's connects of one pass),
+        // as a kernel accept queue: in classic RDS/TCP the accept order maps paths.
+        let mut best: Option<(usize, (u64, u16))> = None;
+        for (i, &(h, since)) in self.listeners.iter().enumerate() {
+            let s = self.sockets.get::<tcp::Socket>(h);
+            if since == 0 || !matches!(s.state(), tcp::State::Established | tcp::State::CloseWait) {
+                continue;
+            }
+            let key = (since, s.remote_endpoint().map_or(0, |e| e.port));
+            if best.is_none_or(|(_, k)| key < k) {
+                best = Some((i, key));
+            }
+        }
+        let (i, _) = best?;
+        let (h, _) = self.listeners.swap_remove(i);
+        self.arm_listener();
+        let s = self.sockets.get::<tcp::Socket>(h);
+        let (Some(local), Some(remote)) = (s.local_endpoint(), s.remote_endpoint()) else {
+            self.retire(h);
+            return None;
+        };
+        self.live.push(h);
+        Some(Accepted {
+            path: UtcpPath { handle: h },
+            laddr: v4(local.addr),
+            faddr: v4(remote.addr),
+            peer_port: remote.port,
+        })
+    }
+
+    fn connect(&mut self, laddr: u32, faddr: u32, _path: usize) -> std::io::Result<UtcpPath> {
+        let h = self.start_connect(laddr, faddr)?;
+        self.live.push(h);
+        // The SYN leaves now, so that the peer sees our paths' handshakes in path order (the
+        // socket set's egress order is slot order, not connect order).
+        self.iface
+            .poll_egress(now(), &mut self.device, &mut self.sockets);
+        Ok(UtcpPath { handle: h })
+    }
+
+    fn poll_connect(&mut self, p: &mut UtcpPath) -> ConnectPoll {
+        match self.sock(p.handle).state() {
+            tcp::State::Established => ConnectPoll::Up,
+            tcp::State::SynSent | tcp::State::SynReceived => ConnectPoll::Pending,
+            _ => ConnectPoll::Failed,
+        }
+    }
+
+    fn doorbell(&mut self, laddr: u32, faddr: u32) {
+        if let Ok(h) = self.start_connect(laddr, faddr) {
+            self.doorbells
+                .push((h, std::time::Instant::now() + Duration::from_secs(1)));
+        }
+    }
+
+    fn read<'a>(&'a mut self, p: &mut UtcpPath, buf: &'a mut [u8]) -> Read<'a> {
+        match self.sock(p.handle).recv_slice(buf) {
+            Ok(0) => Read::WouldBlock,
+            Ok(n) => Read::Data(&buf[..n]),
+            Err(_) => Read::Closed,
+        }
+    }
+
+    fn write(&mut self, p: &mut UtcpPath, slices: &[&[u8]]) -> Write {
+        let s = self.sock(p.handle);
+        let mut total = 0;
+        for sl in slices {
+            match s.send_slice(sl) {
+                Ok(n) => {
+                    total += n;
+                    if n < sl.len() {
+                        break;
+                    }
+                }
+                Err(_) if total == 0 => return Write::Closed,
+                Err(_) => break,
+            }
+        }
+        if total == 0 {
+            Write::WouldBlock
+        } else {
+            Write::Wrote(total)
+        }
+    }
+
+    fn acked(&mut self, p: &UtcpPath, written: u64) -> Option<u64> {
+        let q = self.sockets.get::<tcp::Socket>(p.handle).send_queue() as u64;
+        Some(written.saturating_sub(q))
+    }
+
+    fn close(&mut self, p: UtcpPath, reset: bool) {
+        let s = self.sock(p.handle);
+        if reset {
+            s.abort();
+        } else {
+            s.close();
+        }
+        self.retire(p.handle);
+    }
+
+    fn poll_aux(&mut self) -> usize {
+        if self.abort.0.swap(false, Ordering::Relaxed) {
+            for k in 0..self.live.len() {
+                let h = self.live[k];
+                self.sock(h).abort();
+            }
+        }
+        let changed = self.poll_iface();
+        self.passes += 1;
+        let mut k = 0;
+        while k < self.listeners.len() {
+            let (h, since) = self.listeners[k];
+            let state = self.sockets.get::<tcp::Socket>(h).state();
+            if matches!(
+                state,
+                tcp::State::Listen
+                    | tcp::State::SynReceived
+                    | tcp::State::Established
+                    | tcp::State::CloseWait
+            ) {
+                let listening = state == tcp::State::Listen;
+                if listening != (since == 0) {
+                    // Stamped when a SYN arrives; cleared if a RST sends it back to LISTEN.
+                    self.listeners[k].1 = if listening { 0 } else { self.passes };
+                }
+                k += 1;
+            } else {
+                // A handshake that died before accept (timed out, reset, closed): the
+                // socket is no listener any more; replace it.
+                self.listeners.swap_remove(k);
+                self.sock(h).abort();
+                self.retire(h);
+                self.arm_listener();
+            }
+        }
+        if !self.closing.is_empty() || !self.doorbells.is_empty() {
+            self.reap();
+        }
+        usize::from(changed)
+    }
+
+    fn acks_need_polling(&self) -> bool {
+        true
+    }
+}
