@@ -90,6 +90,11 @@ struct RawConfig {
     tcp_routes: Vec<String>,
     paths: u8,
     state_file: String,
+    hello_timeout_ms: u64,
+    control_timeout_ms: u64,
+    reply_timeout_ms: u64,
+    max_apps_per_uid: u32,
+    max_regions_per_uid: u32,
 }
 
 /// rdsd's validated configuration.
@@ -131,6 +136,17 @@ pub struct Config {
     pub paths: u8,
     /// Where the receive sequence numbers survive a restart (see `protocol::RxStateFile`).
     pub state_file: PathBuf,
+    /// A new control connection must send Hello within this time, or it is closed.
+    pub hello_timeout: std::time::Duration,
+    /// A command the poll core has not taken within this time is withdrawn and its app gets
+    /// ETIMEDOUT (one it has taken is always waited for).
+    pub control_timeout: std::time::Duration,
+    /// A client whose control socket stays full (replies unread) this long is disconnected.
+    pub reply_timeout: std::time::Duration,
+    /// Most control connections (attached or not) of one uid.
+    pub max_apps_per_uid: u32,
+    /// Most app regions rdsd holds for one uid (attached, attaching, or not yet freed).
+    pub max_regions_per_uid: u32,
 }
 
 /// Command-line overrides (all optional).
@@ -172,6 +188,14 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
     for (k, v) in over {
         base.insert(k, v);
     }
+}
+
+/// A timeout key: 1 ms ..= 10 min.
+fn ms(v: u64, key: &str) -> Result<std::time::Duration> {
+    if v == 0 || v > 600_000 {
+        bail!("{key} must be 1..=600000 (got {v})");
+    }
+    Ok(std::time::Duration::from_millis(v))
 }
 
 fn core(n: i64, ncpu: usize) -> Result<Option<usize>> {
@@ -253,6 +277,11 @@ impl Config {
                 .collect::<Result<Vec<Prefix>>>()?,
             paths: over.paths.unwrap_or(raw.paths),
             state_file: PathBuf::new(),
+            hello_timeout: ms(raw.hello_timeout_ms, "hello_timeout_ms")?,
+            control_timeout: ms(raw.control_timeout_ms, "control_timeout_ms")?,
+            reply_timeout: ms(raw.reply_timeout_ms, "reply_timeout_ms")?,
+            max_apps_per_uid: raw.max_apps_per_uid,
+            max_regions_per_uid: raw.max_regions_per_uid,
         };
         let mut cfg = cfg;
         cfg.state_file = match (&over.state_file, raw.state_file.as_str()) {
@@ -265,6 +294,9 @@ impl Config {
         }
         if cfg.max_apps == 0 || cfg.max_apps > 4096 {
             bail!("max_apps must be 1..=4096");
+        }
+        if cfg.max_apps_per_uid == 0 || cfg.max_regions_per_uid == 0 {
+            bail!("max_apps_per_uid and max_regions_per_uid must be at least 1");
         }
         cfg.geometry()
             .validate()
@@ -310,6 +342,11 @@ mod tests {
         assert_eq!(c.idle, IdleMode::Backoff);
         assert_eq!(c.control_socket, PathBuf::from("/run/rdsd/rdsd.sock"));
         assert_eq!(c.state_file, PathBuf::from("/run/rdsd/rdsd.rxseq"));
+        assert_eq!(c.hello_timeout, std::time::Duration::from_secs(1));
+        assert!(
+            c.max_apps_per_uid < c.max_apps,
+            "one uid can't take every slot"
+        );
     }
 
     #[test]

@@ -44,6 +44,8 @@ pub fn run(cfg: Config, shutdown: Arc<AtomicBool>) -> Result<()> {
             .context("creating the daemon region")?,
     );
     let chans = Arc::new(poll::Channels::new(cfg.max_apps as usize));
+    // The control thread's doorbell to wake a parked poll core. rdsd's own: never passed to an
+    // app (each app gets a doorbell of its own at attach).
     let doorbell = Arc::new(shm_api::sys::eventfd()?);
     let control_wake = Arc::new(shm_api::sys::eventfd()?);
     let listener = control::listen(&cfg.control_socket, cfg.control_group.as_deref())?;

@@ -65,6 +65,26 @@ counters! {
     rx_paused,
     /// Paused paths that resumed once the receiver drained.
     rx_resumed,
+    /// Connections refused because max_apps connections were open (EUSERS).
+    attach_refused_max_apps,
+    /// Connections refused by the uid's max_apps_per_uid (EDQUOT).
+    attach_refused_uid_apps,
+    /// Hellos refused by the uid's max_regions_per_uid (EDQUOT).
+    attach_refused_uid_regions,
+    /// Connections closed for not sending Hello within hello_timeout_ms.
+    hello_timeouts,
+    /// Requests withdrawn from a slow poll core and answered ETIMEDOUT (control_timeout_ms).
+    ctrl_timeouts,
+    /// Poll-core replies that answered no waiting request (discarded, never sent to an app).
+    ctrl_stale_replies,
+    /// Clients disconnected because their control socket stayed full (replies unread).
+    ctrl_unread_disconnects,
+    /// Per-pass loops over app-controlled input (doorbells, readiness sockets) that stopped
+    /// at their bound with input left: an app is flooding rdsd.
+    drain_capped,
+    /// App regions whose memory was returned (unmapped and punched out of the memfd, so an
+    /// app that keeps the fd holds no pages).
+    regions_freed,
 }
 }
 

@@ -15,6 +15,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use suite::{run, suite, MakeLink, Run};
 
+/// The tests measure timing (RTOs, stalls): one at a time, so a loaded 2-core machine running
+/// them in parallel threads does not turn retransmission delays into spurious stalls.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// How `cut` severs the paths.
 #[derive(Clone, Copy)]
 enum Cut {
@@ -132,11 +140,13 @@ fn suite_with(tag: &str, make: impl Fn() -> Lab) {
 
 #[test]
 fn utcp_passes_the_exactly_once_suite() {
+    let _serial = serial();
     suite_with("utcp-clean", || Lab::new(Faults::default(), 1, Cut::Abort));
 }
 
 #[test]
 fn utcp_passes_the_suite_under_loss_duplication_and_reordering() {
+    let _serial = serial();
     suite_with("utcp-lossy", || Lab::new(LOSSY, 0x5eed, Cut::Abort));
 }
 
@@ -162,6 +172,7 @@ fn cut_run(tag: &str, lab: &mut Lab) {
 
 #[test]
 fn utcp_survives_path_cuts() {
+    let _serial = serial();
     cut_run("utcp-cut", &mut Lab::new(Faults::default(), 2, Cut::Abort));
     for seed in 3..13 {
         cut_run(
@@ -175,6 +186,7 @@ fn utcp_survives_path_cuts() {
 /// up, nothing is lost or doubled.
 #[test]
 fn utcp_survives_a_blackout() {
+    let _serial = serial();
     cut_run(
         "utcp-blackout",
         &mut Lab::new(
@@ -190,6 +202,7 @@ fn utcp_survives_a_blackout() {
 /// converged on this wire (microseconds). The numbers go to the module doc of `utcp`.
 #[test]
 fn utcp_rto_after_a_single_tail_loss() {
+    let _serial = serial();
     use rdsd::protocol::{ConnectPoll, Link, Read, Write};
     let mut lab = Lab::new(Faults::default(), 5, Cut::Abort);
     let mut a = lab.make(suite::A);

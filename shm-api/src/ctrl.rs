@@ -1,18 +1,40 @@
 //! The control protocol on rdsd's Unix `SOCK_SEQPACKET` socket (slow path only).
 //!
-//! One request datagram, one reply datagram. Requests are a fixed 24 bytes; replies are 16
+//! One request datagram, one reply datagram. Requests are a fixed 32 bytes; replies are 24
 //! bytes plus an optional body (hello info, counters). File descriptors travel as SCM_RIGHTS.
 //! Little-endian. Both sides treat everything they receive as untrusted: [`Request::decode`]
-//! rejects unknown opcodes and short datagrams.
+//! rejects unknown opcodes and datagrams of the wrong length.
+//!
+//! **Request ids.** Every request carries a `u64` id chosen by the client and every reply
+//! echoes it, so a client can always tell its answer from a stale one. A reply with id 0 is not
+//! an answer to any request: rdsd refuses or drops the connection (max_apps reached, per-uid
+//! limit, Hello deadline) and says why in its errno.
+//!
+//! **Versions.** The protocol version is [`crate::layout::LAYOUT_VERSION`] (v2 added the ids).
+//! The v1 wire format (24-byte requests, 16-byte reply headers, no ids) is still understood by
+//! rdsd for exactly two requests, Hello and Stats, so that a v1 library is told clearly that
+//! it is too old (EPROTONOSUPPORT, value = rdsd's version) and a v1 `rdsctl` still works; a v2
+//! library that reaches a v1 rdsd sees a 16-byte reply to its Hello and reports the mismatch.
 
 use std::net::Ipv4Addr;
 
 /// Bytes in every request.
-pub const REQUEST_LEN: usize = 24;
+pub const REQUEST_LEN: usize = 32;
+/// Bytes in a v1 request (no id); only Hello and Stats are still understood in this form.
+pub const LEGACY_REQUEST_LEN: usize = 24;
 /// Bytes in a reply before its body.
-pub const REPLY_HEADER_LEN: usize = 16;
+pub const REPLY_HEADER_LEN: usize = 24;
+/// Bytes in a v1 reply before its body (no id).
+pub const LEGACY_REPLY_HEADER_LEN: usize = 16;
 /// Largest datagram either side sends.
 pub const MAX_DATAGRAM: usize = 64 * 1024;
+
+/// TEST ONLY. A `SetRcvBuf` with exactly this many bytes makes the poll core sleep for
+/// `RDSD_TEST_STALL_POLL_MS` milliseconds before answering, when rdsd was started with that
+/// environment variable set (never in production: without the variable the value is an
+/// ordinary buffer size). Used by `tests/tests/hostile.rs` to stall the poll core on demand.
+#[doc(hidden)]
+pub const TEST_STALL_RCVBUF: u32 = 0x05a1_1ed0;
 
 /// What an app asks rdsd.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,8 +84,16 @@ const OP_STATS: u32 = 10;
 pub struct BadRequest;
 
 impl Request {
-    /// Encodes into the fixed request layout: op, slot, addr, port, flag, value.
-    pub fn encode(&self) -> [u8; REQUEST_LEN] {
+    /// Encodes into the fixed request layout: op, slot, addr, port, flag, value, id.
+    pub fn encode(&self, id: u64) -> [u8; REQUEST_LEN] {
+        let mut b = [0u8; REQUEST_LEN];
+        b[..LEGACY_REQUEST_LEN].copy_from_slice(&self.encode_v1());
+        b[24..32].copy_from_slice(&id.to_le_bytes());
+        b
+    }
+
+    /// The v1 (24-byte, no id) form, for compatibility tests.
+    pub fn encode_v1(&self) -> [u8; LEGACY_REQUEST_LEN] {
         let (op, slot, addr, port, flag, value): (u32, u32, u32, u16, u16, u64) = match *self {
             Request::Hello { version } => (OP_HELLO, 0, 0, 0, 0, version as u64),
             Request::SocketOpen => (OP_SOCKET_OPEN, 0, 0, 0, 0, 0),
@@ -79,7 +109,7 @@ impl Request {
             Request::Close { slot } => (OP_CLOSE, slot, 0, 0, 0, 0),
             Request::Stats => (OP_STATS, 0, 0, 0, 0, 0),
         };
-        let mut b = [0u8; REQUEST_LEN];
+        let mut b = [0u8; LEGACY_REQUEST_LEN];
         b[0..4].copy_from_slice(&op.to_le_bytes());
         b[4..8].copy_from_slice(&slot.to_le_bytes());
         b[8..12].copy_from_slice(&addr.to_le_bytes());
@@ -89,11 +119,29 @@ impl Request {
         b
     }
 
-    /// Decodes a request datagram.
-    pub fn decode(b: &[u8]) -> Result<Request, BadRequest> {
+    /// Decodes a request datagram: (id, request).
+    pub fn decode(b: &[u8]) -> Result<(u64, Request), BadRequest> {
         if b.len() != REQUEST_LEN {
             return Err(BadRequest);
         }
+        Ok((
+            frame_id(b),
+            Request::decode_fields(&b[..LEGACY_REQUEST_LEN])?,
+        ))
+    }
+
+    /// Decodes a v1 (24-byte) datagram, accepting only Hello and Stats (see the module docs).
+    pub fn decode_legacy(b: &[u8]) -> Result<Request, BadRequest> {
+        if b.len() != LEGACY_REQUEST_LEN {
+            return Err(BadRequest);
+        }
+        match Request::decode_fields(b)? {
+            r @ (Request::Hello { .. } | Request::Stats) => Ok(r),
+            _ => Err(BadRequest),
+        }
+    }
+
+    fn decode_fields(b: &[u8]) -> Result<Request, BadRequest> {
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         let op = u32_at(0);
         let slot = u32_at(4);
@@ -130,13 +178,24 @@ impl Request {
     }
 }
 
-/// rdsd's answer: an errno (0 = success), a value, and an optional body.
+/// The id of a request frame (0 if the frame is too short to hold one), to echo in the reply
+/// even to a request that could not be decoded.
+pub fn frame_id(b: &[u8]) -> u64 {
+    match b.get(24..32) {
+        Some(id) => u64::from_le_bytes(id.try_into().expect("8 bytes")),
+        None => 0,
+    }
+}
+
+/// rdsd's answer: an errno (0 = success), a value, the request's id, and an optional body.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reply {
     /// 0, or the errno the operation fails with.
     pub errno: i32,
-    /// Operation-specific result.
+    /// Operation-specific result (for a refusal by a limit: the limit).
     pub value: u64,
+    /// The id of the request this answers; 0 = a refusal of the connection itself.
+    pub id: u64,
     /// Operation-specific body.
     pub body: Vec<u8>,
 }
@@ -147,6 +206,7 @@ impl Reply {
         Reply {
             errno: 0,
             value,
+            id: 0,
             body: Vec::new(),
         }
     }
@@ -156,13 +216,31 @@ impl Reply {
         Reply {
             errno,
             value: 0,
+            id: 0,
             body: Vec::new(),
         }
     }
 
-    /// Wire form.
+    /// The same reply, answering request `id`.
+    pub fn with_id(mut self, id: u64) -> Reply {
+        self.id = id;
+        self
+    }
+
+    /// Wire form: errno, reserved, value, id, body.
     pub fn encode(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(REPLY_HEADER_LEN + self.body.len());
+        v.extend_from_slice(&self.errno.to_le_bytes());
+        v.extend_from_slice(&0u32.to_le_bytes());
+        v.extend_from_slice(&self.value.to_le_bytes());
+        v.extend_from_slice(&self.id.to_le_bytes());
+        v.extend_from_slice(&self.body);
+        v
+    }
+
+    /// The v1 wire form (no id), for answering a v1 client.
+    pub fn encode_legacy(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(LEGACY_REPLY_HEADER_LEN + self.body.len());
         v.extend_from_slice(&self.errno.to_le_bytes());
         v.extend_from_slice(&0u32.to_le_bytes());
         v.extend_from_slice(&self.value.to_le_bytes());
@@ -178,8 +256,14 @@ impl Reply {
         Some(Reply {
             errno: i32::from_le_bytes(b[0..4].try_into().ok()?),
             value: u64::from_le_bytes(b[8..16].try_into().ok()?),
+            id: u64::from_le_bytes(b[16..24].try_into().ok()?),
             body: b[REPLY_HEADER_LEN..].to_vec(),
         })
+    }
+
+    /// True if a reply of `len` bytes can only come from a v1 rdsd (too short for v2).
+    pub fn is_legacy_len(len: usize) -> bool {
+        (LEGACY_REPLY_HEADER_LEN..REPLY_HEADER_LEN).contains(&len)
     }
 }
 
@@ -253,17 +337,41 @@ mod tests {
             Request::Close { slot: 5 },
             Request::Stats,
         ] {
-            assert_eq!(Request::decode(&r.encode()), Ok(r));
+            assert_eq!(Request::decode(&r.encode(77)), Ok((77, r)));
         }
+    }
+
+    #[test]
+    fn v1_frames_are_understood_only_for_hello_and_stats() {
+        let h = Request::Hello { version: 1 };
+        assert_eq!(Request::decode_legacy(&h.encode_v1()), Ok(h));
+        assert_eq!(
+            Request::decode_legacy(&Request::Stats.encode_v1()),
+            Ok(Request::Stats)
+        );
+        assert_eq!(
+            Request::decode_legacy(&Request::Close { slot: 1 }.encode_v1()),
+            Err(BadRequest)
+        );
+        // A v1 frame is not a v2 request.
+        assert_eq!(Request::decode(&h.encode_v1()), Err(BadRequest));
+        assert_eq!(frame_id(&h.encode_v1()), 0);
+        assert_eq!(frame_id(&h.encode(9)), 9);
+        // A v1 library reads errno and value of a v2 reply at the same offsets.
+        let r = Reply::err(libc::EPROTONOSUPPORT).with_id(3);
+        let b = r.encode();
+        assert_eq!(i32::from_le_bytes(b[0..4].try_into().unwrap()), r.errno);
+        assert!(Reply::is_legacy_len(Reply::err(1).encode_legacy().len()));
+        assert!(!Reply::is_legacy_len(b.len()));
     }
 
     #[test]
     fn garbage_requests_are_rejected() {
         assert_eq!(Request::decode(&[0; 3]), Err(BadRequest));
-        let mut b = Request::Stats.encode();
+        let mut b = Request::Stats.encode(1);
         b[0] = 200;
         assert_eq!(Request::decode(&b), Err(BadRequest));
-        let mut b = Request::SetRcvBuf { slot: 0, bytes: 1 }.encode();
+        let mut b = Request::SetRcvBuf { slot: 0, bytes: 1 }.encode(1);
         b[20] = 1; // value above u32
         assert_eq!(Request::decode(&b), Err(BadRequest));
     }
@@ -273,6 +381,7 @@ mod tests {
         let r = Reply {
             errno: 98,
             value: 7,
+            id: 1 << 40,
             body: b"x".to_vec(),
         };
         assert_eq!(Reply::decode(&r.encode()), Some(r));

@@ -14,8 +14,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// "RDSDSHM1", little-endian.
 pub const SHM_MAGIC: u64 = u64::from_le_bytes(*b"RDSDSHM1");
-/// Version of this layout and of the control protocol.
-pub const LAYOUT_VERSION: u32 = 1;
+/// Version of this layout and of the control protocol (2: request ids in the control protocol,
+/// one doorbell socket per app instead of a shared eventfd).
+pub const LAYOUT_VERSION: u32 = 2;
 /// Largest RDS payload (`RDS_MAX_MSG_SIZE`).
 pub const MAX_MSG_SIZE: usize = 1 << 20;
 /// Default `SO_SNDBUF` / `SO_RCVBUF` (half of Linux's usual `wmem_default`, as RDS uses).
@@ -57,6 +58,10 @@ pub const SLOTS_OFFSET: usize = 4096;
 pub const SLOT_CONTROL_LEN: usize = 512;
 
 /// Per-socket control block. Each group of fields has one writer.
+///
+/// Every byte of it, padding included, is an atomic: the app can write any of them at any time,
+/// so rdsd may hold a `&SlotControl` (all of it interior-mutable) but must never see a plain
+/// field here.
 #[cfg(not(loom))]
 #[repr(C, align(128))]
 pub struct SlotControl {
@@ -67,10 +72,10 @@ pub struct SlotControl {
     pub rx_consumed_bytes: AtomicU64,
     /// Number of app threads blocked on `wake_seq`.
     pub waiters: AtomicU32,
-    _pad_a: u32,
+    _pad_a: AtomicU32,
     /// Ports (bit = port % 64) whose un-congestion the app wants reported (set on ENOBUFS).
     pub cong_interest: AtomicU64,
-    _pad_b: [u8; 96],
+    _pad_b: [AtomicU64; 12],
     // -- written by rdsd --
     /// Payload bytes rdsd has released from the send buffer (delivered, acked, cancelled, dropped).
     pub tx_released_bytes: AtomicU64,
@@ -78,14 +83,16 @@ pub struct SlotControl {
     pub rx_produced_bytes: AtomicU64,
     /// Futex word: bumped on every event a blocked app thread may wait for.
     pub wake_seq: AtomicU32,
-    _pad_c: u32,
+    _pad_c: AtomicU32,
     /// Congestion-update mask for monitor mode (rdsd ORs bits in, the app takes them).
     pub cong_notify: AtomicU64,
-    _pad_d: [u8; 96],
+    _pad_d: [AtomicU64; 12],
 }
 
 #[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<SlotControl>() <= SLOT_CONTROL_LEN);
+#[cfg(not(loom))]
+const _: () = assert!(std::mem::size_of::<SlotControl>() == 256);
 
 /// Layout of one app region, derived from its header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

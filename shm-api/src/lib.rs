@@ -37,5 +37,6 @@ pub mod sys;
 
 #[cfg(not(loom))]
 pub use socket::{
-    daemon_gone, is_daemon_gone, stats_at, Rdsd, RecvFlags, RecvMsg, Socket, DEFAULT_CONTROL_SOCKET,
+    daemon_gone, explain, is_daemon_gone, stats_at, Rdsd, RecvFlags, RecvMsg, Socket,
+    DEFAULT_CONTROL_SOCKET,
 };

@@ -311,10 +311,19 @@ impl<M: RingMemory> Consumer<M> {
     }
 
     /// The next record, if one is published. Skips padding. Validates everything it reads.
+    ///
+    /// Bounded work whatever the peer does: the published position is read at most once per
+    /// call, so a producer that keeps publishing PAD records (each skips to the end of a lap)
+    /// can't keep this loop spinning; what it published meanwhile is seen by the next call.
     pub fn peek(&mut self) -> Result<Option<Record>, RingCorrupt> {
         let cap = self.mem.capacity();
+        let mut refreshed = false;
         loop {
             if self.cached_head == self.tail {
+                if refreshed {
+                    return Ok(None);
+                }
+                refreshed = true;
                 self.refresh_head()?;
                 if self.cached_head == self.tail {
                     return Ok(None);
@@ -402,15 +411,17 @@ mod raw {
     use std::ptr::NonNull;
     use std::sync::atomic::AtomicU64;
 
-    /// The two counters at the start of every ring in shared memory.
+    /// The two counters at the start of every ring in shared memory. The padding is atomic
+    /// too: the peer may write any byte of the header, so a `&RingHeader` must cover nothing
+    /// but interior-mutable memory.
     #[repr(C, align(128))]
     pub struct RingHeader {
         /// Bytes produced.
         pub producer: AtomicU64,
-        _pad0: [u8; 120],
+        _pad0: [AtomicU64; 15],
         /// Bytes consumed.
         pub consumer: AtomicU64,
-        _pad1: [u8; 120],
+        _pad1: [AtomicU64; 15],
     }
 
     /// Bytes taken by [`RingHeader`]; the data area follows it.
@@ -454,7 +465,9 @@ mod raw {
         }
 
         fn header(&self) -> &RingHeader {
-            // SAFETY: `new`'s contract keeps the header mapped; it holds only atomics.
+            // SAFETY: `new`'s contract keeps the header mapped. The peer may write any byte of
+            // it at any time, which a reference tolerates only because every byte of
+            // RingHeader, padding included, is an atomic: nothing behind it is immutable.
             unsafe { self.header.as_ref() }
         }
     }
@@ -722,6 +735,52 @@ mod tests {
             let (h, v) = pop(&mut c).expect("record");
             assert_eq!((h.addr, v), (i, vec![i as u8; 20]));
         }
+    }
+
+    /// A peer that publishes another lap of padding every time the consumer reads a header:
+    /// `peek` must still return (each call reads the published position once).
+    struct LappingPeer {
+        ring: RawRing,
+    }
+
+    impl RingMemory for LappingPeer {
+        fn producer(&self) -> &AtomicU64 {
+            self.ring.producer()
+        }
+        fn consumer(&self) -> &AtomicU64 {
+            self.ring.consumer()
+        }
+        fn capacity(&self) -> usize {
+            self.ring.capacity()
+        }
+        fn write(&self, off: usize, src: &[u8]) {
+            self.ring.write(off, src)
+        }
+        fn read(&self, off: usize, dst: &mut [u8]) {
+            self.ring.read(off, dst);
+            // Right behind the consumer's back: one more whole lap, which is one PAD record.
+            self.ring
+                .producer()
+                .fetch_add(self.ring.capacity() as u64, Ordering::Release);
+        }
+    }
+
+    #[test]
+    fn a_peer_publishing_pads_forever_cannot_hold_peek() {
+        let heap = HeapRing::new(256);
+        let ring = heap.ring();
+        let pad = RecordHeader {
+            len: 256 - RECORD_HEADER_LEN as u32,
+            kind: KIND_PAD,
+            ..RecordHeader::default()
+        };
+        ring.write(0, &pad.to_bytes());
+        ring.producer().store(256, Ordering::Release);
+        let mut c = Consumer::new(LappingPeer { ring });
+        for _ in 0..3 {
+            assert_eq!(c.peek(), Ok(None), "returns after the lap it saw");
+        }
+        assert!(c.position() >= 3 * 256, "and consumed the pads it saw");
     }
 
     #[test]

@@ -42,13 +42,21 @@ pub fn is_daemon_gone(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::ConnectionReset && e.raw_os_error().is_none()
 }
 
+struct Ctrl {
+    sock: UnixStream,
+    /// Id of the next request (ids start at 2: the Hello was 1).
+    next_id: u64,
+}
+
 struct Client {
-    ctrl: Mutex<UnixStream>,
+    ctrl: Mutex<Ctrl>,
     ctrl_fd: RawFd,
     region: Mapping,
     _daemon: Mapping,
     daemon_view: DaemonView,
     geometry: RegionGeometry,
+    /// This app's own doorbell: one end of a datagram socketpair whose other end only rdsd
+    /// holds (nothing here is shared with another app).
     doorbell: OwnedFd,
     dead: AtomicBool,
     hugetlb: bool,
@@ -62,7 +70,7 @@ impl Client {
         if self.dead.load(Ordering::Relaxed) {
             return Err(daemon_gone());
         }
-        let ctrl = self.ctrl.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ctrl = self.ctrl.lock().unwrap_or_else(|p| p.into_inner());
         let fail = |e: io::Error| {
             if matches!(
                 e.raw_os_error(),
@@ -74,19 +82,32 @@ impl Client {
                 e
             }
         };
-        sys::send_with_fds(ctrl.as_raw_fd(), &req.encode(), &[]).map_err(fail)?;
+        let id = ctrl.next_id;
+        ctrl.next_id += 1;
+        let fd = ctrl.sock.as_raw_fd();
+        sys::send_with_fds(fd, &req.encode(id), &[]).map_err(fail)?;
         let mut buf = vec![0u8; MAX_DATAGRAM];
-        let (n, fds) = sys::recv_with_fds(ctrl.as_raw_fd(), &mut buf, 0).map_err(fail)?;
-        if n == 0 {
-            self.dead.store(true, Ordering::Relaxed);
-            return Err(daemon_gone());
+        loop {
+            let (n, fds) = sys::recv_with_fds(fd, &mut buf, 0).map_err(fail)?;
+            if n == 0 {
+                self.dead.store(true, Ordering::Relaxed);
+                return Err(daemon_gone());
+            }
+            let reply = Reply::decode(&buf[..n])
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad reply from rdsd"))?;
+            if reply.id == 0 && reply.errno != 0 {
+                // rdsd is dropping this connection and says why.
+                return Err(errno(reply.errno));
+            }
+            if reply.id != id {
+                // Not ours (a reply to an earlier request we stopped waiting for): discard.
+                continue;
+            }
+            if reply.errno != 0 {
+                return Err(errno(reply.errno));
+            }
+            return Ok((reply, fds));
         }
-        let reply = Reply::decode(&buf[..n])
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad reply from rdsd"))?;
-        if reply.errno != 0 {
-            return Err(errno(reply.errno));
-        }
-        Ok((reply, fds))
     }
 
     /// Errors out if rdsd is gone. One poll(2) at most every millisecond: empty non-blocking
@@ -118,7 +139,8 @@ impl Client {
         // Pairs with the poll core's fence between setting `poll_sleeping` and its last scan.
         fence(Ordering::SeqCst);
         if h.poll_sleeping.load(Ordering::Relaxed) != 0 {
-            sys::eventfd_signal(self.doorbell.as_raw_fd());
+            // EAGAIN means a ring is already queued: rdsd wakes either way.
+            let _ = sys::send_dontwait(self.doorbell.as_raw_fd(), &[1]);
         }
     }
 
@@ -160,26 +182,67 @@ impl Rdsd {
     }
 
     /// Attaches to the rdsd listening at `path`.
+    ///
+    /// Refusals are plain OS errors, so `raw_os_error()` tells them apart (see [`explain`] for
+    /// a sentence to log): EUSERS = rdsd already serves `max_apps` apps; EDQUOT = this user's
+    /// `max_apps_per_uid` or `max_regions_per_uid` limit; ETIMEDOUT = rdsd's poll core did not
+    /// take the attach within `control_timeout_ms` (nothing was attached); ENOMEM = no memory
+    /// for the region. A library/daemon version mismatch is an `Unsupported` error that says
+    /// both versions.
     pub fn attach_at(path: &Path) -> io::Result<Rdsd> {
         let ctrl = sys::connect_seqpacket(path)?;
-        sys::send_with_fds(
+        const HELLO_ID: u64 = 1;
+        let sent = sys::send_with_fds(
             ctrl.as_raw_fd(),
             &Request::Hello {
                 version: LAYOUT_VERSION,
             }
-            .encode(),
+            .encode(HELLO_ID),
             &[],
-        )?;
+        );
         let mut buf = vec![0u8; MAX_DATAGRAM];
-        let (n, mut fds) = sys::recv_with_fds(ctrl.as_raw_fd(), &mut buf, 0)?;
+        let first = match sent {
+            Ok(_) => sys::recv_with_fds(ctrl.as_raw_fd(), &mut buf, 0),
+            Err(e) => Err(e),
+        };
+        let (n, mut fds) = match first {
+            Ok(x) => x,
+            // rdsd may have refused the connection and closed it before our Hello arrived: the
+            // send fails (EPIPE), or the first receive reports the reset (ECONNRESET, which the
+            // kernel hands out before queued data). Its reason is still queued for us.
+            Err(e) => {
+                let mut queued = None;
+                for _ in 0..2 {
+                    if let Ok((n, fds)) =
+                        sys::recv_with_fds(ctrl.as_raw_fd(), &mut buf, libc::MSG_DONTWAIT)
+                    {
+                        if n > 0 {
+                            queued = Some((n, fds));
+                        }
+                        break;
+                    }
+                }
+                queued.ok_or(e)?
+            }
+        };
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::ConnectionRefused,
                 "rdsd closed the connection during attach",
             ));
         }
+        if Reply::is_legacy_len(n) {
+            // Only a v1 rdsd answers with a 16-byte header (it rejected our 32-byte Hello).
+            return Err(version_mismatch(1));
+        }
         let reply = Reply::decode(&buf[..n])
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad hello reply"))?;
+        if reply.id != HELLO_ID && reply.id != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "rdsd answered a request this library never sent",
+            ));
+        }
         if reply.errno == libc::EPROTONOSUPPORT {
             return Err(version_mismatch(reply.value as u32));
         }
@@ -230,7 +293,10 @@ impl Rdsd {
         let ctrl_fd = ctrl.as_raw_fd();
         Ok(Rdsd {
             client: Arc::new(Client {
-                ctrl: Mutex::new(ctrl),
+                ctrl: Mutex::new(Ctrl {
+                    sock: ctrl,
+                    next_id: HELLO_ID + 1,
+                }),
                 ctrl_fd,
                 region,
                 _daemon: daemon,
@@ -317,15 +383,38 @@ impl Rdsd {
 /// no region is created. Used by `rdsctl` and `rds-bench`.
 pub fn stats_at(path: &Path) -> io::Result<String> {
     let sock = sys::connect_seqpacket(path)?;
-    sys::send_with_fds(sock.as_raw_fd(), &Request::Stats.encode(), &[])?;
+    sys::send_with_fds(sock.as_raw_fd(), &Request::Stats.encode(1), &[])?;
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let (n, _) = sys::recv_with_fds(sock.as_raw_fd(), &mut buf, 0)?;
+    if Reply::is_legacy_len(n) {
+        return Err(version_mismatch(1));
+    }
     let reply =
         Reply::decode(&buf[..n]).ok_or_else(|| io::Error::other("malformed reply from rdsd"))?;
     if reply.errno != 0 {
         return Err(errno(reply.errno));
     }
     Ok(String::from_utf8_lossy(&reply.body).into_owned())
+}
+
+/// A sentence for logs about an error from [`Rdsd::attach_at`] (or any call): the plain OS
+/// errors rdsd answers with (which keep `raw_os_error()` intact) in rdsd's terms.
+pub fn explain(e: &io::Error) -> String {
+    let why = match e.raw_os_error() {
+        Some(libc::EUSERS) => {
+            "rdsd refused the attach: it already serves its maximum number of apps (max_apps)"
+        }
+        Some(libc::EDQUOT) => {
+            "rdsd refused the attach: this user already has as many apps or regions as rdsd \
+             allows one user (max_apps_per_uid / max_regions_per_uid)"
+        }
+        Some(libc::ETIMEDOUT) => {
+            "rdsd's poll core did not take the request in time (control_timeout_ms); \
+             nothing was done"
+        }
+        _ => return e.to_string(),
+    };
+    format!("{why} ({e})")
 }
 
 fn version_mismatch(daemon: u32) -> io::Error {
@@ -799,7 +888,7 @@ impl std::fmt::Debug for Socket {
     }
 }
 
-const _: () = assert!(REQUEST_LEN == 24);
+const _: () = assert!(REQUEST_LEN == 32);
 
 /// How long a blocking receive polls its ring, yielding the CPU between looks, before it
 /// sleeps on the futex (`RDS_RECV_SPIN_US`, default 50 µs; 0 turns it off). A reply that comes

@@ -163,6 +163,44 @@ pub fn eventfd_drain(fd: RawFd) {
     unsafe { libc::read(fd, &mut v as *mut u64 as *mut _, 8) };
 }
 
+/// Sends one datagram without blocking, whatever the descriptor's file status flags say
+/// (MSG_DONTWAIT acts on this call only; MSG_NOSIGNAL: no SIGPIPE).
+pub fn send_dontwait(fd: RawFd, data: &[u8]) -> io::Result<usize> {
+    // SAFETY: sends `data.len()` bytes from a live buffer.
+    let n = unsafe {
+        libc::send(
+            fd,
+            data.as_ptr() as *const _,
+            data.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// Receives one datagram without blocking, whatever the descriptor's file status flags say
+/// (a datagram longer than `buf` is truncated and its rest discarded).
+pub fn recv_dontwait(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: receives into a live buffer of `buf.len()` bytes.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            buf.as_mut_ptr() as *mut _,
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
 /// A connected pair of AF_UNIX sockets of `ty` (close-on-exec).
 pub fn socketpair(ty: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as libc::c_int; 2];
@@ -177,6 +215,17 @@ pub const MAX_FDS: usize = 4;
 
 /// Sends `data` with `fds` attached (SCM_RIGHTS) on a connected seqpacket socket.
 pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<usize> {
+    send_with_fds_flags(sock, data, fds, 0)
+}
+
+/// [`send_with_fds`] with extra `sendmsg` flags (`MSG_DONTWAIT`: never block, whatever the
+/// descriptor's O_NONBLOCK says). MSG_NOSIGNAL is always added.
+pub fn send_with_fds_flags(
+    sock: RawFd,
+    data: &[u8],
+    fds: &[RawFd],
+    flags: libc::c_int,
+) -> io::Result<usize> {
     assert!(fds.len() <= MAX_FDS);
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut _,
@@ -208,7 +257,7 @@ pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<usiz
         }
     }
     // SAFETY: msg points at live buffers for the duration of the call.
-    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL | flags) };
     if n < 0 {
         Err(io::Error::last_os_error())
     } else {

@@ -49,6 +49,7 @@ pub struct Daemon {
     /// Its control socket.
     pub socket: PathBuf,
     extra: Vec<String>,
+    env: Vec<(String, String)>,
     netns: Option<String>,
 }
 
@@ -60,6 +61,15 @@ impl Daemon {
 
     /// Starts rdsd inside network namespace `netns` (if given).
     pub fn start_in(netns: Option<&str>, extra: &[&str]) -> Daemon {
+        Daemon::start_full(netns, &[], extra)
+    }
+
+    /// Starts rdsd with extra environment variables (e.g. test-only hooks) and `extra` flags.
+    pub fn start_env(env: &[(&str, &str)], extra: &[&str]) -> Daemon {
+        Daemon::start_full(None, env, extra)
+    }
+
+    fn start_full(netns: Option<&str>, env: &[(&str, &str)], extra: &[&str]) -> Daemon {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let socket =
             std::env::temp_dir().join(format!("rdsd-test-{}-{n}.sock", std::process::id()));
@@ -67,6 +77,10 @@ impl Daemon {
             child: None,
             socket,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             netns: netns.map(str::to_string),
         };
         d.spawn();
@@ -88,6 +102,7 @@ impl Daemon {
         // Tests share two cores: never pin, and let the poll core park when idle.
         cmd.args(["--poll-core", "-2", "--control-core", "-2", "--log", "warn"]);
         cmd.args(&self.extra);
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd.stdout(Stdio::null()).stderr(Stdio::inherit());
         let child = cmd.spawn().expect("spawn rdsd");
         self.child = Some(child);
@@ -101,6 +116,11 @@ impl Daemon {
     /// Attaches this process to the daemon.
     pub fn attach(&self) -> shm_api::Rdsd {
         shm_api::Rdsd::attach_at(&self.socket).expect("attach")
+    }
+
+    /// rdsd's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
     }
 
     /// Sends `sig` to rdsd.
@@ -283,4 +303,41 @@ pub fn payload_seq(p: &[u8]) -> u64 {
     u64::from_le_bytes(p[..8].try_into().expect("8 bytes"))
 }
 
+/// A well-behaved app (`rds-testapp pingpong`) bouncing messages between 127.0.0.1:`port` and
+/// 127.0.0.1:`port + 1` through `d`: at least `count` round trips and `secs` seconds, each
+/// receive within `limit_ms`. Returns once it has attached and bound (within 10 s).
+pub fn traffic(d: &Daemon, port: u16, count: u64, secs: u64, limit_ms: u64) -> App {
+    let (a, b) = (lo(port).to_string(), lo(port + 1).to_string());
+    let mut app = d.app(&[
+        "pingpong",
+        &a,
+        &b,
+        &count.to_string(),
+        &secs.to_string(),
+        &limit_ms.to_string(),
+    ]);
+    app.expect_within("started", Duration::from_secs(10));
+    app
+}
+
+/// Waits up to `limit` for a [`traffic`] app to report; returns its round trips.
+pub fn traffic_done(app: &mut App, limit: Duration) -> u64 {
+    let l = app.expect_within("pingpong", limit);
+    eprintln!("well-behaved traffic: pingpong {l}");
+    l.split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("round trips")
+}
+
+/// Writes a TOML config for rdsd into a fresh temp file and returns its path (pass it with
+/// `-c PATH`).
+pub fn config_file(toml: &str) -> PathBuf {
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let p = std::env::temp_dir().join(format!("rdsd-test-{}-{n}.toml", std::process::id()));
+    std::fs::write(&p, toml).expect("write config");
+    p
+}
+
 pub mod netns;
+pub mod raw;

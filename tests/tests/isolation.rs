@@ -57,7 +57,7 @@ fn version_mismatch_is_refused_with_the_daemon_version() {
     let sock = shm_api::sys::connect_seqpacket(&d.socket).unwrap();
     shm_api::sys::send_with_fds(
         sock.as_raw_fd(),
-        &Request::Hello { version: 999 }.encode(),
+        &Request::Hello { version: 999 }.encode(5),
         &[],
     )
     .unwrap();
@@ -66,8 +66,35 @@ fn version_mismatch_is_refused_with_the_daemon_version() {
     let reply = Reply::decode(&buf[..n]).unwrap();
     assert_eq!(reply.errno, libc::EPROTONOSUPPORT);
     assert_eq!(reply.value, shm_api::layout::LAYOUT_VERSION as u64);
+    assert_eq!(reply.id, 5, "the reply echoes the request id");
     assert!(fds.is_empty(), "no region handed to a mismatched library");
     assert_eq!(d.stat("attach_refused"), 1);
+}
+
+#[test]
+fn a_v1_library_is_told_clearly_that_it_is_too_old() {
+    let d = Daemon::start(&[]);
+    let sock = shm_api::sys::connect_seqpacket(&d.socket).unwrap();
+    // The v1 Hello: 24 bytes, no request id.
+    let hello = Request::Hello { version: 1 }.encode_v1();
+    shm_api::sys::send_with_fds(sock.as_raw_fd(), &hello, &[]).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let (n, fds) = shm_api::sys::recv_with_fds(sock.as_raw_fd(), &mut buf, 0).unwrap();
+    assert_eq!(
+        n,
+        shm_api::ctrl::LEGACY_REPLY_HEADER_LEN,
+        "a v1 reply, as v1 reads it"
+    );
+    let errno = i32::from_le_bytes(buf[0..4].try_into().unwrap());
+    let value = u64::from_le_bytes(buf[8..16].try_into().unwrap());
+    assert_eq!(errno, libc::EPROTONOSUPPORT);
+    assert_eq!(value, shm_api::layout::LAYOUT_VERSION as u64);
+    assert!(fds.is_empty());
+    // A v1 rdsctl still reads the counters.
+    shm_api::sys::send_with_fds(sock.as_raw_fd(), &Request::Stats.encode_v1(), &[]).unwrap();
+    let (n, _) = shm_api::sys::recv_with_fds(sock.as_raw_fd(), &mut buf, 0).unwrap();
+    let text = String::from_utf8_lossy(&buf[shm_api::ctrl::LEGACY_REPLY_HEADER_LEN..n]);
+    assert!(text.contains("attach_refused 1\n"), "{text}");
 }
 
 #[test]
@@ -86,10 +113,11 @@ fn malformed_control_requests_are_rejected_and_counted() {
         addr: std::net::Ipv4Addr::LOCALHOST,
         port: 5,
     };
-    shm_api::sys::send_with_fds(sock.as_raw_fd(), &req.encode(), &[]).unwrap();
+    shm_api::sys::send_with_fds(sock.as_raw_fd(), &req.encode(6), &[]).unwrap();
     let mut buf = vec![0u8; 4096];
     let (n, _) = shm_api::sys::recv_with_fds(sock.as_raw_fd(), &mut buf, 0).unwrap();
-    assert_eq!(Reply::decode(&buf[..n]).unwrap().errno, libc::ENOTCONN);
+    let reply = Reply::decode(&buf[..n]).unwrap();
+    assert_eq!((reply.errno, reply.id), (libc::ENOTCONN, 6));
     assert_eq!(d.stat("ctrl_bad_requests"), 3);
     assert!(d.attach().is_alive());
 }

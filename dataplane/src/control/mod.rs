@@ -3,25 +3,105 @@
 //!
 //! Everything slow lives here: memfd creation, mmap/munmap, socketpairs, logging. The poll core
 //! gets finished objects through a lock-free queue and answers through another.
+//!
+//! The thread never blocks on one client: it is a single poll(2) loop over the listener and
+//! every connection, and
+//! * a request that needs the poll core is queued with a sequence number and the connection
+//!   waits (we stop reading it) while every other connection is served; the answer is matched
+//!   by (sequence, app), echoes the app's request id, and a late or stray answer is discarded;
+//!   a command the poll core has not taken within `control_timeout` is withdrawn (nothing is
+//!   done) and answered ETIMEDOUT; one it has taken is waited for however long it takes;
+//! * replies are sent with MSG_DONTWAIT; a reply that does not fit waits in a one-reply outbox
+//!   and the connection is not read meanwhile; a client that leaves it there for
+//!   `reply_timeout` is disconnected (`ctrl_unread_disconnects`);
+//! * a connection must say Hello within `hello_timeout` (`hello_timeouts`); a full rdsd
+//!   answers EUSERS, a uid over its limits EDQUOT (with the limit as the reply's value), in a
+//!   reply with id 0 before closing;
+//! * every loop over client input is bounded per pass (accepts, one request per connection).
 
 use crate::config::Config;
 use crate::poll::{readiness, Channels, Cmd, CmdReply};
 use crate::shm::region::{AppRegion, DaemonRegion};
 use crate::stats::Stats;
 use anyhow::{bail, Context, Result};
-use shm_api::ctrl::{HelloInfo, Reply, Request, MAX_DATAGRAM};
+use shm_api::ctrl::{
+    frame_id, HelloInfo, Reply, Request, LEGACY_REQUEST_LEN, MAX_DATAGRAM, REQUEST_LEN,
+};
 use shm_api::layout::{DAEMON_REGION_LEN, LAYOUT_VERSION};
 use shm_api::sys;
+use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Connections accepted per pass of the loop.
+const ACCEPTS_PER_PASS: usize = 64;
+/// Longest the loop sleeps in poll(2) (it also wakes for every deadline and poll-core answer).
+const MAX_WAIT: Duration = Duration::from_millis(200);
+
+/// What a connection waits for from the poll core.
+enum Waiting {
+    /// An ordinary request; SocketOpen carries the app's end of the readiness pair.
+    Request { pollable: Option<OwnedFd> },
+    /// Attach: the descriptors and body of the Hello reply.
+    Attach { fds: [OwnedFd; 3], info: HelloInfo },
+}
+
+/// The one command of a connection in flight on the poll core.
+struct Pending {
+    seq: u64,
+    /// The app's request id, echoed in the reply.
+    id: u64,
+    deadline: Instant,
+    /// Withdrawal failed: the poll core has taken it, so its answer is coming.
+    taken: bool,
+    what: Waiting,
+}
+
+/// A reply that did not fit in the client's socket yet.
+struct Outbox {
+    bytes: Vec<u8>,
+    fds: Vec<OwnedFd>,
+    since: Instant,
+}
+
 struct Conn {
+    /// Unique for the life of rdsd (a slot index is reused).
+    serial: u64,
     fd: OwnedFd,
     pid: i32,
+    uid: u32,
+    /// Until a Hello has been accepted: when the connection is closed for silence.
+    hello_by: Option<Instant>,
     attached: bool,
+    pending: Option<Pending>,
+    outbox: Option<Outbox>,
+}
+
+impl Conn {
+    fn holds_region(&self) -> bool {
+        self.attached
+            || matches!(
+                self.pending,
+                Some(Pending {
+                    what: Waiting::Attach { .. },
+                    ..
+                })
+            )
+    }
+}
+
+enum Slot {
+    Free,
+    Conn(Box<Conn>),
+    /// The connection is gone; the poll core still owes the answer to Detach `seq` (the
+    /// region). The slot (the app index) is not reused until then.
+    Detaching {
+        seq: u64,
+        uid: u32,
+    },
 }
 
 /// The control thread's state.
@@ -30,16 +110,28 @@ pub struct Control {
     stats: Arc<Stats>,
     daemon: Arc<DaemonRegion>,
     chans: Arc<Channels>,
+    /// Wakes a parked poll core (rdsd's own eventfd, never passed to an app).
     doorbell: Arc<OwnedFd>,
+    /// The poll core rings this when answers or evictions are queued (rdsd's own).
     wake: Arc<OwnedFd>,
     listener: OwnedFd,
     path: PathBuf,
-    conns: Vec<Option<Conn>>,
+    slots: Vec<Slot>,
+    /// Commands not yet on the queue (kept while `outstanding` is at the queue's capacity).
+    backlog: VecDeque<(u64, Cmd)>,
+    /// Commands on the queue or being run whose answers we have not taken yet.
+    outstanding: usize,
+    /// Withdrawn Attach commands whose regions have not come back yet: (seq, uid).
+    withdrawn: Vec<(u64, u32)>,
+    next_seq: u64,
+    next_serial: u64,
+    buf: Vec<u8>,
     shutdown: Arc<AtomicBool>,
     poll_alive: Arc<AtomicBool>,
 }
 
-fn peer_pid(fd: RawFd) -> i32 {
+/// The peer's (pid, uid), as the kernel recorded them at connect(2).
+fn peer_cred(fd: RawFd) -> (i32, u32) {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -57,9 +149,9 @@ fn peer_pid(fd: RawFd) -> i32 {
         )
     };
     if r == 0 {
-        cred.pid
+        (cred.pid, cred.uid)
     } else {
-        -1
+        (-1, u32::MAX)
     }
 }
 
@@ -160,16 +252,29 @@ impl Control {
             wake,
             listener,
             path,
-            conns: (0..n).map(|_| None).collect(),
+            slots: (0..n).map(|_| Slot::Free).collect(),
+            backlog: VecDeque::new(),
+            outstanding: 0,
+            withdrawn: Vec::new(),
+            next_seq: 1,
+            next_serial: 1,
+            buf: vec![0u8; MAX_DATAGRAM],
             shutdown,
             poll_alive,
         }
     }
 
-    /// Serves until shutdown. Detaches every app on the way out.
+    fn conn(&mut self, i: usize) -> Option<&mut Conn> {
+        match self.slots.get_mut(i) {
+            Some(Slot::Conn(c)) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Serves until shutdown.
     pub fn run(&mut self) {
         let mut pfds: Vec<libc::pollfd> = Vec::new();
-        let mut idx: Vec<usize> = Vec::new();
+        let mut idx: Vec<(usize, u64)> = Vec::new();
         while !self.shutdown.load(Ordering::Relaxed) && self.poll_alive.load(Ordering::Relaxed) {
             pfds.clear();
             idx.clear();
@@ -183,63 +288,358 @@ impl Control {
                 events: libc::POLLIN,
                 revents: 0,
             });
-            for (i, c) in self.conns.iter().enumerate() {
-                if let Some(c) = c {
+            for (i, slot) in self.slots.iter().enumerate() {
+                if let Slot::Conn(c) = slot {
+                    // One request at a time per connection: don't read the next before the
+                    // current one is answered and its reply is out.
+                    let events = if c.outbox.is_some() {
+                        libc::POLLOUT
+                    } else if c.pending.is_none() {
+                        libc::POLLIN
+                    } else {
+                        0
+                    };
                     pfds.push(libc::pollfd {
                         fd: c.fd.as_raw_fd(),
-                        events: libc::POLLIN,
+                        events,
                         revents: 0,
                     });
-                    idx.push(i);
+                    idx.push((i, c.serial));
                 }
             }
+            let wait = self.next_deadline().map_or(MAX_WAIT, |d| {
+                d.saturating_duration_since(Instant::now()).min(MAX_WAIT)
+            });
+            // Round up so a deadline is never polled for repeatedly with 0 ms.
+            let ms = wait.as_micros().div_ceil(1000) as libc::c_int;
             // SAFETY: pfds is a valid array of pollfd.
-            let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 200) };
-            if n <= 0 {
-                continue;
-            }
+            unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
             if pfds[1].revents != 0 {
+                // Our own eventfd: non-blocking by construction, no app can reach it.
                 sys::eventfd_drain(self.wake.as_raw_fd());
-                while let Some(app) = self.chans.evictions.pop() {
-                    if let Some(c) = &self.conns[app] {
-                        // The app sees its control socket close: a clear "rdsd dropped you".
-                        // SAFETY: shutdown on an fd we own.
-                        unsafe { libc::shutdown(c.fd.as_raw_fd(), libc::SHUT_RDWR) };
-                    }
-                }
             }
-            if pfds[0].revents & libc::POLLIN != 0 {
-                self.accept_all();
-            }
-            for (k, &i) in idx.iter().enumerate() {
+            self.take_evictions();
+            self.take_replies();
+            for (k, &(i, serial)) in idx.iter().enumerate() {
                 let rev = pfds[k + 2].revents;
-                if rev == 0 {
+                if rev == 0 || !matches!(&self.slots[i], Slot::Conn(c) if c.serial == serial) {
                     continue;
                 }
-                if rev & libc::POLLIN != 0 {
+                if rev & libc::POLLOUT != 0 {
+                    self.flush(i);
+                } else if rev & libc::POLLIN != 0 {
                     self.serve(i);
                 } else if rev & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
                     self.disconnect(i);
                 }
             }
-        }
-        for i in 0..self.conns.len() {
-            if self.conns[i].is_some() {
-                self.disconnect(i);
+            if pfds[0].revents & libc::POLLIN != 0 {
+                self.accept_all();
             }
+            self.check_deadlines(Instant::now());
+            self.flush_backlog();
         }
+        // The poll thread stops too and frees the regions it holds; connections close here.
+        self.backlog.clear();
+        self.slots.clear();
         let _ = std::fs::remove_file(&self.path);
     }
 
+    fn next_deadline(&self) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        let mut at = |t: Instant| next = Some(next.map_or(t, |n| n.min(t)));
+        for slot in &self.slots {
+            let Slot::Conn(c) = slot else { continue };
+            if let Some(t) = c.hello_by {
+                at(t);
+            }
+            if let Some(p) = c.pending.as_ref().filter(|p| !p.taken) {
+                at(p.deadline);
+            }
+            if let Some(o) = &c.outbox {
+                at(o.since + self.cfg.reply_timeout);
+            }
+        }
+        next
+    }
+
+    fn take_evictions(&mut self) {
+        while let Some(app) = self.chans.evictions.pop() {
+            if let Some(c) = self.conn(app) {
+                // The app sees its control socket close: a clear "rdsd dropped you".
+                // SAFETY: shutdown on an fd we own.
+                unsafe { libc::shutdown(c.fd.as_raw_fd(), libc::SHUT_RDWR) };
+            }
+        }
+    }
+
+    fn take_replies(&mut self) {
+        while let Some((seq, app, reply)) = self.chans.replies.pop() {
+            self.outstanding = self.outstanding.saturating_sub(1);
+            self.complete(seq, app, reply);
+        }
+    }
+
+    fn free_region(&self, region: AppRegion) {
+        if region.release() {
+            Stats::bump(&self.stats.regions_freed);
+        }
+    }
+
+    /// An answer from the poll core: match it to what waits for it, by (seq, app).
+    fn complete(&mut self, seq: u64, app: usize, reply: CmdReply) {
+        let reply = match reply {
+            CmdReply::Withdrawn(region) => {
+                // Expected: we withdrew it and answered ETIMEDOUT already.
+                self.withdrawn.retain(|w| w.0 != seq);
+                if let Some(r) = region {
+                    self.free_region(r);
+                }
+                return;
+            }
+            r => r,
+        };
+        match self.slots.get(app) {
+            Some(Slot::Detaching { seq: s, .. }) if *s == seq => {
+                if let CmdReply::Detached(Some(region)) = reply {
+                    self.free_region(region);
+                }
+                self.slots[app] = Slot::Free;
+                tracing::debug!(app, "app slot free");
+                return;
+            }
+            Some(Slot::Conn(c)) if c.pending.as_ref().is_some_and(|p| p.seq == seq) => {
+                let p = self
+                    .conn(app)
+                    .and_then(|c| c.pending.take())
+                    .expect("pending");
+                return self.answer(app, p, reply);
+            }
+            _ => {}
+        }
+        // Nobody waits for it (its connection went away): never sent to anyone.
+        Stats::bump(&self.stats.ctrl_stale_replies);
+        tracing::debug!(seq, app, "discarding a stale poll-core answer");
+        if let CmdReply::Detached(Some(region)) = reply {
+            self.free_region(region);
+        }
+    }
+
+    fn answer(&mut self, i: usize, p: Pending, reply: CmdReply) {
+        match (p.what, reply) {
+            (Waiting::Request { pollable }, CmdReply::Reply(r)) => {
+                let fds = match pollable {
+                    Some(fd) if r.errno == 0 => vec![fd],
+                    _ => Vec::new(),
+                };
+                self.send(i, r.with_id(p.id).encode(), fds);
+            }
+            (Waiting::Attach { fds, info }, CmdReply::Attached) => {
+                let Some(c) = self.conn(i) else { return };
+                c.attached = true;
+                tracing::info!(pid = c.pid, uid = c.uid, app = i, "app attached");
+                let mut r = Reply::ok(0).with_id(p.id);
+                r.body = info.encode();
+                self.send(i, r.encode(), fds.into());
+            }
+            _ => {
+                tracing::error!(app = i, "poll core answered a command with the wrong kind");
+                self.send(i, Reply::err(libc::EIO).with_id(p.id).encode(), Vec::new());
+            }
+        }
+    }
+
+    /// Sends a reply without ever blocking; what doesn't fit waits in the outbox.
+    fn send(&mut self, i: usize, bytes: Vec<u8>, fds: Vec<OwnedFd>) {
+        let Some(c) = self.conn(i) else { return };
+        if c.outbox.is_some() {
+            // Can't happen (a connection with an outbox is not read), but never queue more.
+            return self.drop_unread(i);
+        }
+        let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        match sys::send_with_fds_flags(c.fd.as_raw_fd(), &bytes, &raw, libc::MSG_DONTWAIT) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                c.outbox = Some(Outbox {
+                    bytes,
+                    fds,
+                    since: Instant::now(),
+                });
+            }
+            Err(_) => self.disconnect(i),
+        }
+    }
+
+    fn flush(&mut self, i: usize) {
+        let Some(c) = self.conn(i) else { return };
+        let Some(o) = c.outbox.take() else { return };
+        let raw: Vec<RawFd> = o.fds.iter().map(|f| f.as_raw_fd()).collect();
+        match sys::send_with_fds_flags(c.fd.as_raw_fd(), &o.bytes, &raw, libc::MSG_DONTWAIT) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => c.outbox = Some(o),
+            Err(_) => self.disconnect(i),
+        }
+    }
+
+    fn drop_unread(&mut self, i: usize) {
+        if let Some(c) = self.conn(i) {
+            tracing::warn!(
+                pid = c.pid,
+                uid = c.uid,
+                app = i,
+                "disconnecting a client that does not read its control replies"
+            );
+        }
+        Stats::bump(&self.stats.ctrl_unread_disconnects);
+        self.disconnect(i);
+    }
+
+    fn check_deadlines(&mut self, now: Instant) {
+        let reply_timeout = self.cfg.reply_timeout;
+        let stats = self.stats.clone();
+        for i in 0..self.slots.len() {
+            let Some(c) = self.conn(i) else { continue };
+            if c.outbox
+                .as_ref()
+                .is_some_and(|o| now >= o.since + reply_timeout)
+            {
+                self.drop_unread(i);
+                continue;
+            }
+            if c.hello_by.is_some_and(|t| now >= t) {
+                tracing::warn!(
+                    pid = c.pid,
+                    uid = c.uid,
+                    "closing a control connection that sent no Hello in time"
+                );
+                Stats::bump(&stats.hello_timeouts);
+                let bye = Reply::err(libc::ETIMEDOUT).encode();
+                let _ = sys::send_with_fds_flags(c.fd.as_raw_fd(), &bye, &[], libc::MSG_DONTWAIT);
+                self.disconnect(i);
+                continue;
+            }
+            let Some(p) = c.pending.as_mut().filter(|p| !p.taken && now >= p.deadline) else {
+                continue;
+            };
+            let (seq, uid) = (p.seq, c.uid);
+            if let Some(pos) = self.backlog.iter().position(|(s, _)| *s == seq) {
+                // Never reached the poll core.
+                let (_, cmd) = self.backlog.remove(pos).expect("present");
+                if let Cmd::Attach { region, .. } = cmd {
+                    self.free_region(region);
+                }
+            } else if self.chans.withdraw(i, seq) {
+                if let Some(Pending {
+                    what: Waiting::Attach { .. },
+                    ..
+                }) = self.conn(i).and_then(|c| c.pending.as_ref())
+                {
+                    self.withdrawn.push((seq, uid));
+                }
+            } else {
+                // The poll core is running it: its answer is coming, however late.
+                if let Some(p) = self.conn(i).and_then(|c| c.pending.as_mut()) {
+                    p.taken = true;
+                }
+                continue;
+            }
+            let p = self
+                .conn(i)
+                .and_then(|c| c.pending.take())
+                .expect("pending");
+            Stats::bump(&self.stats.ctrl_timeouts);
+            tracing::warn!(
+                app = i,
+                timeout_ms = self.cfg.control_timeout.as_millis() as u64,
+                "poll core did not take a command in time; withdrawn, app told ETIMEDOUT"
+            );
+            self.send(
+                i,
+                Reply::err(libc::ETIMEDOUT).with_id(p.id).encode(),
+                Vec::new(),
+            );
+        }
+    }
+
+    /// Queues a command for the poll core (sent as soon as the queues have room).
+    fn enqueue(&mut self, seq: u64, cmd: Cmd) {
+        self.backlog.push_back((seq, cmd));
+        self.flush_backlog();
+    }
+
+    fn flush_backlog(&mut self) {
+        let mut pushed = false;
+        while self.outstanding < self.chans.replies.capacity() {
+            let Some(item) = self.backlog.pop_front() else {
+                break;
+            };
+            match self.chans.cmds.push(item) {
+                Ok(()) => {
+                    self.outstanding += 1;
+                    pushed = true;
+                }
+                Err(back) => {
+                    self.backlog.push_front(back);
+                    break;
+                }
+            }
+        }
+        if pushed {
+            sys::eventfd_signal(self.doorbell.as_raw_fd());
+        }
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        let s = self.next_seq;
+        self.next_seq += 1;
+        s
+    }
+
+    /// Sends a withdrawable command for connection `i`, which waits for its answer.
+    fn submit(&mut self, i: usize, id: u64, cmd: Cmd, what: Waiting) {
+        let seq = self.next_seq();
+        let deadline = Instant::now() + self.cfg.control_timeout;
+        let Some(c) = self.conn(i) else { return };
+        c.pending = Some(Pending {
+            seq,
+            id,
+            deadline,
+            taken: false,
+            what,
+        });
+        self.chans.arm(i, seq);
+        self.enqueue(seq, cmd);
+    }
+
+    fn conns_of(&self, uid: u32) -> u32 {
+        self.slots
+            .iter()
+            .filter(|s| matches!(s, Slot::Conn(c) if c.uid == uid))
+            .count() as u32
+    }
+
+    fn regions_of(&self, uid: u32) -> u32 {
+        let held = self
+            .slots
+            .iter()
+            .filter(|s| match s {
+                Slot::Conn(c) => c.uid == uid && c.holds_region(),
+                Slot::Detaching { uid: u, .. } => *u == uid,
+                Slot::Free => false,
+            })
+            .count();
+        (held + self.withdrawn.iter().filter(|w| w.1 == uid).count()) as u32
+    }
+
     fn accept_all(&mut self) {
-        loop {
+        for _ in 0..ACCEPTS_PER_PASS {
             // SAFETY: accept4 on our listener; the result is checked and owned.
             let fd = unsafe {
                 libc::accept4(
                     self.listener.as_raw_fd(),
                     std::ptr::null_mut(),
                     std::ptr::null_mut(),
-                    libc::SOCK_CLOEXEC,
+                    libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
                 )
             };
             if fd < 0 {
@@ -247,144 +647,186 @@ impl Control {
             }
             // SAFETY: fresh fd from accept4.
             let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-            let pid = peer_pid(fd.as_raw_fd());
-            match self.conns.iter().position(|c| c.is_none()) {
-                Some(i) => {
-                    tracing::debug!(pid, app = i, "control connection");
-                    self.conns[i] = Some(Conn {
-                        fd,
-                        pid,
-                        attached: false,
-                    });
-                }
-                None => {
-                    tracing::warn!(pid, "refusing app: max_apps reached");
-                    Stats::bump(&self.stats.attach_refused);
-                    let _ =
-                        sys::send_with_fds(fd.as_raw_fd(), &Reply::err(libc::EUSERS).encode(), &[]);
-                }
+            let (pid, uid) = peer_cred(fd.as_raw_fd());
+            let refuse = |errno: i32, limit: u32| {
+                Stats::bump(&self.stats.attach_refused);
+                let mut r = Reply::err(errno);
+                r.value = limit as u64;
+                let _ =
+                    sys::send_with_fds_flags(fd.as_raw_fd(), &r.encode(), &[], libc::MSG_DONTWAIT);
+            };
+            let Some(i) = self.slots.iter().position(|s| matches!(s, Slot::Free)) else {
+                tracing::warn!(
+                    pid,
+                    uid,
+                    max_apps = self.cfg.max_apps,
+                    "refusing app: max_apps reached"
+                );
+                Stats::bump(&self.stats.attach_refused_max_apps);
+                refuse(libc::EUSERS, self.cfg.max_apps);
+                continue;
+            };
+            if self.conns_of(uid) >= self.cfg.max_apps_per_uid {
+                tracing::warn!(
+                    pid,
+                    uid,
+                    max_apps_per_uid = self.cfg.max_apps_per_uid,
+                    "refusing app: its uid is at max_apps_per_uid"
+                );
+                Stats::bump(&self.stats.attach_refused_uid_apps);
+                refuse(libc::EDQUOT, self.cfg.max_apps_per_uid);
+                continue;
             }
+            tracing::debug!(pid, uid, app = i, "control connection");
+            let serial = self.next_serial;
+            self.next_serial += 1;
+            self.slots[i] = Slot::Conn(Box::new(Conn {
+                serial,
+                fd,
+                pid,
+                uid,
+                hello_by: Some(Instant::now() + self.cfg.hello_timeout),
+                attached: false,
+                pending: None,
+                outbox: None,
+            }));
         }
     }
 
     fn disconnect(&mut self, i: usize) {
-        let Some(c) = self.conns[i].take() else {
+        let Slot::Conn(c) = std::mem::replace(&mut self.slots[i], Slot::Free) else {
             return;
         };
-        if c.attached {
-            if let Some(CmdReply::Detached(region)) = self.exec(Cmd::Detach { app: i }) {
-                // Unmapped here, off the poll core.
-                drop(region);
-            }
-            tracing::info!(pid = c.pid, app = i, "app detached");
-        }
-    }
-
-    /// Runs one command on the poll core and waits for its answer.
-    fn exec(&self, mut cmd: Cmd) -> Option<CmdReply> {
-        loop {
-            match self.chans.cmds.push(cmd) {
-                Ok(()) => break,
-                Err(back) => {
-                    cmd = back;
-                    std::thread::sleep(Duration::from_micros(50));
+        let mut detach = c.attached;
+        if let Some(p) = &c.pending {
+            if let Some(pos) = self.backlog.iter().position(|(s, _)| *s == p.seq) {
+                let (_, cmd) = self.backlog.remove(pos).expect("present");
+                if let Cmd::Attach { region, .. } = cmd {
+                    self.free_region(region);
+                }
+            } else if matches!(p.what, Waiting::Attach { .. }) {
+                if self.chans.withdraw(i, p.seq) {
+                    self.withdrawn.push((p.seq, c.uid));
+                } else {
+                    detach = true;
                 }
             }
+            // A pushed request's answer will find nobody (a stale answer); the Detach after
+            // it closes whatever it opened.
         }
-        sys::eventfd_signal(self.doorbell.as_raw_fd());
-        let start = Instant::now();
-        let mut spins = 0u32;
-        loop {
-            if let Some(r) = self.chans.replies.pop() {
-                return Some(r);
-            }
-            if !self.poll_alive.load(Ordering::Relaxed) || start.elapsed() > Duration::from_secs(10)
-            {
-                tracing::error!("poll core did not answer a command");
-                return None;
-            }
-            spins += 1;
-            if spins < 2000 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::sleep(Duration::from_micros(20));
-            }
+        if detach {
+            let seq = self.next_seq();
+            self.slots[i] = Slot::Detaching { seq, uid: c.uid };
+            self.enqueue(seq, Cmd::Detach { app: i });
+            tracing::info!(pid = c.pid, uid = c.uid, app = i, "app detached");
         }
-    }
-
-    fn reply(&self, i: usize, r: &Reply, fds: &[RawFd]) {
-        if let Some(c) = &self.conns[i] {
-            let _ = sys::send_with_fds(c.fd.as_raw_fd(), &r.encode(), fds);
-        }
+        // Dropping `c` closes the connection.
     }
 
     fn serve(&mut self, i: usize) {
-        let mut buf = vec![0u8; MAX_DATAGRAM];
-        let fd = match &self.conns[i] {
-            Some(c) => c.fd.as_raw_fd(),
-            None => return,
+        let Some(fd) = self.conn(i).map(|c| c.fd.as_raw_fd()) else {
+            return;
         };
-        let (n, _fds) = match sys::recv_with_fds(fd, &mut buf, libc::MSG_DONTWAIT) {
+        // Descriptors a client attaches are taken and closed here.
+        let (n, _fds) = match sys::recv_with_fds(fd, &mut self.buf, libc::MSG_DONTWAIT) {
             Ok((0, _)) => return self.disconnect(i),
             Ok(x) => x,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
             Err(_) => return self.disconnect(i),
         };
-        let req = match Request::decode(&buf[..n]) {
+        let mut frame = [0u8; REQUEST_LEN];
+        let len = n.min(REQUEST_LEN);
+        frame[..len].copy_from_slice(&self.buf[..len]);
+        if n == LEGACY_REQUEST_LEN {
+            if let Ok(req) = Request::decode_legacy(&frame[..n]) {
+                return self.serve_legacy(i, req);
+            }
+        }
+        let (id, req) = match Request::decode(&self.buf[..n]) {
             Ok(r) => r,
             Err(_) => {
                 Stats::bump(&self.stats.ctrl_bad_requests);
-                return self.reply(i, &Reply::err(libc::EINVAL), &[]);
+                let r = Reply::err(libc::EINVAL).with_id(frame_id(&frame[..len]));
+                return self.send(i, r.encode(), Vec::new());
             }
         };
-        let attached = self.conns[i].as_ref().is_some_and(|c| c.attached);
+        let attached = self.conn(i).is_some_and(|c| c.attached);
         match req {
-            Request::Hello { version } => self.hello(i, version, attached),
+            Request::Hello { version } => self.hello(i, id, version),
             Request::Stats => {
-                let mut r = Reply::ok(0);
+                let mut r = Reply::ok(0).with_id(id);
                 r.body = self.stats.render().into_bytes();
-                self.reply(i, &r, &[]);
+                self.send(i, r.encode(), Vec::new());
             }
-            _ if !attached => self.reply(i, &Reply::err(libc::ENOTCONN), &[]),
-            Request::SocketOpen => {
-                let (app_end, state) = match readiness::create() {
-                    Ok(x) => x,
-                    Err(e) => {
-                        return self.reply(
-                            i,
-                            &Reply::err(e.raw_os_error().unwrap_or(libc::ENOMEM)),
-                            &[],
-                        )
-                    }
-                };
-                match self.exec(Cmd::Request {
+            _ if !attached => self.send(
+                i,
+                Reply::err(libc::ENOTCONN).with_id(id).encode(),
+                Vec::new(),
+            ),
+            Request::SocketOpen => match readiness::create() {
+                Ok((app_end, state)) => self.submit(
+                    i,
+                    id,
+                    Cmd::Request {
+                        app: i,
+                        req,
+                        readiness: Some(state),
+                    },
+                    Waiting::Request {
+                        pollable: Some(app_end),
+                    },
+                ),
+                Err(e) => {
+                    let r = Reply::err(e.raw_os_error().unwrap_or(libc::ENOMEM)).with_id(id);
+                    self.send(i, r.encode(), Vec::new())
+                }
+            },
+            _ => self.submit(
+                i,
+                id,
+                Cmd::Request {
                     app: i,
                     req,
-                    readiness: Some(state),
-                }) {
-                    Some(CmdReply::Reply(r)) if r.errno == 0 => {
-                        self.reply(i, &r, &[app_end.as_raw_fd()])
-                    }
-                    Some(CmdReply::Reply(r)) => self.reply(i, &r, &[]),
-                    _ => self.reply(i, &Reply::err(libc::EIO), &[]),
-                }
-            }
-            _ => match self.exec(Cmd::Request {
-                app: i,
-                req,
-                readiness: None,
-            }) {
-                Some(CmdReply::Reply(r)) => self.reply(i, &r, &[]),
-                _ => self.reply(i, &Reply::err(libc::EIO), &[]),
-            },
+                    readiness: None,
+                },
+                Waiting::Request { pollable: None },
+            ),
         }
     }
 
-    fn hello(&mut self, i: usize, version: u32, attached: bool) {
-        if attached {
-            return self.reply(i, &Reply::err(libc::EISCONN), &[]);
+    /// A v1 client (24-byte frames, no ids): tell a v1 library clearly that it is too old,
+    /// and keep a v1 `rdsctl` working.
+    fn serve_legacy(&mut self, i: usize, req: Request) {
+        let r = match req {
+            Request::Hello { version } => {
+                let pid = self.conn(i).map_or(-1, |c| c.pid);
+                tracing::warn!(
+                    pid,
+                    app_version = version,
+                    LAYOUT_VERSION,
+                    "refusing app: v1 control protocol (library too old)"
+                );
+                Stats::bump(&self.stats.attach_refused);
+                let mut r = Reply::err(libc::EPROTONOSUPPORT);
+                r.value = LAYOUT_VERSION as u64;
+                r
+            }
+            _ => {
+                let mut r = Reply::ok(0);
+                r.body = self.stats.render().into_bytes();
+                r
+            }
+        };
+        self.send(i, r.encode_legacy(), Vec::new());
+    }
+
+    fn hello(&mut self, i: usize, id: u64, version: u32) {
+        let refuse = |errno: i32| Reply::err(errno).with_id(id).encode();
+        let Some(c) = self.conn(i) else { return };
+        if c.attached || c.pending.is_some() {
+            return self.send(i, refuse(libc::EISCONN), Vec::new());
         }
-        let pid = self.conns[i].as_ref().map_or(-1, |c| c.pid);
+        let (pid, uid) = (c.pid, c.uid);
         if version != LAYOUT_VERSION {
             tracing::warn!(
                 pid,
@@ -393,9 +835,23 @@ impl Control {
                 "refusing app: shm layout mismatch"
             );
             Stats::bump(&self.stats.attach_refused);
-            let mut r = Reply::err(libc::EPROTONOSUPPORT);
+            let mut r = Reply::err(libc::EPROTONOSUPPORT).with_id(id);
             r.value = LAYOUT_VERSION as u64;
-            return self.reply(i, &r, &[]);
+            return self.send(i, r.encode(), Vec::new());
+        }
+        c.hello_by = None;
+        if self.regions_of(uid) >= self.cfg.max_regions_per_uid {
+            tracing::warn!(
+                pid,
+                uid,
+                max_regions_per_uid = self.cfg.max_regions_per_uid,
+                "refusing app: its uid is at max_regions_per_uid"
+            );
+            Stats::bump(&self.stats.attach_refused);
+            Stats::bump(&self.stats.attach_refused_uid_regions);
+            let mut r = Reply::err(libc::EDQUOT).with_id(id);
+            r.value = self.cfg.max_regions_per_uid as u64;
+            return self.send(i, r.encode(), Vec::new());
         }
         let region = match AppRegion::create(
             &format!("rdsd-app-{pid}"),
@@ -406,14 +862,11 @@ impl Control {
             Err(e) => {
                 tracing::error!(pid, error = %e, "cannot create app region");
                 Stats::bump(&self.stats.attach_refused);
-                return self.reply(
-                    i,
-                    &Reply::err(e.raw_os_error().unwrap_or(libc::ENOMEM)),
-                    &[],
-                );
+                let errno = e.raw_os_error().unwrap_or(libc::ENOMEM);
+                return self.send(i, refuse(errno), Vec::new());
             }
         };
-        tracing::info!(
+        tracing::debug!(
             pid,
             app = i,
             bytes = region.len(),
@@ -422,36 +875,38 @@ impl Control {
             } else {
                 "4 KiB + MADV_HUGEPAGE"
             },
-            "app attached"
+            "app region created"
         );
         let info = HelloInfo {
             region_len: region.len() as u64,
             daemon_region_len: DAEMON_REGION_LEN as u64,
             hugetlb: region.hugetlb() as u32,
         };
-        let region_fd = match region.fd().try_clone() {
-            Ok(fd) => fd,
-            Err(_) => return self.reply(i, &Reply::err(libc::EMFILE), &[]),
+        // The app's own descriptors: the region, its own description of the daemon region,
+        // and its end of its own doorbell (rdsd keeps the other end).
+        let fds = region.fd().try_clone().and_then(|region_fd| {
+            let daemon_fd = self.daemon.fd_for_app()?;
+            let (app_end, daemon_end) = sys::socketpair(libc::SOCK_DGRAM)?;
+            Ok(([region_fd, daemon_fd, app_end], daemon_end))
+        });
+        let (fds, doorbell) = match fds {
+            Ok(x) => x,
+            Err(e) => {
+                Stats::bump(&self.stats.attach_refused);
+                self.free_region(region);
+                let errno = e.raw_os_error().unwrap_or(libc::EMFILE);
+                return self.send(i, refuse(errno), Vec::new());
+            }
         };
-        if !matches!(
-            self.exec(Cmd::Attach { app: i, region }),
-            Some(CmdReply::Attached)
-        ) {
-            return self.reply(i, &Reply::err(libc::EIO), &[]);
-        }
-        if let Some(c) = self.conns[i].as_mut() {
-            c.attached = true;
-        }
-        let mut r = Reply::ok(0);
-        r.body = info.encode();
-        self.reply(
+        self.submit(
             i,
-            &r,
-            &[
-                region_fd.as_raw_fd(),
-                self.daemon.fd().as_raw_fd(),
-                self.doorbell.as_raw_fd(),
-            ],
+            id,
+            Cmd::Attach {
+                app: i,
+                region,
+                doorbell,
+            },
+            Waiting::Attach { fds, info },
         );
     }
 }

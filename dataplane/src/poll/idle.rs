@@ -23,7 +23,9 @@ pub struct Idle {
 }
 
 impl Idle {
-    /// `doorbell` is the eventfd apps and the control thread write to wake a parked core.
+    /// `doorbell` is the control thread's eventfd for waking a parked core. It is rdsd's own
+    /// (never passed to an app), so its O_NONBLOCK flag is ours; apps have one doorbell each
+    /// (`SocketTable::doorbell_fds`).
     pub fn new(
         mode: IdleMode,
         spin: Duration,
@@ -69,8 +71,8 @@ impl Idle {
         }
     }
 
-    /// Sleeps until the doorbell rings, one of `extra` (transport sockets) is ready, `timeout`
-    /// (a transport timer) or the park timeout passes.
+    /// Sleeps until the doorbell rings, one of `extra` (app doorbells, transport sockets) is
+    /// ready, `timeout` (a transport timer) or the park timeout passes.
     pub fn park(&mut self, extra: &mut Vec<libc::pollfd>, timeout: Option<std::time::Duration>) {
         let fd = self.doorbell.as_raw_fd();
         extra.push(libc::pollfd {

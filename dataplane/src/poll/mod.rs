@@ -22,7 +22,8 @@ use shm_api::ctrl::{Reply, Request};
 use shm_api::layout::{MAX_BUF, MAX_MSG_SIZE, MIN_BUF};
 use shm_api::ring::{Consumer, Producer, Record, RingMemory};
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use table::{token_of, App, Cancel, Sock, MAX_CANCELS};
 pub use table::{SockRef, SocketTable};
@@ -30,18 +31,39 @@ pub use table::{SockRef, SocketTable};
 /// Records taken from one tx ring per pass, so one busy socket can't starve the others.
 const TX_BATCH: usize = 64;
 
-/// Work for the poll core, from the control thread.
+/// Commands taken from the control queue per pass (the queue is bounded too; this keeps one
+/// pass short whatever the control thread queued).
+const CMDS_PER_PASS: usize = 64;
+
+/// Work for the poll core, from the control thread. Every command travels with a sequence
+/// number (`seq`, unique for the life of rdsd) and its answer comes back with the same number
+/// and app index, so the control thread matches answers to requests whatever order or delay
+/// they come in.
 pub enum Cmd {
-    /// A new app and its region (index chosen by the control thread).
-    Attach { app: usize, region: AppRegion },
-    /// The app is gone: release everything and hand the region back.
+    /// A new app, its region and rdsd's end of its doorbell (index chosen by the control
+    /// thread). Withdrawable.
+    Attach {
+        app: usize,
+        region: AppRegion,
+        doorbell: OwnedFd,
+    },
+    /// The app is gone: release everything and hand the region back. Never withdrawn.
     Detach { app: usize },
-    /// A request from an attached app. `readiness` is set for SocketOpen.
+    /// A request from an attached app. `readiness` is set for SocketOpen. Withdrawable.
     Request {
         app: usize,
         req: Request,
         readiness: Option<readiness::Readiness>,
     },
+}
+
+impl Cmd {
+    /// The app this command concerns.
+    pub fn app(&self) -> usize {
+        match *self {
+            Cmd::Attach { app, .. } | Cmd::Detach { app } | Cmd::Request { app, .. } => app,
+        }
+    }
 }
 
 /// The poll core's answer to a [`Cmd`].
@@ -52,26 +74,62 @@ pub enum CmdReply {
     Detached(Option<AppRegion>),
     /// Answer to Attach.
     Attached,
+    /// The control thread withdrew the command before the poll core took it: nothing was done.
+    /// A withdrawn Attach hands its region back, to be freed off the poll core.
+    Withdrawn(Option<AppRegion>),
 }
 
 /// Queues between the control thread and the poll core.
+///
+/// Withdrawal: before queueing a withdrawable command the control thread *arms* its `seq` in
+/// the app's claim word. The poll core *takes* a command by swapping that word from `seq` to 0
+/// before doing anything; the control thread *withdraws* one that waited too long by the same
+/// swap. Exactly one of them wins, so a command is either done (and its answer awaited, however
+/// late) or provably not done (and its app told ETIMEDOUT).
 pub struct Channels {
-    /// Control → poll.
-    pub cmds: ArrayQueue<Cmd>,
-    /// Poll → control.
-    pub replies: ArrayQueue<CmdReply>,
+    /// Control → poll: (seq, command).
+    pub cmds: ArrayQueue<(u64, Cmd)>,
+    /// Poll → control: (seq, app, answer).
+    pub replies: ArrayQueue<(u64, usize, CmdReply)>,
     /// Apps the poll core evicted for breaking the ring protocol.
     pub evictions: ArrayQueue<usize>,
+    /// Per app index: the seq of its withdrawable command in flight, 0 if none.
+    claims: Box<[AtomicU64]>,
 }
 
 impl Channels {
-    /// Bounded queues (commands are synchronous, so a few slots suffice).
+    /// Bounded queues: at most one request and one detach in flight per app slot, plus slack
+    /// for withdrawn commands the poll core has yet to skip. The control thread never has more
+    /// commands outstanding than `replies` holds, so no answer is ever lost.
     pub fn new(max_apps: usize) -> Channels {
+        let cap = 2 * max_apps.max(1) + 16;
         Channels {
-            cmds: ArrayQueue::new(16),
-            replies: ArrayQueue::new(16),
+            cmds: ArrayQueue::new(cap),
+            replies: ArrayQueue::new(cap),
             evictions: ArrayQueue::new(max_apps.max(1)),
+            claims: (0..max_apps.max(1)).map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    /// Control side: `seq` is the withdrawable command of `app` about to be queued.
+    pub fn arm(&self, app: usize, seq: u64) {
+        self.claims[app].store(seq, Ordering::Release);
+    }
+
+    /// Control side: withdraws command `seq` of `app`; true if the poll core had not taken it
+    /// (it never will), false if it has (its answer will come).
+    pub fn withdraw(&self, app: usize, seq: u64) -> bool {
+        self.claims[app]
+            .compare_exchange(seq, 0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Poll side: takes command `seq` of `app`; false if it was withdrawn.
+    fn take(&self, app: usize, seq: u64) -> bool {
+        self.claims.get(app).is_some_and(|c| {
+            c.compare_exchange(seq, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        })
     }
 }
 
@@ -80,6 +138,8 @@ pub struct PollCore {
     table: SocketTable,
     transports: Vec<Box<dyn Transport>>,
     passes: u32,
+    /// TEST ONLY: `RDSD_TEST_STALL_POLL_MS` (see `shm_api::ctrl::TEST_STALL_RCVBUF`).
+    test_stall: Option<std::time::Duration>,
 }
 
 /// What happened to one message taken off a tx ring.
@@ -109,6 +169,7 @@ impl PollCore {
             table: SocketTable::new(cfg, stats, daemon, chans, control_wake),
             transports,
             passes: 0,
+            test_stall: test_stall_from_env(),
         }
     }
 
@@ -120,11 +181,20 @@ impl PollCore {
     /// One pass over everything. Returns the amount of work done (0 = idle).
     pub fn run_once(&mut self) -> usize {
         let mut work = 0;
-        while let Some(cmd) = self.table.chans().cmds.pop() {
-            let reply = self.handle_cmd(cmd);
-            // The control thread waits for exactly one reply per command.
-            let _ = self.table.chans().replies.push(reply);
+        while work < CMDS_PER_PASS {
+            let Some((seq, cmd)) = self.table.chans().cmds.pop() else {
+                break;
+            };
+            let app = cmd.app();
+            let reply = self.handle_cmd(seq, cmd);
+            // The control thread keeps no more commands outstanding than `replies` holds.
+            if self.table.chans().replies.push((seq, app, reply)).is_err() {
+                tracing::error!(seq, app, "control reply queue full; answer lost");
+            }
             work += 1;
+        }
+        if work > 0 {
+            self.table.wake_control();
         }
         for a in 0..self.table.apps.len() {
             let nslots = match &self.table.apps[a] {
@@ -246,9 +316,19 @@ impl PollCore {
 
     fn close_sock(&mut self, r: SockRef) {
         // A send that returned success is delivered even if the sender closes (or exits) right
-        // after it: move what can still move before the socket goes.
+        // after it: move what can still move before the socket goes. Bounded by one ring's worth
+        // of bytes: another thread of the app may keep publishing while we drain.
         if !self.table.is_evicted(r.app) {
-            while self.drain_tx(r) > 0 {}
+            if let Some(s) = self.table.sock(r) {
+                let start = s.tx.position();
+                let cap = s.tx.memory().capacity() as u64;
+                while self.drain_tx(r) > 0 {
+                    match self.table.sock(r) {
+                        Some(s) if s.tx.position().wrapping_sub(start) < cap => {}
+                        _ => break,
+                    }
+                }
+            }
         }
         self.table.close_sock_now(r);
     }
@@ -263,14 +343,22 @@ impl PollCore {
         }
     }
 
-    fn handle_cmd(&mut self, cmd: Cmd) -> CmdReply {
+    fn handle_cmd(&mut self, seq: u64, cmd: Cmd) -> CmdReply {
         match cmd {
-            Cmd::Attach { app, region } => {
+            Cmd::Attach {
+                app,
+                region,
+                doorbell,
+            } => {
+                if !self.table.chans().take(app, seq) {
+                    return CmdReply::Withdrawn(Some(region));
+                }
                 let n = region.geometry().max_sockets as usize;
                 self.table.apps[app] = Some(App {
                     region,
                     socks: (0..n).map(|_| None).collect(),
                     evicted: false,
+                    doorbell,
                 });
                 Stats::bump(&self.table.stats.apps_attached);
                 CmdReply::Attached
@@ -290,10 +378,15 @@ impl PollCore {
                 app,
                 req,
                 readiness,
-            } => CmdReply::Reply(match self.handle_request(app, req, readiness) {
-                Ok(v) => Reply::ok(v),
-                Err(e) => Reply::err(e),
-            }),
+            } => {
+                if !self.table.chans().take(app, seq) {
+                    return CmdReply::Withdrawn(None);
+                }
+                CmdReply::Reply(match self.handle_request(app, req, readiness) {
+                    Ok(v) => Reply::ok(v),
+                    Err(e) => Reply::err(e),
+                })
+            }
         }
     }
 
@@ -373,6 +466,13 @@ impl PollCore {
             }
             Request::SetRcvBuf { slot, bytes } => {
                 let r = self.live_sock(app, slot)?;
+                if let (Some(d), shm_api::ctrl::TEST_STALL_RCVBUF) = (self.test_stall, bytes) {
+                    tracing::warn!(
+                        ms = d.as_millis() as u64,
+                        "TEST HOOK: stalling the poll core"
+                    );
+                    std::thread::sleep(d);
+                }
                 self.table.sock(r).expect("live").rcvbuf = bytes.clamp(MIN_BUF, MAX_BUF);
                 Ok(0)
             }
@@ -440,6 +540,20 @@ impl PollCore {
     }
 }
 
+/// TEST ONLY: a stall requested through the environment (integration tests of what a slow poll
+/// core does to the control protocol). Unset in production, where this returns `None`.
+fn test_stall_from_env() -> Option<std::time::Duration> {
+    let ms: u64 = std::env::var("RDSD_TEST_STALL_POLL_MS")
+        .ok()?
+        .parse()
+        .ok()?;
+    tracing::warn!(
+        ms,
+        "RDSD_TEST_STALL_POLL_MS is set: test-only stall hook armed"
+    );
+    Some(std::time::Duration::from_millis(ms))
+}
+
 /// Drops cancel markers the consumer has moved past; returns the new count.
 fn prune_cancels(c: &mut [Cancel; MAX_CANCELS], n: usize, pos: u64) -> usize {
     let mut k = 0;
@@ -467,6 +581,8 @@ pub fn run(mut core: PollCore, mut idle: idle::Idle, shutdown: Arc<AtomicBool>) 
             if work == 0 {
                 Stats::bump(&core.table.stats.poll_parks);
                 fds.clear();
+                // Every attached app's own doorbell wakes us (see `SocketTable::doorbell_fds`).
+                let napps = core.table.doorbell_fds(&mut fds);
                 // Counters are summed lazily; make them exact before sleeping.
                 core.publish_counters();
                 let mut timeout = None;
@@ -478,6 +594,7 @@ pub fn run(mut core: PollCore, mut idle: idle::Idle, shutdown: Arc<AtomicBool>) 
                     };
                 }
                 idle.park(&mut fds, timeout);
+                core.table.drain_doorbells(&fds[..napps]);
             } else {
                 idle.reset();
             }

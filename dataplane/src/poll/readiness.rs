@@ -12,6 +12,11 @@
 //!
 //! These calls run on the poll core only on state changes, and only for sockets whose app asked
 //! for the fd. That is the one documented exception to "no syscall on the poll core".
+//!
+//! The app can write into rdsd's end (its end's peer) as fast as it likes, so every drain is
+//! bounded ([`MAX_DRAIN`] datagrams per call): a flooding app can only spoil its own fd's
+//! readiness, never keep the poll core in a loop. Every call uses MSG_DONTWAIT, so nothing
+//! depends on the O_NONBLOCK flag of the description rdsd shares with that one app.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
@@ -49,52 +54,50 @@ pub fn create() -> std::io::Result<(OwnedFd, Readiness)> {
     ))
 }
 
+/// Most datagrams one drain reads: more than rdsd itself ever queues on a socket (one), few
+/// enough that a flood costs a pass a bounded number of syscalls.
+pub const MAX_DRAIN: usize = 16;
+
 fn send_dontwait(fd: RawFd, len: usize) {
     let buf = [0u8; 1500];
-    // SAFETY: sends `len` (<= 1500) bytes from a valid buffer.
-    unsafe {
-        libc::send(
-            fd,
-            buf.as_ptr() as *const _,
-            len.min(buf.len()),
-            libc::MSG_DONTWAIT,
-        )
-    };
+    let _ = shm_api::sys::send_dontwait(fd, &buf[..len.min(buf.len())]);
 }
 
-fn drain(fd: RawFd) {
-    let mut buf = [0u8; 1500];
-    // SAFETY: receives into a valid buffer; non-blocking, so the loop ends at EAGAIN.
-    while unsafe {
-        libc::recv(
-            fd,
-            buf.as_mut_ptr() as *mut _,
-            buf.len(),
-            libc::MSG_DONTWAIT,
-        )
-    } >= 0
-    {}
+/// Reads what is queued on `fd`, at most [`MAX_DRAIN`] datagrams. Returns false if it stopped
+/// at the bound with more queued (an app is flooding).
+pub fn drain(fd: RawFd) -> bool {
+    let mut buf = [0u8; 16];
+    for _ in 0..MAX_DRAIN {
+        // Datagrams longer than `buf` are truncated: only their count matters.
+        if shm_api::sys::recv_dontwait(fd, &mut buf).is_err() {
+            return true;
+        }
+    }
+    false
 }
 
 impl Readiness {
-    /// Brings the fd to (`readable`, `writable`), with syscalls only for what changed.
-    pub fn sync(&mut self, readable: bool, writable: bool) {
+    /// Brings the fd to (`readable`, `writable`), with syscalls only for what changed. Returns
+    /// false if a drain stopped at its bound (see [`drain`]).
+    pub fn sync(&mut self, readable: bool, writable: bool) -> bool {
+        let mut complete = true;
         if readable != self.readable {
             if readable {
                 send_dontwait(self.daemon_end.as_raw_fd(), 1);
             } else {
-                drain(self.app_end_dup.as_raw_fd());
+                complete &= drain(self.app_end_dup.as_raw_fd());
             }
             self.readable = readable;
         }
         if writable != self.writable {
             if writable {
-                drain(self.daemon_end.as_raw_fd());
+                complete &= drain(self.daemon_end.as_raw_fd());
             } else {
                 send_dontwait(self.app_end_dup.as_raw_fd(), 1500);
             }
             self.writable = writable;
         }
+        complete
     }
 }
 
@@ -119,5 +122,32 @@ mod tests {
         assert_eq!(revents(fd), 0);
         r.sync(false, true);
         assert_eq!(revents(fd), libc::POLLOUT);
+    }
+
+    #[test]
+    fn a_flood_into_rdsds_end_costs_a_bounded_drain() {
+        let (app, mut r) = create().unwrap();
+        let big: libc::c_int = 4 << 20;
+        // SAFETY: setsockopt with a valid int on our own fd.
+        unsafe {
+            libc::setsockopt(
+                app.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                &big as *const _ as *const _,
+                std::mem::size_of::<libc::c_int>() as u32,
+            )
+        };
+        // The app also clears O_NONBLOCK on its end: rdsd's calls must not care.
+        shm_api::sys::set_nonblocking(app.as_raw_fd(), false).unwrap();
+        let mut sent = 0;
+        while sent < 200 && shm_api::sys::send_dontwait(app.as_raw_fd(), &[7]).is_ok() {
+            sent += 1;
+        }
+        assert!(sent > MAX_DRAIN, "queued {sent}");
+        r.sync(false, false);
+        assert!(!r.sync(false, true), "the drain stops at its bound");
+        r.sync(true, false);
+        r.sync(false, false);
     }
 }

@@ -55,6 +55,13 @@ pub(super) struct App {
     pub region: AppRegion,
     pub socks: Vec<Option<Sock>>,
     pub evicted: bool,
+    /// rdsd's end of this app's doorbell: an AF_UNIX SOCK_DGRAM socketpair whose other end
+    /// only this app holds. A socketpair rather than an eventfd: the two ends are separate
+    /// open file descriptions, so the app's fcntl (O_NONBLOCK) or reads on its end can't reach
+    /// ours, and we read ours with MSG_DONTWAIT (non-blocking per call, whatever the flags),
+    /// bounded per park (`readiness::drain`). A futex word in the region would not do: a parked
+    /// core must also wait on transport sockets, and poll(2) can't wait on futexes.
+    pub doorbell: std::os::fd::OwnedFd,
 }
 
 /// The sockets of one poll core.
@@ -116,6 +123,35 @@ impl SocketTable {
 
     pub(super) fn chans(&self) -> &Channels {
         &self.chans
+    }
+
+    /// Tells the control thread that answers (or evictions) are queued for it.
+    pub(super) fn wake_control(&self) {
+        shm_api::sys::eventfd_signal(std::os::fd::AsRawFd::as_raw_fd(&*self.control_wake));
+    }
+
+    /// Adds every live app's doorbell to a park's poll set; returns how many it added (they
+    /// come first in `out`).
+    pub(super) fn doorbell_fds(&self, out: &mut Vec<libc::pollfd>) -> usize {
+        let before = out.len();
+        for a in self.apps.iter().flatten().filter(|a| !a.evicted) {
+            out.push(libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&a.doorbell),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        out.len() - before
+    }
+
+    /// After a park: empties the doorbells that rang, at most `readiness::MAX_DRAIN` rings each
+    /// (a flooding app keeps the core from sleeping, never from working).
+    pub(super) fn drain_doorbells(&self, fds: &[libc::pollfd]) {
+        for p in fds.iter().filter(|p| p.revents != 0) {
+            if !super::readiness::drain(p.fd) {
+                Stats::bump(&self.stats.drain_capped);
+            }
+        }
     }
 
     pub(super) fn sock(&mut self, r: SockRef) -> Option<&mut Sock> {
@@ -256,7 +292,9 @@ impl SocketTable {
                 rx.producer().load(Ordering::Relaxed) != rx.consumer().load(Ordering::Acquire);
             let readable = pending || (s.monitor && ctl.cong_notify.load(Ordering::Acquire) != 0);
             if let Some(rd) = s.readiness.as_mut() {
-                rd.sync(readable, writable);
+                if !rd.sync(readable, writable) {
+                    Stats::bump(&self.stats.drain_capped);
+                }
             }
         }
     }
@@ -285,7 +323,7 @@ impl SocketTable {
             });
         }
         let _ = self.chans.evictions.push(app);
-        shm_api::sys::eventfd_signal(std::os::fd::AsRawFd::as_raw_fd(&*self.control_wake));
+        self.wake_control();
     }
 
     pub(super) fn is_evicted(&self, app: usize) -> bool {
@@ -300,8 +338,12 @@ impl SocketTable {
     pub(super) fn close_sock_now(&mut self, r: SockRef) -> Option<(u32, u16)> {
         let app = self.apps.get_mut(r.app).and_then(|a| a.as_mut())?;
         let mut s = app.socks[r.slot as usize].take()?;
-        // Whatever the app queued and rdsd never took dies with the socket.
-        while let Ok(Some(rec)) = s.tx.peek() {
+        // Whatever the app queued and rdsd never took dies with the socket (counted). At most
+        // one ring's worth: the app may keep publishing while we walk.
+        let start = s.tx.position();
+        let cap = s.tx.memory().capacity() as u64;
+        while s.tx.position().wrapping_sub(start) < cap {
+            let Ok(Some(rec)) = s.tx.peek() else { break };
             s.tx.consume(&rec);
             Stats::bump(&self.stats.drop_socket_closed);
         }

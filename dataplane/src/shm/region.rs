@@ -9,6 +9,7 @@ use shm_api::layout::{
 use shm_api::ring::RawRing;
 use shm_api::sys::{self, Mapping, HUGE_PAGE};
 use std::io;
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::NonNull;
 
@@ -45,11 +46,16 @@ fn sealable_memfd(name: &str, len: usize, huge: bool) -> io::Result<OwnedFd> {
 }
 
 /// One app's region, as rdsd sees it.
+///
+/// Dropping it (or [`AppRegion::release`]) unmaps it and then punches every page out of the
+/// memfd, so the memory returns to the host even if the app keeps the fd (or a mapping) after
+/// it detached: a hostile app can't pin rdsd's hugepages by holding descriptors.
 pub struct AppRegion {
-    map: Mapping,
+    map: ManuallyDrop<Mapping>,
     fd: OwnedFd,
     geometry: RegionGeometry,
     hugetlb: bool,
+    released: bool,
 }
 
 impl AppRegion {
@@ -99,10 +105,11 @@ impl AppRegion {
         // SAFETY: offset 0 of a fresh mapping far larger than the header; nobody else has it yet.
         unsafe { std::ptr::write(map.as_ptr() as *mut AppRegionHeader, header) };
         AppRegion {
-            map,
+            map: ManuallyDrop::new(map),
             fd,
             geometry,
             hugetlb,
+            released: false,
         }
     }
 
@@ -134,8 +141,10 @@ impl AppRegion {
     /// Slot `slot`'s control block. Every field in it may be scribbled on by the app.
     pub fn slot_control(&self, slot: u32) -> &SlotControl {
         assert!(slot < self.geometry.max_sockets);
-        // SAFETY: in bounds by construction of the geometry; SlotControl is atomics only and the
-        // slot offset is page aligned.
+        // SAFETY: in bounds by construction of the geometry and page aligned. The app writes this
+        // memory at will, which is sound only because every byte of SlotControl, padding
+        // included, is an atomic (interior-mutable): the reference asserts nothing immutable,
+        // and every access through it is an atomic load/store/RMW.
         unsafe { &*(self.map.as_ptr().add(self.geometry.slot_offset(slot)) as *const SlotControl) }
     }
 
@@ -190,6 +199,58 @@ impl AppRegion {
             }
         }
     }
+
+    /// Unmaps the region, then deallocates its pages (FALLOC_FL_PUNCH_HOLE | KEEP_SIZE on the
+    /// memfd; the seals forbid only resizing). Any mapping the app kept loses the pages too;
+    /// if it touches them again it allocates fresh ones as its own, exactly as it could with a
+    /// memfd of its own. Returns whether the pages were returned.
+    pub fn release(mut self) -> bool {
+        self.release_now()
+    }
+
+    fn release_now(&mut self) -> bool {
+        if self.released {
+            return true;
+        }
+        self.released = true;
+        let len = self.map.len() as libc::off_t;
+        // SAFETY: `released` guards this, so the mapping is dropped exactly once, and nothing
+        // uses it afterwards: every ring and slot view into it is gone (the poll core drops a
+        // socket's rings before it hands the region back, and `release_now` runs only when the
+        // region is consumed or dropped).
+        unsafe { ManuallyDrop::drop(&mut self.map) };
+        let fd = self.fd.as_raw_fd();
+        if self.hugetlb {
+            // A hugetlbfs hole punch frees the pages present in the range but keeps the
+            // reservations of pages never touched (the kernel drops those only on truncation,
+            // which our seals forbid), and the file, kept open by the app, would hold them for
+            // good. So first turn every reservation into a page (this consumes the region's
+            // own reservations: it can't fail for want of pages), then punch them all.
+            // SAFETY: fallocate on our own fd, within its (sealed) size.
+            if unsafe { libc::fallocate(fd, 0, 0, len) } != 0 {
+                tracing::warn!(error = %io::Error::last_os_error(), "could not fill a detached hugetlb region before punching it");
+            }
+        }
+        // SAFETY: fallocate on our own fd, within its (sealed) size.
+        let r = unsafe {
+            libc::fallocate(
+                fd,
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                len,
+            )
+        };
+        if r != 0 {
+            tracing::warn!(error = %io::Error::last_os_error(), "could not punch out a detached app's region");
+        }
+        r == 0
+    }
+}
+
+impl Drop for AppRegion {
+    fn drop(&mut self) {
+        self.release_now();
+    }
 }
 
 /// The daemon region: poll-core sleep flag and congestion maps. Apps map it read-only; the
@@ -224,6 +285,27 @@ impl DaemonRegion {
     /// The memfd to pass to apps.
     pub fn fd(&self) -> &OwnedFd {
         &self.fd
+    }
+
+    /// A new read-only open file description of the region for one app (so no description is
+    /// shared between rdsd and more than one app: an app's fcntl or lseek on its copy touches
+    /// nobody else's). Falls back to a dup where /proc is missing.
+    pub fn fd_for_app(&self) -> io::Result<OwnedFd> {
+        use std::os::fd::FromRawFd;
+        let path = format!("/proc/self/fd/{}\0", self.fd.as_raw_fd());
+        // SAFETY: a NUL-terminated path; the result is checked and owned.
+        let fd = unsafe {
+            libc::open(
+                path.as_ptr() as *const libc::c_char,
+                libc::O_RDONLY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            tracing::debug!(error = %io::Error::last_os_error(), "reopening the daemon region failed; passing a dup");
+            return self.fd.try_clone();
+        }
+        // SAFETY: fresh fd from open(2).
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
     /// Typed access.
@@ -280,5 +362,48 @@ mod tests {
         let rc = unsafe { libc::ftruncate(r.fd().as_raw_fd(), 4096) };
         assert!(rc < 0, "shrinking a sealed region must fail");
         assert!(!r.hugetlb());
+    }
+
+    fn blocks(fd: &OwnedFd) -> i64 {
+        // SAFETY: fstat into a zeroed struct on our own fd.
+        unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            assert_eq!(libc::fstat(fd.as_raw_fd(), &mut st), 0);
+            st.st_blocks
+        }
+    }
+
+    #[test]
+    fn released_region_holds_no_pages_even_if_its_fd_is_kept() {
+        let g = RegionGeometry {
+            max_sockets: 2,
+            tx_ring_capacity: 2 << 20,
+            rx_ring_capacity: 2 << 20,
+        };
+        let r = AppRegion::create("t", g, HugepageMode::Off).unwrap();
+        r.reset_slot(1);
+        let kept = r.fd().try_clone().unwrap();
+        assert!(blocks(&kept) > 0, "the header and slot pages are allocated");
+        assert!(r.release());
+        assert_eq!(blocks(&kept), 0, "the kept fd pins nothing");
+    }
+
+    #[test]
+    fn each_app_gets_its_own_daemon_region_description() {
+        let r = DaemonRegion::create(true).unwrap();
+        let a = r.fd_for_app().unwrap();
+        // Flags set on the app's description do not reach rdsd's.
+        shm_api::sys::set_nonblocking(a.as_raw_fd(), true).unwrap();
+        // SAFETY: F_GETFL on our own fds.
+        let (fa, fr) = unsafe {
+            (
+                libc::fcntl(a.as_raw_fd(), libc::F_GETFL),
+                libc::fcntl(r.fd().as_raw_fd(), libc::F_GETFL),
+            )
+        };
+        assert_ne!(fa & libc::O_NONBLOCK, 0);
+        assert_eq!(fr & libc::O_NONBLOCK, 0);
+        let ro = Mapping::new(a.as_raw_fd(), DAEMON_REGION_LEN, false, false);
+        assert!(ro.is_ok(), "the app can map it read-only");
     }
 }

@@ -31,6 +31,9 @@ fn main() {
     if cmd == "garbage-peer" {
         return garbage_peer(&args);
     }
+    if cmd == "attach-as" {
+        return attach_as(&args);
+    }
     let rdsd = Rdsd::attach().unwrap_or_else(|e| fail(format!("attach: {e}")));
     match cmd {
         // recv ADDR COUNT [RCVBUF]: receive COUNT sequence-numbered messages, check order.
@@ -498,8 +501,103 @@ fn main() {
                 prev.map_or(-1, |p| p as i64)
             ));
         }
+        // pingpong A B COUNT SECS LIMIT_MS: two sockets bound at A and B bounce a message
+        // back and forth until at least COUNT round trips are done and SECS seconds have
+        // passed; every receive must come within LIMIT_MS. Prints "started" once bound, then
+        // "pingpong N round trips in MS ms, max rtt US us".
+        "pingpong" => {
+            let a: SocketAddrV4 = arg(&args, 1, "a");
+            let b: SocketAddrV4 = arg(&args, 2, "b");
+            let count: u64 = arg(&args, 3, "count");
+            let secs: u64 = arg(&args, 4, "secs");
+            let limit = Duration::from_millis(arg(&args, 5, "limit ms"));
+            let sa = rdsd
+                .socket()
+                .unwrap_or_else(|e| fail(format!("socket: {e}")));
+            let sb = rdsd
+                .socket()
+                .unwrap_or_else(|e| fail(format!("socket: {e}")));
+            sa.bind(a).unwrap_or_else(|e| fail(format!("bind: {e}")));
+            sb.bind(b).unwrap_or_else(|e| fail(format!("bind: {e}")));
+            sa.set_recv_timeout(Some(limit)).unwrap();
+            sb.set_recv_timeout(Some(limit)).unwrap();
+            say("started");
+            let start = Instant::now();
+            let mut buf = [0u8; 256];
+            let mut i = 0u64;
+            let mut max_rtt = Duration::ZERO;
+            while i < count || start.elapsed() < Duration::from_secs(secs) {
+                let t = Instant::now();
+                sa.send_to(&seq_payload(i, 64), b)
+                    .unwrap_or_else(|e| fail(format!("send {i}: {e}")));
+                let (n, from) = sb
+                    .recv_from(&mut buf)
+                    .unwrap_or_else(|e| fail(format!("recv {i} at b: {e}")));
+                if payload_seq(&buf[..n]) != i || from != a {
+                    fail(format!("round trip {i}: wrong message at b"));
+                }
+                sb.send_to(&buf[..n], a)
+                    .unwrap_or_else(|e| fail(format!("echo {i}: {e}")));
+                let (n, from) = sa
+                    .recv_from(&mut buf)
+                    .unwrap_or_else(|e| fail(format!("recv {i} at a: {e}")));
+                if payload_seq(&buf[..n]) != i || from != b {
+                    fail(format!("round trip {i}: wrong echo at a"));
+                }
+                max_rtt = max_rtt.max(t.elapsed());
+                i += 1;
+            }
+            say(format!(
+                "pingpong {i} round trips in {} ms, max rtt {} us",
+                start.elapsed().as_millis(),
+                max_rtt.as_micros()
+            ));
+        }
         other => fail(format!("unknown command {other:?}")),
     }
+}
+
+/// attach-as UID N SILENT: switches to UID (and GID), opens SILENT control connections that
+/// say nothing, then attaches N times, holding everything. Prints "attached K" for each
+/// success, or "refused K errno E: MESSAGE" and stops at the first failure; then "done" and
+/// sleeps until killed.
+fn attach_as(args: &[String]) {
+    let uid: u32 = arg(args, 1, "uid");
+    let n: u32 = arg(args, 2, "count");
+    let silent: u32 = arg(args, 3, "silent");
+    // SAFETY: plain credential syscalls on this process.
+    if unsafe { libc::setresgid(uid, uid, uid) } != 0
+        || unsafe { libc::setresuid(uid, uid, uid) } != 0
+    {
+        fail(format!("setresuid: {}", std::io::Error::last_os_error()));
+    }
+    let path = std::env::var_os("RDSD_SOCKET").expect("RDSD_SOCKET");
+    let quiet: Vec<_> = (0..silent)
+        .map(|_| {
+            shm_api::sys::connect_seqpacket(std::path::Path::new(&path))
+                .unwrap_or_else(|e| fail(format!("connect: {e}")))
+        })
+        .collect();
+    let mut held = Vec::new();
+    for k in 0..n {
+        match Rdsd::attach() {
+            Ok(r) => {
+                held.push(r);
+                say(format!("attached {k}"));
+            }
+            Err(e) => {
+                say(format!(
+                    "refused {k} errno {}: {}",
+                    e.raw_os_error().unwrap_or(-1),
+                    shm_api::explain(&e)
+                ));
+                break;
+            }
+        }
+    }
+    say("done");
+    drop(quiet);
+    std::thread::sleep(Duration::from_secs(600));
 }
 
 fn reattach() -> Rdsd {
