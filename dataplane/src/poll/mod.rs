@@ -196,13 +196,15 @@ impl PollCore {
         if work > 0 {
             self.table.wake_control();
         }
-        for a in 0..self.table.apps.len() {
-            let nslots = match &self.table.apps[a] {
-                Some(app) if !app.evicted => app.socks.len() as u32,
-                _ => continue,
-            };
-            for slot in 0..nslots {
-                work += self.drain_tx(SockRef { app: a, slot });
+        // Only open sockets: a pass costs what exists, not a scan of every slot of every app.
+        let mut i = 0;
+        while let Some(&r) = self.table.open_socks.get(i) {
+            if !self.table.is_evicted(r.app) {
+                work += self.drain_tx(r);
+            }
+            // An eviction removes the app's sockets from the list: look at index i again.
+            if self.table.open_socks.get(i) == Some(&r) {
+                i += 1;
             }
         }
         work += self.table.check_congested();
@@ -439,6 +441,7 @@ impl PollCore {
                     readiness,
                     readiness_on: false,
                 });
+                self.table.open_socks.push(SockRef { app, slot });
                 Stats::bump(&self.table.stats.sockets_opened);
                 Ok(slot as u64)
             }

@@ -77,6 +77,8 @@ pub struct SocketTable {
     peer_entries: FxHashSet<u32>,
     congested: Vec<SockRef>,
     pub(super) readiness_socks: Vec<SockRef>,
+    /// Every open socket, so a pass visits what exists instead of every slot of every app.
+    pub(super) open_socks: Vec<SockRef>,
     chans: Arc<Channels>,
     control_wake: Arc<std::os::fd::OwnedFd>,
     rng: u64,
@@ -111,6 +113,7 @@ impl SocketTable {
             peer_entries: FxHashSet::default(),
             congested: Vec::with_capacity(1024),
             readiness_socks: Vec::with_capacity(1024),
+            open_socks: Vec::with_capacity(1024),
             chans,
             control_wake,
             rng: seed | 1,
@@ -349,6 +352,7 @@ impl SocketTable {
         }
         Stats::bump(&self.stats.sockets_closed);
         self.readiness_socks.retain(|x| *x != r);
+        self.open_socks.retain(|x| *x != r);
         if s.congested {
             self.congested.retain(|x| *x != r);
         }
