@@ -95,7 +95,10 @@ fn every_subcommand_runs() {
         "--idle-secs",
         "0.3",
     ]);
-    assert!(out.contains("--idle backoff"), "measured on rdsd's default: {out}");
+    assert!(
+        out.contains("--idle backoff"),
+        "measured on rdsd's default: {out}"
+    );
     let wake = out
         .lines()
         .find(|l| l.starts_with("RESULT wake "))
@@ -105,7 +108,10 @@ fn every_subcommand_runs() {
         .next()
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("{wake}"));
-    assert!(parks >= 5, "rdsd parked before every wake-up sample: {wake}");
+    assert!(
+        parks >= 5,
+        "rdsd parked before every wake-up sample: {wake}"
+    );
     assert!(out.contains("RESULT blocking rdsd_p50_ns="), "{out}");
     assert!(out.contains("RESULT idle cpu_alone_pct="), "{out}");
 }
