@@ -248,16 +248,7 @@ fn mock_message_link_survives_path_cuts() {
             })),
             credits: 4,
         },
-        Run {
-            sockets: 8,
-            per_socket: 100,
-            len: 100,
-            npaths: 4,
-            capacity: 4,
-            cut_at: Some(300),
-            restart_at: None,
-            persist: false,
-        },
+        Run::path_cut(),
         "mock-cut",
     );
     assert_eq!(o.gaps, 0);

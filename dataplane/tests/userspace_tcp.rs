@@ -152,20 +152,7 @@ fn utcp_passes_the_suite_under_loss_duplication_and_reordering() {
 
 fn cut_run(tag: &str, lab: &mut Lab) {
     let t = Instant::now();
-    let o = run(
-        lab,
-        Run {
-            sockets: 8,
-            per_socket: 100,
-            len: 100,
-            npaths: 4,
-            capacity: 4,
-            cut_at: Some(300),
-            restart_at: None,
-            persist: false,
-        },
-        tag,
-    );
+    let o = run(lab, Run::path_cut(), tag);
     assert_eq!(o.gaps, 0, "{tag}: no gap after a path cut");
     report(tag, std::slice::from_ref(&lab.hub), t.elapsed());
 }

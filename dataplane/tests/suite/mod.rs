@@ -174,6 +174,23 @@ pub struct Run {
     pub persist: bool,
 }
 
+impl Run {
+    /// The path-cut case every link runs: 8 sockets × 100 messages over 4 paths, a receiver
+    /// that holds 4 per port, every path cut after 300 sends.
+    pub fn path_cut() -> Run {
+        Run {
+            sockets: 8,
+            per_socket: 100,
+            len: 100,
+            npaths: 4,
+            capacity: 4,
+            cut_at: Some(300),
+            restart_at: None,
+            persist: false,
+        }
+    }
+}
+
 pub struct Outcome {
     pub gaps: usize,
     pub full_answers: u64,
