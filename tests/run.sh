@@ -12,7 +12,11 @@ as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null;
 
 log "system packages"
 need=()
-for p in build-essential pkg-config iproute2 nftables; do
+# The VM lab (tests/tests/interop.rs, tests/vmlab/README.md) also needs qemu, a static busybox,
+# kmod (depmod), static libc for the guest programs and linux-libc-dev (linux/rds.h); the guest
+# kernel itself is fetched with `apt-get download` into /var/cache/rdsd-vmlab, never installed.
+for p in build-essential pkg-config iproute2 nftables \
+    qemu-system-x86 busybox-static kmod libc6-dev linux-libc-dev; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ "${#need[@]}" -gt 0 ]; then

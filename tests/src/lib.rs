@@ -341,3 +341,4 @@ pub fn config_file(toml: &str) -> PathBuf {
 
 pub mod netns;
 pub mod raw;
+pub mod vmlab;
