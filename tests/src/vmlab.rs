@@ -303,6 +303,10 @@ echo "RDSG init ready $(uname -r) $(cat /proc/uptime)" > /dev/ttyS1
 while read -r tag len cmd; do
     [ -n "$tag" ] || continue
     # Input bytes can get lost on the serial line: a length check catches it, the host resends.
+    # The tag is checked too: a tag that lost bytes would otherwise run the job a second time
+    # under another name.
+    case "$tag" in j[0-9]*) ;; *) echo "RDSG garbled $tag $len" > /dev/ttyS1; continue;; esac
+    case "$tag" in *[!j0-9]*) echo "RDSG garbled $tag $len" > /dev/ttyS1; continue;; esac
     if [ "${#cmd}" != "$len" ]; then
         echo "RDSG garbled $tag $len ${#cmd}" > /dev/ttyS1
         continue

@@ -499,8 +499,10 @@ fn f3_guest_vm_restarted() {
     lab.start_rdsd();
 }
 
+/// Was an rdsd bug found by this lab: without TCP keepalive on its data sockets (spec 6.1), a
+/// peer that died without a FIN kept rdsd's passive paths up forever, and every reconnect of
+/// the rebooted kernel was reset (48 643 resets in 120 s).
 #[test]
-#[ignore = "rdsd bug: no TCP keepalive on data sockets (spec 6.1), so a peer that died without a FIN keeps rdsd's passive paths UP forever and every reconnect of the rebooted kernel is reset (tcp_accepts_refused)"]
 fn f4_rebooted_kernel_reconnects_to_rdsd_as_the_active_side() {
     let mut lab = lab_or_skip!();
     let low = lab.guest_low;

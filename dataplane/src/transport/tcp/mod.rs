@@ -52,10 +52,23 @@ pub struct TcpLink {
     doorbells: Vec<(Socket, std::time::Instant)>,
 }
 
-fn new_stream(laddr: u32) -> std::io::Result<Socket> {
-    let s = Socket::new(Domain::IPV4, Type::STREAM.cloexec(), Some(Protocol::TCP))?;
+/// Options of every data socket, as the kernel's rds_tcp sets them (spec §6.1): no Nagle, and
+/// keepalive (idle 5 s, interval 5 s, 5 probes) so that a peer that died without a FIN is
+/// noticed and its paths go down; otherwise the passive side would keep a dead path up and
+/// reset every reconnect of the rebooted peer.
+fn data_socket_options(s: &Socket) -> std::io::Result<()> {
     s.set_nonblocking(true)?;
     s.set_nodelay(true)?;
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(5))
+        .with_interval(Duration::from_secs(5))
+        .with_retries(5);
+    s.set_tcp_keepalive(&ka)
+}
+
+fn new_stream(laddr: u32) -> std::io::Result<Socket> {
+    let s = Socket::new(Domain::IPV4, Type::STREAM.cloexec(), Some(Protocol::TCP))?;
+    data_socket_options(&s)?;
     s.bind(&SockAddr::from(SocketAddrV4::new(Ipv4Addr::from(laddr), 0)))?;
     Ok(s)
 }
@@ -148,8 +161,9 @@ impl Link for TcpLink {
             let (Some(peer), Some(local)) = (peer, local) else {
                 continue;
             };
-            let _ = sock.set_nonblocking(true);
-            let _ = sock.set_nodelay(true);
+            if data_socket_options(&sock).is_err() {
+                continue;
+            }
             return Some(Accepted {
                 path: TcpPath { sock },
                 laddr: u32::from(*local.ip()),
@@ -279,5 +293,20 @@ impl Link for TcpLink {
             },
             revents: 0,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_sockets_have_the_kernels_keepalive() {
+        let s = new_stream(u32::from(Ipv4Addr::LOCALHOST)).unwrap();
+        assert!(s.keepalive().unwrap());
+        assert_eq!(s.keepalive_time().unwrap(), Duration::from_secs(5));
+        assert_eq!(s.keepalive_interval().unwrap(), Duration::from_secs(5));
+        assert_eq!(s.keepalive_retries().unwrap(), 5);
+        assert!(s.nodelay().unwrap());
     }
 }
