@@ -20,6 +20,28 @@ fn sh(args: &[&str]) {
     );
 }
 
+/// Loads an nftables ruleset into network namespace `ns`; panics on failure.
+pub fn nft_in(ns: &str, ruleset: &str) {
+    use std::io::Write;
+    let mut c = Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("nft");
+    c.stdin
+        .take()
+        .unwrap()
+        .write_all(ruleset.as_bytes())
+        .unwrap();
+    let out = c.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "nft: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// True when this process may create namespaces.
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -56,24 +78,7 @@ impl Host {
 
     /// Loads an nftables ruleset into the namespace.
     pub fn nft(&self, ruleset: &str) {
-        use std::io::Write;
-        let mut c = Command::new("ip")
-            .args(["netns", "exec", &self.ns, "nft", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("nft");
-        c.stdin
-            .take()
-            .unwrap()
-            .write_all(ruleset.as_bytes())
-            .unwrap();
-        let out = c.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "nft: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        nft_in(&self.ns, ruleset);
     }
 
     /// Takes the host's link down or up.

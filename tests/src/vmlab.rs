@@ -725,23 +725,7 @@ impl VmLab {
 
     /// Loads an nftables ruleset into the namespace.
     pub fn nft(&self, ruleset: &str) {
-        let mut c = Command::new("ip")
-            .args(["netns", "exec", &self.ns, "nft", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("nft");
-        c.stdin
-            .take()
-            .unwrap()
-            .write_all(ruleset.as_bytes())
-            .unwrap();
-        let out = c.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "nft: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        crate::netns::nft_in(&self.ns, ruleset);
     }
 
     /// Removes every nftables rule of the namespace.

@@ -40,20 +40,11 @@ fn af_packet_veth_frames_cross() {
     ip(&["link", "set", "rdsdvb", "up"]);
 
     let prefix = common::unique_prefix("afp");
-    let mut args = common::Args::new(&[
-        "dpdk-sys-test".to_string(),
-        "-l".to_string(),
-        "0".to_string(),
-        "--no-pci".to_string(),
-        "--no-huge".to_string(),
-        "-m".to_string(),
-        "128".to_string(),
-        "--no-telemetry".to_string(),
-        format!("--file-prefix={prefix}"),
-        "--vdev=net_af_packet0,iface=rdsdva".to_string(),
-        "--vdev=net_af_packet1,iface=rdsdvb".to_string(),
-        "--log-level=lib.eal:error".to_string(),
-    ]);
+    let mut args = common::eal_args(
+        &prefix,
+        128,
+        &["net_af_packet0,iface=rdsdva", "net_af_packet1,iface=rdsdvb"],
+    );
     // SAFETY: argv is a NULL-terminated array of valid C strings that outlives EAL; EAL is
     // initialised once in this process.
     let ret = unsafe { rte_eal_init(args.argc(), args.argv()) };

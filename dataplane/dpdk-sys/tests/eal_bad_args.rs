@@ -43,18 +43,7 @@ fn bad_eal_arguments_are_an_error() {
     assert_eq!(unsafe { rte_errno() }, EINVAL);
 
     // A failed argument parse leaves EAL un-initialised: a good init still works ...
-    let mut good = common::Args::new(&[
-        "dpdk-sys-test".to_string(),
-        "-l".to_string(),
-        "0".to_string(),
-        "--no-pci".to_string(),
-        "--no-huge".to_string(),
-        "-m".to_string(),
-        "64".to_string(),
-        "--no-telemetry".to_string(),
-        format!("--file-prefix={prefix}"),
-        "--log-level=lib.eal:error".to_string(),
-    ]);
+    let mut good = common::eal_args(&prefix, 64, &[]);
     // SAFETY: as above; no EAL is running in this process yet.
     let ret = unsafe { rte_eal_init(good.argc(), good.argv()) };
     assert!(

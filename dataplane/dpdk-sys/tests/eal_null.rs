@@ -12,19 +12,7 @@ use std::ffi::{CStr, CString};
 #[test]
 fn eal_null_port_tx_rx_cycle() {
     let prefix = common::unique_prefix("null");
-    let mut args = common::Args::new(&[
-        "dpdk-sys-test".to_string(),
-        "-l".to_string(),
-        "0".to_string(),
-        "--no-pci".to_string(),
-        "--no-huge".to_string(),
-        "-m".to_string(),
-        "128".to_string(),
-        "--no-telemetry".to_string(),
-        format!("--file-prefix={prefix}"),
-        "--vdev=net_null0".to_string(),
-        "--log-level=lib.eal:error".to_string(),
-    ]);
+    let mut args = common::eal_args(&prefix, 128, &["net_null0"]);
     // SAFETY: argv is a NULL-terminated array of valid C strings that lives until the end
     // of the process (`args` is dropped after rte_eal_cleanup); EAL is initialised once in
     // this process (this file is its own test binary with a single test).

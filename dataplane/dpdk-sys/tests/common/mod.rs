@@ -57,3 +57,25 @@ pub fn remove_runtime_dir(dir: &std::path::Path) {
         }
     }
 }
+
+/// The EAL arguments every test uses: one lcore, no PCI, no hugepages (`mem_mb` of plain
+/// memory), no telemetry, a unique file prefix, quiet logs, then `vdevs` (`--vdev=` values).
+pub fn eal_args(prefix: &str, mem_mb: u32, vdevs: &[&str]) -> Args {
+    let mut v: Vec<String> = [
+        "dpdk-sys-test",
+        "-l",
+        "0",
+        "--no-pci",
+        "--no-huge",
+        "-m",
+        &mem_mb.to_string(),
+        "--no-telemetry",
+        &format!("--file-prefix={prefix}"),
+        "--log-level=lib.eal:error",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.extend(vdevs.iter().map(|d| format!("--vdev={d}")));
+    Args::new(&v)
+}
