@@ -121,9 +121,23 @@
 //!   only wait for their own catch-up, which TCP acknowledgement does not prove: acknowledged
 //!   bytes can still wait in the peer's socket buffer, or in a receiver that paused the path
 //!   because a ring was full, and a socket's later messages on another path would overtake
-//!   them). A resent barrier ping that goes unanswered is given up after `reconnect_max`.
+//!   them).
+//! * **Path-0 data gate.** On a path-0 connection whose queue holds no resend, data waits for
+//!   the pong to the probe ping (at most `reconnect_max`, then it goes anyway and
+//!   `path0_gate_timeouts` counts it); control messages (the probe, pongs) go ahead of it. The
+//!   kernel sends at once and counts TCP's acknowledgement as delivery, but the 6.1 kernel, as
+//!   the larger address, can drop an accepted path 0 whose bytes TCP acknowledged before its
+//!   RDS layer took the socket (its own doorbell connect races the accept): those messages are
+//!   lost (VM-lab test a3). The pong proves its RDS layer owns the connection. Overtaking
+//!   only first-time messages is safe: the duplicate rule applies to RETRANSMITTED ones, which
+//!   is why a queue with a resend is not gated (the race stays open there, see the VM lab's
+//!   README).
 //! * The active side reconnects paths > 0 only after a pong on the current path-0 connection,
 //!   including after an isolated drop of such a path (it re-probes on path 0).
+//! * The active side connects paths > 0 one at a time, in index order (the kernel connects
+//!   them all at once): a passive peer without SPORT_IDX takes its first free path in accept
+//!   order, so a lost SYN would swap two paths and the peer would drop their resends as
+//!   duplicates, judged against the other path's sequence numbers.
 //! * Path choice is `hash(sport) % npaths` (the kernel uses `jhash & (npaths - 1)`); the hash is
 //!   local-only. Prefer power-of-two path counts with kernel peers.
 //! * Passive path mapping with `SPORT_IDX` uses `sport % 8` (equal to the kernel's
@@ -132,7 +146,9 @@
 //! * The passive side re-rings the doorbell while it has data queued and path 0 is down (the
 //!   kernel only does so on sendmsg and at the end of a path-0 shutdown), at most once per
 //!   interval of [`Config::doorbell_min`] doubling to [`Config::reconnect_max`].
-//! * Pongs and probes are queued messages retransmitted like data (as in the kernel).
+//! * Pongs are queued messages retransmitted like data (as in the kernel). A probe ping is
+//!   never resent: a peer that processed it would drop a RETRANSMITTED copy and never answer,
+//!   so a reconnected path 0 gets a fresh ping, queued behind what is resent.
 //! * Receive state can outlive the daemon ([`Connection::restore_rx_state`]); the kernel
 //!   loses it when the module is reloaded.
 //! * Checksums, `h_ack` and `h_credit` are neither set nor checked (as kernel TCP).

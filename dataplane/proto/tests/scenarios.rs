@@ -75,6 +75,24 @@ fn active_up(now: Instant) -> Connection<Vec<u8>> {
     a
 }
 
+/// Active side A with path 0 up and the peer's probe pong received on it, so that TCP's
+/// acknowledgements on path 0 release messages (before the pong they are held).
+fn active_attached(now: Instant) -> Connection<Vec<u8>> {
+    let mut a = active_up(now);
+    attach(&mut a);
+    let _ = events(&mut a);
+    a
+}
+
+/// Feeds a probe pong (no NPATHS: one path) on path 0.
+fn attach(a: &mut Connection<Vec<u8>>) {
+    let pongs = a.counters().probe_pongs_received;
+    a.handle_stream_data(Instant::ZERO, 0, &message(0, 0, 1, 0, &[]), |_| {
+        panic!("a probe pong is not delivered")
+    });
+    assert_eq!(a.counters().probe_pongs_received, pongs + 1);
+}
+
 /// Passive side B with path 0 up (accepted).
 fn passive_up(now: Instant) -> Connection<Vec<u8>> {
     let mut b = conn(ADDR_B, ADDR_A, GEN_B);
@@ -485,7 +503,7 @@ fn cancel_sent_to_releases_and_skips() {
 #[test]
 fn cancel_of_a_message_being_written_completes_its_frame() {
     let now = Instant::ZERO;
-    let mut a = active_up(now);
+    let mut a = active_attached(now);
     let map = CongMap::new();
     drain(&mut a, now, 0, &map); // map + probe
     a.send(now, 7, 10, vec![1u8; 1000], 1).unwrap();
@@ -542,7 +560,7 @@ fn duplicate_rule_follows_the_kernel() {
 #[test]
 fn unacked_messages_are_resent_with_original_seq_and_flag() {
     let mut now = Instant::ZERO;
-    let mut a = active_up(now);
+    let mut a = active_attached(now);
     let map = CongMap::new();
     a.send(now, 7, 10, b"one".to_vec(), 1).unwrap();
     a.send(now, 7, 10, b"two".to_vec(), 2).unwrap();
@@ -581,7 +599,7 @@ fn unacked_messages_are_resent_with_original_seq_and_flag() {
 #[test]
 fn partial_writes_keep_the_stream_exact() {
     let now = Instant::ZERO;
-    let mut a = active_up(now);
+    let mut a = active_attached(now);
     let map = CongMap::new();
     for i in 0..5u8 {
         a.send(now, 7, 10, vec![i; 100 * usize::from(i)], u64::from(i))
@@ -663,7 +681,11 @@ fn passive_side_never_reconnects_but_rings_the_doorbell() {
     b.handle_timeout(now);
     assert_eq!(events(&mut b), vec![Event::Doorbell]);
     assert_eq!(b.handle_accepted(now, 40000), Ok(0));
-    assert!(b.poll_timeout().is_none());
+    assert_eq!(
+        b.poll_timeout(),
+        Some(now + Duration::from_secs(1)),
+        "no doorbell timer; only the deadline of the path-0 data gate"
+    );
 }
 
 /// Passive side with path 0 down and data queued: doorbells at most once per backoff interval
@@ -731,7 +753,11 @@ fn doorbell_rings_at_most_once_per_backoff_interval() {
     // Path 0 up resets the pacing: the next loss of path 0 rings at once, then 10 ms later.
     let now = end;
     assert_eq!(b.handle_accepted(now, 40000), Ok(0));
-    assert!(b.poll_timeout().is_none());
+    assert_eq!(
+        b.poll_timeout(),
+        Some(now + Duration::from_secs(1)),
+        "no doorbell timer; only the deadline of the path-0 data gate"
+    );
     b.handle_path_down(now, 0).unwrap();
     assert_eq!(events(&mut b), vec![Event::Doorbell]);
     let next = b.poll_timeout().unwrap();
@@ -1088,7 +1114,7 @@ fn released(c: &mut Connection<Vec<u8>>) -> Vec<u64> {
 /// Active side with path 0 up and five messages of 0, 10, .. 40 bytes queued behind the
 /// congestion map and the probe.
 fn loaded(now: Instant) -> Connection<Vec<u8>> {
-    let mut a = active_up(now);
+    let mut a = active_attached(now);
     for i in 0..5u8 {
         a.send(now, 7, 10, vec![i; 10 * usize::from(i)], u64::from(i))
             .unwrap();
@@ -1171,7 +1197,7 @@ fn partial_vectored_write_ends_mid_header_then_mid_payload_of_later_frames() {
     let now = Instant::ZERO;
     let map = CongMap::new();
     let build = || {
-        let mut a = active_up(now);
+        let mut a = active_attached(now);
         for i in 0..5u8 {
             a.send(now, 7, 10, vec![i; 100], u64::from(i)).unwrap();
         }
@@ -1218,7 +1244,7 @@ fn partial_vectored_write_ends_mid_header_then_mid_payload_of_later_frames() {
 fn gathered_messages_are_released_exactly_at_their_last_byte() {
     let now = Instant::ZERO;
     let map = CongMap::new();
-    let mut a = active_up(now);
+    let mut a = active_attached(now);
     let base = drain(&mut a, now, 0, &map).len() as u64; // map + probe
     a.handle_acked(0, base);
     let _ = events(&mut a);
@@ -1260,7 +1286,7 @@ fn congestion_map_is_gathered_in_front_of_messages_one_per_path_at_a_time() {
     let now = Instant::ZERO;
     let mut map = CongMap::new();
     map.set(5000);
-    let mut a = active_up(now);
+    let mut a = active_attached(now);
     a.send(now, 7, 10, b"one".to_vec(), 1).unwrap();
     a.send(now, 7, 10, b"two".to_vec(), 2).unwrap();
     let slices = gather(&mut a, now, 0, &map, 32, 64);
@@ -1323,7 +1349,7 @@ fn congestion_map_is_gathered_in_front_of_messages_one_per_path_at_a_time() {
 fn cancel_with_several_started_frames_releases_each_once_its_frame_is_out() {
     let now = Instant::ZERO;
     let map = CongMap::new();
-    let mut a = active_up(now);
+    let mut a = active_attached(now);
     let mut stream = drain(&mut a, now, 0, &map); // map + probe
                                                   // sport 7: 1, 2, 4 (cancelled); sport 8: 3, 5 (kept). 100-byte payloads, 148-byte frames.
     for (token, sport) in [(1u8, 7u16), (2, 7), (3, 8), (4, 7), (5, 8)] {
@@ -1390,7 +1416,7 @@ fn cancel_with_several_started_frames_releases_each_once_its_frame_is_out() {
 fn path_down_with_several_started_frames_requeues_all_in_order() {
     let mut now = Instant::ZERO;
     let map = CongMap::new();
-    let mut a = active_up(now);
+    let mut a = active_attached(now);
     let base = drain(&mut a, now, 0, &map).len();
     a.handle_acked(0, base as u64);
     let _ = events(&mut a);
@@ -1458,7 +1484,7 @@ fn path_down_after_a_vectored_poll_with_nothing_written_loses_nothing() {
     now += Duration::from_millis(1);
     a.handle_path_down(now, 0).unwrap();
     assert_eq!(events(&mut a), vec![Event::Connect { path: 0 }]);
-    assert_eq!(a.queued_messages(0), 6, "probe and five messages");
+    assert_eq!(a.queued_messages(0), 5, "five messages; a started probe is not resent");
     a.handle_connected(now, 0).unwrap();
     let out = frames(&drain_vectored(&mut a, now, 0, &map));
     let seqs: Vec<(u64, u8)> = out.iter().map(|(h, _)| (h.sequence, h.flags)).collect();
@@ -1467,12 +1493,12 @@ fn path_down_after_a_vectored_poll_with_nothing_written_loses_nothing() {
         seqs,
         vec![
             (0, flags::CONG_BITMAP),
-            (1, r),
             (2, r),
             (3, r),
             (4, r),
             (5, r),
-            (6, r)
+            (6, r),
+            (7, 0)
         ]
     );
     assert_eq!(a.counters().cong_map_sent, 2);
@@ -1562,9 +1588,9 @@ fn fan_out_waits_for_the_pong_behind_what_path_zero_carried() {
     for i in 0..3u8 {
         a.send(now, sport, 10, vec![i; 8], u64::from(i)).unwrap();
     }
-    // Before the handshake everything goes on path 0, and TCP acknowledges all of it.
+    // Before the handshake's pong, data waits on path 0 (the data gate).
     let sent = frames(&drain(&mut a, now, 0, &map));
-    assert_eq!(sent.len(), 5, "map, probe, three messages");
+    assert_eq!(sent.len(), 2, "map and probe; the data waits for the pong");
     a.handle_acked(0, a.stream_offset(0));
     // The pong to the handshake probe: two paths.
     assert!(feed(&mut a, 0, &probe_pong(1, 2, GEN_B)).is_empty());
@@ -1578,12 +1604,13 @@ fn fan_out_waits_for_the_pong_behind_what_path_zero_carried() {
     assert_eq!(
         data(frames(&drain(&mut a, now, 1, &map))),
         0,
-        "path 0 is acknowledged, but the peer has not proved it read it"
+        "path 0 still carries the socket's earlier messages"
     );
-    // The barrier ping goes out on path 0; TCP acknowledges it; still no pong.
+    // They go out on path 0 with the barrier ping behind them; TCP acknowledges all of it;
+    // still no pong.
     let ping = frames(&drain(&mut a, now, 0, &map));
-    assert_eq!(ping.len(), 1);
-    assert_eq!((ping[0].0.sport, ping[0].0.dport), (1, 0));
+    assert_eq!(ping.len(), 4);
+    assert_eq!((ping[3].0.sport, ping[3].0.dport), (1, 0));
     a.handle_acked(0, a.stream_offset(0));
     assert!(!a.has_pending_transmit(1));
     // A pong flagged RETRANSMITTED answers a ping of an earlier connection: not this one.
@@ -1595,7 +1622,6 @@ fn fan_out_waits_for_the_pong_behind_what_path_zero_carried() {
     assert!(feed(&mut a, 0, &probe_pong(3, 2, GEN_B)).is_empty());
     let out = frames(&drain(&mut a, now, 1, &map));
     assert_eq!(out.last().unwrap().1, vec![9; 8]);
-    assert_eq!(a.counters().fanout_barrier_timeouts, 0);
 
     // No timeout while the peer is silent: a paused receiver answers once it drains.
     let silent = now + Duration::from_secs(30);
@@ -1615,9 +1641,9 @@ fn fan_out_waits_for_the_pong_behind_what_path_zero_carried() {
     b2.handle_timeout(silent);
     assert!(!b2.has_pending_transmit(1), "still waiting for the pong");
 
-    // Path 0 drops before the pong: the barrier ping is resent (RETRANSMITTED). A peer that
-    // had processed it drops it silently, so for the resent ping the barrier gives up after
-    // reconnect_max.
+    // Path 0 drops before the pong: the barrier ping is not resent (a peer that had processed
+    // it would drop a RETRANSMITTED copy and never answer); a fresh one goes behind the resent
+    // data, and its pong releases the barrier.
     now = silent;
     b2.handle_path_down(now, 0).unwrap();
     let _ = events(&mut b2);
@@ -1629,14 +1655,113 @@ fn fan_out_waits_for_the_pong_behind_what_path_zero_carried() {
     }
     b2.handle_connected(now, 0).unwrap();
     let resent = frames(&drain(&mut b2, now, 0, &map));
-    assert!(resent
+    let kinds: Vec<(u16, bool)> = resent
         .iter()
-        .any(|(h, _)| h.sport == 1 && h.flags & flags::RETRANSMITTED != 0));
+        .filter(|(h, _)| !h.is_cong_bitmap())
+        .map(|(h, _)| (h.sport, h.flags & flags::RETRANSMITTED != 0))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![(sport, true), (1, false)],
+        "the message resent, then a fresh ping, not a RETRANSMITTED copy"
+    );
     b2.handle_acked(0, b2.stream_offset(0));
-    assert!(!b2.has_pending_transmit(1));
-    let deadline = b2.poll_timeout().expect("the resent ping's deadline");
-    assert!(deadline <= now + Duration::from_secs(1));
-    b2.handle_timeout(deadline);
-    assert_eq!(b2.counters().fanout_barrier_timeouts, 1);
+    b2.handle_timeout(now + Duration::from_secs(30));
+    assert!(!b2.has_pending_transmit(1), "no timeout: waits for the pong");
+    assert!(feed(&mut b2, 0, &probe_pong(1, 2, GEN_B)).is_empty());
     assert!(b2.has_pending_transmit(1) || b2.path_state(1) != PathState::Up);
+}
+
+/// The 6.1 kernel, as the larger address, can drop an accepted path 0 whose bytes TCP had
+/// acknowledged before its RDS layer took the socket (interop test a3). Data on a fresh
+/// path-0 connection therefore waits for the pong to the probe: nothing acknowledged before it
+/// can be a message; control messages overtake the waiting data; a peer that never answers
+/// holds the data up for `reconnect_max` at most.
+#[test]
+fn data_on_a_fresh_path_zero_waits_for_the_pong() {
+    let mut now = Instant::ZERO;
+    let map = CongMap::new();
+    let mut a = conn(ADDR_A, ADDR_B, GEN_A);
+    for i in 0..3u8 {
+        a.send(now, 7, 10, vec![i; 8], u64::from(i)).unwrap();
+    }
+    assert_eq!(events(&mut a), vec![Event::Connect { path: 0 }]);
+    a.handle_connected(now, 0).unwrap();
+    let out = frames(&drain(&mut a, now, 0, &map));
+    let ports: Vec<(u16, u16)> = out.iter().map(|(h, _)| (h.sport, h.dport)).collect();
+    assert_eq!(ports, vec![(0, 0), (1, 0)], "map and probe only");
+    // The peer's own ping is answered at once, ahead of the waiting data.
+    let ping = message(1, 9, 0, 0, &[]);
+    assert!(feed(&mut a, 0, &ping).is_empty());
+    let out = frames(&drain(&mut a, now, 0, &map));
+    assert_eq!(out.len(), 1);
+    assert_eq!((out[0].0.sport, out[0].0.dport), (0, 9));
+    // TCP acknowledges all of it, then the peer drops the connection: no message was in it.
+    a.handle_acked(0, a.stream_offset(0));
+    assert!(released(&mut a).is_empty());
+    now += Duration::from_millis(1);
+    a.handle_path_down(now, 0).unwrap();
+    let _ = events(&mut a);
+    now += Duration::from_millis(1);
+    a.handle_timeout(now);
+    let _ = events(&mut a);
+    a.handle_connected(now, 0).unwrap();
+    let out = frames(&drain(&mut a, now, 0, &map));
+    assert_eq!(out.len(), 2, "again map and a fresh probe only");
+    assert_eq!(out[1].0.flags & flags::RETRANSMITTED, 0);
+    // The pong opens the gate: the messages go out, first-time (not RETRANSMITTED).
+    attach(&mut a);
+    let out = frames(&drain(&mut a, now, 0, &map));
+    let got: Vec<(u8, u8)> = out.iter().map(|(h, p)| (p[0], h.flags)).collect();
+    assert_eq!(got, vec![(0, 0), (1, 0), (2, 0)]);
+    assert_eq!(a.counters().path0_gate_timeouts, 0);
+
+    // A peer that never pongs: the data goes at the deadline.
+    let mut b = conn(ADDR_A, ADDR_B, GEN_A);
+    b.send(now, 7, 10, vec![5; 8], 5).unwrap();
+    let _ = events(&mut b);
+    b.handle_connected(now, 0).unwrap();
+    assert_eq!(frames(&drain(&mut b, now, 0, &map)).len(), 2);
+    let deadline = b.poll_timeout().expect("the gate's deadline");
+    assert_eq!(deadline, now + Duration::from_secs(1));
+    b.handle_timeout(deadline);
+    assert_eq!(b.counters().path0_gate_timeouts, 1);
+    let out = frames(&drain(&mut b, deadline, 0, &map));
+    assert_eq!(out.last().unwrap().1, vec![5; 8]);
+}
+
+/// Paths > 0 connect one at a time in index order, so that a peer mapping accepted
+/// connections to its first free path (no SPORT_IDX) gets them in path order even when a SYN
+/// is lost.
+#[test]
+fn paths_connect_one_at_a_time_in_index_order() {
+    let now = Instant::ZERO;
+    let mut a = active_up(now);
+    assert!(feed(&mut a, 0, &probe_pong(1, 4, GEN_B)).is_empty());
+    let connects = |a: &mut Connection<Vec<u8>>| -> Vec<usize> {
+        events(a)
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Connect { path } => Some(path),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(connects(&mut a), vec![1]);
+    a.handle_connected(now, 1).unwrap();
+    assert_eq!(connects(&mut a), vec![2]);
+    a.handle_connected(now, 2).unwrap();
+    assert_eq!(connects(&mut a), vec![3]);
+    a.handle_connected(now, 3).unwrap();
+    assert!(connects(&mut a).is_empty());
+    // Two paths drop: they reconnect in order too.
+    a.handle_path_down(now, 3).unwrap();
+    a.handle_path_down(now, 2).unwrap();
+    assert_eq!(connects(&mut a), vec![]);
+    // Path 0 re-probes first (a path > 0 dropped); its pong lets path 2, then path 3, connect.
+    let _ = drain(&mut a, now, 0, &CongMap::new());
+    assert!(feed(&mut a, 0, &probe_pong(2, 4, GEN_B)).is_empty());
+    assert_eq!(connects(&mut a), vec![2]);
+    a.handle_connected(now, 2).unwrap();
+    assert_eq!(connects(&mut a), vec![3]);
 }

@@ -195,9 +195,9 @@ pub struct Counters {
     pub cancelled: u64,
     /// Messages released after TCP acknowledgement.
     pub acked: u64,
-    /// Fan-out barriers released without the peer's pong (a resent barrier ping went
-    /// unanswered: the peer had processed it before the reconnect).
-    pub fanout_barrier_timeouts: u64,
+    /// Path-0 connections whose data stopped waiting for the first pong at the deadline
+    /// (the peer never answered the probe ping).
+    pub path0_gate_timeouts: u64,
 }
 
 /// Why [`super::Connection::send`] refused a message.

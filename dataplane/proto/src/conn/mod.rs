@@ -103,6 +103,9 @@ pub struct Connection<P> {
     peer_knows_our_generation: bool,
     /// A probe pong arrived since path 0 last came up; gates connects of paths > 0.
     path0_confirmed: bool,
+    /// Data on path 0 waits for the first pong on this path-0 connection, until this
+    /// deadline at the latest (see [`Connection::path_up`]); control messages go first.
+    path0_gate: Option<Instant>,
     /// After routing changed, data on paths > 0 waits until the peer has processed what path 0
     /// carried before the switch (per-socket order across the switch).
     fanout_barrier: Option<Barrier>,
@@ -133,10 +136,9 @@ pub struct Connection<P> {
 /// path 0 behind everything sent before the switch: its pong proves the peer has processed all
 /// of it. Data on paths > 0 waits for both the acknowledgement and the pong. A multipath peer
 /// always answers a probe ping (spec §9), however long it takes (a paused receiver answers
-/// once it drains), so there is no timeout, with one exception: a barrier ping resent after a
-/// path-0 reconnect carries RETRANSMITTED, and a peer that had already processed it drops it
-/// as a duplicate without answering; for that ping only, the barrier gives up after
-/// `reconnect_max`.
+/// once it drains), so there is no timeout. A ping is never resent with RETRANSMITTED (a peer
+/// that had processed it would drop the copy as a duplicate and never answer): after a path-0
+/// drop the barrier takes a fresh ping, queued behind what is resent.
 #[derive(Debug, Clone, Copy)]
 struct Barrier {
     /// Highest path-0 sequence number queued before the switch.
@@ -146,12 +148,8 @@ struct Barrier {
     /// Its ordinal among the probe pings started on the current path-0 connection: the pong
     /// with the same ordinal answers it (the peer answers pings in order on the same path).
     ping_ordinal: Option<u32>,
-    /// The pong arrived (or the deadline passed).
+    /// The pong arrived.
     confirmed: bool,
-    /// When to stop waiting for the pong (only for a resent ping).
-    deadline: Option<Instant>,
-    /// The ping is being resent on a new path-0 connection.
-    resent: bool,
 }
 
 /// Which frame starts next on a path.
@@ -196,6 +194,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             peer_sport_idx: false,
             peer_knows_our_generation: false,
             path0_confirmed: false,
+            path0_gate: None,
             fanout_barrier: None,
             path0_pings_started: 0,
             path0_pongs_received: 0,
@@ -382,8 +381,17 @@ impl<P: AsRef<[u8]>> Connection<P> {
         self.tx.iter().any(TxPath::has_pending_data)
     }
 
+    /// May the front of `path`'s queue start now?
     fn data_allowed(&self, path: usize) -> bool {
-        path == 0 || (self.peer_knows_our_generation && self.fanout_barrier.is_none())
+        if path == 0 {
+            self.path0_gate.is_none()
+                || self.tx[0]
+                    .queue
+                    .front()
+                    .is_some_and(|m| matches!(m.body, Body::Control(_)))
+        } else {
+            self.peer_knows_our_generation && self.fanout_barrier.is_none()
+        }
     }
 
     /// True when [`Connection::poll_transmit_chunk`] (or [`Connection::poll_transmit_slices`]
@@ -411,7 +419,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             .iter()
             .filter_map(|t| t.reconnect_at)
             .chain(self.doorbell_at)
-            .chain(self.fanout_barrier.and_then(|b| b.deadline))
+            .chain(self.path0_gate)
             .min()
     }
 
@@ -431,14 +439,10 @@ impl<P: AsRef<[u8]>> Connection<P> {
         if matches!(self.doorbell_at, Some(at) if at <= now) {
             self.maybe_ring_doorbell(now);
         }
-        if let Some(b) = self.fanout_barrier.as_mut() {
-            if !b.confirmed && b.deadline.is_some_and(|d| d <= now) {
-                // The resent ping was dropped as a duplicate: the peer had processed it.
-                b.confirmed = true;
-                b.deadline = None;
-                self.counters.fanout_barrier_timeouts += 1;
-                self.refresh_barrier();
-            }
+        if self.path0_gate.is_some_and(|at| at <= now) {
+            // A peer that never answers pings (ping_enable off): send without the proof.
+            self.path0_gate = None;
+            self.counters.path0_gate_timeouts += 1;
         }
     }
 
@@ -480,6 +484,10 @@ impl<P: AsRef<[u8]>> Connection<P> {
             return Err(PathError::WrongState(path));
         }
         self.path_up(now, path);
+        if path > 0 {
+            // Paths connect one at a time, in index order (see `wants_path`).
+            self.schedule_paths(now);
+        }
         Ok(())
     }
 
@@ -551,6 +559,11 @@ impl<P: AsRef<[u8]>> Connection<P> {
                 push_released(&mut self.events, &msg);
                 continue;
             }
+            if msg.is_probe_ping() {
+                // Never resent: a peer that processed it drops a RETRANSMITTED copy as a
+                // duplicate and would never pong. The new connection gets a fresh ping.
+                continue;
+            }
             msg.retransmit = true;
             tx.queue.push_front(msg);
         }
@@ -565,9 +578,10 @@ impl<P: AsRef<[u8]>> Connection<P> {
         tx.peer_tcp_sport = None;
         if path == 0 {
             self.path0_confirmed = false;
+            self.path0_gate = None;
             // Pings and pongs are counted per path-0 connection. An unanswered barrier ping
-            // was requeued above (resent first, in order): it gets a new ordinal when it is
-            // written again; one TCP already acknowledged is not resent, so ask again.
+            // that was never started is still queued and gets its ordinal when written; a
+            // started one was dropped above, so a fresh one goes behind what is resent.
             self.path0_pings_started = 0;
             self.path0_pongs_received = 0;
             if let Some(b) = self.fanout_barrier.filter(|b| !b.confirmed) {
@@ -580,8 +594,6 @@ impl<P: AsRef<[u8]>> Connection<P> {
                 if let Some(b) = self.fanout_barrier.as_mut() {
                     b.ping_seq = ping_seq;
                     b.ping_ordinal = None;
-                    b.deadline = None;
-                    b.resent = pending;
                 }
             }
         } else if self.active {
@@ -610,11 +622,16 @@ impl<P: AsRef<[u8]>> Connection<P> {
         }
     }
 
+    /// Paths > 0 connect one at a time, in index order: a passive peer without SPORT_IDX maps
+    /// connections to its first free path in accept order, and with parallel connects a lost
+    /// SYN swaps two paths, whose resends the peer then judges against the other path's
+    /// sequence numbers and drops (seen in the userspace-TCP path-cut suite).
     fn wants_path(&self, path: usize) -> bool {
         self.active
             && self.opened
             && path < self.npaths_effective()
             && (path == 0 || self.path0_confirmed)
+            && (1..path).all(|p| self.tx[p].state == PathState::Up)
     }
 
     /// Active side: make sure every wanted path that is down is connecting or has a timer.
@@ -653,7 +670,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
         self.events.push_back(Event::Connect { path });
     }
 
-    fn path_up(&mut self, _now: Instant, path: usize) {
+    fn path_up(&mut self, now: Instant, path: usize) {
         let tx = &mut self.tx[path];
         tx.state = PathState::Up;
         tx.stream_offset = 0;
@@ -670,6 +687,26 @@ impl<P: AsRef<[u8]>> Connection<P> {
             self.doorbell_bound = Duration::ZERO;
             self.doorbell_next = None;
             self.doorbell_at = None;
+            // The data gate (see the crate's deviations): only when nothing queued is a
+            // resend, since control messages overtake queued data under it, and a resend
+            // behind a newer sequence number would be taken for a duplicate; and not while a
+            // fan-out barrier needs its ping behind the data.
+            let tx = &self.tx[0];
+            let gate = !tx.queue.iter().any(|m| m.retransmit) && self.fanout_barrier.is_none();
+            self.path0_gate = gate.then_some(now + self.config.reconnect_max);
+            if gate {
+                // Control messages that never went out go ahead of the data now, in order.
+                let queue = &mut self.tx[0].queue;
+                let mut ahead = 0;
+                for i in 0..queue.len() {
+                    if matches!(queue[i].body, Body::Control(_)) {
+                        if let Some(m) = queue.remove(i) {
+                            queue.insert(ahead, m);
+                        }
+                        ahead += 1;
+                    }
+                }
+            }
             if !self.tx[0].has_probe_pending() {
                 self.queue_control(0, Control::ProbePing);
             }
@@ -775,9 +812,10 @@ impl<P: AsRef<[u8]>> Connection<P> {
             Control::ProbePong => (0, PROBE_PORT, self.probe_ext()),
             Control::Pong => (0, pong_dport, ExtHeaders::new()),
         };
+        let gated = path == 0 && self.path0_gate.is_some();
         let tx = &mut self.tx[path];
         let seq = tx.take_seq();
-        tx.queue.push_back(Message {
+        let msg = Message {
             seq,
             sport,
             dport,
@@ -786,7 +824,14 @@ impl<P: AsRef<[u8]>> Connection<P> {
             retransmit: false,
             cancelled: false,
             ack_end: 0,
-        });
+        };
+        if gated {
+            // Ahead of the waiting data, behind earlier control messages.
+            let at = tx.queue.iter().position(|m| matches!(m.body, Body::Data { .. }));
+            tx.queue.insert(at.unwrap_or(tx.queue.len()), msg);
+        } else {
+            tx.queue.push_back(msg);
+        }
         seq
     }
 
@@ -864,7 +909,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
     /// several frames at once.
     pub fn poll_transmit_chunk(
         &mut self,
-        now: Instant,
+        _now: Instant,
         path: usize,
         local_map: &CongMap,
     ) -> Option<TransmitChunk<'_>> {
@@ -874,7 +919,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
         }
         if tx.frames.is_empty() {
             if let Some((kind, _)) = self.next_frame(path) {
-                self.start_frame(now, path, kind, local_map);
+                self.start_frame(path, kind, local_map);
             }
         }
         let (header, payload) = self.tx[path].chunk()?;
@@ -901,7 +946,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
     /// messages).
     pub fn poll_transmit_slices<'a>(
         &'a mut self,
-        now: Instant,
+        _now: Instant,
         path: usize,
         local_map: &CongMap,
         max_frames: usize,
@@ -927,7 +972,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             if slots + need > out.len() {
                 break;
             }
-            self.start_frame(now, path, kind, local_map);
+            self.start_frame(path, kind, local_map);
             slots += need;
         }
         let this: &'a Self = self;
@@ -954,7 +999,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
     }
 
     /// Starts the frame chosen by [`Connection::next_frame`] and counts it.
-    fn start_frame(&mut self, now: Instant, path: usize, kind: NextFrame, local_map: &CongMap) {
+    fn start_frame(&mut self, path: usize, kind: NextFrame, local_map: &CongMap) {
         let tx = &mut self.tx[path];
         match kind {
             NextFrame::CongMap => {
@@ -979,11 +1024,9 @@ impl<P: AsRef<[u8]>> Connection<P> {
                     if path == 0 && is_ping {
                         self.path0_pings_started += 1;
                         let ordinal = self.path0_pings_started;
-                        let wait = self.config.reconnect_max;
                         if let Some(b) = self.fanout_barrier.as_mut() {
                             if b.ping_ordinal.is_none() && seq >= b.ping_seq {
                                 b.ping_ordinal = Some(ordinal);
-                                b.deadline = b.resent.then_some(now + wait);
                             }
                         }
                     }
@@ -1246,13 +1289,13 @@ impl<P: AsRef<[u8]>> Connection<P> {
             self.peer_knows_our_generation = true;
             if path == 0 {
                 self.path0_confirmed = true;
+                self.path0_gate = None;
                 if h.flags & flags::RETRANSMITTED == 0 {
                     self.path0_pongs_received += 1;
                     let pongs = self.path0_pongs_received;
                     if let Some(b) = self.fanout_barrier.as_mut() {
                         if b.ping_ordinal.is_some_and(|o| pongs >= o) {
                             b.confirmed = true;
-                            b.deadline = None;
                         }
                     }
                     self.refresh_barrier();
@@ -1330,7 +1373,17 @@ impl<P: AsRef<[u8]>> Connection<P> {
                 // A started ping is the latest one started on this connection.
                 (m.seq, started.then_some(self.path0_pings_started))
             }
-            _ => (self.queue_control(0, Control::ProbePing), None),
+            _ => {
+                let seq = self.queue_control(0, Control::ProbePing);
+                // Behind the data even under the path-0 data gate: that is its purpose.
+                let queue = &mut self.tx[0].queue;
+                if let Some(at) = queue.iter().position(|m| m.seq == seq) {
+                    if let Some(ping) = queue.remove(at) {
+                        queue.push_back(ping);
+                    }
+                }
+                (seq, None)
+            }
         };
         let confirmed = ping_ordinal.is_some_and(|o| self.path0_pongs_received >= o);
         Barrier {
@@ -1338,8 +1391,6 @@ impl<P: AsRef<[u8]>> Connection<P> {
             ping_seq,
             ping_ordinal,
             confirmed,
-            deadline: None,
-            resent: false,
         }
     }
 
