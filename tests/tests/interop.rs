@@ -233,9 +233,30 @@ fn c2_rdsd_app_pings_the_kernel_port_zero() {
     }
 }
 
+/// The guest kernel's congestion-map counters and its RDS/TCP connections to rdsd's address
+/// (`rdsguest counters`, i.e. rds-info -c / -n): (maps received, maps queued, connections).
+fn kernel_cong_counters(lab: &LabGuard) -> (u64, u64, u64) {
+    let j = lab.guest(&format!("counters {}:0", lab.host));
+    let line = j.expect("counters", Duration::from_secs(30));
+    (
+        field(&line, "cong_rx"),
+        field(&line, "cong_queued"),
+        field(&line, "conns"),
+    )
+}
+
+/// rdsd's local congestion changes and its path-ups (each path-up sends the map once).
+fn rdsd_cong_events(lab: &LabGuard) -> u64 {
+    let d = lab.d();
+    d.stat("cong_marked") + d.stat("cong_cleared") + d.stat("tcp_path_up") + d.stat("tcp_accepts")
+}
+
 #[test]
 fn d1_slow_rdsd_receiver_congests_the_kernel_sender_which_recovers() {
     let lab = lab_or_skip!();
+    let (kernel_rx0, _, _) = kernel_cong_counters(&lab);
+    let sent0 = lab.d().stat("tcp_cong_maps_sent");
+    let events0 = rdsd_cong_events(&lab);
     let g = lab.guest_low;
     let r = lab.d().attach();
     let rcv = r.socket().unwrap();
@@ -259,11 +280,31 @@ fn d1_slow_rdsd_receiver_congests_the_kernel_sender_which_recovers() {
     assert_eq!(field(&rec, "n"), n + 1);
     let (len, _) = rcv.recv_from(&mut buf).unwrap();
     assert_eq!(payload_seq(&buf[..len]), n);
+
+    // The maps on the wire: what the kernel received is what rdsd counts as sent, and at most
+    // one per change (or path-up) per connection.
+    std::thread::sleep(Duration::from_millis(500));
+    let (kernel_rx1, _, conns) = kernel_cong_counters(&lab);
+    let kernel_rx = kernel_rx1 - kernel_rx0;
+    let sent = lab.d().stat("tcp_cong_maps_sent") - sent0;
+    let events = rdsd_cong_events(&lab) - events0;
+    eprintln!(
+        "congestion maps: rdsd sent {sent}, kernel received {kernel_rx}, \
+         rdsd changes + path-ups {events}, connections {conns}"
+    );
+    assert_eq!(kernel_rx, sent, "rdsd's count is the wire's");
+    assert!(kernel_rx >= 2, "the map went out congested, then cleared");
+    assert!(
+        kernel_rx <= events * conns.max(1),
+        "at most one map per change per connection"
+    );
 }
 
 #[test]
 fn d2_small_kernel_rcvbuf_congests_the_rdsd_sender_which_recovers() {
     let lab = lab_or_skip!();
+    let (_, kernel_queued0, _) = kernel_cong_counters(&lab);
+    let received0 = lab.d().stat("tcp_cong_maps_received");
     let g = lab.guest_high;
     let (_r, s) = host_socket(&lab, 7310);
     let rx = lab.guest(&format!(
@@ -315,6 +356,13 @@ fn d2_small_kernel_rcvbuf_congests_the_rdsd_sender_which_recovers() {
         (n, 0, 0),
         "{done}"
     );
+    let (_, kernel_queued1, _) = kernel_cong_counters(&lab);
+    let received = lab.d().stat("tcp_cong_maps_received") - received0;
+    eprintln!(
+        "congestion maps from the kernel: rdsd received {received}, kernel queued {}",
+        kernel_queued1 - kernel_queued0
+    );
+    assert!(received >= 2, "the kernel's map, congested then cleared, reached rdsd");
 }
 
 #[test]

@@ -29,6 +29,9 @@
  *   ping  BIND DEST COUNT
  *         Sends COUNT 0-byte messages to DEST (port 0 = RDS ping) and waits for each 0-byte
  *         answer from port 0; prints "pong i from=ADDR len=L us=T", then "pings ok=N".
+ *   counters PEER
+ *         The kernel's RDS counters for congestion maps and its TCP connections to PEER
+ *         (rds-info -c / -n): prints "counters cong_rx=R cong_queued=Q conns=C".
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -467,6 +470,59 @@ static int cmd_ping(int argc, char **argv)
 	return ok == count ? 0 : 1;
 }
 
+/* One RDS_INFO table into a malloc'd buffer (getsockopt says ENOSPC and the size needed
+ * until the buffer fits). Returns the item size; *len gets the bytes. */
+static int rds_info(int fd, int what, void **buf, socklen_t *len)
+{
+	*len = 4096;
+	for (;;) {
+		*buf = realloc(*buf, *len);
+		if (!*buf)
+			die("realloc");
+		socklen_t l = *len;
+		int item = getsockopt(fd, SOL_RDS, what, *buf, &l);
+		if (item >= 0) {
+			*len = l;
+			return item;
+		}
+		if (errno != ENOSPC)
+			die("getsockopt RDS_INFO");
+		*len = l > *len ? l : *len * 2;
+	}
+}
+
+static int cmd_counters(int argc, char **argv)
+{
+	if (argc < 3)
+		return out("FAIL usage"), 2;
+	struct sockaddr_in peer = parse_addr(argv[2]);
+	int fd = socket(AF_RDS, SOCK_SEQPACKET, 0);
+	if (fd < 0)
+		die("socket");
+	void *buf = NULL;
+	socklen_t len;
+	unsigned long long rx = 0, queued = 0, conns = 0;
+	int item = rds_info(fd, RDS_INFO_COUNTERS, &buf, &len);
+	for (socklen_t off = 0; item > 0 && off + item <= len; off += item) {
+		struct rds_info_counter c;
+		memcpy(&c, (char *)buf + off, sizeof c);
+		if (!strncmp((char *)c.name, "cong_update_received", sizeof c.name))
+			rx = c.value;
+		if (!strncmp((char *)c.name, "cong_update_queued", sizeof c.name))
+			queued = c.value;
+	}
+	item = rds_info(fd, RDS_INFO_CONNECTIONS, &buf, &len);
+	for (socklen_t off = 0; item > 0 && off + item <= len; off += item) {
+		struct rds_info_connection c;
+		memcpy(&c, (char *)buf + off, sizeof c);
+		if (c.faddr == peer.sin_addr.s_addr && !strcmp((char *)c.transport, "tcp"))
+			conns++;
+	}
+	free(buf);
+	out("counters cong_rx=%llu cong_queued=%llu conns=%llu", rx, queued, conns);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *t = getenv("RDSG_TAG");
@@ -483,6 +539,8 @@ int main(int argc, char **argv)
 		return cmd_cong(argc, argv);
 	if (!strcmp(argv[1], "ping"))
 		return cmd_ping(argc, argv);
+	if (!strcmp(argv[1], "counters"))
+		return cmd_counters(argc, argv);
 	out("FAIL unknown command %s", argv[1]);
 	return 2;
 }
