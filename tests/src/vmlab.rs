@@ -737,7 +737,7 @@ impl VmLab {
     pub fn capture(&self, file: &Path) -> Child {
         Command::new("ip")
             .args([
-                "netns", "exec", &self.ns, "tcpdump", "-i", "tap0", "-s", "256", "-w",
+                "netns", "exec", &self.ns, "tcpdump", "-i", "tap0", "-s", "0", "-w",
             ])
             .arg(file)
             .stdout(Stdio::null())
