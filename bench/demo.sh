@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# rdsd demo: build everything, reserve huge pages, start rdsd, push real traffic through it,
-# show its counters, stop it.
+# rdsd demo: build everything, reserve huge pages, start rdsd with its embedded default
+# configuration, run rds-bench against it next to the kernel baselines (locally, then between
+# two network namespaces with an rdsd each), print the comparison tables and the plots' paths,
+# show rdsd's status, stop it. DEMO_SECS (default 3) sets the seconds per run, DEMO_OUT the
+# folder for the JSON and SVG files. `--dpdk` (or DEMO_TRANSPORT=dpdk) runs the part between the
+# namespaces over the kernel-bypass transport: each rdsd on a DPDK net_af_packet port
+# (userspace TCP on smoltcp) instead of kernel TCP.
 #
 # Meant for a fresh Debian 12 machine, run as root, from the repository root or anywhere:
 #     sudo bench/demo.sh
@@ -15,24 +20,21 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 [[ -f Cargo.toml && -d dataplane && -d bench ]] || die "cannot find the rdsd repository around $0"
 
+TRANSPORT="${DEMO_TRANSPORT:-tcp}"
+for arg in "$@"; do
+    case "$arg" in
+        --dpdk) TRANSPORT=dpdk ;;
+        *) die "unknown argument $arg (usage: bench/demo.sh [--dpdk])" ;;
+    esac
+done
+
 IS_ROOT=0
 [[ "$(id -u)" -eq 0 ]] && IS_ROOT=1
 
 # --- 1. system packages (only what is missing) -------------------------------------------
-say "checking build dependencies"
-missing=()
-for pkg in build-essential pkg-config; do
-    if ! dpkg -s "$pkg" 2>/dev/null | grep -q '^Status: install ok installed'; then
-        missing+=("$pkg")
-    fi
-done
-if ((${#missing[@]})); then
-    ((IS_ROOT)) || die "missing packages: ${missing[*]}; run this script as root (sudo $0) or install them"
-    echo "installing: ${missing[*]}"
-    apt-get update
-    DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
-else
-    echo "build-essential and pkg-config are installed"
+say "checking build dependencies (dataplane/install-build-deps.sh)"
+if ! bash dataplane/install-build-deps.sh; then
+    die "could not install the build dependencies; run this script as root (sudo $0)"
 fi
 
 # --- 2. Rust toolchain ------------------------------------------------------------------
@@ -109,9 +111,23 @@ for ((i = 0; ; i++)); do
 done
 echo "rdsd is up (pid $RDSD_PID)"
 
-# --- 6. traffic -------------------------------------------------------------------------
-say "rds-bench demo --socket $SOCK"
-"$BIN/rds-bench" demo --socket "$SOCK"
+# --- 6. traffic: rds-bench against this rdsd, next to the kernel baselines -------------
+SECS="${DEMO_SECS:-3}"
+OUT="${DEMO_OUT:-/tmp/rdsd-demo-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
+say "rds-bench, local: rdsd vs kernel TCP, UDP and AF_UNIX seqpacket (64 B requests and acks, ${SECS} s per run)"
+"$BIN/rds-bench" --pair --socket "$SOCK" -T "$SECS" -q 64 -a 64 --baselines --mode both -z \
+    --out "$OUT/local" --title "rdsd demo, local"
+
+if ((IS_ROOT)) && command -v ip >/dev/null 2>&1; then
+    say "rds-bench between two network namespaces: rdsd RDS/TCP (transport: $TRANSPORT) vs kernel TCP and UDP over a veth pair"
+    TRANSPORT="$TRANSPORT" BIN="$BIN" bash bench/netns-bench.sh -T "$SECS" -q 64 -a 64 --transports rds,tcp,udp --mode both -z \
+        --out "$OUT/netns" --title "rdsd demo, two namespaces"
+else
+    echo "(not root: skipping the run between two network namespaces)"
+fi
+say "plots and JSON"
+ls "$OUT"/*/latency-cdf.svg "$OUT"/*/throughput.svg "$OUT"/*/results.json
 
 say "rdsctl status"
 "$BIN/rdsctl" -s "$SOCK" status

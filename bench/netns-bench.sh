@@ -1,43 +1,83 @@
 #!/usr/bin/env bash
-# RDS/TCP between two network namespaces through two rdsds, next to kernel TCP between the
-# same namespaces, in one run:  bash bench/netns-bench.sh [COUNT]   (root; builds release)
+# rds-bench between two "hosts": two network namespaces joined by a veth pair (10.77.0.1 and
+# 10.77.0.2), one rdsd in each (RDS/TCP between them), a passive rds-bench in the second and
+# the active rds-bench in the first. The kernel baselines (--transports tcp,udp) run between
+# the same two namespaces over the same veth, in the same invocation. Needs root.
+#
+#     bash bench/netns-bench.sh [rds-bench active-side flags...]
+#     bash bench/netns-bench.sh -T 5 --transports rds,tcp,udp --mode both
+#
+# Environment: BIN (folder with rdsd and rds-bench; default: build release and use it),
+# IDLE (rdsd idle strategy, default backoff), PATHS (TCP paths per peer, default 8),
+# POLL_CORE (rdsd poll cores, default -2 = unpinned), TRANSPORT (tcp, the default: rdsd's
+# kernel-TCP transport; dpdk: each rdsd on a DPDK net_af_packet port on its end of a second
+# veth pair, whose addresses 10.78.0.1/.2 the kernel does not have; memif: each rdsd on a DPDK
+# net_memif port, the two joined by a memif socket file; the control connection and the kernel
+# baselines stay on 10.77.0.x).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-count="${1:-20000}"
-cargo build --release -q -p rdsd -p rds-bench
-tag="rnb$$"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+[[ "$(id -u)" -eq 0 ]] || { echo "netns-bench.sh: needs root (network namespaces)" >&2; exit 1; }
+if [[ -z "${BIN:-}" ]]; then
+    cargo build --release -q -p rdsd -p rds-bench
+    TARGET_DIR="$(cargo metadata --format-version 1 --no-deps | grep -o '"target_directory":"[^"]*"' | cut -d'"' -f4)"
+    BIN="${TARGET_DIR:-$ROOT/target}/release"
+fi
+tag="rsb$$"
+A="${tag}a" B="${tag}b"
+pids=()
 cleanup() {
-    kill $(jobs -p) 2>/dev/null || true
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
-    ip netns del "${tag}a" 2>/dev/null || true
-    ip netns del "${tag}b" 2>/dev/null || true
-    rm -f "/tmp/${tag}a.sock" "/tmp/${tag}b.sock" "/tmp/${tag}a.rxseq" "/tmp/${tag}b.rxseq" "/tmp/${tag}.toml"
+    ip netns del "$A" 2>/dev/null || true
+    ip netns del "$B" 2>/dev/null || true
+    rm -f "/tmp/$A.sock" "/tmp/$B.sock" "/tmp/$A.rxseq" "/tmp/$B.rxseq" "/tmp/$A.ports" \
+        "/tmp/$B.ports" "/tmp/$A.toml" "/tmp/$B.toml" "/tmp/$tag.memif"
 }
 trap cleanup EXIT
-ip netns add "${tag}a"; ip netns add "${tag}b"
-ip link add eth0 netns "${tag}a" type veth peer name eth0 netns "${tag}b"
-ip -n "${tag}a" addr add 10.77.0.1/24 dev eth0; ip -n "${tag}b" addr add 10.77.0.2/24 dev eth0
-for n in a b; do ip -n "${tag}$n" link set eth0 up; ip -n "${tag}$n" link set lo up; done
-# Optional idle tuning for experiments: SPIN_US=<µs> YIELD_US=<µs> PATHS=<1..8>.
-conf="/tmp/${tag}.toml"
-: > "$conf"
-[ -n "${SPIN_US:-}" ] && echo "spin_us = $SPIN_US" >> "$conf"
-[ -n "${YIELD_US:-}" ] && echo "yield_us = $YIELD_US" >> "$conf"
-pids=()
+ip netns add "$A"
+ip netns add "$B"
+ip link add eth0 netns "$A" type veth peer name eth0 netns "$B"
+ip -n "$A" addr add 10.77.0.1/24 dev eth0
+ip -n "$B" addr add 10.77.0.2/24 dev eth0
+for n in "$A" "$B"; do
+    ip -n "$n" link set eth0 up
+    ip -n "$n" link set lo up
+done
+TRANSPORT="${TRANSPORT:-tcp}"
+if [[ "$TRANSPORT" = dpdk ]]; then
+    ip link add dp0 netns "$A" type veth peer name dp0 netns "$B"
+    for n in "$A" "$B"; do ip -n "$n" link set dp0 up; done
+fi
+rds_a=10.77.0.1 rds_b=10.77.0.2
 for n in a b; do
-    ip=10.77.0.$([ $n = a ] && echo 1 || echo 2)
-    ip netns exec "${tag}$n" target/release/rdsd --control-socket "/tmp/${tag}$n.sock" \
-        --config "$conf" --paths "${PATHS:-8}" \
-        --local-addr "$ip/32" --idle ${IDLE:-spin} --poll-core "${POLL_CORE:--2}" --control-core -2 \
-        --log warn &
+    ns="${tag}$n"
+    i=$([ $n = a ] && echo 1 || echo 2)
+    local_args=(--local-addr "10.77.0.$i/32")
+    case "$TRANSPORT" in
+        tcp) ;;
+        dpdk) vdev="net_af_packet0,iface=dp0" ;;
+        memif) vdev="net_memif0,role=$([ $n = a ] && echo server || echo client),id=0,socket=/tmp/$tag.memif,socket-abstract=no" ;;
+        *) echo "netns-bench.sh: TRANSPORT must be tcp, dpdk or memif" >&2; exit 1 ;;
+    esac
+    if [[ "$TRANSPORT" != tcp ]]; then
+        printf '[dpdk]\nvdev = "%s"\naddr = "10.78.0.%s/24"\n' "$vdev" "$i" >"/tmp/$ns.toml"
+        local_args=(--config "/tmp/$ns.toml")
+        rds_a=10.78.0.1 rds_b=10.78.0.2
+    fi
+    ip netns exec "$ns" "$BIN/rdsd" --control-socket "/tmp/$ns.sock" --state-file "/tmp/$ns.rxseq" \
+        "${local_args[@]}" --paths "${PATHS:-8}" --idle "${IDLE:-backoff}" \
+        --poll-core "${POLL_CORE:--2}" --control-core -2 --log warn &
     pids+=($!)
 done
-for n in a b; do
-    for _ in $(seq 100); do [ -S "/tmp/${tag}$n.sock" ] && break; sleep 0.1; done
+for n in "$A" "$B"; do
+    for _ in $(seq 100); do [[ -S "/tmp/$n.sock" ]] && break; sleep 0.1; done
+    [[ -S "/tmp/$n.sock" ]] || { echo "netns-bench.sh: rdsd in $n did not start" >&2; exit 1; }
 done
-# APP_CORE=N pins the benchmark process (taskset), for placement experiments.
-app_pin=()
-[ -n "${APP_CORE:-}" ] && app_pin=(taskset -c "$APP_CORE")
-"${app_pin[@]}" target/release/rds-netbench --a-sock "/tmp/${tag}a.sock" --b-sock "/tmp/${tag}b.sock" \
-    --a-ns "${tag}a" --b-ns "${tag}b" --a-ip 10.77.0.1 --b-ip 10.77.0.2 --count "$count" \
-    --a-pid "${pids[0]}" --b-pid "${pids[1]}"
+ip netns exec "$B" "$BIN/rds-bench" -p 4000 -r 10.77.0.2 --rds-addr "$rds_b" --socket "/tmp/$B.sock" \
+    --quiet >/dev/null &
+passive=$!
+pids+=("$passive")
+ip netns exec "$A" "$BIN/rds-bench" -s 10.77.0.2 -r 10.77.0.1 --rds-addr "$rds_a" -p 4000 \
+    --socket "/tmp/$A.sock" "$@"
+wait "$passive"

@@ -11,24 +11,13 @@
 use crate::daemon::{counter, Target};
 use crate::rds::bound_socket;
 use crate::unix;
-use crate::util::{fmt_ns, fmt_rate, new_histogram, Latency};
+use crate::util::{fmt_ns, fmt_rate, mono_ns, new_histogram, Latency};
 use anyhow::{bail, Context, Result};
 use shm_api::Rdsd;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// Nanoseconds of CLOCK_MONOTONIC (the same clock in every process of the host).
-fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec into our struct.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 /// CPU ticks (user + system) of a process, from /proc.
 fn cpu_ticks(pid: u32) -> Option<u64> {

@@ -11,11 +11,13 @@ use std::time::{Duration, Instant};
 #[derive(clap::Args, Clone, Debug)]
 pub struct DaemonArgs {
     /// Control socket of an rdsd that is already running. Without it (and without
-    /// --spawn-rdsd) rds-bench starts the `rdsd` that sits next to its own executable.
-    #[arg(long, short)]
+    /// --spawn-rdsd), `rtt`, `tput`, `blocking` and `--pair` start the `rdsd` that sits next to
+    /// rds-bench's executable; the active and passive sides use $RDSD_SOCKET or
+    /// /run/rdsd/rdsd.sock.
+    #[arg(long)]
     pub socket: Option<PathBuf>,
-    /// Start this rdsd binary on a temporary control socket (with --idle, default spin) and stop it
-    /// (SIGTERM) at the end.
+    /// Start this rdsd binary on a temporary control socket (with --idle) and stop it (SIGTERM)
+    /// at the end.
     #[arg(long, conflicts_with = "socket", value_name = "PATH_TO_RDSD")]
     pub spawn_rdsd: Option<PathBuf>,
     /// Poll-thread CPU of a spawned rdsd (-1 = last CPU, -2 = don't pin).
@@ -24,8 +26,9 @@ pub struct DaemonArgs {
     /// Log filter of a spawned rdsd.
     #[arg(long, default_value = "warn")]
     pub rdsd_log: String,
-    /// Idle strategy of a spawned rdsd (`spin` or `backoff`, rdsd's default). Default: spin,
-    /// except for `blocking`, which measures rdsd's default.
+    /// Idle strategy of a spawned rdsd (`spin` or `backoff`, rdsd's default). Default: spin for
+    /// `rtt` and `tput`; backoff for `blocking` and the default (rds-stress) mode, whose
+    /// baselines run while rdsd is still up.
     #[arg(long)]
     pub idle: Option<String>,
 }
@@ -75,8 +78,13 @@ impl Target {
     }
 
     pub fn attach(&self) -> Result<Rdsd> {
-        Rdsd::attach_at(self.socket())
-            .with_context(|| format!("cannot attach to rdsd at {}", self.socket().display()))
+        Rdsd::attach_at(self.socket()).with_context(|| {
+            format!(
+                "cannot attach to rdsd at {} (is rdsd running there? start it, pass --socket, or let \
+                 rds-bench start one with --spawn-rdsd)",
+                self.socket().display()
+            )
+        })
     }
 
     /// One line saying which rdsd this is.

@@ -1,41 +1,52 @@
-//! `rds-bench`: latency and throughput of rdsd's loopback path, next to an AF_UNIX
-//! SOCK_SEQPACKET baseline measured in the same run.
+//! `rds-bench`: an rds-stress-style load generator for rdsd, with kernel TCP, UDP and AF_UNIX
+//! SOCK_SEQPACKET baselines run over the same workload in the same invocation (the default
+//! mode, see `stress`), plus focused micro-benchmarks of rdsd's loopback path:
 //!
 //! ```text
+//! rds-bench [-s PEER] [-r LOCAL] [-p PORT] [-t TASKS] [-d DEPTH] [-q REQ] [-a ACK] [-T SECS]
+//!           [-o] [-z] [-v] [--show-histogram] [--json] [--out DIR] [--baselines] [--mode M] [--pair]
 //! rds-bench rtt  [--socket PATH | --spawn-rdsd RDSD] [--count N] [--warmup N] [--size B] [--app-core C]
 //! rds-bench tput [--socket PATH | --spawn-rdsd RDSD] [--count N] [--size B] [--app-core C]
-//! rds-bench demo [--socket PATH | --spawn-rdsd RDSD]
 //! rds-bench blocking [--socket PATH | --spawn-rdsd RDSD] [--count N] [--wake-samples N]
 //! ```
 //!
-//! Without `--socket`, rds-bench starts the `rdsd` next to its own executable on a temporary
-//! control socket (`--idle spin --poll-core <--poll-core> --control-core -2 --hugepages auto`)
-//! and stops it at the end. A spawned rdsd is stopped *before* the baseline runs, so the
-//! baseline gets the poll core to itself.
-//!
-//! Every run prints a table, then `RESULT key=value ...` lines for scripts.
+//! The default mode uses a running rdsd (`--socket`, `$RDSD_SOCKET` or the default control
+//! socket); `--pair` or `--spawn-rdsd` start one (idle strategy backoff). The `rtt`, `tput` and
+//! `blocking` micro-benchmarks start the `rdsd` next to their own executable unless given
+//! `--socket` (`--idle spin --poll-core <--poll-core> --control-core -2 --hugepages auto`),
+//! stop it *before* their AF_UNIX baseline runs, print a table, then `RESULT key=value ...`
+//! lines for scripts.
 
 mod blocking;
 mod daemon;
 mod rds;
+mod stress;
 mod unix;
 mod util;
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
-use daemon::{counter, DaemonArgs, Target};
+use daemon::{DaemonArgs, Target};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Instant;
 use unix::Baseline;
 use util::{check_core, fmt_ns, fmt_rate, resolve_core, Latency, Throughput};
 
-/// Benchmarks for rdsd (userspace RDS), with an AF_UNIX SOCK_SEQPACKET baseline.
+/// Load generator and benchmarks for rdsd (userspace RDS).
+///
+/// Without a subcommand it works like rds-stress: with no -s it is the passive side, waits on
+/// TCP port -p for one active side, serves it and exits; with -s PEER it is the active side, agrees on the parameters with the
+/// passive side, runs each transport for -T seconds and prints a line per second, an
+/// (average) line and round-trip percentiles; with --baselines the same workload runs over
+/// kernel TCP, UDP and AF_UNIX SOCK_SEQPACKET too, and rdsd is shown against each as a ratio.
+/// --pair runs both sides in this process tree against an rdsd of its own.
 #[derive(Parser)]
-#[command(version)]
+#[command(version, args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
-    cmd: Cmd,
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    stress: stress::StressArgs,
 }
 
 #[derive(Subcommand)]
@@ -46,8 +57,6 @@ enum Cmd {
     /// One-way throughput: a sender thread and a receiver thread, busy-polling; then the same
     /// over an AF_UNIX SOCK_SEQPACKET pair.
     Tput(TputArgs),
-    /// A short tour that pushes real traffic through rdsd and prints what it saw.
-    Demo(DemoArgs),
     /// Applications that sleep in recv: two-process blocking round trip next to AF_UNIX,
     /// wake-up latency after rdsd parked, idle CPU (rdsd on its default idle strategy).
     Blocking(blocking::BlockingArgs),
@@ -69,7 +78,7 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         yield_every: u32,
     },
-    /// (internal) rdsd echo peer of `demo`.
+    /// (internal) rdsd echo peer of `blocking`.
     #[command(name = "__rds-echo", hide = true)]
     RdsEcho {
         #[arg(long)]
@@ -127,21 +136,6 @@ struct TputArgs {
     /// Which AF_UNIX baseline to run.
     #[arg(long, value_enum, default_value_t = Baseline::Block)]
     baseline: Baseline,
-}
-
-#[derive(clap::Args)]
-struct DemoArgs {
-    #[command(flatten)]
-    daemon: DaemonArgs,
-    /// Ping-pong round trips.
-    #[arg(long, default_value_t = 20_000)]
-    pings: u64,
-    /// One-way burst size in messages.
-    #[arg(long, default_value_t = 1_000_000)]
-    burst: u64,
-    /// Round trips with the second process.
-    #[arg(long, default_value_t = 5_000)]
-    exchanges: u64,
 }
 
 const TARGET_RTT_P50_NS: u64 = 2_000;
@@ -505,86 +499,14 @@ fn cmd_tput(a: TputArgs) -> Result<()> {
     Ok(())
 }
 
-fn cmd_demo(a: DemoArgs) -> Result<()> {
-    let t0 = Instant::now();
-    let target = Target::open(&a.daemon)?;
-    let rdsd = target.attach()?;
-    println!("rds-bench demo: {}", target.describe());
-    println!(
-        "  shared region on hugetlbfs pages: {}",
-        if rdsd.uses_hugepages() {
-            "yes"
-        } else {
-            "no (4 KiB pages)"
-        }
-    );
-    let before = rdsd.stats()?;
-
-    println!(
-        "[1/3] ping-pong: one thread, two sockets on 127.0.0.1, {} round trips of 64 B (busy-poll)",
-        a.pings
-    );
-    // Unpinned, and rdsd's poll thread may be on the same CPU: yield now and then.
-    let p = rds::rtt(&rdsd, a.pings, a.pings / 10, 64, None, 64)?;
-    println!(
-        "      RTT p50 {}  p99 {}  max {}  ({} round trips/s)",
-        fmt_ns(p.p50 as f64),
-        fmt_ns(p.p99 as f64),
-        fmt_ns(p.max as f64),
-        fmt_rate(p.rate)
-    );
-
-    println!(
-        "[2/3] one-way burst: {} messages of 64 B from one thread to another",
-        a.burst
-    );
-    let t = rds::tput(&rdsd, a.burst, 64, None, None, 64)?;
-    println!(
-        "      {} msgs/s, {:.1} MB/s ({} in {:.3} s, every message checked in order)",
-        fmt_rate(t.msgs_per_s()),
-        t.mb_per_s(),
-        t.count,
-        t.elapsed.as_secs_f64()
-    );
-
-    println!(
-        "[3/3] two processes: {} round trips with an echo process, blocking sockets",
-        a.exchanges
-    );
-    let x = rds::two_process_rtt(&rdsd, target.socket(), a.exchanges, 64)?;
-    println!(
-        "      RTT p50 {}  p99 {}  ({} round trips/s)",
-        fmt_ns(x.p50 as f64),
-        fmt_ns(x.p99 as f64),
-        fmt_rate(x.rate)
-    );
-
-    let after = rdsd.stats()?;
-    let delivered =
-        counter(&after, "loop_delivered").saturating_sub(counter(&before, "loop_delivered"));
-    let bytes = counter(&after, "loop_bytes").saturating_sub(counter(&before, "loop_bytes"));
-    let full = counter(&after, "rx_ring_full").saturating_sub(counter(&before, "rx_ring_full"));
-    drop(rdsd);
-    println!();
-    println!("summary:");
-    println!("  ping-pong RTT p50        {}", fmt_ns(p.p50 as f64));
-    println!(
-        "  one-way 64 B             {} msgs/s",
-        fmt_rate(t.msgs_per_s())
-    );
-    println!("  2-process blocking RTT   {}", fmt_ns(x.p50 as f64));
-    println!("  rdsd delivered {delivered} messages ({:.1} MB) during the demo; receive ring full {full} times", bytes as f64 / 1e6);
-    println!("  took {:.1} s", t0.elapsed().as_secs_f64());
-    target.stop()?;
-    Ok(())
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let r = match cli.cmd {
+    let Some(cmd) = cli.cmd else {
+        return exit(stress::main(cli.stress));
+    };
+    let r = match cmd {
         Cmd::Rtt(a) => cmd_rtt(a),
         Cmd::Tput(a) => cmd_tput(a),
-        Cmd::Demo(a) => cmd_demo(a),
         Cmd::Blocking(a) => blocking::cmd(a),
         Cmd::RdsWake { socket } => blocking::wake_echo_main(&socket),
         Cmd::UnixEcho {
@@ -595,6 +517,10 @@ fn main() -> ExitCode {
         } => unix::echo_main(fd, core, spin, yield_every),
         Cmd::RdsEcho { socket } => rds::echo_main(&socket),
     };
+    exit(r)
+}
+
+fn exit(r: Result<()>) -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -71,7 +71,7 @@ fn cvt(n: isize) -> io::Result<usize> {
 }
 
 /// One send(2); EINTR is retried.
-fn send(fd: RawFd, buf: &[u8], flags: i32) -> io::Result<usize> {
+pub(crate) fn send(fd: RawFd, buf: &[u8], flags: i32) -> io::Result<usize> {
     loop {
         // SAFETY: `buf` is valid for `buf.len()` bytes for the duration of the call.
         let r = cvt(unsafe {
@@ -90,7 +90,7 @@ fn send(fd: RawFd, buf: &[u8], flags: i32) -> io::Result<usize> {
 }
 
 /// One recv(2); EINTR is retried.
-fn recv(fd: RawFd, buf: &mut [u8], flags: i32) -> io::Result<usize> {
+pub(crate) fn recv(fd: RawFd, buf: &mut [u8], flags: i32) -> io::Result<usize> {
     loop {
         // SAFETY: `buf` is valid and writable for `buf.len()` bytes for the duration of the call.
         let r = cvt(unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) });
@@ -151,7 +151,7 @@ fn recv_msg(fd: RawFd, buf: &mut [u8], spin: bool, bo: &mut Backoff) -> Result<u
 
 /// Sets SO_SNDBUF and SO_RCVBUF (the kernel caps them at net.core.[wr]mem_max) and returns
 /// the effective SO_SNDBUF.
-fn big_buffers(fd: RawFd, bytes: i32) -> i32 {
+pub(crate) fn big_buffers(fd: RawFd, bytes: i32) -> i32 {
     for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
         // SAFETY: a valid int option value of the size passed.
         unsafe {

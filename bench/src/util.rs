@@ -8,6 +8,19 @@ use std::time::Duration;
 /// Give up when a peer makes no progress for this long.
 pub const STALL_LIMIT: Duration = Duration::from_secs(10);
 
+/// Nanoseconds of CLOCK_MONOTONIC (the same clock in every process of the host, and in every
+/// network namespace).
+#[inline]
+pub fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into our struct.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// Online CPUs on the machine (not just the ones this thread may use).
 pub fn online_cpus() -> usize {
     // SAFETY: sysconf has no preconditions.
