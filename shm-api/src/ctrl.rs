@@ -66,7 +66,33 @@ pub enum Request {
     Close { slot: u32 },
     /// Read the counters (text body, `name value` per line).
     Stats,
+    /// Introspection (`rdsctl info`, `rdsctl ping`): a JSON document (UTF-8 body) with the
+    /// daemon's identity and the sections asked for in `sections` (`INFO_*` bits; 0 = all).
+    /// Served without Hello, like Stats. Sockets, connections and paths are a snapshot taken
+    /// by the poll core between two passes; the body's schema is `INFO_SCHEMA`. Lists that
+    /// would not fit in one reply datagram are cut and their `truncated` count says how many
+    /// entries are missing.
+    Info { sections: u32 },
 }
+
+/// `Info` section: counters.
+pub const INFO_COUNTERS: u32 = 1 << 0;
+/// `Info` section: sockets.
+pub const INFO_SOCKETS: u32 = 1 << 1;
+/// `Info` section: connections.
+pub const INFO_CONNECTIONS: u32 = 1 << 2;
+/// `Info` section: paths of each connection.
+pub const INFO_PATHS: u32 = 1 << 3;
+/// `Info` section: receive-queue summary.
+pub const INFO_RECV_QUEUE: u32 = 1 << 4;
+/// `Info` section: send-queue summary.
+pub const INFO_SEND_QUEUE: u32 = 1 << 5;
+/// `Info` section: retransmit-queue summary.
+pub const INFO_RETRANS_QUEUE: u32 = 1 << 6;
+/// Every `Info` section.
+pub const INFO_ALL: u32 = 0x7f;
+/// Version of the `Info` JSON body (its `schema` field). Fields are only ever added.
+pub const INFO_SCHEMA: u32 = 1;
 
 const OP_HELLO: u32 = 1;
 const OP_SOCKET_OPEN: u32 = 2;
@@ -78,6 +104,7 @@ const OP_CANCEL_SENT_TO: u32 = 7;
 const OP_ENABLE_READINESS: u32 = 8;
 const OP_CLOSE: u32 = 9;
 const OP_STATS: u32 = 10;
+const OP_INFO: u32 = 11;
 
 /// A request that could not be decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +135,7 @@ impl Request {
             Request::EnableReadiness { slot } => (OP_ENABLE_READINESS, slot, 0, 0, 0, 0),
             Request::Close { slot } => (OP_CLOSE, slot, 0, 0, 0, 0),
             Request::Stats => (OP_STATS, 0, 0, 0, 0, 0),
+            Request::Info { sections } => (OP_INFO, 0, 0, 0, 0, sections as u64),
         };
         let mut b = [0u8; LEGACY_REQUEST_LEN];
         b[0..4].copy_from_slice(&op.to_le_bytes());
@@ -173,6 +201,7 @@ impl Request {
             OP_ENABLE_READINESS => Request::EnableReadiness { slot },
             OP_CLOSE => Request::Close { slot },
             OP_STATS => Request::Stats,
+            OP_INFO => Request::Info { sections: bytes()? },
             _ => return Err(BadRequest),
         })
     }
@@ -301,9 +330,81 @@ impl HelloInfo {
     }
 }
 
+/// The counters in the Prometheus text exposition format (version 0.0.4), as rdsd serves them
+/// on `metrics_listen` and `rdsctl stats --prometheus` prints them: every counter `name` of a
+/// Stats/Info reply becomes `rdsd_<name>_total` with its description as HELP, followed by the
+/// gauges `rdsd_up` and, when `info` is given, `rdsd_build_info{version=..}` and
+/// `rdsd_start_time_seconds`.
+pub fn prometheus_text(counters: &[(&str, u64, &str)], info: Option<(&str, f64)>) -> String {
+    use std::fmt::Write;
+    fn help_escape(s: &str) -> String {
+        s.replace('\\', "\\\\").replace('\n', "\\n")
+    }
+    fn label_escape(s: &str) -> String {
+        help_escape(s).replace('"', "\\\"")
+    }
+    fn metric_name(s: &str) -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    }
+    let mut out = String::with_capacity(counters.len() * 128);
+    for (name, value, help) in counters {
+        let m = format!("rdsd_{}_total", metric_name(name));
+        let _ = writeln!(out, "# HELP {m} {}", help_escape(help));
+        let _ = writeln!(out, "# TYPE {m} counter");
+        let _ = writeln!(out, "{m} {value}");
+    }
+    out.push_str("# HELP rdsd_up 1 while rdsd serves.\n# TYPE rdsd_up gauge\nrdsd_up 1\n");
+    if let Some((version, start)) = info {
+        let _ = writeln!(out, "# HELP rdsd_build_info rdsd's version (always 1).");
+        let _ = writeln!(out, "# TYPE rdsd_build_info gauge");
+        let _ = writeln!(
+            out,
+            "rdsd_build_info{{version=\"{}\"}} 1",
+            label_escape(version)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP rdsd_start_time_seconds When rdsd started, seconds since the Unix epoch."
+        );
+        let _ = writeln!(out, "# TYPE rdsd_start_time_seconds gauge");
+        let _ = writeln!(out, "rdsd_start_time_seconds {start:.3}");
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prometheus_text_shape() {
+        let t = prometheus_text(
+            &[
+                ("apps_attached", 3, "Processes\\ that\nattached."),
+                ("tcp_x", 0, "X."),
+            ],
+            Some(("0.1.0", 12.5)),
+        );
+        assert!(
+            t.starts_with(
+                "# HELP rdsd_apps_attached_total Processes\\\\ that\\nattached.\n\
+             # TYPE rdsd_apps_attached_total counter\nrdsd_apps_attached_total 3\n"
+            ),
+            "{t}"
+        );
+        assert!(t.contains("\nrdsd_tcp_x_total 0\n"));
+        assert!(t.contains("\nrdsd_build_info{version=\"0.1.0\"} 1\n"));
+        assert!(t.contains("\nrdsd_start_time_seconds 12.500\n"));
+        assert!(t.ends_with('\n'));
+    }
 
     #[test]
     fn requests_roundtrip() {
@@ -336,6 +437,10 @@ mod tests {
             Request::EnableReadiness { slot: 5 },
             Request::Close { slot: 5 },
             Request::Stats,
+            Request::Info { sections: 0 },
+            Request::Info {
+                sections: INFO_SOCKETS | INFO_PATHS,
+            },
         ] {
             assert_eq!(Request::decode(&r.encode(77)), Ok((77, r)));
         }
@@ -351,6 +456,10 @@ mod tests {
         );
         assert_eq!(
             Request::decode_legacy(&Request::Close { slot: 1 }.encode_v1()),
+            Err(BadRequest)
+        );
+        assert_eq!(
+            Request::decode_legacy(&Request::Info { sections: 0 }.encode_v1()),
             Err(BadRequest)
         );
         // A v1 frame is not a v2 request.

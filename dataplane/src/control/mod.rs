@@ -14,10 +14,16 @@
 //! * replies are sent with MSG_DONTWAIT; a reply that does not fit waits in a one-reply outbox
 //!   and the connection is not read meanwhile; a client that leaves it there for
 //!   `reply_timeout` is disconnected (`ctrl_unread_disconnects`);
-//! * a connection must say Hello within `hello_timeout` (`hello_timeouts`); a full rdsd
+//! * a connection must say Hello within `hello_timeout` (`hello_timeouts`; rdsctl, which
+//!   never does, asks Stats and Info: the wait for an Info's snapshot does not count, and its
+//!   answer starts a fresh `hello_timeout`); a full rdsd
 //!   answers EUSERS, a uid over its limits EDQUOT (with the limit as the reply's value), in a
 //!   reply with id 0 before closing;
 //! * every loop over client input is bounded per pass (accepts, one request per connection).
+
+pub mod info;
+pub mod metrics;
+pub mod notify;
 
 use crate::config::Config;
 use crate::poll::{readiness, Channels, Cmd, CmdReply};
@@ -47,6 +53,8 @@ enum Waiting {
     Request { pollable: Option<OwnedFd> },
     /// Attach: the descriptors and body of the Hello reply.
     Attach { fds: [OwnedFd; 3], info: HelloInfo },
+    /// Info: a snapshot from the poll core, for these sections (`ctrl::INFO_*`).
+    Info { sections: u32 },
 }
 
 /// The one command of a connection in flight on the poll core.
@@ -128,6 +136,8 @@ pub struct Control {
     buf: Vec<u8>,
     shutdown: Arc<AtomicBool>,
     poll_alive: Arc<AtomicBool>,
+    /// When this rdsd started (for `rdsctl info`).
+    started: info::Started,
 }
 
 /// The peer's (pid, uid), as the kernel recorded them at connect(2).
@@ -261,6 +271,7 @@ impl Control {
             buf: vec![0u8; MAX_DATAGRAM],
             shutdown,
             poll_alive,
+            started: info::Started::now(),
         }
     }
 
@@ -273,6 +284,17 @@ impl Control {
 
     /// Serves until shutdown.
     pub fn run(&mut self) {
+        // The control socket listens and the poll core runs: tell systemd (Type=notify).
+        let ready = format!(
+            "READY=1\nSTATUS=serving {}\nMAINPID={}",
+            self.path.display(),
+            std::process::id()
+        );
+        match notify::notify(&ready) {
+            Ok(true) => tracing::info!("told systemd we are ready"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot notify systemd (NOTIFY_SOCKET)"),
+        }
         let mut pfds: Vec<libc::pollfd> = Vec::new();
         let mut idx: Vec<(usize, u64)> = Vec::new();
         while !self.shutdown.load(Ordering::Relaxed) && self.poll_alive.load(Ordering::Relaxed) {
@@ -339,6 +361,7 @@ impl Control {
             self.check_deadlines(Instant::now());
             self.flush_backlog();
         }
+        let _ = notify::notify("STOPPING=1");
         // The poll thread stops too and frees the regions it holds; connections close here.
         self.backlog.clear();
         self.slots.clear();
@@ -350,7 +373,7 @@ impl Control {
         let mut at = |t: Instant| next = Some(next.map_or(t, |n| n.min(t)));
         for slot in &self.slots {
             let Slot::Conn(c) = slot else { continue };
-            if let Some(t) = c.hello_by {
+            if let Some(t) = c.hello_by.filter(|_| c.pending.is_none()) {
                 at(t);
             }
             if let Some(p) = c.pending.as_ref().filter(|p| !p.taken) {
@@ -434,6 +457,16 @@ impl Control {
                 };
                 self.send(i, r.with_id(p.id).encode(), fds);
             }
+            (Waiting::Info { sections }, CmdReply::Snapshot(snap)) => {
+                // A client without Hello (rdsctl) gets a fresh hello_timeout from its answer
+                // (the wait for the poll core is not its silence).
+                let fresh = Instant::now() + self.cfg.hello_timeout;
+                if let Some(t) = self.conn(i).and_then(|c| c.hello_by.as_mut()) {
+                    *t = fresh;
+                }
+                let r = self.info_reply(sections, Some(*snap)).with_id(p.id);
+                self.send(i, r.encode(), Vec::new());
+            }
             (Waiting::Attach { fds, info }, CmdReply::Attached) => {
                 let Some(c) = self.conn(i) else { return };
                 c.attached = true;
@@ -506,7 +539,8 @@ impl Control {
                 self.drop_unread(i);
                 continue;
             }
-            if c.hello_by.is_some_and(|t| now >= t) {
+            // An Info in flight (rdsctl never says Hello) has its own deadline, control_timeout.
+            if c.pending.is_none() && c.hello_by.is_some_and(|t| now >= t) {
                 tracing::warn!(
                     pid = c.pid,
                     uid = c.uid,
@@ -757,6 +791,20 @@ impl Control {
                 let mut r = Reply::ok(0).with_id(id);
                 r.body = self.stats.render().into_bytes();
                 self.send(i, r.encode(), Vec::new());
+            }
+            Request::Info { sections } => {
+                let sections = if sections == 0 {
+                    shm_api::ctrl::INFO_ALL
+                } else {
+                    sections
+                };
+                if sections & !shm_api::ctrl::INFO_COUNTERS == 0 {
+                    // Counters only: no need to bother the poll core.
+                    let r = self.info_reply(sections, None).with_id(id);
+                    self.send(i, r.encode(), Vec::new());
+                } else {
+                    self.submit(i, id, Cmd::Snapshot { app: i }, Waiting::Info { sections });
+                }
             }
             _ if !attached => self.send(
                 i,

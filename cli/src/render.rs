@@ -1,0 +1,377 @@
+//! Text output of `rdsctl info`, in the manner of the kernel's rds-info: one titled table per
+//! section. Everything is read from rdsd's Info JSON document (schema in
+//! `dataplane/src/control/info.rs`); a missing field prints as `-` rather than failing, so a
+//! newer or older rdsd still gives a readable table.
+
+use serde_json::Value;
+use std::fmt::Write;
+
+fn field(v: &Value, k: &str) -> String {
+    match v.get(k) {
+        None | Some(Value::Null) => "-".into(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Bool(b)) => if *b { "yes" } else { "-" }.into(),
+        Some(x) => x.to_string(),
+    }
+}
+
+fn num(v: &Value, k: &str) -> u64 {
+    v.get(k).and_then(Value::as_u64).unwrap_or(0)
+}
+
+fn list<'a>(doc: &'a Value, k: &str) -> &'a [Value] {
+    doc.get(k)
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+fn truncated(out: &mut String, doc: &Value, k: &str) {
+    let n = num(doc, &format!("{k}_truncated"));
+    if n > 0 {
+        let _ = writeln!(out, "  ... {n} more not shown (the reply is one datagram)");
+    }
+}
+
+/// `-c`: counters, `name value`.
+pub fn counters(doc: &Value) -> String {
+    let mut out = String::from("RDS counters:\n");
+    if let Some(m) = doc.get("counters").and_then(Value::as_object) {
+        for (k, v) in m {
+            let _ = writeln!(out, "  {k:<32} {:>14}", v.as_u64().unwrap_or(0));
+        }
+    }
+    out
+}
+
+/// `-k`: sockets.
+pub fn sockets(doc: &Value) -> String {
+    let mut out = String::from("RDS sockets:\n");
+    let _ = writeln!(
+        out,
+        "  {:>15} {:>5} {:>8} {:>8} {:>10} {:>10} {:>4} {:>4} {:>8} {:>8}",
+        "BoundAddr",
+        "BPort",
+        "RcvBuf",
+        "SndBuf",
+        "RxQueued",
+        "TxQueued",
+        "Cong",
+        "Mon",
+        "Pid",
+        "App/Slot"
+    );
+    for s in list(doc, "sockets") {
+        let _ = writeln!(
+            out,
+            "  {:>15} {:>5} {:>8} {:>8} {:>10} {:>10} {:>4} {:>4} {:>8} {:>8}",
+            field(s, "addr"),
+            num(s, "port"),
+            num(s, "rcvbuf"),
+            num(s, "sndbuf"),
+            num(s, "rx_queued_bytes"),
+            num(s, "tx_queued_bytes"),
+            field(s, "congested"),
+            field(s, "cong_monitor"),
+            field(s, "pid"),
+            format!("{}/{}", num(s, "app"), num(s, "slot")),
+        );
+    }
+    truncated(&mut out, doc, "sockets");
+    out
+}
+
+/// `-n`: connections.
+pub fn connections(doc: &Value) -> String {
+    let mut out = String::from("RDS connections:\n");
+    let _ = writeln!(
+        out,
+        "  {:>15} {:>15} {:>9} {:>10} {:>6} {:>5} {:>10} {:>10}",
+        "LocalAddr", "RemoteAddr", "Transport", "State", "Active", "Paths", "Gen", "PeerGen"
+    );
+    for c in list(doc, "connections") {
+        let _ = writeln!(
+            out,
+            "  {:>15} {:>15} {:>9} {:>10} {:>6} {:>5} {:>10} {:>10}",
+            field(c, "laddr"),
+            field(c, "faddr"),
+            field(c, "transport"),
+            field(c, "state"),
+            field(c, "active"),
+            field(c, "npaths"),
+            num(c, "generation"),
+            num(c, "peer_generation"),
+        );
+    }
+    truncated(&mut out, doc, "connections");
+    out
+}
+
+/// `-p`: paths of every connection.
+pub fn paths(doc: &Value) -> String {
+    let mut out = String::from("RDS paths:\n");
+    let _ = writeln!(
+        out,
+        "  {:>15} {:>15} {:>4} {:>13} {:>10} {:>10} {:>7} {:>7} {:>12} {:>6}",
+        "LocalAddr",
+        "RemoteAddr",
+        "Path",
+        "State",
+        "NextTxSeq",
+        "NextRxSeq",
+        "Queued",
+        "Unacked",
+        "UnackedBytes",
+        "Paused"
+    );
+    for c in list(doc, "connections") {
+        for p in list(c, "paths") {
+            let _ = writeln!(
+                out,
+                "  {:>15} {:>15} {:>4} {:>13} {:>10} {:>10} {:>7} {:>7} {:>12} {:>6}",
+                field(c, "laddr"),
+                field(c, "faddr"),
+                num(p, "index"),
+                field(p, "state"),
+                num(p, "next_tx_seq"),
+                num(p, "next_rx_seq"),
+                num(p, "queued_msgs"),
+                num(p, "unacked_msgs"),
+                field(p, "unacked_bytes"),
+                field(p, "rx_paused"),
+            );
+        }
+    }
+    out
+}
+
+/// `-r`: receive queues (bytes delivered to sockets and not read yet).
+pub fn recv_queue(doc: &Value) -> String {
+    let q = doc.get("recv_queue").cloned().unwrap_or(Value::Null);
+    let mut out = format!(
+        "Receive queue: {} socket(s), {} byte(s) unread\n",
+        num(&q, "sockets"),
+        num(&q, "bytes")
+    );
+    for e in list(&q, "entries") {
+        let _ = writeln!(
+            out,
+            "  {:>15}:{:<5} {:>10} bytes  pid {}{}",
+            field(e, "addr"),
+            num(e, "port"),
+            num(e, "bytes"),
+            field(e, "pid"),
+            if e.get("congested") == Some(&Value::Bool(true)) {
+                "  congested"
+            } else {
+                ""
+            }
+        );
+    }
+    truncated(&mut out, &q, "entries");
+    out
+}
+
+/// `-s`: send queues (bytes sockets sent that rdsd has not released; messages waiting on paths).
+pub fn send_queue(doc: &Value) -> String {
+    let q = doc.get("send_queue").cloned().unwrap_or(Value::Null);
+    let mut out = format!(
+        "Send queue: {} socket(s) with {} byte(s) not yet released; {} message(s) queued on {} path(s)\n",
+        num(&q, "sockets"),
+        num(&q, "socket_bytes"),
+        num(&q, "msgs"),
+        num(&q, "paths")
+    );
+    for e in list(&q, "entries") {
+        if let Some(s) = e.get("socket") {
+            let _ = writeln!(
+                out,
+                "  socket {:>15}:{:<5} {:>10} bytes  pid {}",
+                field(s, "addr"),
+                num(s, "port"),
+                num(e, "bytes"),
+                field(s, "pid")
+            );
+        } else if let Some(p) = e.get("path") {
+            let _ = writeln!(
+                out,
+                "  path   {} -> {} #{} ({}) {:>6} msgs",
+                field(p, "laddr"),
+                field(p, "faddr"),
+                num(p, "index"),
+                field(p, "transport"),
+                num(e, "msgs")
+            );
+        }
+    }
+    truncated(&mut out, &q, "entries");
+    out
+}
+
+/// `-t`: retransmit queues (messages written and not yet acknowledged).
+pub fn retransmit_queue(doc: &Value) -> String {
+    let q = doc.get("retransmit_queue").cloned().unwrap_or(Value::Null);
+    let mut out = format!(
+        "Retransmit queue: {} message(s), {} byte(s) unacknowledged on {} path(s)\n",
+        num(&q, "msgs"),
+        num(&q, "bytes"),
+        num(&q, "paths")
+    );
+    for e in list(&q, "entries") {
+        let _ = writeln!(
+            out,
+            "  path   {} -> {} #{} ({}) {:>6} msgs {:>10} bytes",
+            field(e, "laddr"),
+            field(e, "faddr"),
+            num(e, "index"),
+            field(e, "transport"),
+            num(e, "msgs"),
+            field(e, "bytes")
+        );
+    }
+    truncated(&mut out, &q, "entries");
+    out
+}
+
+/// The counters of an Info document as Prometheus text.
+pub fn prometheus(doc: &Value) -> String {
+    let help = doc.get("counter_help").and_then(Value::as_object);
+    let counters: Vec<(&str, u64, &str)> = doc
+        .get("counters")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| {
+                    let h = help
+                        .and_then(|h| h.get(k))
+                        .and_then(Value::as_str)
+                        .unwrap_or("rdsd counter");
+                    (k.as_str(), v.as_u64().unwrap_or(0), h)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let r = doc.get("rdsd");
+    let version = r.and_then(|r| r.get("version")).and_then(Value::as_str);
+    let start = r
+        .and_then(|r| r.get("start_time_unix"))
+        .and_then(Value::as_f64);
+    shm_api::ctrl::prometheus_text(&counters, version.zip(start))
+}
+
+/// The one-line identity of rdsd for `status`.
+pub fn identity(doc: &Value) -> String {
+    let r = doc.get("rdsd").cloned().unwrap_or(Value::Null);
+    let addrs = list(&r, "local_addrs")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "pid {}, version {}, up {} s, local addresses {}{}",
+        field(&r, "pid"),
+        field(&r, "version"),
+        field(&r, "uptime_s"),
+        if addrs.is_empty() { "-" } else { &addrs },
+        match r.get("metrics_listen").and_then(Value::as_str) {
+            Some(m) => format!(", metrics at http://{m}/metrics"),
+            None => String::new(),
+        }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn doc() -> Value {
+        json!({
+            "schema": 1,
+            "rdsd": {"version": "0.1.0", "pid": 42, "uptime_s": 1.5, "start_time_unix": 100.0,
+                     "local_addrs": ["10.0.0.1/32", "127.0.0.0/8"], "metrics_listen": null},
+            "counters": {"apps_attached": 2, "tcp_delivered": 7},
+            "counter_help": {"apps_attached": "Processes that attached.", "tcp_delivered": "D."},
+            "sockets": [{"app": 1, "slot": 0, "pid": 99, "uid": 0, "addr": "10.0.0.1",
+                         "port": 4000, "rcvbuf": 106496, "sndbuf": 106496,
+                         "rx_queued_bytes": 300, "rx_pending": true, "tx_queued_bytes": 0,
+                         "congested": false, "cong_monitor": true, "pollable": false},
+                        {"app": 1, "slot": 1, "addr": null, "port": 0}],
+            "sockets_truncated": 3,
+            "connections": [{"transport": "tcp", "laddr": "10.0.0.1", "faddr": "10.0.0.2",
+                "state": "up", "active": true, "generation": 5, "peer_generation": 6,
+                "npaths": 8, "paths": [{"index": 0, "state": "up", "next_tx_seq": 12,
+                "next_rx_seq": 9, "queued_msgs": 1, "unacked_msgs": 2, "tx_stream_bytes": 500,
+                "unacked_bytes": 96, "rx_paused": false}]}],
+            "recv_queue": {"sockets": 1, "bytes": 300, "entries": [{"addr": "10.0.0.1",
+                "port": 4000, "pid": 99, "bytes": 300, "congested": false}]},
+            "send_queue": {"sockets": 0, "socket_bytes": 0, "paths": 1, "msgs": 1,
+                "entries": [{"path": {"transport": "tcp", "laddr": "10.0.0.1",
+                "faddr": "10.0.0.2", "index": 0}, "msgs": 1}]},
+            "retransmit_queue": {"paths": 1, "msgs": 2, "bytes": 96, "entries": [
+                {"transport": "tcp", "laddr": "10.0.0.1", "faddr": "10.0.0.2", "index": 0,
+                 "msgs": 2, "bytes": 96}]}
+        })
+    }
+
+    #[test]
+    fn tables_show_every_row_and_column() {
+        let d = doc();
+        let c = counters(&d);
+        assert!(
+            c.lines()
+                .any(|l| l.split_whitespace().eq(["apps_attached", "2"])),
+            "{c}"
+        );
+        let k = sockets(&d);
+        let row: Vec<&str> = k.lines().nth(2).unwrap().split_whitespace().collect();
+        assert_eq!(
+            row,
+            ["10.0.0.1", "4000", "106496", "106496", "300", "0", "-", "yes", "99", "1/0"]
+        );
+        assert!(
+            k.lines().nth(3).unwrap().trim_start().starts_with("- "),
+            "{k}"
+        );
+        assert!(k.contains("3 more not shown"), "{k}");
+        let n = connections(&d);
+        let row: Vec<&str> = n.lines().nth(2).unwrap().split_whitespace().collect();
+        assert_eq!(
+            row,
+            ["10.0.0.1", "10.0.0.2", "tcp", "up", "yes", "8", "5", "6"]
+        );
+        let p = paths(&d);
+        let row: Vec<&str> = p.lines().nth(2).unwrap().split_whitespace().collect();
+        assert_eq!(
+            row,
+            ["10.0.0.1", "10.0.0.2", "0", "up", "12", "9", "1", "2", "96", "-"]
+        );
+        assert!(recv_queue(&d).starts_with("Receive queue: 1 socket(s), 300 byte(s) unread\n"));
+        assert!(send_queue(&d).contains("1 message(s) queued on 1 path(s)"));
+        assert!(send_queue(&d).contains("#0 (tcp)"));
+        assert!(retransmit_queue(&d)
+            .starts_with("Retransmit queue: 2 message(s), 96 byte(s) unacknowledged on 1 path(s)"));
+    }
+
+    #[test]
+    fn missing_sections_and_fields_do_not_fail() {
+        let d = json!({"schema": 1});
+        assert_eq!(sockets(&d).lines().count(), 2);
+        assert_eq!(paths(&d).lines().count(), 2);
+        assert!(recv_queue(&d).starts_with("Receive queue: 0 socket(s)"));
+        assert!(identity(&d).contains("pid -"));
+    }
+
+    #[test]
+    fn prometheus_and_identity() {
+        let d = doc();
+        let p = prometheus(&d);
+        assert!(p.contains("# HELP rdsd_apps_attached_total Processes that attached.\n"));
+        assert!(p.contains("# TYPE rdsd_tcp_delivered_total counter\nrdsd_tcp_delivered_total 7\n"));
+        assert!(p.contains("rdsd_build_info{version=\"0.1.0\"} 1\n"));
+        let i = identity(&d);
+        assert_eq!(
+            i,
+            "pid 42, version 0.1.0, up 1.5 s, local addresses 10.0.0.1/32, 127.0.0.0/8"
+        );
+    }
+}

@@ -1,0 +1,268 @@
+//! The body of an `Info` reply (`rdsctl info`, `rdsctl ping`): a JSON document built on the
+//! control thread from the counters and, for the other sections, a snapshot the poll core
+//! copied out (`poll::snapshot`). Schema `shm_api::ctrl::INFO_SCHEMA`; fields are only added.
+//!
+//! ```text
+//! { "schema": 1,
+//!   "rdsd": { "version", "pid", "uptime_s", "start_time_unix", "control_socket",
+//!             "local_addrs": ["127.0.0.0/8", ...], "metrics_listen", "transports" },
+//!   "counters": { name: value, ... }, "counter_help": { name: text, ... },      (-c)
+//!   "sockets": [ SockSnapshot ... ], "sockets_truncated": n,                    (-k)
+//!   "connections": [ ConnSnapshot ... ], "connections_truncated": n,            (-n, -p)
+//!   "recv_queue": { "sockets", "bytes", "entries": [...] },                     (-r)
+//!   "send_queue": { "sockets", "socket_bytes", "paths", "msgs", "entries" },    (-s)
+//!   "retransmit_queue": { "paths", "msgs", "bytes", "entries": [...] } }        (-t)
+//! ```
+//!
+//! A reply is one datagram: lists that would not fit are cut (each `*_truncated` says by how
+//! many entries).
+
+use super::{Control, Slot};
+use crate::poll::snapshot::PollSnapshot;
+use serde_json::{json, Map, Value};
+use shm_api::ctrl::{self, Reply, MAX_DATAGRAM, REPLY_HEADER_LEN};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// When rdsd started.
+pub(super) struct Started {
+    at: Instant,
+    unix: f64,
+}
+
+impl Started {
+    pub(super) fn now() -> Started {
+        Started {
+            at: Instant::now(),
+            unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+        }
+    }
+}
+
+/// Largest body of a reply datagram.
+const MAX_BODY: usize = MAX_DATAGRAM - REPLY_HEADER_LEN;
+
+/// Serialises `doc`, halving its longest list (`sockets`, `connections`, a queue's `entries`)
+/// until it fits in `max` bytes; each cut list gets a `<list>_truncated` count (next to it) of
+/// the entries left out.
+fn fit(mut doc: Map<String, Value>, max: usize) -> Vec<u8> {
+    const LISTS: [(Option<&str>, &str); 5] = [
+        (None, "sockets"),
+        (None, "connections"),
+        (Some("recv_queue"), "entries"),
+        (Some("send_queue"), "entries"),
+        (Some("retransmit_queue"), "entries"),
+    ];
+    fn parent<'a>(
+        doc: &'a mut Map<String, Value>,
+        p: Option<&str>,
+    ) -> Option<&'a mut Map<String, Value>> {
+        match p {
+            None => Some(doc),
+            Some(k) => doc.get_mut(k)?.as_object_mut(),
+        }
+    }
+    loop {
+        let body = serde_json::to_vec(&doc).unwrap_or_default();
+        if body.len() <= max {
+            return body;
+        }
+        let longest = LISTS
+            .into_iter()
+            .filter_map(|(p, k)| {
+                let n = parent(&mut doc, p)?.get(k)?.as_array()?.len();
+                Some((p, k, n))
+            })
+            .filter(|&(_, _, n)| n > 0)
+            .max_by_key(|&(_, _, n)| n);
+        let Some((p, key, n)) = longest else {
+            return body;
+        };
+        let keep = n / 2;
+        let obj = parent(&mut doc, p).expect("found above");
+        if let Some(list) = obj.get_mut(key).and_then(Value::as_array_mut) {
+            list.truncate(keep);
+        }
+        let cut = format!("{key}_truncated");
+        let before = obj.get(&cut).and_then(Value::as_u64).unwrap_or(0);
+        obj.insert(cut, json!(before + (n - keep) as u64));
+    }
+}
+
+impl Control {
+    /// The Info reply for `sections` (`snap` is `None` for counters only).
+    pub(super) fn info_reply(&self, sections: u32, snap: Option<PollSnapshot>) -> Reply {
+        let mut doc = Map::new();
+        doc.insert("schema".into(), json!(ctrl::INFO_SCHEMA));
+        let transports = snap.as_ref().map(|s| s.transports.clone());
+        doc.insert(
+            "rdsd".into(),
+            json!({
+                "version": env!("CARGO_PKG_VERSION"),
+                "pid": std::process::id(),
+                "uptime_s": (self.started.at.elapsed().as_millis() as f64) / 1000.0,
+                "start_time_unix": self.started.unix,
+                "control_socket": self.path.display().to_string(),
+                "local_addrs": self.cfg.local_addrs.iter()
+                    .map(|p| format!("{}/{}", p.addr, p.len)).collect::<Vec<_>>(),
+                "metrics_listen": self.cfg.metrics_listen.map(|a| a.to_string()),
+                "transports": transports,
+            }),
+        );
+        if sections & ctrl::INFO_COUNTERS != 0 {
+            let d = self.stats.described();
+            let mut values = Map::new();
+            let mut help = Map::new();
+            for (k, v, h) in d {
+                values.insert(k.clone(), json!(v));
+                help.insert(k, json!(h));
+            }
+            doc.insert("counters".into(), Value::Object(values));
+            doc.insert("counter_help".into(), Value::Object(help));
+        }
+        if let Some(mut snap) = snap {
+            for s in &mut snap.sockets {
+                if let Some(Slot::Conn(c)) = self.slots.get(s.app) {
+                    s.pid = c.pid;
+                    s.uid = c.uid;
+                }
+            }
+            self.add_sections(&mut doc, sections, snap);
+        }
+        let body = fit(doc, MAX_BODY);
+        let mut r = Reply::ok(0);
+        r.body = body;
+        r
+    }
+
+    fn add_sections(&self, doc: &mut Map<String, Value>, sections: u32, snap: PollSnapshot) {
+        if sections & ctrl::INFO_RECV_QUEUE != 0 {
+            let q: Vec<_> = snap
+                .sockets
+                .iter()
+                .filter(|s| s.rx_queued_bytes > 0 || s.rx_pending)
+                .collect();
+            doc.insert(
+                "recv_queue".into(),
+                json!({
+                    "sockets": q.len(),
+                    "bytes": q.iter().map(|s| s.rx_queued_bytes).sum::<u64>(),
+                    "entries": q.iter().map(|s| json!({
+                        "addr": s.addr, "port": s.port, "pid": s.pid,
+                        "bytes": s.rx_queued_bytes, "congested": s.congested,
+                    })).collect::<Vec<_>>(),
+                }),
+            );
+        }
+        let paths = || {
+            snap.connections.iter().flat_map(|c| {
+                c.paths
+                    .iter()
+                    .map(move |p| (c.transport, c.laddr, c.faddr, p))
+            })
+        };
+        if sections & ctrl::INFO_SEND_QUEUE != 0 {
+            let socks: Vec<_> = snap
+                .sockets
+                .iter()
+                .filter(|s| s.tx_queued_bytes > 0)
+                .collect();
+            let ps: Vec<_> = paths().filter(|x| x.3.queued_msgs > 0).collect();
+            let mut entries: Vec<Value> = socks
+                .iter()
+                .map(|s| {
+                    json!({"socket": {"addr": s.addr, "port": s.port, "pid": s.pid},
+                           "bytes": s.tx_queued_bytes})
+                })
+                .collect();
+            entries.extend(ps.iter().map(|(t, l, f, p)| {
+                json!({"path": {"transport": t, "laddr": l, "faddr": f, "index": p.index},
+                       "msgs": p.queued_msgs})
+            }));
+            doc.insert(
+                "send_queue".into(),
+                json!({
+                    "sockets": socks.len(),
+                    "socket_bytes": socks.iter().map(|s| s.tx_queued_bytes).sum::<u64>(),
+                    "paths": ps.len(),
+                    "msgs": ps.iter().map(|x| x.3.queued_msgs).sum::<usize>(),
+                    "entries": entries,
+                }),
+            );
+        }
+        if sections & ctrl::INFO_RETRANS_QUEUE != 0 {
+            let ps: Vec<_> = paths().filter(|x| x.3.unacked_msgs > 0).collect();
+            doc.insert(
+                "retransmit_queue".into(),
+                json!({
+                    "paths": ps.len(),
+                    "msgs": ps.iter().map(|x| x.3.unacked_msgs).sum::<usize>(),
+                    "bytes": ps.iter().filter_map(|x| x.3.unacked_bytes).sum::<u64>(),
+                    "entries": ps.iter().map(|(t, l, f, p)| json!({
+                        "transport": t, "laddr": l, "faddr": f, "index": p.index,
+                        "msgs": p.unacked_msgs, "bytes": p.unacked_bytes,
+                    })).collect::<Vec<_>>(),
+                }),
+            );
+        }
+        if sections & ctrl::INFO_SOCKETS != 0 {
+            doc.insert("sockets".into(), json!(snap.sockets));
+        }
+        if sections & (ctrl::INFO_CONNECTIONS | ctrl::INFO_PATHS) != 0 {
+            let mut conns = serde_json::to_value(&snap.connections).unwrap_or(json!([]));
+            if sections & ctrl::INFO_PATHS == 0 {
+                for c in conns.as_array_mut().into_iter().flatten() {
+                    if let Some(o) = c.as_object_mut() {
+                        o.remove("paths");
+                    }
+                }
+            }
+            doc.insert("connections".into(), conns);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_lists_are_cut_to_one_datagram_and_say_so() {
+        let sock = json!({"app": 1, "slot": 2, "addr": "10.0.0.1", "port": 4000,
+                          "rcvbuf": 106496, "sndbuf": 106496, "rx_queued_bytes": 0});
+        let mut doc = Map::new();
+        doc.insert("schema".into(), json!(1));
+        doc.insert("sockets".into(), json!(vec![sock; 4096]));
+        doc.insert("connections".into(), json!([{"laddr": "10.0.0.1"}]));
+        let body = fit(doc.clone(), MAX_BODY);
+        assert!(body.len() <= MAX_BODY);
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        let kept = v["sockets"].as_array().unwrap().len();
+        assert!(kept > 0 && kept < 4096);
+        assert_eq!(kept as u64 + v["sockets_truncated"].as_u64().unwrap(), 4096);
+        assert_eq!(v["connections"].as_array().unwrap().len(), 1);
+        assert!(v.get("connections_truncated").is_none());
+        // Queue entries are cut too, next to their list.
+        let mut doc = Map::new();
+        let e = json!({"addr": "10.0.0.1", "port": 4000, "pid": 7, "bytes": 300});
+        doc.insert(
+            "recv_queue".into(),
+            json!({"sockets": 4096, "bytes": 1, "entries": vec![e; 4096]}),
+        );
+        let v: Value = serde_json::from_slice(&fit(doc.clone(), MAX_BODY)).unwrap();
+        let q = &v["recv_queue"];
+        let kept = q["entries"].as_array().unwrap().len() as u64;
+        assert!(kept > 0 && kept + q["entries_truncated"].as_u64().unwrap() == 4096);
+        assert_eq!(q["sockets"].as_u64(), Some(4096));
+        // Small documents are untouched.
+        let small = json!({"schema": 1, "sockets": [{"port": 1}], "recv_queue": {"entries": [1]}});
+        let Value::Object(m) = small.clone() else {
+            unreachable!()
+        };
+        assert_eq!(
+            serde_json::from_slice::<Value>(&fit(m, MAX_BODY)).unwrap(),
+            small
+        );
+    }
+}
