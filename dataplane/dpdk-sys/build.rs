@@ -24,6 +24,8 @@ const FUNCTIONS: &[&str] = &[
     "rte_socket_id",
     "rte_lcore_count",
     "rte_get_main_lcore",
+    "rte_thread_register",
+    "rte_thread_unregister",
     "rte_strerror",
     // ethdev control path
     "rte_eth_dev_count_avail",
@@ -45,6 +47,7 @@ const FUNCTIONS: &[&str] = &[
     "rte_eth_link_get_nowait",
     "rte_eth_promiscuous_enable",
     "rte_eth_dev_set_mtu",
+    "rte_eth_dev_get_mtu",
     "rte_eth_stats_get",
     // mempool / mbuf pool
     "rte_pktmbuf_pool_create",

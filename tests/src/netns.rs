@@ -180,3 +180,161 @@ impl Drop for Lab {
         let _ = Command::new("ip").args(["netns", "del", &self.sw]).status();
     }
 }
+
+static PAIR: AtomicU32 = AtomicU32::new(0);
+
+/// Two network namespaces joined by one veth pair: `v0` in the first, `v1` in the second,
+/// both up, with **no** address in the kernel (a DPDK port on each end owns the address; see
+/// `tests/dpdk.rs`). IPv6 is off on both ends, so the kernel stays quiet on the wire. Both
+/// namespaces (and the pair) are deleted on drop, also when a test fails.
+pub struct VethPair {
+    /// The two namespaces.
+    pub ns: [String; 2],
+    /// The /24 subnet 10.`subnet`.0.0 the hosts use.
+    pub subnet: u8,
+}
+
+impl VethPair {
+    /// A fresh pair of namespaces.
+    pub fn new() -> VethPair {
+        assert!(
+            is_root(),
+            "the DPDK tests create network namespaces and need root"
+        );
+        let id = PAIR.fetch_add(1, Ordering::Relaxed);
+        let tag = format!("dp{}x{id}", std::process::id() % 100_000);
+        let ns = [format!("{tag}a"), format!("{tag}b")];
+        for n in &ns {
+            let _ = Command::new("ip")
+                .args(["netns", "del", n])
+                .stderr(Stdio::null())
+                .status();
+            sh(&["ip", "netns", "add", n]);
+        }
+        let pair = VethPair {
+            ns,
+            subnet: (10 + (std::process::id() as usize * 3 + id as usize) % 90) as u8,
+        };
+        sh(&[
+            "ip",
+            "link",
+            "add",
+            "v0",
+            "netns",
+            &pair.ns[0],
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "v1",
+            "netns",
+            &pair.ns[1],
+        ]);
+        for i in 0..2 {
+            let ns = &pair.ns[i];
+            let v = VethPair::iface(i);
+            sh(&[
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                "sysctl",
+                "-qw",
+                &format!("net.ipv6.conf.{v}.disable_ipv6=1"),
+            ]);
+            sh(&["ip", "-n", ns, "link", "set", v, "up"]);
+            sh(&["ip", "-n", ns, "link", "set", "lo", "up"]);
+        }
+        pair
+    }
+
+    /// The veth end in namespace `i`.
+    pub fn iface(i: usize) -> &'static str {
+        ["v0", "v1"][i]
+    }
+
+    /// Host `i`'s address, 10.subnet.0.(i + 1).
+    pub fn addr(&self, i: usize) -> Ipv4Addr {
+        Ipv4Addr::new(10, self.subnet, 0, i as u8 + 1)
+    }
+
+    /// Gives host `i`'s address to the kernel on its veth end (a kernel-TCP host).
+    pub fn kernel_addr(&self, i: usize) {
+        sh(&[
+            "ip",
+            "-n",
+            &self.ns[i],
+            "addr",
+            "add",
+            &format!("{}/24", self.addr(i)),
+            "dev",
+            VethPair::iface(i),
+        ]);
+    }
+
+    /// Turns transmit checksum offload (and with it TSO) off on host `i`'s veth end, as
+    /// `ethtool -K v tx off` does. A kernel-TCP host needs it when its peer's port is
+    /// net_af_packet: veth hands the peer's packet socket segments whose checksum was left to
+    /// the "hardware" (and 64 KiB TSO segments), which a userspace stack rightly drops.
+    pub fn no_tx_offload(&self, i: usize) {
+        let ns = format!("/var/run/netns/{}", self.ns[i]);
+        let iface = VethPair::iface(i);
+        // setns moves only the calling thread: do it on a thread of its own.
+        std::thread::spawn(move || {
+            use std::os::fd::AsRawFd;
+            let f = std::fs::File::open(&ns).expect("open netns");
+            // SAFETY: setns on a namespace fd we hold; affects this thread only.
+            let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+            #[repr(C)]
+            struct EthtoolValue {
+                cmd: u32,
+                data: u32,
+            }
+            #[repr(C)]
+            struct IfReq {
+                name: [u8; 16],
+                data: *mut libc::c_void,
+                _pad: [u8; 16],
+            }
+            const SIOCETHTOOL: libc::c_ulong = 0x8946;
+            const ETHTOOL_STXCSUM: u32 = 0x17;
+            let mut v = EthtoolValue {
+                cmd: ETHTOOL_STXCSUM,
+                data: 0,
+            };
+            let mut req = IfReq {
+                name: [0; 16],
+                data: (&mut v as *mut EthtoolValue).cast(),
+                _pad: [0; 16],
+            };
+            req.name[..iface.len()].copy_from_slice(iface.as_bytes());
+            // SAFETY: a datagram socket for the ioctl, closed below.
+            let s = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
+            assert!(s >= 0);
+            // SAFETY: SIOCETHTOOL reads the ifreq and the ethtool_value it points to, both
+            // alive for the call.
+            let rc = unsafe { libc::ioctl(s, SIOCETHTOOL as _, &mut req) };
+            let err = std::io::Error::last_os_error();
+            // SAFETY: our socket, closed once.
+            unsafe { libc::close(s) };
+            assert_eq!(rc, 0, "ETHTOOL_STXCSUM off on {iface}: {err}");
+        })
+        .join()
+        .expect("tx offload thread");
+    }
+}
+
+impl Default for VethPair {
+    fn default() -> VethPair {
+        VethPair::new()
+    }
+}
+
+impl Drop for VethPair {
+    fn drop(&mut self) {
+        for n in &self.ns {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}

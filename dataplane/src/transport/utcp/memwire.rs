@@ -231,6 +231,9 @@ impl phy::TxToken for TxToken<'_> {
     }
 }
 
+/// Frames go onto the hub as they are sent.
+impl super::Flush for Port {}
+
 impl Device for Port {
     type RxToken<'a> = RxToken;
     type TxToken<'a> = TxToken<'a>;

@@ -1,17 +1,19 @@
-//! Userspace TCP: a [`Link`] on smoltcp, device-agnostic (issue 10, first step of the DPDK
-//! transport).
+//! Userspace TCP: a [`Link`] on smoltcp, device-agnostic (issue 10).
 //!
 //! [`UtcpLink<D>`] runs RDS/TCP's paths over a smoltcp [`Interface`] and [`SocketSet`] on any
-//! `smoltcp::phy::Device` `D`. The DPDK transport will be this link over a `Device` whose
-//! tokens wrap DPDK mbufs (`rte_eth_rx_burst`/`rte_eth_tx_burst`); everything above the
-//! device (sockets, listeners, the `Link` mapping, the shared protocol layer) is here already
-//! and is proved with the shared exactly-once suite over [`memwire`], an in-memory Ethernet
-//! segment with loss, duplication and reordering (`dataplane/tests/userspace_tcp.rs`).
+//! `smoltcp::phy::Device` `D` that also implements [`Flush`] (send what a pass queued). The
+//! DPDK transport (`transport::dpdk`) is this link over a device whose tokens wrap DPDK mbufs
+//! (`rte_eth_rx_burst`/`rte_eth_tx_burst`); the link is proved with the shared exactly-once
+//! suite over [`memwire`], an in-memory Ethernet segment with loss, duplication and
+//! reordering (`dataplane/tests/userspace_tcp.rs`), and between real rdsd processes over
+//! DPDK in `tests/tests/dpdk.rs`.
 //!
 //! # Mapping
 //!
 //! * One TCP socket per path. `connect` binds an ephemeral local port (49152..65535, ours:
-//!   smoltcp does not pick one) on the RDS source address and connects to `faddr:port`;
+//!   smoltcp does not pick one) with `port % 8 == path`, so the endpoint announces SPORT_IDX
+//!   (`Link::SPORT_IDX`) and a passive peer maps paths by source port, on the RDS source
+//!   address, and connects to `faddr:port`;
 //!   `poll_connect` reads the socket state (Established: up; Closed: failed).
 //! * A pool of listening sockets on the RDS port (16385 by default): smoltcp takes one
 //!   listening socket per concurrent handshake. `accept` hands out a listener that became
@@ -75,15 +77,24 @@
 //! * a 300 ms blackout: consecutive resends 20–75 ms apart (backoff from the ~40 ms floor),
 //!   no path lost, nothing lost or doubled; that run took ~420 ms against ~130 ms without it.
 //!
+//! * **Spurious timeouts under a continuous flow** (smoltcp 0.12 bug, smoltcp issue #949, fixed
+//!   upstream by PR #1018 in 0.13, which needs Rust 1.91): an ACK that does not acknowledge
+//!   everything in flight leaves a running retransmission timer alone instead of restarting it
+//!   (RFC 6298 §5.3), so one path that always has unacknowledged data times out every RTO and
+//!   resends its window although nothing was lost. Measured over DPDK (`tests/tests/dpdk.rs`,
+//!   one path, 11 MB each way in messages up to 1 MiB): 444 segments resent, all of them seen
+//!   by the peer as duplicates (`dpdk_tcp_rto_retransmits`, `dpdk_tcp_rx_duplicates`); with 8
+//!   paths the same traffic saw none. Correctness is unaffected (TCP drops the duplicates);
+//!   bandwidth is. Carrying the fix means a patched smoltcp (`[patch.crates-io]`) or 0.13+.
+//!
 //! # Missing
 //!
-//! * The DPDK mbuf `Device`, EAL and port setup (`dataplane/dpdk-sys`), registration in
-//!   `transport::build`, config keys (port, buffer sizes, listener count, MAC/IP/gateway).
 //! * Counters: retransmits, out-of-order segments, RTO expiries and window stalls are not
-//!   exposed by smoltcp's public API; they need a patched smoltcp or wire-level accounting.
+//!   exposed by smoltcp's public API; the DPDK device infers them from the TCP headers it
+//!   carries (`transport::dpdk`, `wire.rs`).
 //! * A poll-core timeout from `Interface::poll_delay` (the `Link` trait has no hook; with
 //!   `acks_need_polling` the poll core wakes every 1 ms while messages are unacknowledged,
-//!   which drives smoltcp's timers; a DPDK poll core does not park anyway).
+//!   which drives smoltcp's timers; the DPDK transport parks at most `park_us` anyway).
 //! * Allocation in steady state: none on the data path; a new path's socket allocates its
 //!   buffers only when no spare socket is left, and the `SocketSet` grows its slot vector when
 //!   more sockets are live than ever before. ARP resolution is smoltcp's.
@@ -157,6 +168,14 @@ impl UtcpConfig {
     }
 }
 
+/// A device that queues transmissions during a pass and sends them together (DPDK's
+/// `tx_burst`): [`UtcpLink`] calls `flush` after every `Interface::poll` and after a connect's
+/// SYN, so each pass's frames leave as one burst. Devices that send at once keep the default.
+pub trait Flush {
+    /// Sends what was queued.
+    fn flush(&mut self) {}
+}
+
 /// One path: a TCP socket in the link's socket set.
 #[derive(Debug)]
 pub struct UtcpPath {
@@ -204,7 +223,7 @@ fn sdur(d: Duration) -> SDuration {
     SDuration::from_micros(d.as_micros() as u64)
 }
 
-impl<D: Device> UtcpLink<D> {
+impl<D: Device + Flush> UtcpLink<D> {
     /// An interface on `device` with `cfg`'s addresses, listening on `cfg.port`.
     pub fn new(mut device: D, cfg: UtcpConfig) -> UtcpLink<D> {
         let mut ic = IfaceConfig::new(HardwareAddress::Ethernet(EthernetAddress(cfg.mac)));
@@ -237,6 +256,11 @@ impl<D: Device> UtcpLink<D> {
             link.arm_listener();
         }
         link
+    }
+
+    /// The device, for its counters.
+    pub fn device(&self) -> &D {
+        &self.device
     }
 
     /// The switch that aborts every path (see [`AbortSwitch`]).
@@ -295,10 +319,16 @@ impl<D: Device> UtcpLink<D> {
         }
     }
 
-    fn ephemeral_port(&mut self) -> u16 {
-        let p = self.next_port;
-        self.next_port = if p == u16::MAX { 49152 } else { p + 1 };
-        p
+    /// The next ephemeral port; for a path, one with `port % 8 == path` (SPORT_IDX's rule, so a
+    /// peer that maps paths by source port finds the right one; harmless for one that doesn't).
+    fn ephemeral_port(&mut self, path: Option<usize>) -> u16 {
+        loop {
+            let p = self.next_port;
+            self.next_port = if p == u16::MAX { 49152 } else { p + 1 };
+            if path.is_none_or(|k| usize::from(p) % 8 == k % 8) {
+                return p;
+            }
+        }
     }
 
     fn sock(&mut self, h: SocketHandle) -> &mut tcp::Socket<'static> {
@@ -353,9 +383,14 @@ impl<D: Device> UtcpLink<D> {
         }
     }
 
-    fn start_connect(&mut self, laddr: u32, faddr: u32) -> std::io::Result<SocketHandle> {
+    fn start_connect(
+        &mut self,
+        laddr: u32,
+        faddr: u32,
+        path: Option<usize>,
+    ) -> std::io::Result<SocketHandle> {
         let mut s = self.new_socket();
-        let port = self.ephemeral_port();
+        let port = self.ephemeral_port(path);
         let remote = (IpAddress::Ipv4(Ipv4Address::from(faddr)), self.cfg.port);
         let local = (IpAddress::Ipv4(Ipv4Address::from(laddr)), port);
         match s.connect(self.iface.context(), remote, local) {
@@ -372,8 +407,9 @@ impl<D: Device> UtcpLink<D> {
 
     /// Runs the interface once: frames in, timers, frames out.
     fn poll_iface(&mut self) -> bool {
-        self.iface.poll(now(), &mut self.device, &mut self.sockets)
-            == smoltcp::iface::PollResult::SocketStateChanged
+        let r = self.iface.poll(now(), &mut self.device, &mut self.sockets);
+        self.device.flush();
+        r == smoltcp::iface::PollResult::SocketStateChanged
     }
 }
 
@@ -383,10 +419,11 @@ fn v4(a: IpAddress) -> u32 {
     }
 }
 
-impl<D: Device + Send> Link for UtcpLink<D> {
+impl<D: Device + Flush + Send> Link for UtcpLink<D> {
     type Path = UtcpPath;
     type Payload = PoolBuf;
     const FRAMING: Framing = Framing::Stream;
+    const SPORT_IDX: bool = true;
 
     fn payload(&mut self, bytes: MsgBytes<'_>) -> PoolBuf {
         PoolBuf::copy_of(bytes)
@@ -415,6 +452,7 @@ impl<D: Device + Send> Link for UtcpLink<D> {
             return None;
         };
         self.live.push(h);
+        tracing::debug!(peer = %remote.addr, port = remote.port, "utcp: accepted");
         Some(Accepted {
             path: UtcpPath { handle: h },
             laddr: v4(local.addr),
@@ -423,13 +461,23 @@ impl<D: Device + Send> Link for UtcpLink<D> {
         })
     }
 
-    fn connect(&mut self, laddr: u32, faddr: u32, _path: usize) -> std::io::Result<UtcpPath> {
-        let h = self.start_connect(laddr, faddr)?;
+    fn connect(&mut self, laddr: u32, faddr: u32, path: usize) -> std::io::Result<UtcpPath> {
+        let h = self.start_connect(laddr, faddr, Some(path))?;
+        tracing::debug!(
+            path,
+            port = self
+                .sockets
+                .get::<tcp::Socket>(h)
+                .local_endpoint()
+                .map_or(0, |e| e.port),
+            "utcp: connect"
+        );
         self.live.push(h);
         // The SYN leaves now, so that the peer sees our paths' handshakes in path order (the
         // socket set's egress order is slot order, not connect order).
         self.iface
             .poll_egress(now(), &mut self.device, &mut self.sockets);
+        self.device.flush();
         Ok(UtcpPath { handle: h })
     }
 
@@ -442,7 +490,7 @@ impl<D: Device + Send> Link for UtcpLink<D> {
     }
 
     fn doorbell(&mut self, laddr: u32, faddr: u32) {
-        if let Ok(h) = self.start_connect(laddr, faddr) {
+        if let Ok(h) = self.start_connect(laddr, faddr, None) {
             self.doorbells
                 .push((h, std::time::Instant::now() + Duration::from_secs(1)));
         }
@@ -452,7 +500,10 @@ impl<D: Device + Send> Link for UtcpLink<D> {
         match self.sock(p.handle).recv_slice(buf) {
             Ok(0) => Read::WouldBlock,
             Ok(n) => Read::Data(&buf[..n]),
-            Err(_) => Read::Closed,
+            Err(e) => {
+                tracing::debug!(error = %e, "utcp: read: closed");
+                Read::Closed
+            }
         }
     }
 
@@ -485,6 +536,7 @@ impl<D: Device + Send> Link for UtcpLink<D> {
 
     fn close(&mut self, p: UtcpPath, reset: bool) {
         let s = self.sock(p.handle);
+        tracing::debug!(reset, state = %s.state(), local = s.local_endpoint().map_or(0, |e| e.port), remote = s.remote_endpoint().map_or(0, |e| e.port), "utcp: close");
         if reset {
             s.abort();
         } else {

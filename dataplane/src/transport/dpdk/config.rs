@@ -1,0 +1,362 @@
+//! The `[dpdk]` section of rdsd's configuration (absent: no DPDK transport).
+
+use crate::config::Prefix;
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+/// The section as written.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDpdk {
+    vdev: String,
+    addr: String,
+    #[serde(default)]
+    gateway: String,
+    #[serde(default = "d_lcores")]
+    lcores: String,
+    #[serde(default)]
+    hugepages: bool,
+    #[serde(default)]
+    huge_dir: String,
+    #[serde(default = "d_memory_mb")]
+    memory_mb: u32,
+    #[serde(default)]
+    file_prefix: String,
+    #[serde(default)]
+    eal_args: Vec<String>,
+    #[serde(default)]
+    routes: Vec<String>,
+    #[serde(default = "d_mbufs")]
+    mbufs: u32,
+    #[serde(default = "d_desc")]
+    rx_desc: u16,
+    #[serde(default = "d_desc")]
+    tx_desc: u16,
+    #[serde(default = "d_buf_kib")]
+    buf_kib: u32,
+    #[serde(default = "d_park_us")]
+    park_us: u64,
+    #[serde(default = "d_true")]
+    check_kernel_addr: bool,
+}
+
+fn d_lcores() -> String {
+    "0".into()
+}
+fn d_memory_mb() -> u32 {
+    128
+}
+fn d_mbufs() -> u32 {
+    8191
+}
+fn d_desc() -> u16 {
+    1024
+}
+fn d_buf_kib() -> u32 {
+    256
+}
+fn d_park_us() -> u64 {
+    1000
+}
+fn d_true() -> bool {
+    true
+}
+
+/// The validated `[dpdk]` section.
+#[derive(Clone, Debug)]
+pub struct DpdkConfig {
+    /// `--vdev` value, e.g. `net_af_packet0,iface=veth0`.
+    pub vdev: String,
+    /// The ethdev name (the vdev string up to its first comma).
+    pub port_name: String,
+    /// The port's IPv4 address.
+    pub addr: Ipv4Addr,
+    /// Its prefix length.
+    pub prefix_len: u8,
+    /// Default gateway for off-link peers.
+    pub gateway: Option<Ipv4Addr>,
+    /// EAL `-l` core list (EAL's main lcore; the poll thread stays where rdsd pins it).
+    pub lcores: String,
+    /// Hugepages (true) or `--no-huge` (false).
+    pub hugepages: bool,
+    /// `--huge-dir`, if given.
+    pub huge_dir: Option<PathBuf>,
+    /// `-m`: EAL memory in MiB (mempool and driver rings).
+    pub memory_mb: u32,
+    /// `--file-prefix` (default `rdsd-<pid>`).
+    pub file_prefix: String,
+    /// Further EAL arguments, verbatim.
+    pub eal_args: Vec<String>,
+    /// Destinations carried by this port.
+    pub routes: Vec<Prefix>,
+    /// Mbufs in the pool.
+    pub mbufs: u32,
+    /// Rx / tx descriptors.
+    pub rx_desc: u16,
+    /// Tx descriptors.
+    pub tx_desc: u16,
+    /// Per-path TCP send and receive buffer, bytes.
+    pub buf_bytes: usize,
+    /// Longest park of an idle poll core (a port has no fd to wake it).
+    pub park: std::time::Duration,
+    /// Refuse to start if the port's address is also on a kernel interface.
+    pub check_kernel_addr: bool,
+}
+
+/// EAL options of DPDK 22.11 (`dpdk-app --help`), to name a bad one in `eal_args` before EAL
+/// rejects the lot with a bare EINVAL.
+const EAL_OPTIONS: &[&str] = &[
+    "-c",
+    "-l",
+    "--lcores",
+    "-s",
+    "-S",
+    "--main-lcore",
+    "--service-corelist",
+    "-n",
+    "-r",
+    "-b",
+    "-a",
+    "--block",
+    "--allow",
+    "--vdev",
+    "-d",
+    "--no-pci",
+    "-m",
+    "--in-memory",
+    "--iova-mode",
+    "--huge-dir",
+    "--file-prefix",
+    "--socket-mem",
+    "--socket-limit",
+    "--huge-unlink",
+    "--no-huge",
+    "--no-shconf",
+    "--proc-type",
+    "--log-level",
+    "--syslog",
+    "--legacy-mem",
+    "--single-file-segments",
+    "--match-allocations",
+    "--base-virtaddr",
+    "--create-uio-dev",
+    "--vfio-intr",
+    "--vfio-vf-token",
+    "--telemetry",
+    "--no-telemetry",
+    "--force-max-simd-bitwidth",
+    "-v",
+    "--mbuf-pool-ops-name",
+    "--trace",
+    "--trace-dir",
+    "--trace-bufsz",
+    "--trace-mode",
+    "--no-hpet",
+    "--vmware-tsc-map",
+    "--huge-worker-stack",
+];
+
+impl DpdkConfig {
+    /// Validates the section; every error names its key.
+    pub fn from_raw(r: RawDpdk) -> Result<DpdkConfig> {
+        let port_name = r.vdev.split(',').next().unwrap_or("").trim().to_string();
+        if !port_name.starts_with("net_") || port_name.contains(char::is_whitespace) {
+            bail!(
+                "dpdk.vdev {:?}: expected a virtual net device such as \
+                 \"net_af_packet0,iface=veth0\" or \"net_memif0,role=server\"",
+                r.vdev
+            );
+        }
+        let p: Prefix = r.addr.parse().with_context(|| {
+            format!(
+                "dpdk.addr {:?} (an address with its prefix, e.g. \"10.1.0.1/24\")",
+                r.addr
+            )
+        })?;
+        if !r.addr.contains('/') || p.len == 0 || p.addr.is_unspecified() {
+            bail!("dpdk.addr {:?}: give the port's address with its prefix length, e.g. \"10.1.0.1/24\"", r.addr);
+        }
+        let gateway = match r.gateway.as_str() {
+            "" => None,
+            g => {
+                let gw: Ipv4Addr = g.parse().with_context(|| format!("dpdk.gateway {g:?}"))?;
+                if !p.contains(gw) {
+                    bail!("dpdk.gateway {gw} is not on the port's subnet {}", r.addr);
+                }
+                Some(gw)
+            }
+        };
+        if r.lcores.is_empty()
+            || !r
+                .lcores
+                .chars()
+                .all(|c| c.is_ascii_digit() || ",-@()".contains(c))
+        {
+            bail!(
+                "dpdk.lcores {:?}: an EAL core list such as \"0\" or \"2-3\"",
+                r.lcores
+            );
+        }
+        for a in &r.eal_args {
+            let name = a.split('=').next().unwrap_or("");
+            if a.starts_with('-') && !EAL_OPTIONS.contains(&name) {
+                bail!("dpdk.eal_args: {name:?} is not an EAL option of DPDK 22.11");
+            }
+            if name == "--no-pci" || name == "--vdev" || name == "--file-prefix" {
+                bail!("dpdk.eal_args: {name} is set by rdsd (use dpdk.vdev / dpdk.file_prefix)");
+            }
+        }
+        if r.file_prefix.contains('/') || r.file_prefix.contains(char::is_whitespace) {
+            bail!("dpdk.file_prefix {:?}: no slashes or spaces", r.file_prefix);
+        }
+        if !r.hugepages && !r.huge_dir.is_empty() {
+            bail!("dpdk.huge_dir is set but dpdk.hugepages = false (EAL would run with --no-huge)");
+        }
+        if r.memory_mb < 16 {
+            bail!("dpdk.memory_mb must be at least 16 (got {})", r.memory_mb);
+        }
+        if r.mbufs < 1024 {
+            bail!("dpdk.mbufs must be at least 1024 (got {})", r.mbufs);
+        }
+        if !(64..=4096).contains(&r.rx_desc) || !(64..=4096).contains(&r.tx_desc) {
+            bail!("dpdk.rx_desc and dpdk.tx_desc must be 64..=4096");
+        }
+        if !(16..=16384).contains(&r.buf_kib) {
+            bail!("dpdk.buf_kib must be 16..=16384 (got {})", r.buf_kib);
+        }
+        if !(1..=100_000).contains(&r.park_us) {
+            bail!("dpdk.park_us must be 1..=100000 (got {})", r.park_us);
+        }
+        let net = Prefix {
+            addr: Ipv4Addr::from(u32::from(p.addr) & (u32::MAX << (32 - p.len))),
+            len: p.len,
+        };
+        let routes = if r.routes.is_empty() {
+            let mut v = vec![net];
+            if gateway.is_some() {
+                v.push("0.0.0.0/0".parse()?);
+            }
+            v
+        } else {
+            r.routes
+                .iter()
+                .map(|s| s.parse().with_context(|| format!("dpdk.routes {s:?}")))
+                .collect::<Result<Vec<Prefix>>>()?
+        };
+        Ok(DpdkConfig {
+            vdev: r.vdev,
+            port_name,
+            addr: p.addr,
+            prefix_len: p.len,
+            gateway,
+            lcores: r.lcores,
+            hugepages: r.hugepages,
+            huge_dir: (!r.huge_dir.is_empty()).then(|| PathBuf::from(r.huge_dir)),
+            memory_mb: r.memory_mb,
+            file_prefix: if r.file_prefix.is_empty() {
+                format!("rdsd-{}", std::process::id())
+            } else {
+                r.file_prefix
+            },
+            eal_args: r.eal_args,
+            routes,
+            mbufs: r.mbufs,
+            rx_desc: r.rx_desc,
+            tx_desc: r.tx_desc,
+            buf_bytes: r.buf_kib as usize * 1024,
+            park: std::time::Duration::from_micros(r.park_us),
+            check_kernel_addr: r.check_kernel_addr,
+        })
+    }
+
+    /// The port's address as an RDS local prefix (/32).
+    pub fn local_prefix(&self) -> Prefix {
+        Prefix {
+            addr: self.addr,
+            len: 32,
+        }
+    }
+
+    /// EAL's argv (`argv[0]` included).
+    pub fn eal_argv(&self) -> Vec<String> {
+        let mut v = vec![
+            "rdsd".to_string(),
+            "-l".into(),
+            self.lcores.clone(),
+            "--no-pci".into(),
+            format!("--file-prefix={}", self.file_prefix),
+            "--no-telemetry".into(),
+            "-m".into(),
+            self.memory_mb.to_string(),
+        ];
+        if self.hugepages {
+            // No hugepage files: a SIGKILLed rdsd leaves none behind holding pages.
+            v.push("--in-memory".into());
+            if let Some(d) = &self.huge_dir {
+                v.push(format!("--huge-dir={}", d.display()));
+            }
+        } else {
+            // `--no-huge -m` is legacy memory, which `--in-memory` refuses; no shared files.
+            v.push("--no-huge".into());
+            v.push("--no-shconf".into());
+        }
+        if !self.eal_args.iter().any(|a| a.starts_with("--log-level")) {
+            // EAL's start-up chatter at info level; warnings and errors still show.
+            v.push("--log-level=lib.eal:warning".into());
+        }
+        v.push(format!("--vdev={}", self.vdev));
+        v.extend(self.eal_args.iter().cloned());
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(extra: &str) -> Result<DpdkConfig> {
+        let t = format!("vdev = \"net_af_packet0,iface=v0\"\naddr = \"10.9.0.1/24\"\n{extra}");
+        let r: RawDpdk = toml::from_str(&t)?;
+        DpdkConfig::from_raw(r)
+    }
+
+    #[test]
+    fn defaults_and_eal_arguments() {
+        let c = raw("").unwrap();
+        assert_eq!(c.port_name, "net_af_packet0");
+        assert_eq!(c.routes, vec!["10.9.0.0/24".parse::<Prefix>().unwrap()]);
+        let a = c.eal_argv();
+        for want in [
+            "--no-pci",
+            "--no-huge",
+            "--no-shconf",
+            "--vdev=net_af_packet0,iface=v0",
+        ] {
+            assert!(a.iter().any(|x| x == want), "{want} in {a:?}");
+        }
+        assert!(a.iter().any(|x| x.starts_with("--file-prefix=rdsd-")));
+        let c =
+            raw("hugepages = true\nhuge_dir = \"/mnt/huge\"\ngateway = \"10.9.0.254\"").unwrap();
+        assert!(!c.eal_argv().iter().any(|x| x == "--no-huge"));
+        assert!(c.eal_argv().iter().any(|x| x == "--in-memory"));
+        assert!(c.eal_argv().iter().any(|x| x == "--huge-dir=/mnt/huge"));
+        assert_eq!(c.routes.len(), 2, "a gateway routes everything");
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = |x: &str| format!("{:#}", raw(x).unwrap_err());
+        assert!(e("eal_args = [\"--bogus\"]").contains("--bogus"));
+        assert!(e("eal_args = [\"--vdev=net_null0\"]").contains("--vdev"));
+        assert!(e("lcores = \"zero\"").contains("dpdk.lcores"));
+        assert!(e("gateway = \"10.8.0.1\"").contains("dpdk.gateway"));
+        assert!(e("huge_dir = \"/x\"").contains("dpdk.huge_dir"));
+        assert!(e("colour = 1").contains("colour"));
+        let r: RawDpdk = toml::from_str("vdev = \"eth0\"\naddr = \"10.0.0.1/24\"").unwrap();
+        assert!(format!("{:#}", DpdkConfig::from_raw(r).unwrap_err()).contains("dpdk.vdev"));
+        let r: RawDpdk = toml::from_str("vdev = \"net_null0\"\naddr = \"10.0.0.1\"").unwrap();
+        assert!(format!("{:#}", DpdkConfig::from_raw(r).unwrap_err()).contains("dpdk.addr"));
+    }
+}

@@ -1,0 +1,318 @@
+//! A smoltcp [`Device`] over one DPDK rx/tx queue pair.
+//!
+//! * Receive: one `rte_eth_rx_burst` of up to [`BURST`] mbufs per pass; each [`RxToken`] owns
+//!   one mbuf and frees it when dropped (consumed or not). Multi-segment mbufs (a frame larger
+//!   than the pool's data room) are freed unread and counted: the MTU fits one segment.
+//! * Transmit: a [`TxToken`] takes an mbuf from the mempool, lets smoltcp write the frame into
+//!   it and queues it; [`Flush::flush`] (after every `Interface::poll`) sends the pass's queue
+//!   with one `rte_eth_tx_burst` (earlier if [`TX_QUEUE`] frames are waiting). Frames the
+//!   driver refuses are freed and counted (`tx_drops`): TCP resends them.
+//! * No allocation per packet: mbufs come from the pool's per-lcore cache (the poll thread
+//!   registers itself with EAL, `rte_thread_register`, for that cache), the burst arrays are
+//!   fixed. When the pool is empty a frame is written into a scratch buffer and dropped
+//!   (`mbuf_alloc_failures`, `tx_drops`): smoltcp's tokens must run their closure.
+//! * TCP counters that smoltcp 0.12 does not expose are inferred from the wire
+//!   ([`wire::Flows`]): retransmitted segments (split into fast retransmits, after three
+//!   duplicate ACKs, and timeouts), out-of-order and duplicate segments received, and zero
+//!   windows advertised by the peer (window stalls) or by us.
+
+use super::wire::{Flows, TcpCounters};
+use crate::transport::utcp::Flush;
+use dpdk_sys as sys;
+use smoltcp::phy::{self, Device, DeviceCapabilities, Medium};
+use smoltcp::time::Instant;
+
+/// Most frames taken from the port per pass.
+pub const BURST: usize = 32;
+/// Most frames queued for transmission before a burst goes out.
+pub const TX_QUEUE: usize = 64;
+
+/// The device's counters (plain integers: only the poll thread touches them; the transport
+/// copies them into the daemon's stats when counters are published).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PortCounters {
+    /// Frames received.
+    pub rx_packets: u64,
+    /// Non-empty receive bursts.
+    pub rx_bursts: u64,
+    /// Frames sent (accepted by the driver).
+    pub tx_packets: u64,
+    /// Transmit bursts.
+    pub tx_bursts: u64,
+    /// Frames that found the mempool empty.
+    pub mbuf_alloc_failures: u64,
+    /// Frames not sent (driver queue full, or no mbuf).
+    pub tx_drops: u64,
+    /// Received frames dropped unread (more than one segment).
+    pub rx_drops: u64,
+    /// TCP, inferred from the wire.
+    pub tcp: TcpCounters,
+}
+
+/// The transmit half (a separate field, so that a receive token and a transmit token can be
+/// alive together, as smoltcp wants).
+struct TxSide {
+    pool: *mut sys::rte_mempool,
+    queue: [*mut sys::rte_mbuf; TX_QUEUE],
+    n: usize,
+    scratch: Vec<u8>,
+    alloc_failures: u64,
+    dropped: u64,
+}
+
+/// One DPDK port's queue pair as a smoltcp device.
+pub struct DpdkDevice {
+    port: u16,
+    queue: u16,
+    mtu: usize,
+    rx: [*mut sys::rte_mbuf; BURST],
+    rx_n: usize,
+    rx_pos: usize,
+    /// One rx burst per pass: `Interface::poll` reads until the device says none, which on a
+    /// busy port would never end.
+    rx_done: bool,
+    tx: TxSide,
+    counters: PortCounters,
+    flows: Flows,
+}
+
+// SAFETY: the raw pointers are the mempool (thread-safe in DPDK) and mbufs this device owns
+// exclusively; the queue pair is used by whichever single thread owns the device (it is built
+// on the main thread and then moved, once, to the poll thread).
+unsafe impl Send for DpdkDevice {}
+
+impl DpdkDevice {
+    /// A device on `port`'s queue `queue` (configured and started), allocating from `pool`;
+    /// `mtu` is the IP MTU (1500 on Ethernet).
+    ///
+    /// # Safety
+    /// `port`/`queue` must be a started queue pair and `pool` a valid mbuf pool, both outliving
+    /// the device, and no one else may use that queue pair.
+    pub unsafe fn new(port: u16, queue: u16, pool: *mut sys::rte_mempool, mtu: usize) -> Self {
+        DpdkDevice {
+            port,
+            queue,
+            mtu,
+            rx: [std::ptr::null_mut(); BURST],
+            rx_n: 0,
+            rx_pos: 0,
+            rx_done: false,
+            tx: TxSide {
+                pool,
+                queue: [std::ptr::null_mut(); TX_QUEUE],
+                n: 0,
+                scratch: vec![0u8; mtu + 14],
+                alloc_failures: 0,
+                dropped: 0,
+            },
+            counters: PortCounters::default(),
+            flows: Flows::default(),
+        }
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> PortCounters {
+        let mut c = self.counters;
+        c.mbuf_alloc_failures = self.tx.alloc_failures;
+        c.tx_drops += self.tx.dropped;
+        c.tcp = self.flows.counters();
+        c
+    }
+
+    /// Takes the next frame of this pass's burst.
+    fn next_rx(&mut self) -> Option<*mut sys::rte_mbuf> {
+        loop {
+            if self.rx_pos == self.rx_n {
+                if self.rx_done {
+                    return None;
+                }
+                self.rx_done = true;
+                // SAFETY: `rx` has room for BURST pointers; the queue pair is ours (new()).
+                let n = unsafe {
+                    sys::rte_eth_rx_burst(self.port, self.queue, self.rx.as_mut_ptr(), BURST as u16)
+                };
+                self.rx_n = n as usize;
+                self.rx_pos = 0;
+                if n == 0 {
+                    return None;
+                }
+                self.counters.rx_bursts += 1;
+                self.counters.rx_packets += u64::from(n);
+            }
+            let m = self.rx[self.rx_pos];
+            self.rx_pos += 1;
+            // SAFETY: `m` is an mbuf the driver just handed us.
+            if unsafe { sys::rte_pktmbuf_nb_segs(m) } != 1 {
+                // SAFETY: ours, and never used again.
+                unsafe { sys::rte_pktmbuf_free(m) };
+                self.counters.rx_drops += 1;
+                continue;
+            }
+            // SAFETY: a single-segment mbuf: `data_len` bytes at `mtod` are the frame.
+            let frame = unsafe { mbuf_bytes(m) };
+            self.flows.received(frame);
+            return Some(m);
+        }
+    }
+}
+
+/// The bytes of a single-segment mbuf.
+///
+/// # Safety
+/// `m` must be a valid single-segment mbuf that stays alive and unmodified while the slice is.
+unsafe fn mbuf_bytes<'a>(m: *mut sys::rte_mbuf) -> &'a [u8] {
+    // SAFETY: caller's contract; mtod + data_len is the segment's data.
+    unsafe {
+        std::slice::from_raw_parts(
+            sys::rte_pktmbuf_mtod(m) as *const u8,
+            usize::from(sys::rte_pktmbuf_data_len(m)),
+        )
+    }
+}
+
+impl TxSide {
+    /// Sends the queue; returns (sent, refused).
+    fn burst(&mut self, port: u16, queue: u16) -> (u64, u64) {
+        if self.n == 0 {
+            return (0, 0);
+        }
+        // SAFETY: the first `n` entries are mbufs we own; the driver takes the first `sent`.
+        let sent =
+            unsafe { sys::rte_eth_tx_burst(port, queue, self.queue.as_mut_ptr(), self.n as u16) }
+                as usize;
+        let refused = self.n - sent;
+        if refused > 0 {
+            // SAFETY: the driver did not take these; still ours, freed once.
+            unsafe {
+                sys::rte_pktmbuf_free_bulk(self.queue.as_mut_ptr().add(sent), refused as u32)
+            };
+        }
+        self.n = 0;
+        (sent as u64, refused as u64)
+    }
+}
+
+impl Flush for DpdkDevice {
+    fn flush(&mut self) {
+        self.rx_done = false;
+        if self.tx.n == 0 {
+            return;
+        }
+        for &m in &self.tx.queue[..self.tx.n] {
+            // SAFETY: queued mbufs are single-segment frames we built and still own.
+            self.flows.sent(unsafe { mbuf_bytes(m) });
+        }
+        let (sent, refused) = self.tx.burst(self.port, self.queue);
+        self.counters.tx_bursts += 1;
+        self.counters.tx_packets += sent;
+        self.counters.tx_drops += refused;
+    }
+}
+
+impl Drop for DpdkDevice {
+    fn drop(&mut self) {
+        // SAFETY: the unread rest of the rx burst and the unsent tx queue are ours.
+        unsafe {
+            for &m in &self.rx[self.rx_pos..self.rx_n] {
+                sys::rte_pktmbuf_free(m);
+            }
+            sys::rte_pktmbuf_free_bulk(self.tx.queue.as_mut_ptr(), self.tx.n as u32);
+        }
+    }
+}
+
+/// A received frame: owns its mbuf.
+pub struct RxToken {
+    m: *mut sys::rte_mbuf,
+}
+
+impl Drop for RxToken {
+    fn drop(&mut self) {
+        // SAFETY: the token owns the mbuf; it is freed exactly once, here.
+        unsafe { sys::rte_pktmbuf_free(self.m) };
+    }
+}
+
+impl phy::RxToken for RxToken {
+    fn consume<R, F: FnOnce(&[u8]) -> R>(self, f: F) -> R {
+        // SAFETY: single-segment (checked in next_rx), alive until `self` drops after `f`.
+        f(unsafe { mbuf_bytes(self.m) })
+    }
+}
+
+/// Room for one frame to send.
+pub struct TxToken<'a> {
+    tx: &'a mut TxSide,
+    port: u16,
+    queue: u16,
+}
+
+impl phy::TxToken for TxToken<'_> {
+    fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
+        let tx = self.tx;
+        if tx.n == TX_QUEUE {
+            let (_, refused) = tx.burst(self.port, self.queue);
+            tx.dropped += refused;
+        }
+        // SAFETY: the pool outlives the device (new()).
+        let m = unsafe { sys::rte_pktmbuf_alloc(tx.pool) };
+        let data = if m.is_null() || len > usize::from(u16::MAX) {
+            std::ptr::null_mut()
+        } else {
+            // SAFETY: a fresh mbuf; append returns `len` writable bytes or null.
+            unsafe { sys::rte_pktmbuf_append(m, len as u16) as *mut u8 }
+        };
+        if data.is_null() {
+            if m.is_null() {
+                tx.alloc_failures += 1;
+            } else {
+                // SAFETY: ours, never queued.
+                unsafe { sys::rte_pktmbuf_free(m) };
+            }
+            tx.dropped += 1;
+            if tx.scratch.len() < len {
+                tx.scratch.resize(len, 0);
+            }
+            return f(&mut tx.scratch[..len]);
+        }
+        // SAFETY: `data..data + len` is the mbuf's data area, ours until the burst.
+        let r = f(unsafe { std::slice::from_raw_parts_mut(data, len) });
+        tx.queue[tx.n] = m;
+        tx.n += 1;
+        r
+    }
+}
+
+impl Device for DpdkDevice {
+    type RxToken<'a> = RxToken;
+    type TxToken<'a> = TxToken<'a>;
+
+    fn receive(&mut self, _now: Instant) -> Option<(RxToken, TxToken<'_>)> {
+        let m = self.next_rx()?;
+        let (port, queue) = (self.port, self.queue);
+        Some((
+            RxToken { m },
+            TxToken {
+                tx: &mut self.tx,
+                port,
+                queue,
+            },
+        ))
+    }
+
+    fn transmit(&mut self, _now: Instant) -> Option<TxToken<'_>> {
+        Some(TxToken {
+            tx: &mut self.tx,
+            port: self.port,
+            queue: self.queue,
+        })
+    }
+
+    fn capabilities(&self) -> DeviceCapabilities {
+        let mut c = DeviceCapabilities::default();
+        c.medium = Medium::Ethernet;
+        c.max_transmission_unit = self.mtu + 14;
+        c.max_burst_size = Some(BURST);
+        c
+    }
+}

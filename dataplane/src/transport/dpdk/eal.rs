@@ -1,0 +1,238 @@
+//! EAL start-up and the port: once per process, on the main thread, before the poll core runs.
+
+use super::config::DpdkConfig;
+use anyhow::{anyhow, bail, Result};
+use dpdk_sys as sys;
+use std::ffi::{c_char, CString};
+use std::net::Ipv4Addr;
+use std::sync::Mutex;
+
+/// Whether EAL was started in this process (it can be, once).
+static EAL: Mutex<bool> = Mutex::new(false);
+
+/// Starts EAL with `cfg`'s arguments. EAL pins the calling thread to its main lcore; rdsd's
+/// threads keep the placement its own config gives them, so the affinity is put back.
+pub fn init(cfg: &DpdkConfig) -> Result<()> {
+    let mut started = EAL.lock().unwrap_or_else(|e| e.into_inner());
+    if *started {
+        bail!("EAL is already running in this process (one [dpdk] port per rdsd)");
+    }
+    let args = cfg.eal_argv();
+    let owned: Vec<CString> = args
+        .iter()
+        .map(|a| CString::new(a.as_str()).map_err(|_| anyhow!("EAL argument {a:?} has a NUL")))
+        .collect::<Result<_>>()?;
+    // EAL may keep pointers into argv for the life of the process: leak it on purpose.
+    let owned: &'static [CString] = Vec::leak(owned);
+    let mut argv: Vec<*mut c_char> = owned.iter().map(|c| c.as_ptr() as *mut c_char).collect();
+    argv.push(std::ptr::null_mut());
+    let argv: &'static mut [*mut c_char] = Vec::leak(argv);
+
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it for this thread.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the size is the set's.
+    let have_set =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) }
+            == 0;
+    tracing::info!(args = ?args, "starting DPDK EAL");
+    // SAFETY: argv is a NULL-terminated array of valid C strings that lives forever; EAL is
+    // not running in this process (checked above under the lock).
+    let ret = unsafe { sys::rte_eal_init((argv.len() - 1) as i32, argv.as_mut_ptr()) };
+    // SAFETY: reading the thread-local rte_errno has no preconditions.
+    let errno = unsafe { sys::rte_errno() };
+    remove_runtime_dir(&cfg.file_prefix);
+    if ret < 0 {
+        let hint = match errno {
+            libc::EINVAL => {
+                "EAL rejected an argument: check dpdk.lcores, dpdk.vdev and dpdk.eal_args \
+                 (EAL's own message is above)"
+            }
+            libc::ENOMEM => {
+                "not enough memory: free hugepages (hugepage-setup --setup) or set \
+                 dpdk.hugepages = false, or lower dpdk.memory_mb"
+            }
+            libc::EACCES => {
+                "permission denied: DPDK needs root (or CAP_NET_RAW, CAP_IPC_LOCK, ...)"
+            }
+            libc::EALREADY => "EAL is already running in this process",
+            _ => "see EAL's message above",
+        };
+        bail!(
+            "rte_eal_init({}) failed: {} ({hint})",
+            args[1..].join(" "),
+            sys::strerror(errno)
+        );
+    }
+    *started = true;
+    if have_set {
+        // SAFETY: puts back the affinity read above, for this thread.
+        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    }
+    Ok(())
+}
+
+/// Removes EAL's runtime directory (`/var/run/dpdk/<prefix>`): with `--no-shconf` or
+/// `--in-memory` nothing in it is used after start-up, and a directory per rdsd process would
+/// pile up (one per pid).
+fn remove_runtime_dir(prefix: &str) {
+    // SAFETY: returns a pointer to EAL's static NUL-terminated path (empty before init).
+    let dir = unsafe { std::ffi::CStr::from_ptr(sys::rte_eal_get_runtime_dir()) };
+    let dir = std::path::PathBuf::from(dir.to_string_lossy().into_owned());
+    if !prefix.is_empty() && dir.file_name().is_some_and(|n| n == prefix) {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// A configured, started port with its mempool.
+pub struct Port {
+    /// DPDK port id.
+    pub id: u16,
+    /// The mbuf pool its rx queue fills from (and we allocate tx frames from).
+    pub pool: *mut sys::rte_mempool,
+    /// The port's MAC address.
+    pub mac: [u8; 6],
+    /// IP MTU.
+    pub mtu: u16,
+}
+
+fn check(rc: i32, what: &str, cfg: &DpdkConfig) -> Result<()> {
+    if rc < 0 {
+        bail!(
+            "DPDK port {}: {what}: {}",
+            cfg.port_name,
+            sys::strerror(-rc)
+        );
+    }
+    Ok(())
+}
+
+/// Configures and starts `cfg`'s port with one rx/tx queue pair (one poll core).
+pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
+    let name = CString::new(cfg.port_name.as_str())?;
+    let mut id = 0u16;
+    // SAFETY: EAL is running; valid name and out-pointer.
+    if unsafe { sys::rte_eth_dev_get_port_by_name(name.as_ptr(), &mut id) } != 0 {
+        bail!(
+            "DPDK port {} not found: did dpdk.vdev {:?} name a driver this DPDK has (librte-net-*)?",
+            cfg.port_name,
+            cfg.vdev
+        );
+    }
+    let pool_name = CString::new(format!("rdsd_pool_{id}"))?;
+    // SAFETY: EAL is running; valid name; sizes within DPDK's limits (cache <= 512).
+    let pool = unsafe {
+        sys::rte_pktmbuf_pool_create(
+            pool_name.as_ptr(),
+            cfg.mbufs,
+            256,
+            0,
+            sys::RTE_MBUF_DEFAULT_BUF_SIZE as u16,
+            sys::rte_eth_dev_socket_id(id),
+        )
+    };
+    if pool.is_null() {
+        // SAFETY: reading the thread-local rte_errno has no preconditions.
+        let e = unsafe { sys::rte_errno() };
+        bail!(
+            "DPDK mempool of {} mbufs: {} (raise dpdk.memory_mb or lower dpdk.mbufs)",
+            cfg.mbufs,
+            sys::strerror(e)
+        );
+    }
+    let conf = sys::rte_eth_conf::default();
+    let (mut nrx, mut ntx) = (cfg.rx_desc, cfg.tx_desc);
+    let mut mac = sys::rte_ether_addr::default();
+    let mut mtu = 0u16;
+    // SAFETY: a valid port; out-pointers are ours; the pool outlives the queues (never freed
+    // while the port runs).
+    unsafe {
+        check(
+            sys::rte_eth_dev_configure(id, 1, 1, &conf),
+            "configure",
+            cfg,
+        )?;
+        check(
+            sys::rte_eth_dev_adjust_nb_rx_tx_desc(id, &mut nrx, &mut ntx),
+            "descriptor counts",
+            cfg,
+        )?;
+        let socket = sys::rte_eth_dev_socket_id(id) as u32;
+        check(
+            sys::rte_eth_rx_queue_setup(id, 0, nrx, socket, std::ptr::null(), pool),
+            "rx queue",
+            cfg,
+        )?;
+        check(
+            sys::rte_eth_tx_queue_setup(id, 0, ntx, socket, std::ptr::null()),
+            "tx queue",
+            cfg,
+        )?;
+        check(sys::rte_eth_dev_start(id), "start", cfg)?;
+        check(sys::rte_eth_macaddr_get(id, &mut mac), "MAC address", cfg)?;
+        if sys::rte_eth_dev_get_mtu(id, &mut mtu) != 0 || mtu < 576 {
+            mtu = 1500;
+        }
+    }
+    // The pool's data room bounds a single-segment frame.
+    let room = sys::RTE_MBUF_DEFAULT_BUF_SIZE as usize - sys::RTE_PKTMBUF_HEADROOM as usize;
+    let mtu = mtu.min((room - 14) as u16);
+    Ok(Port {
+        id,
+        pool,
+        mac: mac.addr_bytes,
+        mtu,
+    })
+}
+
+/// The kernel interface that has `addr` configured in this network namespace, if any.
+pub fn kernel_interface_with(addr: Ipv4Addr) -> Option<String> {
+    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills a list we free below.
+    if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut p = ifap;
+    while !p.is_null() {
+        // SAFETY: a node of the list getifaddrs returned, alive until freeifaddrs.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr is a valid sockaddr; we read sin_addr only for AF_INET ones.
+        unsafe {
+            if i32::from((*ifa.ifa_addr).sa_family) != libc::AF_INET {
+                continue;
+            }
+            let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+            if Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)) == addr {
+                found = Some(
+                    std::ffi::CStr::from_ptr(ifa.ifa_name)
+                        .to_string_lossy()
+                        .into_owned(),
+                );
+                break;
+            }
+        }
+    }
+    // SAFETY: the list from getifaddrs, freed once; `found` holds a copy of the name.
+    unsafe { libc::freeifaddrs(ifap) };
+    found
+}
+
+/// Refuses a port address the kernel also has: the kernel would answer the port's TCP
+/// segments with resets (it knows no such connection) and its ARP replies would race ours.
+pub fn check_kernel_address(cfg: &DpdkConfig) -> Result<()> {
+    if let Some(ifname) = kernel_interface_with(cfg.addr) {
+        bail!(
+            "dpdk.addr {} is also configured on kernel interface {ifname}: the kernel would \
+             reset the DPDK port's TCP connections. Remove it from the kernel \
+             (ip addr del {}/{} dev {ifname}); the DPDK port owns that address",
+            cfg.addr,
+            cfg.addr,
+            cfg.prefix_len
+        );
+    }
+    Ok(())
+}

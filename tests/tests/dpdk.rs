@@ -1,0 +1,537 @@
+//! The DPDK transport between real rdsd processes: two network namespaces joined by a veth
+//! pair, each rdsd on a `net_af_packet` port on its veth end (the kernel interface has no
+//! address: the DPDK port owns it), EAL with `--no-huge` and a unique `--file-prefix` per
+//! process. Every exchange checks exactly-once, in-order delivery and every payload byte.
+//!
+//! Needs root (namespaces, packet sockets). If EAL cannot start at all on this machine the
+//! tests say so loudly and return; every other failure fails.
+
+use rdsd_tests::netns::VethPair;
+use rdsd_tests::*;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The `[dpdk]` config of a host whose port sits on `iface` with address `addr`.
+fn dpdk_config(iface: &str, addr: Ipv4Addr, extra: &str) -> PathBuf {
+    config_file(&format!(
+        "[dpdk]\nvdev = \"net_af_packet0,iface={iface}\"\naddr = \"{addr}/24\"\n{extra}\n"
+    ))
+}
+
+/// Starts rdsd on host `i` of `pair` on a DPDK port (`paths` paths).
+fn dpdk_daemon(pair: &VethPair, i: usize, paths: u8) -> Daemon {
+    dpdk_daemon_with(pair, i, paths, &[])
+}
+
+fn dpdk_daemon_with(pair: &VethPair, i: usize, paths: u8, extra: &[&str]) -> Daemon {
+    let cfg = dpdk_config(VethPair::iface(i), pair.addr(i), "");
+    let cfg = cfg.to_str().unwrap().to_string();
+    let p = paths.to_string();
+    let mut args = vec!["-c", &cfg, "--local-addr", "127.0.0.0/8", "--paths", &p];
+    args.extend_from_slice(extra);
+    Daemon::start_in(Some(&pair.ns[i]), &args)
+}
+
+/// Starts rdsd on host `i` of `pair` on kernel TCP (the kernel has the address).
+fn kernel_daemon(pair: &VethPair, i: usize, paths: u8) -> Daemon {
+    kernel_daemon_with(pair, i, paths, &[])
+}
+
+fn kernel_daemon_with(pair: &VethPair, i: usize, paths: u8, extra: &[&str]) -> Daemon {
+    pair.kernel_addr(i);
+    let local = format!("{}/32", pair.addr(i));
+    let p = paths.to_string();
+    let mut args = vec![
+        "--local-addr",
+        &local,
+        "--local-addr",
+        "127.0.0.0/8",
+        "--paths",
+        &p,
+    ];
+    args.extend_from_slice(extra);
+    Daemon::start_in(Some(&pair.ns[i]), &args)
+}
+
+/// True when EAL starts here (checked once, with rdsd on a net_null port in a namespace of its
+/// own); otherwise prints why, loudly.
+fn eal_works() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        if !netns::is_root() {
+            eprintln!("\n*** SKIPPED: the DPDK tests need root (namespaces, packet sockets) ***\n");
+            return false;
+        }
+        let ns = format!("dpchk{}", std::process::id());
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "add", &ns])
+            .status();
+        let cfg = config_file("[dpdk]\nvdev = \"net_null0\"\naddr = \"10.254.0.1/24\"\n");
+        let sock = std::env::temp_dir().join(format!("rdsd-dpchk-{}.sock", std::process::id()));
+        let out = std::env::temp_dir().join(format!("rdsd-dpchk-{}.err", std::process::id()));
+        let mut child = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns])
+            .arg(rdsd_bin())
+            .arg("-c")
+            .arg(&cfg)
+            .arg("--control-socket")
+            .arg(&sock)
+            .args(["--poll-core", "-2", "--control-core", "-2", "--log", "warn"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&out).unwrap())
+            .spawn()
+            .expect("spawn rdsd");
+        let start = Instant::now();
+        let ok = loop {
+            if shm_api::Rdsd::attach_at(&sock).is_ok() {
+                break true;
+            }
+            if child.try_wait().unwrap().is_some() || start.elapsed() > Duration::from_secs(20) {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &ns])
+            .status();
+        if !ok {
+            let err = std::fs::read_to_string(&out).unwrap_or_default();
+            eprintln!(
+                "\n*** SKIPPED: DPDK's EAL cannot start on this machine; rdsd said:\n{err}\n***\n"
+            );
+        }
+        let _ = std::fs::remove_file(&out);
+        let _ = std::fs::remove_file(&sock);
+        ok
+    })
+}
+
+/// The payload of message `seq` with `len` bytes: the sequence number, then a pattern that
+/// depends on it.
+fn payload(seq: u64, len: usize, out: &mut Vec<u8>) {
+    out.clear();
+    out.extend((0..len).map(|j| (seq.wrapping_mul(31).wrapping_add(j as u64 * 7) % 251) as u8));
+    let n = len.min(8);
+    out[..n].copy_from_slice(&seq.to_le_bytes()[..n]);
+}
+
+/// Sizes and counts of one exchange: small, around the MSS, around 64 KiB, up to 1 MiB.
+const PLAN: &[(usize, u64)] = &[
+    (8, 300),
+    (100, 300),
+    (1448, 200),
+    (1460, 200),
+    (4000, 100),
+    (65536, 30),
+    (300_000, 6),
+    (1 << 20, 6),
+];
+
+/// Receives the plan's messages on `at` (bound before `ready` fires) and checks each one's
+/// length and every byte, in order.
+fn receiver(sock: PathBuf, at: SocketAddrV4, from: SocketAddrV4, ready: mpsc::Sender<()>) -> u64 {
+    let r = shm_api::Rdsd::attach_at(&sock).expect("attach");
+    let s = r.socket().unwrap();
+    s.set_recv_buffer_size(8 << 20).unwrap();
+    s.set_recv_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.bind(at).unwrap();
+    ready.send(()).unwrap();
+    let mut buf = vec![0u8; (1 << 20) + 16];
+    let mut want = Vec::new();
+    let mut seq = 0u64;
+    for &(len, count) in PLAN {
+        for _ in 0..count {
+            let (n, src) = s
+                .recv_from(&mut buf)
+                .unwrap_or_else(|e| panic!("{at}: message {seq} ({len} bytes) not received: {e}"));
+            assert_eq!(src, from, "source of message {seq}");
+            assert_eq!(n, len, "{at}: message {seq} has {n} bytes, sent {len}");
+            payload(seq, len, &mut want);
+            if buf[..n] != want[..] {
+                let got = u64::from_le_bytes(buf[..8].try_into().unwrap());
+                panic!("{at}: message {seq} corrupt or out of order (carries {got})");
+            }
+            seq += 1;
+        }
+    }
+    // Nothing more: no duplicate after the last.
+    s.set_recv_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    assert!(
+        s.recv_from(&mut buf).is_err(),
+        "{at}: a message after the last"
+    );
+    seq
+}
+
+fn sender(sock: PathBuf, from: SocketAddrV4, to: SocketAddrV4) {
+    let r = shm_api::Rdsd::attach_at(&sock).expect("attach");
+    let s = r.socket().unwrap();
+    s.set_send_buffer_size(4 << 20).unwrap();
+    s.set_send_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.bind(from).unwrap();
+    let mut p = Vec::new();
+    let mut seq = 0u64;
+    for &(len, count) in PLAN {
+        for _ in 0..count {
+            payload(seq, len, &mut p);
+            s.send_to(&p, to)
+                .unwrap_or_else(|e| panic!("{from} -> {to}: send {seq} ({len} bytes): {e}"));
+            seq += 1;
+        }
+    }
+    // Stay attached until the peer has everything: closing drops what is unacknowledged.
+    std::thread::sleep(Duration::from_secs(2));
+}
+
+/// Both directions at once between host addresses `a` and `b` served by `da` and `db`.
+fn exchange(da: &Daemon, a: Ipv4Addr, db: &Daemon, b: Ipv4Addr, port: u16) -> Duration {
+    let t = Instant::now();
+    let at = |ip: Ipv4Addr, p: u16| SocketAddrV4::new(ip, p);
+    let (tx, rx) = mpsc::channel();
+    let (sa, sb) = (da.socket.clone(), db.socket.clone());
+    let (ra, rb) = {
+        let (sa, sb, tx2) = (sa.clone(), sb.clone(), tx.clone());
+        let rb = std::thread::spawn(move || receiver(sb, at(b, port), at(a, port + 1), tx));
+        let ra = std::thread::spawn(move || receiver(sa, at(a, port), at(b, port + 1), tx2));
+        (ra, rb)
+    };
+    for _ in 0..2 {
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("receivers bound");
+    }
+    let s1 = std::thread::spawn(move || sender(sa, at(a, port + 1), at(b, port)));
+    let s2 = std::thread::spawn(move || sender(sb, at(b, port + 1), at(a, port)));
+    let total: u64 = PLAN.iter().map(|p| p.1).sum();
+    assert_eq!(rb.join().expect("receiver at b"), total);
+    assert_eq!(ra.join().expect("receiver at a"), total);
+    s1.join().expect("sender a");
+    s2.join().expect("sender b");
+    t.elapsed()
+}
+
+fn dpdk_pair_exchange(paths: u8) {
+    if !eal_works() {
+        return;
+    }
+    let pair = VethPair::new();
+    let d0 = dpdk_daemon(&pair, 0, paths);
+    let d1 = dpdk_daemon(&pair, 1, paths);
+    let took = exchange(&d0, pair.addr(0), &d1, pair.addr(1), 7000);
+    let total: u64 = PLAN.iter().map(|p| p.1).sum();
+    eprintln!("{paths} path(s): {total} messages each way in {took:?}");
+    for d in [&d0, &d1] {
+        assert_eq!(d.stat("dpdk_delivered"), total);
+        assert!(d.stat("dpdk_rx_packets") > 0 && d.stat("dpdk_tx_packets") > 0);
+        assert!(d.stat("dpdk_tx_bursts") > 0 && d.stat("dpdk_rx_bursts") > 0);
+        assert_eq!(d.stat("dpdk_mbuf_alloc_failures"), 0);
+        assert_eq!(d.stat("tcp_delivered"), 0, "nothing went over kernel TCP");
+        let st = d.attach().stats().expect("stats");
+        let tcp: Vec<String> = st
+            .lines()
+            .filter(|l| l.starts_with("dpdk_tcp_") || l.starts_with("dpdk_tx_drops"))
+            .map(|l| l.trim_start_matches("dpdk_").to_string())
+            .collect();
+        eprintln!("  {}", tcp.join(", "));
+    }
+    // The smaller address connected every path; the larger accepted them.
+    assert_eq!(d0.stat("dpdk_path_up"), u64::from(paths));
+    assert_eq!(d1.stat("dpdk_accepts"), u64::from(paths));
+}
+
+#[test]
+fn dpdk_to_dpdk_one_path_both_ways_up_to_1mib() {
+    dpdk_pair_exchange(1);
+}
+
+#[test]
+fn dpdk_to_dpdk_eight_paths_both_ways_up_to_1mib() {
+    dpdk_pair_exchange(8);
+}
+
+/// rdsd on DPDK against rdsd on kernel TCP; `dpdk_host` picks which host (0 has the smaller
+/// address and connects) runs DPDK.
+fn interop(dpdk_host: usize) {
+    if !eal_works() {
+        return;
+    }
+    let pair = VethPair::new();
+    let k = 1 - dpdk_host;
+    pair.no_tx_offload(k);
+    let dd = dpdk_daemon(&pair, dpdk_host, 4);
+    let dk = kernel_daemon(&pair, k, 4);
+    let took = exchange(&dd, pair.addr(dpdk_host), &dk, pair.addr(k), 7100);
+    eprintln!("interop, DPDK on host {dpdk_host}: {took:?}");
+    let total: u64 = PLAN.iter().map(|p| p.1).sum();
+    assert_eq!(dd.stat("dpdk_delivered"), total);
+    assert_eq!(dk.stat("tcp_delivered"), total);
+    if dpdk_host == 0 {
+        assert_eq!(dd.stat("dpdk_path_up"), 4, "DPDK connected");
+        assert_eq!(dk.stat("tcp_accepts"), 4);
+    } else {
+        assert_eq!(dk.stat("tcp_path_up"), 4, "kernel connected");
+        assert_eq!(dd.stat("dpdk_accepts"), 4);
+    }
+}
+
+#[test]
+fn dpdk_connects_to_kernel_tcp_rdsd() {
+    interop(0);
+}
+
+#[test]
+fn kernel_tcp_rdsd_connects_to_dpdk() {
+    interop(1);
+}
+
+/// Host 0 streams to host 1 (both DPDK) while host `victim`'s rdsd is SIGKILLed and restarted:
+/// no duplicate, no reordering, at most one gap (ARCHITECTURE.md, "Restart policy": a killed
+/// receiver loses what was in its rings, a killed sender what it had not yet had acknowledged).
+fn restart_mid_stream(victim: usize) {
+    if !eal_works() {
+        return;
+    }
+    let pair = VethPair::new();
+    let mut d = [dpdk_daemon(&pair, 0, 8), dpdk_daemon(&pair, 1, 8)];
+    let a0 = SocketAddrV4::new(pair.addr(0), 9201).to_string();
+    let a1 = SocketAddrV4::new(pair.addr(1), 9200).to_string();
+    let mut r = d[1].app(&["recv-resilient", &a1, "2999"]);
+    r.expect("bound");
+    let mut s = d[0].app(&["send-resilient", &a0, &a1, "3000", "500"]);
+    s.expect("sending");
+    std::thread::sleep(Duration::from_millis(500));
+    d[victim].kill();
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    d[victim].spawn();
+    let done = r.expect_within("done", Duration::from_secs(60));
+    eprintln!(
+        "restart of host {victim}: {done} ({:?} after restart)",
+        t.elapsed()
+    );
+    assert_one_restart(&done, victim);
+    assert!(s.expect("sent").starts_with("3000"));
+    // The restarted side (host 0 connects) is refused while the peer still holds the old
+    // paths; its reconnects back off instead of storming (hundreds to thousands before).
+    let connects = d[0].stat("dpdk_connects");
+    eprintln!("host 0 connects since its (re)start: {connects}");
+    assert!(connects < 200, "reconnect storm: {connects} connects");
+}
+
+#[test]
+fn dpdk_receiver_rdsd_sigkilled_and_restarted() {
+    restart_mid_stream(1);
+}
+
+#[test]
+fn dpdk_sender_rdsd_sigkilled_and_restarted() {
+    restart_mid_stream(0);
+}
+
+/// Runs rdsd in `ns` with `cfg`, expecting it to exit with an error; returns its stderr.
+fn rdsd_fails(ns: &str, cfg: &std::path::Path) -> String {
+    let sock = std::env::temp_dir().join(format!("rdsd-dpfail-{}.sock", std::process::id()));
+    let mut c = std::process::Command::new("ip");
+    c.args(["netns", "exec", ns])
+        .arg(rdsd_bin())
+        .arg("-c")
+        .arg(cfg);
+    c.arg("--control-socket").arg(&sock);
+    c.args(["--poll-core", "-2", "--control-core", "-2"]);
+    let child = c
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let watchdog = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(20));
+        // SAFETY: kill(2) on our own child's pid (harmless if it already exited and was reaped
+        // moments ago: the test fails on the status below anyway).
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    });
+    let out = child.wait_with_output().unwrap();
+    drop(watchdog);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "rdsd must refuse to start; stderr:\n{err}"
+    );
+    let _ = std::fs::remove_file(&sock);
+    err
+}
+
+#[test]
+fn dpdk_address_on_a_kernel_interface_is_refused_and_bad_eal_args_are_named() {
+    if !eal_works() {
+        return;
+    }
+    let pair = VethPair::new();
+    // The port's address is also the kernel's.
+    pair.kernel_addr(0);
+    let cfg = dpdk_config(VethPair::iface(0), pair.addr(0), "");
+    let err = rdsd_fails(&pair.ns[0], &cfg);
+    assert!(
+        err.contains("also configured on kernel interface v0") && err.contains("dpdk.addr"),
+        "{err}"
+    );
+    // An option EAL does not have: named before EAL runs.
+    let cfg = dpdk_config("v1", pair.addr(1), "eal_args = [\"--no-such-option\"]");
+    let err = rdsd_fails(&pair.ns[1], &cfg);
+    assert!(
+        err.contains("dpdk.eal_args") && err.contains("--no-such-option"),
+        "{err}"
+    );
+    // A core list EAL refuses: EAL's error, and the keys to check.
+    let cfg = dpdk_config("v1", pair.addr(1), "lcores = \"4000\"");
+    let err = rdsd_fails(&pair.ns[1], &cfg);
+    assert!(
+        err.contains("rte_eal_init") && err.contains("dpdk.lcores"),
+        "{err}"
+    );
+    // A vdev that is not a net device.
+    let cfg = config_file("[dpdk]\nvdev = \"eth0\"\naddr = \"10.1.0.1/24\"\n");
+    let err = rdsd_fails(&pair.ns[1], &cfg);
+    assert!(err.contains("dpdk.vdev"), "{err}");
+}
+
+/// Starts rdsd on host `i` of `pair` on a `net_memif` port (host 0 the server) at `sock`.
+fn memif_daemon(pair: &VethPair, i: usize, sock: &std::path::Path, paths: u8) -> Daemon {
+    memif_daemon_with(pair, i, sock, paths, &[])
+}
+
+fn memif_daemon_with(
+    pair: &VethPair,
+    i: usize,
+    sock: &std::path::Path,
+    paths: u8,
+    extra: &[&str],
+) -> Daemon {
+    let role = ["server", "client"][i];
+    let cfg = config_file(&format!(
+        "[dpdk]\nvdev = \"net_memif0,role={role},id=0,socket={},socket-abstract=no\"\n\
+         addr = \"{}/24\"\n",
+        sock.display(),
+        pair.addr(i)
+    ));
+    let cfg = cfg.to_str().unwrap().to_string();
+    let p = paths.to_string();
+    let mut args = vec!["-c", &cfg, "--local-addr", "127.0.0.0/8", "--paths", &p];
+    args.extend_from_slice(extra);
+    Daemon::start_in(Some(&pair.ns[i]), &args)
+}
+
+#[test]
+fn memif_between_two_rdsd_both_ways_up_to_1mib() {
+    if !eal_works() {
+        return;
+    }
+    // The namespaces only keep the addresses away from the host's kernel; the frames go
+    // through memif's shared memory, not the veth.
+    let pair = VethPair::new();
+    let sock = std::env::temp_dir().join(format!("rdsd-memif-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&sock);
+    let d0 = memif_daemon(&pair, 0, &sock, 4);
+    let d1 = memif_daemon(&pair, 1, &sock, 4);
+    let took = exchange(&d0, pair.addr(0), &d1, pair.addr(1), 7200);
+    eprintln!("memif, 4 paths: {took:?}");
+    let total: u64 = PLAN.iter().map(|p| p.1).sum();
+    for d in [&d0, &d1] {
+        assert_eq!(d.stat("dpdk_delivered"), total);
+        assert_eq!(d.stat("dpdk_mbuf_alloc_failures"), 0);
+    }
+    drop((d0, d1));
+    let _ = std::fs::remove_file(&sock);
+}
+
+/// Round trips of 64-byte messages between two hosts through their rdsds (one app thread,
+/// blocking receives), and a one-way burst: over DPDK af_packet ports on a veth pair, over
+/// DPDK memif ports, and over kernel TCP (a veth pair with the addresses in the kernel), one
+/// after the other, with the idle strategy of `RTT_IDLE` (default backoff) and `RTT_COUNT`
+/// round trips (default 20000). Not a CI test: run it on a release build, alone:
+/// `cargo test --release -p rdsd-tests --test dpdk -- --ignored --nocapture rtt`.
+#[test]
+#[ignore = "measurement, not a check: run on a release build (see the doc comment)"]
+fn rtt_dpdk_vs_kernel_tcp() {
+    if !eal_works() {
+        return;
+    }
+    let count: u64 = std::env::var("RTT_COUNT").map_or(20_000, |v| v.parse().unwrap());
+    let idle = std::env::var("RTT_IDLE").unwrap_or_else(|_| "backoff".into());
+    let extra = ["--idle", idle.as_str()];
+    for kind in ["dpdk-af_packet", "dpdk-memif", "kernel-tcp"] {
+        let pair = VethPair::new();
+        let sock = std::env::temp_dir().join(format!("rdsd-memif-rtt-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&sock);
+        let (d0, d1) = match kind {
+            "dpdk-af_packet" => (
+                dpdk_daemon_with(&pair, 0, 1, &extra),
+                dpdk_daemon_with(&pair, 1, 1, &extra),
+            ),
+            "dpdk-memif" => (
+                memif_daemon_with(&pair, 0, &sock, 1, &extra),
+                memif_daemon_with(&pair, 1, &sock, 1, &extra),
+            ),
+            _ => (
+                kernel_daemon_with(&pair, 0, 1, &extra),
+                kernel_daemon_with(&pair, 1, 1, &extra),
+            ),
+        };
+        let (ra, rb) = (d0.attach(), d1.attach());
+        let (a, b) = (ra.socket().unwrap(), rb.socket().unwrap());
+        let aa = SocketAddrV4::new(pair.addr(0), 4100);
+        let ba = SocketAddrV4::new(pair.addr(1), 4100);
+        a.bind(aa).unwrap();
+        b.bind(ba).unwrap();
+        for s in [&a, &b] {
+            s.set_recv_timeout(Some(Duration::from_secs(10))).unwrap();
+        }
+        let msg = [7u8; 64];
+        let mut buf = [0u8; 256];
+        let mut rtts = Vec::with_capacity(count as usize);
+        for i in 0..count + 1000 {
+            let t = Instant::now();
+            a.send_to(&msg, ba).unwrap();
+            b.recv_from(&mut buf).unwrap();
+            b.send_to(&msg, aa).unwrap();
+            a.recv_from(&mut buf).unwrap();
+            if i >= 1000 {
+                rtts.push(t.elapsed().as_nanos() as u64);
+            }
+        }
+        rtts.sort_unstable();
+        let q = |f: f64| rtts[((rtts.len() - 1) as f64 * f) as usize] as f64 / 1000.0;
+        // One way: 64 B messages back to back, receiver on its own thread.
+        b.set_recv_buffer_size(64 << 20).unwrap();
+        a.set_send_buffer_size(64 << 20).unwrap();
+        let n = count * 5;
+        let t = Instant::now();
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                let mut buf = [0u8; 256];
+                for _ in 0..n {
+                    b.recv_from(&mut buf).unwrap();
+                }
+            });
+            for _ in 0..n {
+                a.send_to(&msg, ba).unwrap();
+            }
+        });
+        let rate = n as f64 / t.elapsed().as_secs_f64();
+        eprintln!(
+            "{kind:>14} (idle {idle}): RTT p50 {:.1} us, p90 {:.1} us, p99 {:.1} us \
+             ({count} round trips); one-way {:.0} msg/s ({n} x 64 B)",
+            q(0.5),
+            q(0.9),
+            q(0.99),
+            rate
+        );
+        drop((a, b, ra, rb, d0, d1));
+        let _ = std::fs::remove_file(&sock);
+    }
+}
