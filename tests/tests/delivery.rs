@@ -361,6 +361,13 @@ fn restart_stream(count: u64, restarts: u64, port: u16, lose_acks_first: bool) {
         } else {
             400
         }));
+        // The sender reconnects within its backoff (up to 1 s on a loaded machine): the new
+        // incarnation must have restored the state before it is killed in turn.
+        wait_for(
+            || stat_opt(lab.hosts[1].d(), "tcp_rx_state_restored").unwrap_or(0) >= 1,
+            Duration::from_secs(10),
+            "the restarted receiver's connection",
+        );
         // Counters of this incarnation, just before the next kill.
         restored += stat_opt(lab.hosts[1].d(), "tcp_rx_state_restored").unwrap_or(0);
         dups_dropped += stat_opt(lab.hosts[1].d(), "tcp_drop_dup_seq").unwrap_or(0);

@@ -150,3 +150,54 @@ fn bad_configuration_is_a_clear_error() {
     );
     let _ = std::fs::remove_file(f);
 }
+
+/// After a SIGKILL and restart, a message for a port an app had bound before waits (the rebind
+/// grace) until an app binds the port again, instead of being dropped as sent to an unbound
+/// port; with `rebind_grace_ms = 0` it is dropped. Ephemeral ports are not waited for.
+#[test]
+fn messages_for_a_port_bound_before_a_restart_wait_for_its_app() {
+    for (grace, kept) in [(2000, true), (0, false)] {
+        let cfg = config_file(&format!("rebind_grace_ms = {grace}\n"));
+        let cfg = cfg.to_str().unwrap();
+        let mut d = Daemon::start(&["-c", cfg]);
+        let ephemeral = {
+            let r = d.attach();
+            let s = r.socket().unwrap();
+            s.bind(lo(9460)).unwrap();
+            let e = r.socket().unwrap();
+            e.bind(lo(0)).unwrap();
+            d.kill();
+            e.local_addr().unwrap()
+        };
+        d.spawn();
+        let r = d.attach();
+        let tx = r.socket().unwrap();
+        tx.bind(lo(9461)).unwrap();
+        tx.set_nonblocking(true).unwrap();
+        tx.send_to(b"sent before the rebind", lo(9460)).unwrap();
+        // The ephemeral port is not waited for: dropped at once.
+        let tx2 = r.socket().unwrap();
+        tx2.bind(lo(9462)).unwrap();
+        tx2.send_to(b"to a dead ephemeral port", ephemeral).unwrap();
+        wait_for(
+            || d.stat("rx_held_for_rebind") + d.stat("drop_unbound_dest") >= 2,
+            Duration::from_secs(10),
+            "both messages to reach their unbound ports",
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        let rx = r.socket().unwrap();
+        rx.bind(lo(9460)).unwrap();
+        rx.set_recv_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut buf = [0u8; 64];
+        let got = rx.recv_from(&mut buf);
+        if kept {
+            let (n, from) = got.expect("the held message");
+            assert_eq!((&buf[..n], from), (&b"sent before the rebind"[..], lo(9461)));
+            assert_eq!(d.stat("drop_unbound_dest"), 1, "only the ephemeral port's");
+        } else {
+            assert!(got.is_err(), "dropped with the grace off");
+            assert_eq!(d.stat("drop_unbound_dest"), 2);
+            assert_eq!(d.stat("rx_held_for_rebind"), 0);
+        }
+    }
+}

@@ -134,6 +134,10 @@
 //!   README).
 //! * The active side reconnects paths > 0 only after a pong on the current path-0 connection,
 //!   including after an isolated drop of such a path (it re-probes on path 0).
+//! * The reconnect backoff is reset by the first frame the peer sends on a connection, or when
+//!   a connection that lived at least `reconnect_max` drops (the kernel resets it when the
+//!   connection comes up: against a peer that accepts and then refuses, the 6.1 kernel retried
+//!   about 400 times a second).
 //! * The active side connects paths > 0 one at a time, in index order (the kernel connects
 //!   them all at once): a passive peer without SPORT_IDX takes its first free path in accept
 //!   order, so a lost SYN would swap two paths and the peer would drop their resends as

@@ -631,9 +631,9 @@ fn partial_writes_keep_the_stream_exact() {
 }
 
 #[test]
-fn reconnect_backoff_doubles_to_one_second_and_resets_on_up() {
+fn reconnect_backoff_doubles_to_one_second_and_resets_once_the_peer_speaks() {
     let mut now = Instant::ZERO;
-    let mut a = active_up(now);
+    let mut a = active_attached(now);
     a.handle_path_down(now, 0).unwrap();
     assert_eq!(events(&mut a), vec![Event::Connect { path: 0 }]);
     let mut bound = Duration::from_millis(1);
@@ -653,12 +653,35 @@ fn reconnect_backoff_doubles_to_one_second_and_resets_on_up() {
         bound = (bound * 2).min(Duration::from_secs(1));
     }
     assert_eq!(bound, Duration::from_secs(1));
+    // Up, then refused (reset) before the peer sent anything: still backing off.
     a.handle_connected(now, 0).unwrap();
+    a.handle_path_down(now, 0).unwrap();
+    assert!(events(&mut a).is_empty(), "no storm against a refusing peer");
+    let at = a.poll_timeout().expect("reconnect timer");
+    assert!(at.saturating_duration_since(now) < Duration::from_secs(1));
+    now = at;
+    a.handle_timeout(now);
+    assert_eq!(events(&mut a), vec![Event::Connect { path: 0 }]);
+    // A connection the peer spoke on resets the backoff: the next reconnect is immediate.
+    a.handle_connected(now, 0).unwrap();
+    attach(&mut a);
     a.handle_path_down(now, 0).unwrap();
     assert_eq!(
         events(&mut a),
         vec![Event::Connect { path: 0 }],
-        "immediate again after UP"
+        "immediate again after a connection that carried a frame"
+    );
+    // So does one that lived a second, even silent.
+    a.handle_path_down(now, 0).unwrap(); // connect failed: backing off again
+    let at = a.poll_timeout().unwrap();
+    a.handle_timeout(at);
+    assert_eq!(events(&mut a), vec![Event::Connect { path: 0 }]);
+    a.handle_connected(at, 0).unwrap();
+    a.handle_path_down(at + Duration::from_secs(1), 0).unwrap();
+    assert_eq!(
+        events(&mut a),
+        vec![Event::Connect { path: 0 }],
+        "immediate after a connection that lived"
     );
 }
 
@@ -1758,10 +1781,14 @@ fn paths_connect_one_at_a_time_in_index_order() {
     a.handle_path_down(now, 3).unwrap();
     a.handle_path_down(now, 2).unwrap();
     assert_eq!(connects(&mut a), vec![]);
-    // Path 0 re-probes first (a path > 0 dropped); its pong lets path 2, then path 3, connect.
+    // Path 0 re-probes first (a path > 0 dropped); its pong lets path 2, then path 3, connect
+    // (after their backoff: the peer never sent a frame on them).
     let _ = drain(&mut a, now, 0, &CongMap::new());
     assert!(feed(&mut a, 0, &probe_pong(2, 4, GEN_B)).is_empty());
+    let later = now + Duration::from_secs(1);
+    a.handle_timeout(later);
     assert_eq!(connects(&mut a), vec![2]);
-    a.handle_connected(now, 2).unwrap();
+    a.handle_connected(later, 2).unwrap();
+    a.handle_timeout(later + Duration::from_secs(1));
     assert_eq!(connects(&mut a), vec![3]);
 }

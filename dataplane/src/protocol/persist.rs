@@ -8,15 +8,12 @@
 //! connection with it, and the peer's retransmissions at or below it are dropped as duplicates
 //! (spec §7) instead of being delivered a second time.
 //!
-//! The file is rdsd's alone (mode 0600, locked with `flock` so two daemons cannot share it); a
-//! file of the wrong size or magic is reinitialised.
+//! The file is rdsd's alone ([`LockedMap`]); a file of the wrong size or magic is
+//! reinitialised.
 
-use memmap2::MmapMut;
+use crate::statefile::LockedMap;
 use rds_proto::wire::MAX_PATHS;
-use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -41,8 +38,7 @@ const FILE_LEN: usize = HEADER + SLOTS * SLOT_LEN;
 
 /// The mapped state file.
 pub struct RxStateFile {
-    map: MmapMut,
-    _file: File,
+    file: LockedMap,
     used: usize,
 }
 
@@ -53,32 +49,8 @@ unsafe impl Send for RxStateFile {}
 impl RxStateFile {
     /// Opens (or creates) the file and locks it for this process.
     pub fn open(path: &Path) -> io::Result<RxStateFile> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(path)?;
-        // SAFETY: flock on our own descriptor.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = io::Error::last_os_error();
-            return Err(io::Error::new(
-                e.kind(),
-                format!("{} is in use by another rdsd: {e}", path.display()),
-            ));
-        }
-        let fresh = file.metadata()?.len() != FILE_LEN as u64;
-        if fresh {
-            file.set_len(0)?;
-            file.set_len(FILE_LEN as u64)?;
-        }
-        // SAFETY: the file is ours (locked, 0600) and sized to FILE_LEN; no one truncates it
-        // while mapped.
-        let mut map = unsafe { MmapMut::map_mut(&file)? };
+        let mut file = LockedMap::open(path, FILE_LEN)?;
+        let (fresh, map) = (file.fresh, &mut file.map);
         let valid = !fresh
             && map[..8] == MAGIC.to_le_bytes()
             && map[8..12] == VERSION.to_le_bytes()
@@ -89,11 +61,7 @@ impl RxStateFile {
             map[8..12].copy_from_slice(&VERSION.to_le_bytes());
             map[12..16].copy_from_slice(&(SLOTS as u32).to_le_bytes());
         }
-        let mut f = RxStateFile {
-            map,
-            _file: file,
-            used: 0,
-        };
+        let mut f = RxStateFile { file, used: 0 };
         f.used = (0..SLOTS)
             .take_while(|&i| f.slot(i).used.load(Ordering::Relaxed) != 0)
             .count();
@@ -105,7 +73,7 @@ impl RxStateFile {
         // SAFETY: i < SLOTS, so the slot lies inside the mapping; the mapping is page-aligned
         // and HEADER and SLOT_LEN are multiples of 8, so the atomics are aligned; every bit
         // pattern is a valid Slot.
-        unsafe { &*(self.map.as_ptr().add(HEADER + i * SLOT_LEN) as *const Slot) }
+        unsafe { &*(self.file.map.as_ptr().add(HEADER + i * SLOT_LEN) as *const Slot) }
     }
 
     /// The slot of a connection, claiming a free one for a new connection; `None` when full.

@@ -226,25 +226,35 @@ impl AppRegion {
             // which our seals forbid), and the file, kept open by the app, would hold them for
             // good. So first turn every reservation into a page (this consumes the region's
             // own reservations: it can't fail for want of pages), then punch them all.
-            // SAFETY: fallocate on our own fd, within its (sealed) size.
-            if unsafe { libc::fallocate(fd, 0, 0, len) } != 0 {
-                tracing::warn!(error = %io::Error::last_os_error(), "could not fill a detached hugetlb region before punching it");
+            if let Err(error) = fallocate_whole(fd, 0, len) {
+                tracing::warn!(%error, "could not fill a detached hugetlb region before punching it");
             }
         }
-        // SAFETY: fallocate on our own fd, within its (sealed) size.
-        let r = unsafe {
-            libc::fallocate(
-                fd,
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                0,
-                len,
-            )
-        };
-        if r != 0 {
-            tracing::warn!(error = %io::Error::last_os_error(), "could not punch out a detached app's region");
+        let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        match fallocate_whole(fd, punch, len) {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::warn!(%error, "could not punch out a detached app's region");
+                false
+            }
         }
-        r == 0
     }
+}
+
+/// `fallocate(fd, mode, 0, len)`, retried when a signal interrupts it (filling a large
+/// hugetlb region takes long enough for a SIGTERM or SIGCHLD to land).
+fn fallocate_whole(fd: libc::c_int, mode: libc::c_int, len: libc::off_t) -> io::Result<()> {
+    for _ in 0..100 {
+        // SAFETY: fallocate on our own fd, within its (sealed) size.
+        if unsafe { libc::fallocate(fd, mode, 0, len) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Err(io::Error::from(io::ErrorKind::Interrupted))
 }
 
 impl Drop for AppRegion {

@@ -461,6 +461,8 @@ impl<P: AsRef<[u8]>> Connection<P> {
         self.opened = false;
         for path in 0..MAX_PATHS {
             self.tx[path].reconnect_at = None;
+            // A deliberate close is no failure: reopening connects at once.
+            self.tx[path].backoff_bound = Duration::ZERO;
             self.close_path(now, path);
         }
         self.doorbell_at = None;
@@ -546,6 +548,15 @@ impl<P: AsRef<[u8]>> Connection<P> {
             return Ok(());
         }
         let was_connected = tx.state != PathState::Connecting;
+        if tx
+            .up_since
+            .take()
+            .is_some_and(|at| now.saturating_duration_since(at) >= self.config.reconnect_max)
+        {
+            // A connection that lived (even an idle one the peer never spoke on) was no
+            // refusal: reconnect at once.
+            tx.backoff_bound = Duration::ZERO;
+        }
         if tx.writing_cong_map() {
             // The partial (or unwritten) map is lost with the stream: another path sends it.
             self.cong_pending = true;
@@ -676,9 +687,12 @@ impl<P: AsRef<[u8]>> Connection<P> {
         tx.stream_offset = 0;
         tx.acked_offset = 0;
         tx.clear_frames();
-        tx.backoff_bound = Duration::ZERO;
+        // The backoff is reset by the first frame the peer sends on this connection, not here:
+        // a peer that refuses the connection after TCP's handshake would otherwise see a
+        // reconnect storm.
         tx.reconnect_at = None;
         tx.was_up = true;
+        tx.up_since = Some(now);
         self.cong_pending = true;
         self.rx[path].deframer.reset();
         self.counters.paths_up += 1;
@@ -1195,6 +1209,8 @@ impl<P: AsRef<[u8]>> Connection<P> {
     /// Applies one complete message; true if it must be delivered to a socket.
     fn process_frame(&mut self, now: Instant, path: usize, frame: &FrameRef, data: &[u8]) -> bool {
         let h = frame.header;
+        // The peer's RDS layer took this connection: the next reconnect may be immediate.
+        self.tx[path].backoff_bound = Duration::ZERO;
         self.counters.rx_messages += 1;
         self.counters.rx_bytes += u64::from(h.len);
 

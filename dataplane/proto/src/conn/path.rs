@@ -157,6 +157,8 @@ pub(crate) struct TxPath<P> {
     pub backoff_bound: Duration,
     pub reconnect_at: Option<Instant>,
     pub was_up: bool,
+    /// When the current connection came up (for the reconnect backoff).
+    pub up_since: Option<Instant>,
     /// Passive side: TCP source port of the accepted connection serving this path.
     pub peer_tcp_sport: Option<u16>,
 }
@@ -177,6 +179,7 @@ impl<P: AsRef<[u8]>> TxPath<P> {
             backoff_bound: Duration::ZERO,
             reconnect_at: None,
             was_up: false,
+            up_since: None,
             peer_tcp_sport: None,
         }
     }
