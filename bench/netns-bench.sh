@@ -19,7 +19,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 [[ "$(id -u)" -eq 0 ]] || { echo "netns-bench.sh: needs root (network namespaces)" >&2; exit 1; }
 if [[ -z "${BIN:-}" ]]; then
-    cargo build --release -q -p rdsd -p rds-bench
+    cargo build --release -q -p rdsd -p rds-bench -p rdsctl
     TARGET_DIR="$(cargo metadata --format-version 1 --no-deps | grep -o '"target_directory":"[^"]*"' | cut -d'"' -f4)"
     BIN="${TARGET_DIR:-$ROOT/target}/release"
 fi
@@ -74,6 +74,17 @@ for n in "$A" "$B"; do
     for _ in $(seq 100); do [[ -S "/tmp/$n.sock" ]] && break; sleep 0.1; done
     [[ -S "/tmp/$n.sock" ]] || { echo "netns-bench.sh: rdsd in $n did not start" >&2; exit 1; }
 done
+if [[ "$TRANSPORT" != tcp ]]; then
+    # A DPDK port (memif above all: the client attaches to the server's socket) takes a moment
+    # to come up: wait until an RDS ping between the two rdsd is answered.
+    for i in $(seq 60); do
+        if ip netns exec "$A" "$BIN/rdsctl" -s "/tmp/$A.sock" ping "$rds_b" -I "$rds_a" -c 1 -W 1 \
+            >/dev/null 2>&1; then
+            break
+        fi
+        ((i < 60)) || { echo "netns-bench.sh: no RDS ping answered over $TRANSPORT" >&2; exit 1; }
+    done
+fi
 ip netns exec "$B" "$BIN/rds-bench" -p 4000 -r 10.77.0.2 --rds-addr "$rds_b" --socket "/tmp/$B.sock" \
     --quiet >/dev/null &
 passive=$!

@@ -15,8 +15,16 @@ need=()
 # The VM lab (tests/tests/interop.rs, tests/vmlab/README.md) also needs qemu, a static busybox,
 # kmod (depmod), static libc for the guest programs and linux-libc-dev (linux/rds.h); the guest
 # kernel itself is fetched with `apt-get download` into /var/cache/rdsd-vmlab, never installed.
+# rdsctl's tests (tests/tests/rdsctl.rs) parse the Prometheus text with python3-prometheus-client
+# and check the systemd unit with systemd-analyze (package systemd).
+# The RDMA transport (dataplane/verbs-sys, tests/tests/rdma.rs) builds against rdma-core's
+# libibverbs-dev and librdmacm-dev; its VM-lab test copies the rxe provider (ibverbs-providers),
+# `rdma` (iproute2) and ibv_rc_pingpong (ibverbs-utils) into the guests; perftest is for the
+# RDMA benchmarks.
 for p in build-essential pkg-config iproute2 nftables \
-    qemu-system-x86 busybox-static kmod libc6-dev linux-libc-dev; do
+    qemu-system-x86 busybox-static kmod libc6-dev linux-libc-dev \
+    python3-prometheus-client systemd \
+    libibverbs-dev librdmacm-dev ibverbs-providers ibverbs-utils rdma-core perftest; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ "${#need[@]}" -gt 0 ]; then
@@ -29,8 +37,8 @@ if ! command -v cargo >/dev/null; then
     exit 1
 fi
 
-log "DPDK build dependencies (dpdk-sys: bindgen against Debian's libdpdk-dev)"
-bash dataplane/dpdk-sys/install-deps.sh
+log "build dependencies (dpdk-sys and verbs-sys: bindgen against DPDK and rdma-core)"
+bash dataplane/install-build-deps.sh
 
 log "build"
 cargo build --workspace --bins

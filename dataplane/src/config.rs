@@ -92,9 +92,15 @@ struct RawConfig {
     state_file: String,
     hello_timeout_ms: u64,
     control_timeout_ms: u64,
+    rebind_grace_ms: u64,
     reply_timeout_ms: u64,
     max_apps_per_uid: u32,
     max_regions_per_uid: u32,
+    metrics_listen: String,
+    /// Optional: no section, no DPDK transport.
+    dpdk: Option<crate::transport::dpdk::RawDpdk>,
+    /// Optional: no section, no RDMA transport.
+    rdma: Option<crate::transport::rdma::RawRdma>,
 }
 
 /// rdsd's validated configuration.
@@ -143,10 +149,19 @@ pub struct Config {
     pub control_timeout: std::time::Duration,
     /// A client whose control socket stays full (replies unread) this long is disconnected.
     pub reply_timeout: std::time::Duration,
+    /// After a restart, messages for ports bound before it wait this long for an app to bind
+    /// them again (0: dropped at once, as for any unbound port).
+    pub rebind_grace: std::time::Duration,
     /// Most control connections (attached or not) of one uid.
     pub max_apps_per_uid: u32,
     /// Most app regions rdsd holds for one uid (attached, attaching, or not yet freed).
     pub max_regions_per_uid: u32,
+    /// Where the Prometheus metrics endpoint listens (HTTP/1.0 `GET /metrics`); `None` = off.
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// The DPDK port (`[dpdk]`), if any; its address is one of `local_addrs`.
+    pub dpdk: Option<crate::transport::dpdk::DpdkConfig>,
+    /// The RDMA transport (`[rdma]`), if any.
+    pub rdma: Option<crate::transport::rdma::RdmaConfig>,
 }
 
 /// Command-line overrides (all optional).
@@ -182,6 +197,9 @@ pub struct Overrides {
     /// Receive-state file (default: next to the control socket, extension .rxseq).
     #[arg(long)]
     pub state_file: Option<PathBuf>,
+    /// Serve Prometheus metrics over HTTP at ADDR:PORT ("" = off).
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
 }
 
 fn merge(base: &mut toml::Table, over: toml::Table) {
@@ -280,10 +298,34 @@ impl Config {
             hello_timeout: ms(raw.hello_timeout_ms, "hello_timeout_ms")?,
             control_timeout: ms(raw.control_timeout_ms, "control_timeout_ms")?,
             reply_timeout: ms(raw.reply_timeout_ms, "reply_timeout_ms")?,
+            rebind_grace: std::time::Duration::from_millis(raw.rebind_grace_ms.min(60_000)),
             max_apps_per_uid: raw.max_apps_per_uid,
             max_regions_per_uid: raw.max_regions_per_uid,
+            metrics_listen: match over
+                .metrics_listen
+                .as_deref()
+                .unwrap_or(&raw.metrics_listen)
+            {
+                "" => None,
+                a => Some(a.parse().with_context(|| {
+                    format!("metrics_listen must be ADDR:PORT or \"\" (got {a:?})")
+                })?),
+            },
+            dpdk: None,
+            rdma: raw
+                .rdma
+                .map(crate::transport::rdma::RdmaConfig::from_raw)
+                .transpose()
+                .context("[rdma]")?,
         };
         let mut cfg = cfg;
+        if let Some(d) = raw.dpdk {
+            let d = crate::transport::dpdk::DpdkConfig::from_raw(d).context("[dpdk]")?;
+            if !cfg.is_local(d.addr) {
+                cfg.local_addrs.push(d.local_prefix());
+            }
+            cfg.dpdk = Some(d);
+        }
         cfg.state_file = match (&over.state_file, raw.state_file.as_str()) {
             (Some(p), _) => p.clone(),
             (None, "") => cfg.control_socket.with_extension("rxseq"),
@@ -368,6 +410,18 @@ mod tests {
         assert!(format!("{e:#}").contains("idel"), "{e:#}");
         std::fs::write(&f, "tx_ring_bytes = 1000\n").unwrap();
         assert!(Config::load(Some(&f), &Overrides::default()).is_err());
+        std::fs::write(&f, "metrics_listen = \"127.0.0.1:9464\"\n").unwrap();
+        let c = Config::load(Some(&f), &Overrides::default()).unwrap();
+        assert_eq!(c.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
+        std::fs::write(&f, "metrics_listen = \"localhost\"\n").unwrap();
+        let e = Config::load(Some(&f), &Overrides::default()).unwrap_err();
+        assert!(format!("{e:#}").contains("metrics_listen"), "{e:#}");
+        assert_eq!(
+            Config::load(None, &Overrides::default())
+                .unwrap()
+                .metrics_listen,
+            None
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod poll;
 pub mod protocol;
 pub mod seam;
 pub mod shm;
+pub mod statefile;
 pub mod stats;
 pub mod transport;
 
@@ -49,6 +50,10 @@ pub fn run(cfg: Config, shutdown: Arc<AtomicBool>) -> Result<()> {
     let doorbell = Arc::new(shm_api::sys::eventfd()?);
     let control_wake = Arc::new(shm_api::sys::eventfd()?);
     let listener = control::listen(&cfg.control_socket, cfg.control_group.as_deref())?;
+    if let Some(addr) = cfg.metrics_listen {
+        control::metrics::spawn(addr, stats.clone(), shutdown.clone())
+            .with_context(|| format!("metrics_listen {addr}"))?;
+    }
     tracing::info!(socket = %cfg.control_socket.display(), idle = ?cfg.idle, local = ?cfg.local_addrs, "rdsd listening");
 
     let poll_alive = Arc::new(AtomicBool::new(true));

@@ -30,10 +30,19 @@ fn main() {
         return;
     }
     let filter = std::env::var("RDSD_LOG").unwrap_or(cli.log.clone());
-    tracing_subscriber::fmt()
+    // Structured events (`key=value` fields). Under systemd (JOURNAL_STREAM is set when stderr
+    // goes to the journal) no colours and no timestamps: the journal stamps each line itself.
+    let journal = std::env::var_os("JOURNAL_STREAM").is_some();
+    let ansi = !journal && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
-        .init();
+        .with_ansi(ansi);
+    if journal {
+        fmt.without_time().init();
+    } else {
+        fmt.init();
+    }
     let cfg = match Config::load(cli.config.as_deref(), &cli.over) {
         Ok(c) => c,
         Err(e) => {

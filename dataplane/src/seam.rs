@@ -186,4 +186,54 @@ pub trait Transport: Send {
     }
     /// Makes the transport's counters exact in the daemon's stats (they may be summed lazily).
     fn publish_counters(&self) {}
+    /// Introspection (`rdsctl info`): appends one entry per connection. Called by the poll
+    /// core only when the control thread asked for a snapshot (between passes, never in
+    /// steady state), so it may allocate. Transports without connections keep the default.
+    fn snapshot(&mut self, _out: &mut Vec<ConnSnapshot>) {}
+}
+
+/// One path of a connection, as `rdsctl info -p` shows it.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct PathSnapshot {
+    /// Path index (0..8).
+    pub index: usize,
+    /// `down`, `connecting`, `up`, `disconnecting` or `error`.
+    pub state: &'static str,
+    /// Next sequence number to be assigned on this path.
+    pub next_tx_seq: u64,
+    /// Next sequence number expected from the peer on this path.
+    pub next_rx_seq: u64,
+    /// Messages waiting to be written (send queue).
+    pub queued_msgs: usize,
+    /// Messages written and not yet acknowledged (retransmit queue).
+    pub unacked_msgs: usize,
+    /// Bytes written on the path's current transport connection.
+    pub tx_stream_bytes: u64,
+    /// Of those, bytes the transport has not confirmed (in flight; stream links only).
+    pub unacked_bytes: Option<u64>,
+    /// Reading stopped because a receiver's rx ring is full.
+    pub rx_paused: bool,
+}
+
+/// One RDS connection (local address, peer address) of a network transport.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ConnSnapshot {
+    /// Transport name (`tcp`).
+    pub transport: &'static str,
+    /// Local address.
+    pub laddr: Ipv4Addr,
+    /// Peer address.
+    pub faddr: Ipv4Addr,
+    /// `up` (some path up), `connecting`, or `down`.
+    pub state: &'static str,
+    /// True when we connect (the smaller address).
+    pub active: bool,
+    /// Our generation number (GEN_NUM).
+    pub generation: u32,
+    /// The peer's generation number (0 while unknown).
+    pub peer_generation: u32,
+    /// Negotiated paths (`None` before the handshake).
+    pub npaths: Option<u8>,
+    /// Every path that is not idle (down, with nothing queued and nothing received).
+    pub paths: Vec<PathSnapshot>,
 }

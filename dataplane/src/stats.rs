@@ -5,15 +5,20 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 macro_rules! counters {
-    ($(#[$sdoc:meta])* $ty:ident { $($(#[$doc:meta])* $name:ident),* $(,)? }) => {
+    ($(#[$sdoc:meta])* $ty:ident { $($(#[doc = $doc:literal])* $name:ident),* $(,)? }) => {
         $(#[$sdoc])*
         #[derive(Default, Debug)]
-        pub struct $ty { $($(#[$doc])* pub $name: AtomicU64,)* }
+        pub struct $ty { $($(#[doc = $doc])* pub $name: AtomicU64,)* }
 
         impl $ty {
             /// `(name, value)` for every counter, in declaration order.
             fn each(&self, prefix: &str, out: &mut Vec<(String, u64)>) {
                 $(out.push((format!("{prefix}{}", stringify!($name)), self.$name.load(Ordering::Relaxed)));)*
+            }
+
+            /// `(name, doc comment)` for every counter, in declaration order (metrics HELP).
+            fn each_help(prefix: &str, out: &mut Vec<(String, &'static str)>) {
+                $(out.push((format!("{prefix}{}", stringify!($name)), concat!($($doc),*).trim()));)*
             }
         }
     };
@@ -42,6 +47,9 @@ counters! {
     loop_bytes,
     /// Messages dropped because no socket was bound at the destination.
     drop_unbound_dest,
+    /// Deliveries to a port bound before rdsd restarted and not bound again yet, held (the
+    /// path paused) during the rebind grace instead of dropped.
+    rx_held_for_rebind,
     /// Messages dropped because the sending socket was not bound.
     drop_unbound_sender,
     /// Messages dropped because no transport reaches the destination.
@@ -85,6 +93,8 @@ counters! {
     /// App regions whose memory was returned (unmapped and punched out of the memfd, so an
     /// app that keeps the fd holds no pages).
     regions_freed,
+    /// Pings to port 0 of a local address answered by the loopback transport (rds-ping).
+    loop_pings,
 }
 }
 
@@ -131,8 +141,46 @@ counters! {
     pings_received,
     /// Doorbell connects sent (passive side asking the peer to connect).
     doorbells,
+    /// Fresh path-0 connections whose data stopped waiting for the probe's pong at the
+    /// deadline (a peer that does not answer pings).
+    path0_gate_timeouts,
     /// Connections whose receive sequence numbers were restored from the state file.
     rx_state_restored,
+}
+}
+
+counters! {
+    /// Counters of the DPDK port (`transport::dpdk`): the port's, and TCP's as the device sees
+    /// it on the wire (smoltcp keeps its own private).
+    DpdkPort {
+    /// Frames received.
+    rx_packets,
+    /// Non-empty receive bursts.
+    rx_bursts,
+    /// Frames sent.
+    tx_packets,
+    /// Transmit bursts.
+    tx_bursts,
+    /// Frames that found the mempool empty (dropped; TCP resends).
+    mbuf_alloc_failures,
+    /// Frames not sent (driver refused them, or no mbuf).
+    tx_drops,
+    /// Received frames dropped unread (multi-segment).
+    rx_drops,
+    /// TCP data segments sent again.
+    tcp_retransmits,
+    /// Of those, after three duplicate ACKs.
+    tcp_fast_retransmits,
+    /// Of those, after a retransmission timeout.
+    tcp_rto_retransmits,
+    /// TCP data segments received after a gap.
+    tcp_rx_out_of_order,
+    /// TCP data segments received twice.
+    tcp_rx_duplicates,
+    /// Peer segments advertising a zero window (our sending stalls).
+    tcp_zero_window_rx,
+    /// Our segments advertising a zero window.
+    tcp_zero_window_tx,
 }
 }
 
@@ -144,6 +192,12 @@ pub struct Stats {
     pub base: Base,
     /// The kernel-TCP transport.
     pub tcp: NetStats,
+    /// The DPDK transport's protocol layer.
+    pub dpdk: NetStats,
+    /// The DPDK port.
+    pub dpdk_port: DpdkPort,
+    /// The RDMA transport (verbs, RC queue pairs).
+    pub rdma: NetStats,
 }
 
 impl std::ops::Deref for Stats {
@@ -159,7 +213,30 @@ impl Stats {
         let mut out = Vec::with_capacity(64);
         self.base.each("", &mut out);
         self.tcp.each("tcp_", &mut out);
+        self.dpdk.each("dpdk_", &mut out);
+        self.dpdk_port.each("dpdk_", &mut out);
+        self.rdma.each("rdma_", &mut out);
         out
+    }
+
+    /// `(name, value, description)` for every counter, in the order of [`Stats::snapshot`]
+    /// (the description is the counter's doc comment; `rdsctl stats --prometheus`, metrics).
+    pub fn described(&self) -> Vec<(String, u64, &'static str)> {
+        let mut help = Vec::with_capacity(64);
+        Base::each_help("", &mut help);
+        NetStats::each_help("tcp_", &mut help);
+        NetStats::each_help("dpdk_", &mut help);
+        DpdkPort::each_help("dpdk_", &mut help);
+        NetStats::each_help("rdma_", &mut help);
+        self.snapshot()
+            .into_iter()
+            .zip(help)
+            .map(|((k, v), (hk, h))| {
+                // Both lists come from the same groups in the same order (tested below).
+                let h = if hk == k { h } else { "" };
+                (k, v, h)
+            })
+            .collect()
     }
 
     /// Adds 1 to `c`.
@@ -192,5 +269,27 @@ mod tests {
         assert!(text.contains("drop_cancelled 1\n"));
         assert!(s.render().contains("tcp_doorbells 1\n"));
         assert!(text.lines().count() >= 39);
+    }
+
+    #[test]
+    fn every_counter_has_a_description() {
+        let s = Stats::default();
+        Stats::bump(&s.tcp.doorbells);
+        let d = s.described();
+        assert_eq!(d.len(), s.snapshot().len());
+        assert!(d.iter().all(|(_, _, h)| !h.is_empty() && !h.contains('\n')));
+        let (_, v, h) = d.iter().find(|(k, _, _)| k == "tcp_doorbells").unwrap();
+        assert_eq!(
+            (*v, *h),
+            (
+                1,
+                "Doorbell connects sent (passive side asking the peer to connect)."
+            )
+        );
+        let (_, _, h) = d.iter().find(|(k, _, _)| k == "rx_paused").unwrap();
+        assert!(
+            h.starts_with("Times a network path stopped reading") && h.contains("window pushes"),
+            "{h}"
+        );
     }
 }

@@ -330,6 +330,20 @@ pub fn traffic_done(app: &mut App, limit: Duration) -> u64 {
         .expect("round trips")
 }
 
+/// Checks the `done got G gaps N missing M restarts R` line of the test app's
+/// `recv-resilient` after one restart of host `victim` (1: the receiver's rdsd): at most one
+/// gap, at the restart point, and a receiver whose rdsd restarted re-attached once.
+pub fn assert_one_restart(done: &str, victim: usize) {
+    let f: Vec<u64> = done
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(f[1] <= 1, "at most one gap at the restart point: {done}");
+    if victim == 1 {
+        assert_eq!(f[3], 1, "the receiver re-attached once: {done}");
+    }
+}
+
 /// Writes a TOML config for rdsd into a fresh temp file and returns its path (pass it with
 /// `-c PATH`).
 pub fn config_file(toml: &str) -> PathBuf {

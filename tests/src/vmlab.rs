@@ -331,11 +331,7 @@ pub fn base_initramfs(k: &Kernel) -> PathBuf {
     if path.exists() && std::fs::read_to_string(&key).ok().as_deref() == Some(&want_key) {
         return path;
     }
-    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-        .expect("busybox missing: apt-get install busybox-static");
+    let busybox = busybox_path();
     let mut c = Cpio::default();
     for d in ["bin", "dev", "proc", "sys", "tmp", "modules"] {
         c.dir(d);
@@ -343,8 +339,26 @@ pub fn base_initramfs(k: &Kernel) -> PathBuf {
     c.chardev("dev/console", 5, 1);
     c.file("bin/busybox", 0o755, &std::fs::read(&busybox).unwrap());
     c.file("init", 0o755, INIT.as_bytes());
+    add_modules(&mut c, k, GUEST_MODULES);
+    std::fs::write(&path, c.finish()).unwrap();
+    std::fs::write(&key, want_key).unwrap();
+    path
+}
+
+/// The static busybox that every initramfs carries.
+fn busybox_path() -> PathBuf {
+    ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .expect("busybox missing: apt-get install busybox-static")
+}
+
+/// Adds `modules` and their dependencies, numbered in load order, and `modules/order` (what
+/// `/init` insmods, in that order).
+fn add_modules(c: &mut Cpio, k: &Kernel, modules: &[&str]) {
     let mut order = String::new();
-    for (i, m) in k.module_load_order(GUEST_MODULES).iter().enumerate() {
+    for (i, m) in k.module_load_order(modules).iter().enumerate() {
         let name = format!(
             "{i:02}-{}",
             Path::new(m).file_name().unwrap().to_string_lossy()
@@ -362,9 +376,6 @@ pub fn base_initramfs(k: &Kernel) -> PathBuf {
         order.push('\n');
     }
     c.file("modules/order", 0o644, order.as_bytes());
-    std::fs::write(&path, c.finish()).unwrap();
-    std::fs::write(&key, want_key).unwrap();
-    path
 }
 
 fn fnv(b: &[u8]) -> u64 {
@@ -425,6 +436,7 @@ pub struct VmLab {
     next_tag: AtomicU32,
     rdsd_extra: Vec<String>,
     pcap: Option<Child>,
+    tap_offload: bool,
 }
 
 /// Why the lab could not start qemu at all (the only reason a VM test may skip).
@@ -434,6 +446,13 @@ pub struct QemuUnavailable(pub String);
 impl VmLab {
     /// Builds everything and boots the guest; `rdsd_extra` are extra rdsd flags.
     pub fn new(rdsd_extra: &[&str]) -> Result<VmLab, QemuUnavailable> {
+        VmLab::new_with(rdsd_extra, true)
+    }
+
+    /// As [`VmLab::new`]; with `tap_offload` false the tap has no virtio-net header, so the
+    /// guest computes checksums and segments itself: what a packet socket (a DPDK
+    /// `net_af_packet` port bridged to the tap) needs to see finished frames.
+    pub fn new_with(rdsd_extra: &[&str], tap_offload: bool) -> Result<VmLab, QemuUnavailable> {
         assert!(
             crate::netns::is_root(),
             "the VM lab creates a network namespace and a tap: run as root"
@@ -512,6 +531,7 @@ impl VmLab {
             next_tag: AtomicU32::new(0),
             rdsd_extra: rdsd_extra.iter().map(|s| s.to_string()).collect(),
             pcap: None,
+            tap_offload,
         };
         // RDSD_VMLAB_PCAP=FILE: capture the tap from the start (needs tcpdump).
         if let Some(f) = std::env::var_os("RDSD_VMLAB_PCAP") {
@@ -533,6 +553,26 @@ impl VmLab {
         let mut args = vec!["--local-addr", &local, "--local-addr", "127.0.0.0/8"];
         args.extend(self.rdsd_extra.iter().map(String::as_str));
         self.daemon = Some(Daemon::start_in(Some(&self.ns), &args));
+    }
+
+    /// Bridges the tap with a new veth pair in the namespace (the host address moves from the
+    /// tap to the bridge) and returns the free end's name: a DPDK `net_af_packet` port there
+    /// reaches the guest on the same subnet. The free end has no address.
+    pub fn add_bridged_port(&self) -> &'static str {
+        let ns = self.ns.as_str();
+        let host = format!("{}/24", self.host);
+        sh(&["ip", "-n", ns, "link", "add", "br0", "type", "bridge"]);
+        sh(&["ip", "-n", ns, "addr", "del", &host, "dev", "tap0"]);
+        sh(&["ip", "-n", ns, "link", "set", "tap0", "master", "br0"]);
+        sh(&["ip", "-n", ns, "addr", "add", &host, "dev", "br0"]);
+        sh(&[
+            "ip", "-n", ns, "link", "add", "dpk0", "type", "veth", "peer", "name", "dpk1",
+        ]);
+        sh(&["ip", "-n", ns, "link", "set", "dpk1", "master", "br0"]);
+        for l in ["br0", "dpk0", "dpk1"] {
+            sh(&["ip", "-n", ns, "link", "set", l, "up"]);
+        }
+        "dpk0"
     }
 
     /// SIGKILLs rdsd (restart it with [`VmLab::start_rdsd`]).
@@ -568,10 +608,15 @@ impl VmLab {
             .arg("-serial")
             .arg(format!("file:{}", console.display()))
             .args(["-serial", "stdio"])
-            .args([
-                "-nic",
-                "tap,ifname=tap0,script=no,downscript=no,model=virtio-net-pci",
-            ])
+            .arg("-nic")
+            .arg(format!(
+                "tap,ifname=tap0,script=no,downscript=no,model=virtio-net-pci{}",
+                if self.tap_offload {
+                    ""
+                } else {
+                    ",vnet_hdr=off"
+                }
+            ))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -912,4 +957,251 @@ pub fn shared_lab() -> Option<LabGuard> {
     lab.nft_flush();
     lab.reset_guest();
     Some(lab)
+}
+
+// ----- RDMA guests (Soft-RoCE): self-contained initramfs with dynamic binaries -------------
+
+/// Modules an RDMA guest loads: virtio-net, and Soft-RoCE with the userspace verbs and
+/// rdma_cm devices. `rdma_rxe` needs `crc32_generic` loaded first (its crc32 is looked up by
+/// name, not a module dependency).
+pub const RDMA_GUEST_MODULES: &[&str] = &[
+    "virtio_pci",
+    "virtio_net",
+    "crc32_generic",
+    "rdma_rxe",
+    "ib_uverbs",
+    "rdma_ucm",
+];
+
+/// The shared libraries `bin` loads (from `ldd`), the dynamic loader included.
+pub fn shared_libs(bin: &Path) -> Vec<PathBuf> {
+    let out = run(Command::new("ldd").arg(bin));
+    let mut libs = Vec::new();
+    for l in out.lines() {
+        let path = match l.split_once("=>") {
+            Some((_, rest)) => rest.split_whitespace().next().unwrap_or(""),
+            None => l.split_whitespace().next().unwrap_or(""),
+        };
+        if path.starts_with('/') && !libs.iter().any(|p: &PathBuf| p == Path::new(path)) {
+            libs.push(PathBuf::from(path));
+        }
+    }
+    libs
+}
+
+/// A self-contained initramfs: busybox, `modules` (with their dependencies, in load order,
+/// listed in `/modules/order`), each `(guest path, host file)` of `bins` with every shared
+/// library it needs at the same path as on the host (plus `lib64` → `lib/x86_64-linux-gnu`
+/// style layouts handled by copying the real path and its `ldd` name), `files`
+/// (`(guest path, bytes, mode)`), and `/init`.
+pub fn custom_initramfs(
+    k: &Kernel,
+    modules: &[&str],
+    init: &str,
+    bins: &[(&str, &Path)],
+    files: &[(&str, Vec<u8>, u32)],
+) -> Vec<u8> {
+    let busybox = busybox_path();
+    let mut c = Cpio::default();
+    let mut dirs: Vec<String> = ["bin", "dev", "proc", "sys", "tmp", "modules", "run", "etc"]
+        .iter()
+        .map(|d| d.to_string())
+        .collect();
+    for d in &dirs {
+        c.dir(d);
+    }
+    let mut mkdirs = |c: &mut Cpio, path: &str| {
+        let mut acc = String::new();
+        for part in Path::new(path)
+            .parent()
+            .into_iter()
+            .flat_map(|p| p.components())
+        {
+            let s = part.as_os_str().to_string_lossy();
+            if s == "/" {
+                continue;
+            }
+            if !acc.is_empty() {
+                acc.push('/');
+            }
+            acc.push_str(&s);
+            if !dirs.contains(&acc) {
+                c.dir(&acc);
+                dirs.push(acc.clone());
+            }
+        }
+    };
+    c.chardev("dev/console", 5, 1);
+    c.file("bin/busybox", 0o755, &std::fs::read(&busybox).unwrap());
+    c.file("init", 0o755, init.as_bytes());
+    add_modules(&mut c, k, modules);
+    let mut libs: Vec<PathBuf> = Vec::new();
+    for (gpath, host) in bins {
+        let g = gpath.trim_start_matches('/');
+        mkdirs(&mut c, g);
+        c.file(
+            g,
+            0o755,
+            &std::fs::read(host).unwrap_or_else(|e| panic!("{}: {e}", host.display())),
+        );
+        for l in shared_libs(host) {
+            if !libs.contains(&l) {
+                libs.push(l);
+            }
+        }
+    }
+    for l in &libs {
+        let g = l.to_string_lossy().trim_start_matches('/').to_string();
+        mkdirs(&mut c, &g);
+        // The real file under the name the binary asks for (symlinks resolved).
+        let data = std::fs::read(std::fs::canonicalize(l).unwrap()).unwrap();
+        c.file(&g, 0o755, &data);
+    }
+    for (gpath, data, mode) in files {
+        let g = gpath.trim_start_matches('/');
+        mkdirs(&mut c, g);
+        c.file(g, *mode, data);
+    }
+    c.finish()
+}
+
+/// Binaries (`(guest path, host file)`) and files (`(guest path, bytes, mode)`) for an initramfs.
+pub type GuestContent = (Vec<(String, PathBuf)>, Vec<(String, Vec<u8>, u32)>);
+
+/// The files that make libibverbs find Soft-RoCE in a guest: the rxe provider (with the
+/// libraries it needs) and `/etc/libibverbs.d/rxe.driver`. Returns `(bins, files)` entries
+/// for [`custom_initramfs`].
+pub fn rxe_provider_files() -> GuestContent {
+    let dir = Path::new("/usr/lib/x86_64-linux-gnu/libibverbs");
+    let prov = std::fs::read_dir(dir)
+        .ok()
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("librxe-rdmav"))
+        })
+        .expect(
+            "the rxe provider (librxe-rdmav*.so) is missing: apt-get install ibverbs-providers",
+        );
+    let driver = std::fs::read("/etc/libibverbs.d/rxe.driver")
+        .expect("/etc/libibverbs.d/rxe.driver missing: apt-get install ibverbs-providers");
+    (
+        vec![(prov.to_string_lossy().into_owned(), prov)],
+        vec![("etc/libibverbs.d/rxe.driver".into(), driver, 0o644)],
+    )
+}
+
+/// A guest booted in batch mode: its `/init` runs to the end and powers off; the serial
+/// console (ttyS0) is qemu's stdout, collected here.
+pub struct BatchGuest {
+    child: Child,
+    out: Arc<Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl BatchGuest {
+    /// Boots `initrd` with the kernel `k`, kernel command line extra `append`, and
+    /// `net` (qemu network arguments), inside namespace `ns` if given.
+    pub fn boot(
+        k: &Kernel,
+        initrd: &Path,
+        append: &str,
+        net: &[String],
+        ns: Option<&str>,
+        mem_mb: u32,
+    ) -> Result<BatchGuest, QemuUnavailable> {
+        let qemu = qemu_bin();
+        if Command::new(&qemu).arg("--version").output().is_err() {
+            return Err(QemuUnavailable(format!(
+                "{} cannot run (apt-get install qemu-system-x86)",
+                qemu.display()
+            )));
+        }
+        let mut cmd = match ns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(&qemu);
+                c
+            }
+            None => Command::new(&qemu),
+        };
+        // `-cpu max`: rdsd links Debian's DPDK, whose librte_eal is built for corei7 (SSE4.2)
+        // and dies with SIGILL on qemu's default TCG CPU (qemu64).
+        cmd.args(["-accel", "tcg", "-cpu", "max", "-smp", "1", "-no-reboot"])
+            .args(["-m", &mem_mb.to_string()])
+            .args(["-display", "none", "-monitor", "none"])
+            .arg("-kernel")
+            .arg(&k.vmlinuz)
+            .arg("-initrd")
+            .arg(initrd)
+            .args([
+                "-append",
+                &format!("console=ttyS0 panic=-1 loglevel=3 rdinit=/init {append}"),
+            ])
+            .args(["-serial", "stdio"])
+            .args(net)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| QemuUnavailable(format!("spawn qemu: {e}")))?;
+        let stdout = child.stdout.take().unwrap();
+        let out: Arc<Mutex<String>> = Arc::default();
+        let o = out.clone();
+        let trace = std::env::var_os("RDSD_VMLAB_TRACE").is_some();
+        let reader = std::thread::spawn(move || {
+            for l in BufReader::new(stdout).split(b'\n') {
+                let Ok(l) = l else { break };
+                let l = String::from_utf8_lossy(&l)
+                    .trim_end_matches('\r')
+                    .to_string();
+                if trace {
+                    eprintln!("guest< {l}");
+                }
+                let mut g = o.lock().unwrap_or_else(|e| e.into_inner());
+                g.push_str(&l);
+                g.push('\n');
+            }
+        });
+        Ok(BatchGuest {
+            child,
+            out,
+            reader: Some(reader),
+        })
+    }
+
+    /// Everything the guest printed so far.
+    pub fn output(&self) -> String {
+        self.out.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Waits for the guest to power off (true) or `limit` to pass (false; it is killed).
+    pub fn wait(&mut self, limit: Duration) -> bool {
+        let end = Instant::now() + limit;
+        loop {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                if let Some(r) = self.reader.take() {
+                    let _ = r.join();
+                }
+                return true;
+            }
+            if Instant::now() > end {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for BatchGuest {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -229,7 +229,9 @@ fn c2_rdsd_app_pings_the_kernel_port_zero() {
         for i in 0..5 {
             let t = Instant::now();
             s.send_to(&[], at(g, 0)).unwrap();
-            let (len, from) = s.recv_from(&mut buf).unwrap_or_else(|e| panic!("pong {i} from {g}: {e}"));
+            let (len, from) = s
+                .recv_from(&mut buf)
+                .unwrap_or_else(|e| panic!("pong {i} from {g}: {e}"));
             assert_eq!((len, from), (0, at(g, 0)), "pong {i}");
             eprintln!("rds ping {g}: {} us", t.elapsed().as_micros());
         }
@@ -365,7 +367,10 @@ fn d2_small_kernel_rcvbuf_congests_the_rdsd_sender_which_recovers() {
         "congestion maps from the kernel: rdsd received {received}, kernel queued {}",
         kernel_queued1 - kernel_queued0
     );
-    assert!(received >= 2, "the kernel's map, congested then cleared, reached rdsd");
+    assert!(
+        received >= 2,
+        "the kernel's map, congested then cleared, reached rdsd"
+    );
 }
 
 #[test]
@@ -500,11 +505,21 @@ fn f1_rdsd_sigkilled_and_restarted_ten_times_while_the_kernel_streams() {
         lab.d().stat("tcp_drop_dup_seq")
     );
     assert_eq!(kills, RESTARTS);
-    assert!(gaps <= kills, "at most one gap per restart, at the restart point");
+    assert!(
+        gaps <= kills,
+        "at most one gap per restart, at the restart point"
+    );
     // What the peer resends or sends while rdsd is down waits for the app (the rebind
     // grace); only what rdsd had taken in but not delivered is lost.
-    assert!(got >= COUNT - 10 * kills, "lost more than the bound: got {got}");
-    assert_eq!(lab.d().stat("drop_unbound_dest"), 0, "the rebind grace held them");
+    assert!(
+        got >= COUNT - 10 * kills,
+        "lost more than the bound: got {got}"
+    );
+    assert_eq!(
+        lab.d().stat("drop_unbound_dest"),
+        0,
+        "the rebind grace held them"
+    );
     assert!(lab.d().stat("tcp_rx_state_restored") >= 1);
 }
 
@@ -691,7 +706,8 @@ fn e2_kernel_sender_order_at_connection_start_on_fresh_connections() {
         ));
         let mut next: HashMap<SocketAddrV4, u64> = HashMap::new();
         let mut late = Vec::new();
-        sink.set_recv_timeout(Some(Duration::from_secs(120))).unwrap();
+        sink.set_recv_timeout(Some(Duration::from_secs(120)))
+            .unwrap();
         for i in 0..32 * 50 {
             let (n, from) = sink
                 .recv_from(&mut buf)
@@ -712,5 +728,8 @@ fn e2_kernel_sender_order_at_connection_start_on_fresh_connections() {
         );
         reorders += late.len();
     }
-    assert_eq!(reorders, 0, "the kernel's per-socket order at connection start");
+    assert_eq!(
+        reorders, 0,
+        "the kernel's per-socket order at connection start"
+    );
 }

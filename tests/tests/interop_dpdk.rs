@@ -46,7 +46,10 @@ fn recv(s: &Socket, count: u64, len: usize, limit: Duration) {
         let seq = payload_seq(&buf[..n]);
         let want = next.entry(from).or_insert(0);
         assert_eq!(seq, *want, "message {i} from {from}: order");
-        assert!(buf[8..n].iter().all(|&b| b == (seq % 251) as u8), "payload of {seq}");
+        assert!(
+            buf[8..n].iter().all(|&b| b == (seq % 251) as u8),
+            "payload of {seq}"
+        );
         *want += 1;
     }
 }
@@ -78,7 +81,7 @@ fn dpdk_rdsd_and_kernel_rds_both_ways_both_address_orders() {
     );
     let r = d.attach();
     for (guest, port, count, len) in [
-        (lab.guest_low, 7800, 500, 300),  // the kernel (smaller) connects to the DPDK port
+        (lab.guest_low, 7800, 500, 300), // the kernel (smaller) connects to the DPDK port
         (lab.guest_high, 7810, 500, 300), // the DPDK side (smaller) connects to the kernel
         (lab.guest_low, 7820, 20, 65536),
         (lab.guest_high, 7830, 4, 1 << 20),
@@ -105,6 +108,12 @@ fn dpdk_rdsd_and_kernel_rds_both_ways_both_address_orders() {
         eprintln!("{guest} <-> DPDK rdsd {addr}: {count} x {len} B each way");
     }
     assert!(d.stat("dpdk_rx_packets") > 0 && d.stat("dpdk_tx_packets") > 0);
-    assert!(d.stat("dpdk_accepts") >= 1, "the kernel connected to the DPDK port");
-    assert!(d.stat("dpdk_connects") >= 1, "the DPDK port connected to the kernel");
+    assert!(
+        d.stat("dpdk_accepts") >= 1,
+        "the kernel connected to the DPDK port"
+    );
+    assert!(
+        d.stat("dpdk_connects") >= 1,
+        "the DPDK port connected to the kernel"
+    );
 }

@@ -192,7 +192,10 @@ fn messages_for_a_port_bound_before_a_restart_wait_for_its_app() {
         let got = rx.recv_from(&mut buf);
         if kept {
             let (n, from) = got.expect("the held message");
-            assert_eq!((&buf[..n], from), (&b"sent before the rebind"[..], lo(9461)));
+            assert_eq!(
+                (&buf[..n], from),
+                (&b"sent before the rebind"[..], lo(9461))
+            );
             assert_eq!(d.stat("drop_unbound_dest"), 1, "only the ephemeral port's");
         } else {
             assert!(got.is_err(), "dropped with the grace off");

@@ -204,15 +204,7 @@ fn restart_mid_stream(victim: usize) -> String {
         "restart of host {victim}: {done} ({:?} after restart)",
         t.elapsed()
     );
-    // "done got G gaps N missing M restarts R"
-    let f: Vec<u64> = done
-        .split_whitespace()
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    assert!(f[1] <= 1, "at most one gap at the restart point: {done}");
-    if victim == 1 {
-        assert_eq!(f[3], 1, "the receiver re-attached once: {done}");
-    }
+    assert_one_restart(&done, victim);
     assert!(s.expect("sent").starts_with("3000"));
     done
 }

@@ -326,7 +326,11 @@ fn passive(a: &StressArgs, t: &Target) -> Result<()> {
                     ctl.send("ERR unknown transport")?;
                     continue;
                 };
-                let bind = if kind == Kind::Rds { a.rds_addr.unwrap_or(local) } else { local };
+                let bind = if kind == Kind::Rds {
+                    a.rds_addr.unwrap_or(local)
+                } else {
+                    local
+                };
                 let lis = match chan::listen(kind, Some(&rdsd), bind, p.tasks, blocking) {
                     Ok(l) => l,
                     Err(e) => {

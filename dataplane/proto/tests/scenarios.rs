@@ -656,7 +656,10 @@ fn reconnect_backoff_doubles_to_one_second_and_resets_once_the_peer_speaks() {
     // Up, then refused (reset) before the peer sent anything: still backing off.
     a.handle_connected(now, 0).unwrap();
     a.handle_path_down(now, 0).unwrap();
-    assert!(events(&mut a).is_empty(), "no storm against a refusing peer");
+    assert!(
+        events(&mut a).is_empty(),
+        "no storm against a refusing peer"
+    );
     let at = a.poll_timeout().expect("reconnect timer");
     assert!(at.saturating_duration_since(now) < Duration::from_secs(1));
     now = at;
@@ -1507,7 +1510,11 @@ fn path_down_after_a_vectored_poll_with_nothing_written_loses_nothing() {
     now += Duration::from_millis(1);
     a.handle_path_down(now, 0).unwrap();
     assert_eq!(events(&mut a), vec![Event::Connect { path: 0 }]);
-    assert_eq!(a.queued_messages(0), 5, "five messages; a started probe is not resent");
+    assert_eq!(
+        a.queued_messages(0),
+        5,
+        "five messages; a started probe is not resent"
+    );
     a.handle_connected(now, 0).unwrap();
     let out = frames(&drain_vectored(&mut a, now, 0, &map));
     let seqs: Vec<(u64, u8)> = out.iter().map(|(h, _)| (h.sequence, h.flags)).collect();
@@ -1690,7 +1697,10 @@ fn fan_out_waits_for_the_pong_behind_what_path_zero_carried() {
     );
     b2.handle_acked(0, b2.stream_offset(0));
     b2.handle_timeout(now + Duration::from_secs(30));
-    assert!(!b2.has_pending_transmit(1), "no timeout: waits for the pong");
+    assert!(
+        !b2.has_pending_transmit(1),
+        "no timeout: waits for the pong"
+    );
     assert!(feed(&mut b2, 0, &probe_pong(1, 2, GEN_B)).is_empty());
     assert!(b2.has_pending_transmit(1) || b2.path_state(1) != PathState::Up);
 }

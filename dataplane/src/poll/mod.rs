@@ -11,6 +11,8 @@
 
 pub mod idle;
 pub mod readiness;
+pub mod rebind;
+pub mod snapshot;
 mod table;
 
 use crate::config::Config;
@@ -55,13 +57,19 @@ pub enum Cmd {
         req: Request,
         readiness: Option<readiness::Readiness>,
     },
+    /// Introspection for control connection `app` (attached or not): copy out sockets,
+    /// connections and paths (`snapshot.rs`). Withdrawable.
+    Snapshot { app: usize },
 }
 
 impl Cmd {
     /// The app this command concerns.
     pub fn app(&self) -> usize {
         match *self {
-            Cmd::Attach { app, .. } | Cmd::Detach { app } | Cmd::Request { app, .. } => app,
+            Cmd::Attach { app, .. }
+            | Cmd::Detach { app }
+            | Cmd::Request { app, .. }
+            | Cmd::Snapshot { app } => app,
         }
     }
 }
@@ -77,6 +85,8 @@ pub enum CmdReply {
     /// The control thread withdrew the command before the poll core took it: nothing was done.
     /// A withdrawn Attach hands its region back, to be freed off the poll core.
     Withdrawn(Option<AppRegion>),
+    /// Answer to Snapshot.
+    Snapshot(Box<snapshot::PollSnapshot>),
 }
 
 /// Queues between the control thread and the poll core.
@@ -389,6 +399,14 @@ impl PollCore {
                     Err(e) => Reply::err(e),
                 })
             }
+            Cmd::Snapshot { app } => {
+                if !self.table.chans().take(app, seq) {
+                    return CmdReply::Withdrawn(None);
+                }
+                // Counters summed lazily by the transports are made exact for the same view.
+                self.publish_counters();
+                CmdReply::Snapshot(Box::new(self.snapshot()))
+            }
         }
     }
 
@@ -411,7 +429,7 @@ impl PollCore {
             _ => return Err(libc::ECONNRESET),
         }
         match req {
-            Request::Hello { .. } | Request::Stats => Err(libc::EINVAL),
+            Request::Hello { .. } | Request::Stats | Request::Info { .. } => Err(libc::EINVAL),
             Request::SocketOpen => {
                 let a = self.table.apps[app].as_mut().expect("checked");
                 let slot = a
@@ -458,12 +476,16 @@ impl PollCore {
                     return Err(libc::EADDRNOTAVAIL);
                 }
                 let a = u32::from(addr);
+                let explicit = port != 0;
                 let port = if port == 0 { self.free_port(a)? } else { port };
                 if self.table.binds.contains_key(&(a, port)) {
                     return Err(libc::EADDRINUSE);
                 }
                 self.table.ref_cong_entry(a)?;
                 self.table.binds.insert((a, port), r);
+                if let Some(rb) = self.table.rebind.as_mut().filter(|_| explicit) {
+                    rb.bound(port);
+                }
                 self.table.sock(r).expect("live").bound = Some((a, port));
                 Ok(port as u64)
             }

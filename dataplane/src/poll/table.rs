@@ -2,6 +2,7 @@
 //! reach it only through [`Upcalls`].
 
 use super::readiness::Readiness;
+use super::rebind::BoundPorts;
 use super::Channels;
 use crate::config::Config;
 use crate::seam::{Delivered, Incoming, Upcalls};
@@ -87,6 +88,8 @@ pub struct SocketTable {
     empty_map: CongMap,
     /// Local addresses whose map changed since the transports last heard.
     pub(super) cong_changed: Vec<u32>,
+    /// Ports bound before a restart, and the record of ours (`None`: no state file).
+    pub(super) rebind: Option<BoundPorts>,
 }
 
 impl SocketTable {
@@ -102,7 +105,25 @@ impl SocketTable {
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64);
+        let rebind =
+            match BoundPorts::open(&cfg.state_file.with_extension("ports"), cfg.rebind_grace) {
+                Ok(r) => {
+                    if r.expected() > 0 {
+                        tracing::info!(
+                            ports = r.expected(),
+                            grace = ?cfg.rebind_grace,
+                            "messages for ports bound before the restart wait for their apps"
+                        );
+                    }
+                    Some(r)
+                }
+                Err(e) => {
+                    tracing::warn!("no rebind grace: {e}");
+                    None
+                }
+            };
         SocketTable {
+            rebind,
             dview: daemon.view(),
             _daemon: daemon,
             cfg,
@@ -358,6 +379,11 @@ impl SocketTable {
         }
         if let Some(b) = s.bound {
             self.binds.remove(&b);
+            if let Some(r) = self.rebind.as_mut() {
+                if !self.binds.keys().any(|&(_, port)| port == b.1) {
+                    r.unbound(b.1);
+                }
+            }
             if s.congested {
                 self.uncongest(b.0, b.1);
             }
@@ -406,6 +432,11 @@ impl SocketTable {
 impl Upcalls for SocketTable {
     fn deliver(&mut self, m: Incoming<'_>) -> Delivered {
         let Some(&to) = self.binds.get(&(m.laddr, m.dport)) else {
+            if self.rebind.as_mut().is_some_and(|r| r.holds(m.dport)) {
+                // Its app is re-attaching after our restart: wait (the path pauses).
+                Stats::bump(&self.stats.rx_held_for_rebind);
+                return Delivered::Full;
+            }
             // rds(7): a datagram to an unbound port is silently dropped.
             Stats::bump(&self.stats.drop_unbound_dest);
             return Delivered::NoSocket;

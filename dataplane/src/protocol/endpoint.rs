@@ -103,6 +103,17 @@ fn ip(a: u32) -> Ipv4Addr {
     Ipv4Addr::from(a)
 }
 
+/// A path state as `rdsctl info` prints it.
+fn path_state_name(s: PathState) -> &'static str {
+    match s {
+        PathState::Down => "down",
+        PathState::Connecting => "connecting",
+        PathState::Up => "up",
+        PathState::Disconnecting => "disconnecting",
+        PathState::Error => "error",
+    }
+}
+
 fn random_seed() -> u64 {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -195,6 +206,7 @@ impl<L: Link> Endpoint<L> {
             .wrapping_add(1442695040888963407);
         let mut c = rds_proto::Config::new(ip(laddr), ip(faddr), self.generation, self.seed);
         c.npaths = self.cfg.npaths;
+        c.sport_idx = L::SPORT_IDX;
         let mut engine = match Connection::new(c) {
             Ok(e) => e,
             Err(e) => {
@@ -707,10 +719,70 @@ impl<L: Link> Transport for Endpoint<L> {
             .map(|t| t.saturating_duration_since(now))
     }
 
+    fn snapshot(&mut self, out: &mut Vec<crate::seam::ConnSnapshot>) {
+        use crate::seam::{ConnSnapshot, PathSnapshot};
+        for c in &self.conns {
+            let e = &c.engine;
+            let mut paths = Vec::new();
+            for p in 0..MAX_PATHS {
+                let state = e.path_state(p);
+                let ps = PathSnapshot {
+                    index: p,
+                    state: path_state_name(state),
+                    next_tx_seq: e.next_tx_seq(p),
+                    next_rx_seq: e.next_rx_seq(p),
+                    queued_msgs: e.queued_messages(p),
+                    unacked_msgs: e.unacked_messages(p),
+                    tx_stream_bytes: e.stream_offset(p),
+                    unacked_bytes: None,
+                    rx_paused: c.rx[p].is_paused(),
+                };
+                let idle = state == PathState::Down
+                    && ps.queued_msgs == 0
+                    && ps.unacked_msgs == 0
+                    && ps.next_tx_seq <= 1
+                    && ps.next_rx_seq == 0;
+                if !idle || p == 0 {
+                    paths.push(ps);
+                }
+            }
+            if L::FRAMING == Framing::Stream {
+                // A read-only query (SIOCOUTQ for kernel TCP), as `transmit` makes each pass.
+                for ps in &mut paths {
+                    if let Some(slot) = c.paths[ps.index].as_ref().filter(|s| !s.connecting) {
+                        ps.unacked_bytes = self
+                            .link
+                            .acked(&slot.io, ps.tx_stream_bytes)
+                            .map(|a| ps.tx_stream_bytes.saturating_sub(a));
+                    }
+                }
+            }
+            let states: Vec<PathState> = (0..MAX_PATHS).map(|p| e.path_state(p)).collect();
+            let state = if states.contains(&PathState::Up) {
+                "up"
+            } else if states.contains(&PathState::Connecting) {
+                "connecting"
+            } else {
+                "down"
+            };
+            out.push(ConnSnapshot {
+                transport: self.cfg.name,
+                laddr: ip(c.laddr),
+                faddr: ip(c.faddr),
+                state,
+                active: e.is_active(),
+                generation: self.generation,
+                peer_generation: e.peer_generation(),
+                npaths: e.npaths(),
+                paths,
+            });
+        }
+    }
+
     fn publish_counters(&self) {
         type Get = fn(&rds_proto::Counters) -> u64;
         let n = self.net();
-        let fields: [(&std::sync::atomic::AtomicU64, Get); 13] = [
+        let fields: [(&std::sync::atomic::AtomicU64, Get); 14] = [
             (&n.tx_messages, |k| k.tx_messages),
             (&n.retransmits, |k| k.tx_retransmits),
             (&n.rx_messages, |k| k.rx_messages),
@@ -726,6 +798,7 @@ impl<L: Link> Transport for Endpoint<L> {
             (&n.cong_maps_received, |k| k.cong_map_received),
             (&n.pings_received, |k| k.pings_received),
             (&n.doorbells, |k| k.doorbells),
+            (&n.path0_gate_timeouts, |k| k.path0_gate_timeouts),
         ];
         for (counter, get) in fields {
             let sum = self.conns.iter().map(|c| get(c.engine.counters())).sum();

@@ -79,6 +79,11 @@ pub trait Link: Send {
     type Payload: AsRef<[u8]> + Send + std::fmt::Debug;
     /// Stream or message framing.
     const FRAMING: Framing;
+    /// True when `connect` binds source ports with `port % 8 == path`: the endpoint then
+    /// announces SPORT_IDX, and a passive peer maps each connection to its path by source port
+    /// instead of by accept order (which mismaps paths when a restarted peer's connections
+    /// arrive while the passive side still holds some of the dead incarnation's paths).
+    const SPORT_IDX: bool = false;
 
     /// Takes the payload of a message being queued (a copy into a pool, or a handle).
     fn payload(&mut self, bytes: MsgBytes<'_>) -> Self::Payload;

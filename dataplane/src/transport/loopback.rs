@@ -23,6 +23,32 @@ impl Loopback {
     }
 }
 
+impl Loopback {
+    /// A message to port 0 is an RDS ping (rds-ping): answered, as by the kernel's
+    /// `rds_recv_incoming` and by the engine for network peers, with an empty pong from port 0
+    /// of the pinged address back to the sender. A ping from port 0 is never answered.
+    fn pong(&mut self, up: &mut dyn Upcalls, m: &OutMsg<'_>) -> SendOutcome {
+        if m.sport == 0 {
+            Stats::bump(&self.stats.drop_unbound_dest);
+            return SendOutcome::Dropped;
+        }
+        match up.deliver(Incoming {
+            laddr: m.laddr,
+            faddr: m.faddr,
+            sport: 0,
+            dport: m.sport,
+            payload: crate::seam::MsgBytes::from_slice(&[]),
+        }) {
+            Delivered::Yes => {
+                Stats::bump(&self.stats.loop_pings);
+                SendOutcome::Delivered
+            }
+            Delivered::Full => SendOutcome::Blocked,
+            Delivered::NoSocket => SendOutcome::Dropped,
+        }
+    }
+}
+
 impl Transport for Loopback {
     fn name(&self) -> &'static str {
         "loopback"
@@ -34,6 +60,9 @@ impl Transport for Loopback {
 
     /// `Blocked` leaves the message on the sender's tx ring for a later pass.
     fn send(&mut self, up: &mut dyn Upcalls, m: OutMsg<'_>) -> SendOutcome {
+        if m.dport == 0 {
+            return self.pong(up, &m);
+        }
         let len = m.payload.len() as u64;
         match up.deliver(Incoming {
             laddr: m.faddr,

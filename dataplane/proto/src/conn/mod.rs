@@ -841,7 +841,10 @@ impl<P: AsRef<[u8]>> Connection<P> {
         };
         if gated {
             // Ahead of the waiting data, behind earlier control messages.
-            let at = tx.queue.iter().position(|m| matches!(m.body, Body::Data { .. }));
+            let at = tx
+                .queue
+                .iter()
+                .position(|m| matches!(m.body, Body::Data { .. }));
             tx.queue.insert(at.unwrap_or(tx.queue.len()), msg);
         } else {
             tx.queue.push_back(msg);

@@ -1,0 +1,899 @@
+//! RDS over RDMA: a message-framed [`Link`] over reliable-connected queue pairs (spec §12).
+//!
+//! * **Connection setup** with rdma_cm on port 18634 (port space TCP), one RC QP per path. The
+//!   REQ and REP carry the kernel's IPv4 private data (32 bytes: addresses, version 3.1, ack
+//!   sequence, initial credits). Which side connects, the doorbell and the path count are the
+//!   shared protocol layer's (the smaller-address rule); a doorbell here is a connect whose
+//!   result is ignored (the peer's engine refuses it and connects back).
+//! * **Memory**: each path owns a protection domain, one CQ (sends and receives), a completion
+//!   channel and one registered region cut into `recv_buffers + send_slots` slots of 4144
+//!   bytes (`[48-byte header][4096 bytes]`). All receive slots are posted at creation; a slot is
+//!   re-posted only once the frame it carries has been taken by the protocol layer, so a paused
+//!   receiver stops granting credits and the sender stalls (bounded memory).
+//! * **Framing**: a frame from the engine (`[header][payload]`) is copied into
+//!   max(1, ceil(len/4096)) send slots, each starting with a copy of the header whose `h_ack`
+//!   and `h_credit` are stamped (and checksum refreshed) when the fragment is posted. Received
+//!   fragments are checked against the first (sequence, length, ports) and reassembled into
+//!   one frame for [`Link::read`].
+//! * **Credits**: a SEND consumes one credit; the receiver advertises re-posted buffers in
+//!   `h_credit` (<= 255 per header); the last credit is kept for a frame that carries a credit
+//!   update. The initial credits come from the private data.
+//! * **Acknowledgement**: `h_ack` = the sequence of the last frame the protocol layer read on
+//!   this path. The sender maps it onto frame offsets (the `acked` offset the engine uses to
+//!   release messages), so credits and acks fit the shared layer's stream-offset model. When
+//!   there is nothing to piggyback, an ACK-only frame (ports 0/0, no payload) goes out, at most
+//!   one in flight.
+//! * **Polling**: the CQ is polled in the poll core's passes (no syscall); rdma_cm events are
+//!   read every 16th pass and while connecting. Before the core parks, each CQ is armed and
+//!   its completion channel fd joins the poll set.
+//!
+//! Not done (documented in ARCHITECTURE.md): zero-copy sends from the app's region (payloads
+//! are copied into registered send slots), SRQ, RDMA WRITE, inline sends, IPv6, the 4.x
+//! version negotiation, and a sender-side ack_seq in the private data (0 is sent: the engine's
+//! duplicate rule covers retransmissions).
+
+mod verbs;
+pub mod wire;
+
+use crate::config::{Config, Prefix};
+use crate::protocol::{
+    Accepted, ConnectPoll, Endpoint, EndpointConfig, Framing, Link, PoolBuf, Read, Write,
+};
+use crate::seam::MsgBytes;
+use crate::stats::Stats;
+use serde::Deserialize;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use verbs::{Cm, CmEvent, CmEventKind, Qp};
+use wire::{FragHdr, PrivData, FRAG, HDR};
+
+/// The `[rdma]` section as written.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRdma {
+    /// rdma_cm port (default 18634, RDS/IB's).
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// Destinations carried over RDMA (default: every non-local address).
+    #[serde(default)]
+    pub routes: Option<Vec<String>>,
+    /// Receive buffers posted per path (= initial credits), 32..=1024.
+    #[serde(default)]
+    pub recv_buffers: Option<u32>,
+    /// Send slots per path, at least 260 (a 1 MiB message is 256 fragments).
+    #[serde(default)]
+    pub send_slots: Option<u32>,
+}
+
+/// The validated `[rdma]` section.
+#[derive(Clone, Debug)]
+pub struct RdmaConfig {
+    /// rdma_cm port.
+    pub port: u16,
+    /// Destinations carried over RDMA.
+    pub routes: Vec<Prefix>,
+    /// Receive buffers per path.
+    pub recv_buffers: u32,
+    /// Send slots per path.
+    pub send_slots: u32,
+}
+
+impl RdmaConfig {
+    /// Validates the raw section.
+    pub fn from_raw(r: RawRdma) -> anyhow::Result<RdmaConfig> {
+        let routes = r
+            .routes
+            .unwrap_or_else(|| vec!["0.0.0.0/0".into()])
+            .iter()
+            .map(|s| s.parse())
+            .collect::<anyhow::Result<Vec<Prefix>>>()?;
+        let recv_buffers = r.recv_buffers.unwrap_or(64);
+        let send_slots = r.send_slots.unwrap_or(320);
+        if !(32..=1024).contains(&recv_buffers) {
+            anyhow::bail!("recv_buffers must be 32..=1024 (got {recv_buffers})");
+        }
+        if !(260..=4096).contains(&send_slots) {
+            anyhow::bail!("send_slots must be 260..=4096 (got {send_slots})");
+        }
+        Ok(RdmaConfig {
+            port: r.port.unwrap_or(wire::RDS_IB_PORT),
+            routes,
+            recv_buffers,
+            send_slots,
+        })
+    }
+}
+
+/// Builds the RDMA transport when the configuration has an `[rdma]` section.
+pub fn build(cfg: &Config, stats: &Arc<Stats>) -> std::io::Result<Option<Endpoint<RdmaLink>>> {
+    let Some(r) = &cfg.rdma else {
+        return Ok(None);
+    };
+    let link = RdmaLink::listen(r)?;
+    let mut state = cfg.state_file.clone().into_os_string();
+    state.push(".rdma");
+    let ep = EndpointConfig {
+        name: "rdma",
+        routes: r.routes.clone(),
+        local: cfg.local_addrs.clone(),
+        npaths: cfg.paths,
+        state_file: Some(state.into()),
+    };
+    Endpoint::new(link, ep, stats.clone(), |s| &s.rdma).map(Some)
+}
+
+/// Tag on send work-request ids (receive ids are the slot index).
+const SEND_TAG: u64 = 1 << 63;
+/// How long a doorbell connection may live.
+const DOORBELL_TTL: std::time::Duration = std::time::Duration::from_secs(5);
+/// A path with frames waiting for the peer and no completion for this long is declared dead.
+const STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// An outgoing connection that is not established after this long is given up (the protocol
+/// layer retries with backoff): rdma_cm's own REQ retries can take much longer.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// An inbound connect from a peer we hold paths to marks those paths stale after this long.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+/// Timeout for address and route resolution (ms).
+const RESOLVE_MS: i32 = 2000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// Ours, from `connect`.
+    Active,
+    /// A doorbell: destroyed when it resolves either way.
+    Doorbell,
+    /// Inbound, waiting for ESTABLISHED before `accept` hands it over.
+    PassivePending,
+    /// Inbound, handed over.
+    Passive,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Connecting,
+    Up,
+    Dead,
+}
+
+/// One path: the connection handle and its QP's data-path state.
+struct Conn {
+    gen: u32,
+    role: Role,
+    state: State,
+    cm: verbs::CmId,
+    qp: Option<Qp>,
+    laddr: u32,
+    faddr: u32,
+    peer_port: u16,
+    born: std::time::Instant,
+    /// When the connection was established.
+    up_since: Option<std::time::Instant>,
+    /// Last time a completion arrived (for the stall check).
+    last_progress: std::time::Instant,
+    // --- send side ---
+    free_send: Vec<u32>,
+    /// Filled slots waiting for a credit: (slot, bytes).
+    tx_pending: VecDeque<(u32, u32)>,
+    /// Frames written: (sequence, frame end offset).
+    sent: VecDeque<(u64, u64)>,
+    written: u64,
+    acked: u64,
+    credits: u32,
+    ack_inflight: bool,
+    // --- receive side ---
+    /// Completed receive slots not yet processed: (slot, bytes).
+    rx_done: VecDeque<(u32, u32)>,
+    /// Posted receive buffers not yet advertised.
+    posted_unadv: u32,
+    /// Sequence of the last frame read (our `h_ack`).
+    last_rx_seq: u64,
+    /// Frames read since `h_ack` was last sent.
+    rx_unacked: u32,
+    asm: Vec<u8>,
+    asm_first: Option<FragHdr>,
+    asm_ready: bool,
+    cur: Vec<u8>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // The QP goes before its CQ/MR/PD (the `qp` field) and the id (the `cm` field).
+        if self.qp.is_some() {
+            self.cm.destroy_qp();
+        }
+    }
+}
+
+/// A path handle: an index into the link's table, with its generation.
+#[derive(Debug)]
+pub struct RdmaPath {
+    idx: usize,
+    gen: u32,
+}
+
+/// RDMA RC queue pairs for every path of every connection.
+pub struct RdmaLink {
+    /// Kept alive: the listening id.
+    _listener: verbs::CmId,
+    port: u16,
+    recv_n: u32,
+    send_n: u32,
+    conns: Vec<Option<Box<Conn>>>,
+    gen: u32,
+    pass: u32,
+    accepted: VecDeque<usize>,
+    /// Completions polled while arming, before parking (see `park_fds`).
+    early: std::cell::RefCell<Vec<(usize, verbs::Wc)>>,
+    ready_fd: std::os::fd::OwnedFd,
+    /// Last: dropped after every id on it.
+    cm: Cm,
+}
+
+impl RdmaLink {
+    /// Opens rdma_cm and listens on `cfg.port` on every RDMA device.
+    pub fn listen(cfg: &RdmaConfig) -> std::io::Result<RdmaLink> {
+        let cm = Cm::new()?;
+        let listener = cm.listen(cfg.port)?;
+        tracing::info!(port = cfg.port, "RDS/RDMA listening");
+        // SAFETY: eventfd with a valid flag set; the fd is owned from here on.
+        let fd = unsafe { libc::eventfd(1, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor nobody else owns.
+        let ready_fd = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+        Ok(RdmaLink {
+            cm,
+            _listener: listener,
+            port: cfg.port,
+            recv_n: cfg.recv_buffers,
+            send_n: cfg.send_slots,
+            conns: Vec::new(),
+            gen: 1,
+            pass: 0,
+            accepted: VecDeque::new(),
+            early: Default::default(),
+            ready_fd,
+        })
+    }
+
+    fn insert(&mut self, c: Conn) -> usize {
+        let b = Box::new(c);
+        if let Some(i) = self.conns.iter().position(Option::is_none) {
+            self.conns[i] = Some(b);
+            i
+        } else {
+            self.conns.push(Some(b));
+            self.conns.len() - 1
+        }
+    }
+
+    fn new_conn(&mut self, role: Role, cm: verbs::CmId, laddr: u32, faddr: u32) -> Conn {
+        self.gen = self.gen.wrapping_add(1).max(1);
+        Conn {
+            gen: self.gen,
+            role,
+            state: State::Connecting,
+            cm,
+            qp: None,
+            laddr,
+            faddr,
+            peer_port: 0,
+            born: std::time::Instant::now(),
+            up_since: None,
+            last_progress: std::time::Instant::now(),
+            free_send: Vec::new(),
+            tx_pending: VecDeque::new(),
+            sent: VecDeque::new(),
+            written: 0,
+            acked: 0,
+            credits: 0,
+            ack_inflight: false,
+            rx_done: VecDeque::new(),
+            posted_unadv: 0,
+            last_rx_seq: 0,
+            rx_unacked: 0,
+            asm: Vec::new(),
+            asm_first: None,
+            asm_ready: false,
+            cur: Vec::new(),
+        }
+    }
+
+    fn start(&mut self, role: Role, laddr: u32, faddr: u32) -> std::io::Result<usize> {
+        let id = self.cm.create_id()?;
+        let c = self.new_conn(role, id, laddr, faddr);
+        let i = self.insert(c);
+        let c = self.conns[i].as_mut().expect("just inserted");
+        c.cm.set_context(i, c.gen);
+        if let Err(e) = c.cm.resolve_addr(laddr, faddr, self.port, RESOLVE_MS) {
+            self.destroy(i);
+            return Err(e);
+        }
+        Ok(i)
+    }
+
+    fn conn(&mut self, p: &RdmaPath) -> Option<&mut Conn> {
+        self.conns
+            .get_mut(p.idx)
+            .and_then(|c| c.as_deref_mut())
+            .filter(|c| c.gen == p.gen)
+    }
+
+    fn destroy(&mut self, i: usize) {
+        if let Some(c) = self.conns.get_mut(i).and_then(Option::take) {
+            // Also after a QP error: the DREQ tells the peer, whose QP may not have noticed
+            // (it sees an error only when it sends), to take its side of the path down too.
+            if c.qp.is_some() {
+                c.cm.disconnect();
+            }
+            drop(c);
+        }
+        self.accepted.retain(|&a| a != i);
+    }
+
+    /// Creates the QP and its resources on `c`'s device and posts every receive buffer.
+    fn setup_qp(c: &mut Conn, recv_n: u32, send_n: u32) -> std::io::Result<()> {
+        let qp = Qp::new(&c.cm, recv_n, send_n)?;
+        c.free_send = (0..send_n).rev().collect();
+        for s in 0..recv_n {
+            qp.post_recv(s)?;
+        }
+        c.qp = Some(qp);
+        Ok(())
+    }
+
+    /// Reads and handles every pending rdma_cm event (one syscall when there is none).
+    fn poll_cm(&mut self) -> usize {
+        let mut n = 0;
+        while let Some(ev) = self.cm.get_event() {
+            n += 1;
+            self.handle_cm(ev);
+        }
+        n
+    }
+
+    fn handle_cm(&mut self, ev: CmEvent) {
+        tracing::debug!(kind = ?ev.kind, status = ev.status, context = ?ev.context, "rdma: cm event");
+        if ev.kind == CmEventKind::ConnectRequest {
+            self.on_connect_request(ev);
+            return;
+        }
+        let Some((i, gen)) = ev.context else { return };
+        let (recv_n, send_n) = (self.recv_n, self.send_n);
+        let Some(c) = self.conns.get_mut(i).and_then(|c| c.as_deref_mut()) else {
+            return;
+        };
+        if c.gen != gen {
+            return;
+        }
+        match ev.kind {
+            CmEventKind::AddrResolved => {
+                if c.cm.resolve_route(RESOLVE_MS).is_err() {
+                    c.state = State::Dead;
+                }
+            }
+            CmEventKind::RouteResolved => {
+                let ok = Self::setup_qp(c, recv_n, send_n).and_then(|()| {
+                    let pd = PrivData::new(c.laddr, c.faddr, 0, recv_n).encode();
+                    c.cm.connect(&pd)
+                });
+                if let Err(e) = ok {
+                    tracing::info!(error = %e, "rdma: connect failed");
+                    c.state = State::Dead;
+                }
+            }
+            CmEventKind::Established => {
+                if c.role == Role::Active || c.role == Role::Doorbell {
+                    match ev.private.as_deref().and_then(PrivData::decode) {
+                        Some(p) if p.compatible() => c.credits = p.credit,
+                        // A peer that sends no private data: assume what we granted.
+                        None => c.credits = recv_n,
+                        Some(p) => {
+                            tracing::warn!(
+                                major = p.major,
+                                minor = p.minor,
+                                "rdma: incompatible peer version"
+                            );
+                            c.state = State::Dead;
+                            return;
+                        }
+                    }
+                }
+                c.state = State::Up;
+                c.up_since = Some(std::time::Instant::now());
+                if c.role == Role::PassivePending {
+                    c.role = Role::Passive;
+                    self.accepted.push_back(i);
+                }
+                if c.role == Role::Doorbell {
+                    self.destroy(i);
+                }
+            }
+            CmEventKind::Disconnected
+            | CmEventKind::Rejected
+            | CmEventKind::Unreachable
+            | CmEventKind::AddrError
+            | CmEventKind::RouteError
+            | CmEventKind::ConnectError
+            | CmEventKind::DeviceRemoval => {
+                tracing::info!(kind = ?ev.kind, status = ev.status, role = ?c.role, peer = %std::net::Ipv4Addr::from(c.faddr), "rdma: path event");
+                let doorbell = c.role == Role::Doorbell || c.role == Role::PassivePending;
+                c.state = State::Dead;
+                if doorbell {
+                    self.destroy(i);
+                }
+            }
+            CmEventKind::Other => {}
+            CmEventKind::ConnectRequest => unreachable!(),
+        }
+    }
+
+    fn on_connect_request(&mut self, ev: CmEvent) {
+        let Some(id) = ev.new_id else { return };
+        let pd = ev.private.as_deref().and_then(PrivData::decode);
+        let Some(pd) = pd.filter(PrivData::compatible) else {
+            tracing::info!(?pd, "rdma: rejecting a connection with an unknown version");
+            id.reject(wire::REJ_INCOMPAT);
+            return;
+        };
+        // The peer connects to us while we hold established paths to it: it lost its side (a
+        // QP error it saw and we did not: an RC QP notices only when it sends, and its DREQ
+        // may have been lost with the link). This is its doorbell (we connect) or its
+        // reconnect (we accept). Take ours down so that the protocol layer reconnects, or
+        // accepts the peer's next try, and retransmits. A path established within the last
+        // second is spared (a doorbell that crossed our connect). With several paths all of
+        // them go: the request does not say which path it replaces.
+        for c in self.conns.iter_mut().flatten() {
+            let stale = c.up_since.is_some_and(|t| t.elapsed() > STALE_AFTER);
+            if matches!(c.role, Role::Active | Role::Passive)
+                && c.state == State::Up
+                && stale
+                && (c.laddr, c.faddr) == (pd.daddr, pd.saddr)
+            {
+                tracing::info!(peer = %std::net::Ipv4Addr::from(c.faddr), "rdma: the peer reconnects: dropping our stale path");
+                c.state = State::Dead;
+            }
+        }
+        let peer_port = id.peer_port();
+        let c = self.new_conn(Role::PassivePending, id, pd.daddr, pd.saddr);
+        let i = self.insert(c);
+        let (recv_n, send_n) = (self.recv_n, self.send_n);
+        let c = self.conns[i].as_mut().expect("just inserted");
+        c.cm.set_context(i, c.gen);
+        c.peer_port = peer_port;
+        c.credits = pd.credit;
+        let ok = Self::setup_qp(c, recv_n, send_n).and_then(|()| {
+            let ours = PrivData::new(c.laddr, c.faddr, 0, recv_n).encode();
+            c.cm.accept(&ours)
+        });
+        if let Err(e) = ok {
+            tracing::info!(error = %e, "rdma: accept failed");
+            self.destroy(i);
+        }
+    }
+
+    /// Polls `i`'s CQ, then moves its send and receive state forward.
+    fn service(&mut self, i: usize) -> usize {
+        let mut early = std::mem::take(&mut *self.early.borrow_mut());
+        let Some(c) = self.conns.get_mut(i).and_then(|c| c.as_deref_mut()) else {
+            return 0;
+        };
+        if c.qp.is_none() {
+            return 0;
+        }
+        let mut wcs = [verbs::Wc::default(); 32];
+        let mut n = 0;
+        // Completions stashed while arming first (they precede whatever the CQ holds now).
+        let mut mine = Vec::new();
+        early.retain(|(j, wc)| {
+            if *j == i {
+                mine.push(*wc);
+                false
+            } else {
+                true
+            }
+        });
+        *self.early.borrow_mut() = early;
+        for wc in mine {
+            n += 1;
+            Self::on_wc(c, wc);
+        }
+        loop {
+            let got = c.qp.as_ref().map_or(0, |qp| qp.poll(&mut wcs));
+            for wc in &wcs[..got] {
+                Self::on_wc(c, *wc);
+            }
+            n += got;
+            if got < wcs.len() {
+                break;
+            }
+        }
+        n + Self::progress(c)
+    }
+
+    fn on_wc(c: &mut Conn, wc: verbs::Wc) {
+        if !wc.ok {
+            if c.state == State::Up {
+                tracing::info!(status = wc.status, "rdma: completion error: path down");
+            }
+            c.state = State::Dead;
+            return;
+        }
+        if wc.wr_id & SEND_TAG != 0 {
+            let slot = (wc.wr_id & !SEND_TAG) as u32;
+            if slot == u32::MAX {
+                c.ack_inflight = false;
+            } else {
+                c.free_send.push(slot);
+            }
+        } else {
+            c.rx_done.push_back((wc.wr_id as u32, wc.byte_len));
+        }
+    }
+
+    /// Applies a received header's ack and credits.
+    fn on_header(c: &mut Conn, h: &FragHdr) {
+        c.credits += u32::from(h.credit);
+        let mut end = None;
+        while let Some(&(seq, e)) = c.sent.front() {
+            if seq > h.ack {
+                break;
+            }
+            end = Some(e);
+            c.sent.pop_front();
+        }
+        if let Some(e) = end {
+            c.acked = c.acked.max(e);
+        }
+    }
+
+    /// Processes received fragments (until a whole frame waits for `read`), posts what the
+    /// credits allow, and sends an ACK-only frame when needed. Returns work done.
+    fn progress(c: &mut Conn) -> usize {
+        let Some(mut qp) = c.qp.take() else { return 0 };
+        let work = Self::progress_with(c, &mut qp);
+        c.qp = Some(qp);
+        work
+    }
+
+    fn progress_with(c: &mut Conn, qp: &mut Qp) -> usize {
+        let mut work = 0;
+        while !c.asm_ready && c.state != State::Dead {
+            let Some((slot, len)) = c.rx_done.pop_front() else {
+                break;
+            };
+            work += 1;
+            let buf = qp.slot(slot);
+            let len = (len as usize).min(buf.len());
+            let Some(h) = FragHdr::parse(&buf[..len]) else {
+                c.state = State::Dead;
+                break;
+            };
+            let data = &buf[HDR..len];
+            let mut bad = false;
+            if h.is_ack_only() {
+                // May arrive between two fragments of a message (the peer sends its ACK while
+                // the rest of the message waits for credits): only its ack and credits count.
+                bad = !data.is_empty();
+            } else if let Some(first) = c.asm_first {
+                if !h.same_message(&first) {
+                    bad = true;
+                } else {
+                    c.asm.extend_from_slice(data);
+                }
+            } else {
+                c.asm.clear();
+                c.asm.extend_from_slice(&buf[..len]);
+                c.asm_first = Some(h);
+            }
+            if bad || data.len() > FRAG {
+                tracing::debug!("rdma: fragment does not match its message: path down");
+                c.state = State::Dead;
+                break;
+            }
+            Self::on_header(c, &h);
+            if let Some(first) = c.asm_first {
+                let need = HDR + first.len as usize;
+                if c.asm.len() > need {
+                    c.state = State::Dead;
+                    break;
+                }
+                if c.asm.len() == need {
+                    c.asm_ready = true;
+                }
+            }
+            if qp.post_recv(slot).is_err() {
+                c.state = State::Dead;
+                break;
+            }
+            c.posted_unadv += 1;
+        }
+        if c.state != State::Up {
+            return work;
+        }
+        // Sends: the last credit only for a frame that carries a credit update.
+        while let Some(&(slot, bytes)) = c.tx_pending.front() {
+            let ok = c.credits >= 2 || (c.credits == 1 && c.posted_unadv > 0);
+            if !ok {
+                break;
+            }
+            let adv = c.posted_unadv.min(255);
+            let buf = qp.slot_mut(slot);
+            wire::stamp(&mut buf[..HDR], c.last_rx_seq, adv as u8);
+            if qp
+                .post_send(SEND_TAG | u64::from(slot), slot, bytes)
+                .is_err()
+            {
+                c.state = State::Dead;
+                return work;
+            }
+            c.tx_pending.pop_front();
+            c.credits -= 1;
+            c.posted_unadv -= adv;
+            c.rx_unacked = 0;
+            work += 1;
+        }
+        let want_ack = c.rx_unacked > 0 || c.posted_unadv >= wire::CREDIT_ACK_THRESHOLD;
+        // The same rule as for data: the last credit only with a credit update, so that the
+        // two sides can never both sit at zero credits holding each other's updates.
+        let may = c.credits >= 2 || (c.credits == 1 && c.posted_unadv > 0);
+        if want_ack && !c.ack_inflight && may {
+            let adv = c.posted_unadv.min(255);
+            let buf = qp.ack_slot_mut();
+            wire::ack_only(buf, c.last_rx_seq, adv as u8);
+            if qp.post_ack(SEND_TAG | u64::from(u32::MAX)).is_err() {
+                c.state = State::Dead;
+                return work;
+            }
+            c.ack_inflight = true;
+            c.credits -= 1;
+            c.posted_unadv -= adv;
+            c.rx_unacked = 0;
+            work += 1;
+        }
+        work
+    }
+}
+
+impl Link for RdmaLink {
+    type Path = RdmaPath;
+    type Payload = PoolBuf;
+    const FRAMING: Framing = Framing::Message;
+
+    fn payload(&mut self, bytes: MsgBytes<'_>) -> PoolBuf {
+        // Copied: the app region is not registered yet (zero copy is future work).
+        PoolBuf::copy_of(bytes)
+    }
+
+    fn accept(&mut self) -> Option<Accepted<RdmaPath>> {
+        self.poll_cm();
+        let i = self.accepted.pop_front()?;
+        let c = self.conns[i].as_ref()?;
+        Some(Accepted {
+            path: RdmaPath { idx: i, gen: c.gen },
+            laddr: c.laddr,
+            faddr: c.faddr,
+            peer_port: c.peer_port,
+        })
+    }
+
+    fn connect(&mut self, laddr: u32, faddr: u32, _path: usize) -> std::io::Result<RdmaPath> {
+        let idx = self.start(Role::Active, laddr, faddr)?;
+        let gen = self.conns[idx].as_ref().expect("started").gen;
+        Ok(RdmaPath { idx, gen })
+    }
+
+    fn poll_connect(&mut self, p: &mut RdmaPath) -> ConnectPoll {
+        self.poll_cm();
+        match self.conn(p).map(|c| c.state) {
+            Some(State::Connecting) => ConnectPoll::Pending,
+            Some(State::Up) => ConnectPoll::Up,
+            _ => ConnectPoll::Failed,
+        }
+    }
+
+    fn doorbell(&mut self, laddr: u32, faddr: u32) {
+        let _ = self.start(Role::Doorbell, laddr, faddr);
+    }
+
+    fn read<'a>(&'a mut self, p: &mut RdmaPath, _buf: &'a mut [u8]) -> Read<'a> {
+        if self.conn(p).is_none() {
+            return Read::Closed;
+        }
+        self.service(p.idx);
+        let c = self.conns[p.idx].as_deref_mut().expect("checked");
+        if !c.asm_ready {
+            return if c.state == State::Dead {
+                Read::Closed
+            } else {
+                Read::WouldBlock
+            };
+        }
+        std::mem::swap(&mut c.cur, &mut c.asm);
+        c.asm.clear();
+        c.asm_ready = false;
+        if let Some(h) = c.asm_first.take() {
+            if h.seq != 0 {
+                c.last_rx_seq = h.seq;
+            }
+        }
+        c.rx_unacked += 1;
+        // Continue with the fragments behind it (and send the ack if one is due).
+        Self::progress(c);
+        Read::Data(&c.cur)
+    }
+
+    fn write(&mut self, p: &mut RdmaPath, slices: &[&[u8]]) -> Write {
+        let Some(c) = self.conn(p) else {
+            return Write::Closed;
+        };
+        if c.state == State::Dead {
+            return Write::Closed;
+        }
+        let Some(qp) = c.qp.as_mut() else {
+            return Write::WouldBlock;
+        };
+        let hdr = slices[0];
+        let payload: &[u8] = slices.get(1).copied().unwrap_or(&[]);
+        debug_assert!(hdr.len() == HDR && slices.len() <= 2);
+        let nfrag = wire::fragments(payload.len());
+        if c.free_send.len() < nfrag {
+            return Write::WouldBlock;
+        }
+        let seq = FragHdr::parse(hdr).map_or(0, |h| h.seq);
+        let mut chunks = payload.chunks(FRAG);
+        for _ in 0..nfrag {
+            let slot = c.free_send.pop().expect("counted");
+            let chunk = chunks.next().unwrap_or(&[]);
+            let buf = qp.slot_mut(slot);
+            buf[..HDR].copy_from_slice(hdr);
+            buf[HDR..HDR + chunk.len()].copy_from_slice(chunk);
+            c.tx_pending.push_back((slot, (HDR + chunk.len()) as u32));
+        }
+        let n = HDR + payload.len();
+        c.written += n as u64;
+        c.sent.push_back((seq, c.written));
+        Self::progress(c);
+        Write::Wrote(n)
+    }
+
+    fn acked(&mut self, p: &RdmaPath, _written: u64) -> Option<u64> {
+        let idx = p.idx;
+        self.conns
+            .get(idx)
+            .and_then(|c| c.as_deref())
+            .filter(|c| c.gen == p.gen)
+            .map(|c| c.acked)
+    }
+
+    fn close(&mut self, p: RdmaPath, reset: bool) {
+        if self.conn(&p).is_some() {
+            if reset {
+                tracing::debug!(idx = p.idx, "rdma: refusing a path");
+            }
+            self.destroy(p.idx);
+        }
+    }
+
+    fn poll_aux(&mut self) -> usize {
+        self.pass = self.pass.wrapping_add(1);
+        let mut work = 0;
+        let connecting = self
+            .conns
+            .iter()
+            .flatten()
+            .any(|c| c.state == State::Connecting);
+        if connecting || self.pass.is_multiple_of(16) {
+            work += self.poll_cm();
+        }
+        let now = std::time::Instant::now();
+        for i in 0..self.conns.len() {
+            let Some(c) = self.conns[i].as_ref() else {
+                continue;
+            };
+            let age = now.duration_since(c.born);
+            if c.role == Role::Doorbell && age > DOORBELL_TTL {
+                self.destroy(i);
+                continue;
+            }
+            if c.state == State::Connecting && age > CONNECT_TIMEOUT {
+                tracing::info!(role = ?c.role, peer = %std::net::Ipv4Addr::from(c.faddr), "rdma: connection timed out");
+                if c.role == Role::PassivePending {
+                    self.destroy(i);
+                } else if let Some(c) = self.conns[i].as_mut() {
+                    c.state = State::Dead;
+                }
+                continue;
+            }
+            // Keeps acks and credits flowing on paths the protocol layer does not read
+            // (paused ones) and finishes sends.
+            if c.qp.is_some() && c.state == State::Up {
+                let n = self.service(i);
+                work += n;
+                let Some(c) = self.conns[i].as_deref_mut() else {
+                    continue;
+                };
+                // Keepalive in the manner of kernel TCP's: frames are waiting for the peer
+                // (unacknowledged, or held back for credits) and nothing at all has completed
+                // for STALL_TIMEOUT: the path is dead even if the QP has not said so (seen
+                // with Soft-RoCE after a link flap). The protocol layer reconnects and
+                // retransmits.
+                let waiting = !c.sent.is_empty() || !c.tx_pending.is_empty();
+                if n > 0 || !waiting {
+                    c.last_progress = now;
+                } else if now.duration_since(c.last_progress) > STALL_TIMEOUT {
+                    tracing::info!(
+                        peer = %std::net::Ipv4Addr::from(c.faddr),
+                        unacked = c.sent.len(),
+                        pending = c.tx_pending.len(),
+                        credits = c.credits,
+                        free_send = c.free_send.len(),
+                        ack_inflight = c.ack_inflight,
+                        posted_unadv = c.posted_unadv,
+                        rx_done = c.rx_done.len(),
+                        asm_ready = c.asm_ready,
+                        "rdma: no progress: path down"
+                    );
+                    c.state = State::Dead;
+                }
+            }
+        }
+        work
+    }
+
+    fn park_fds(&self, out: &mut Vec<libc::pollfd>) {
+        out.push(libc::pollfd {
+            fd: self.cm.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        let mut early = self.early.borrow_mut();
+        for (i, c) in self.conns.iter().enumerate() {
+            let Some(qp) = c.as_ref().and_then(|c| c.qp.as_ref()) else {
+                continue;
+            };
+            // Consume the channel's events, re-arm, then catch what completed meanwhile.
+            qp.drain_channel();
+            qp.arm();
+            let mut wcs = [verbs::Wc::default(); 16];
+            loop {
+                let got = qp.poll(&mut wcs);
+                early.extend(wcs[..got].iter().map(|w| (i, *w)));
+                if got < wcs.len() {
+                    break;
+                }
+            }
+            out.push(libc::pollfd {
+                fd: qp.channel_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        if !early.is_empty() {
+            // Completions are waiting: do not sleep.
+            out.push(libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&self.ready_fd),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_defaults_and_bounds() {
+        let raw: RawRdma = toml::from_str("").unwrap();
+        let c = RdmaConfig::from_raw(raw).unwrap();
+        assert_eq!(c.port, 18634);
+        assert_eq!((c.recv_buffers, c.send_slots), (64, 320));
+        assert!(c.routes[0].contains(std::net::Ipv4Addr::new(10, 1, 2, 3)));
+        let raw: RawRdma = toml::from_str("send_slots = 100").unwrap();
+        assert!(RdmaConfig::from_raw(raw).is_err());
+        assert!(toml::from_str::<RawRdma>("bogus = 1").is_err());
+    }
+}

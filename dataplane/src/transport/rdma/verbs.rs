@@ -1,0 +1,525 @@
+//! Thin owning wrappers over `verbs-sys`: the rdma_cm event channel, cm ids, and one path's
+//! verbs resources (PD, completion channel, CQ, registered slots, the RC QP).
+
+use super::wire::SLOT;
+use std::io;
+use std::ptr;
+use verbs_sys as v;
+
+fn last() -> io::Error {
+    io::Error::last_os_error()
+}
+
+fn check(r: i32, what: &str) -> io::Result<()> {
+    if r == 0 {
+        Ok(())
+    } else {
+        let e = last();
+        Err(io::Error::new(e.kind(), format!("{what}: {e}")))
+    }
+}
+
+fn set_nonblocking(fd: i32) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own; only flags change.
+    let r = unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK)
+    };
+    if r < 0 {
+        return Err(last());
+    }
+    Ok(())
+}
+
+fn sin(addr: u32, port: u16) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: addr.to_be(),
+        },
+        sin_zero: [0; 8],
+    }
+}
+
+/// The rdma_cm event channel (non-blocking).
+pub struct Cm {
+    ch: *mut v::rdma_event_channel,
+}
+
+// SAFETY: the channel is used by one thread at a time (the poll core owns the link); librdmacm
+// objects are not tied to the thread that made them.
+unsafe impl Send for Cm {}
+
+/// What happened, for the link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmEventKind {
+    AddrResolved,
+    RouteResolved,
+    ConnectRequest,
+    Established,
+    Rejected,
+    Unreachable,
+    AddrError,
+    RouteError,
+    ConnectError,
+    Disconnected,
+    DeviceRemoval,
+    Other,
+}
+
+/// One rdma_cm event, copied out (the event itself is acknowledged at once).
+pub struct CmEvent {
+    pub kind: CmEventKind,
+    pub status: i32,
+    /// The id's context: (table index, generation).
+    pub context: Option<(usize, u32)>,
+    /// The new id of a connect request (owned from here on).
+    pub new_id: Option<CmId>,
+    pub private: Option<Vec<u8>>,
+}
+
+impl Cm {
+    /// Opens the event channel (needs `/dev/infiniband/rdma_cm`, module rdma_ucm).
+    pub fn new() -> io::Result<Cm> {
+        // SAFETY: plain constructor; NULL on failure with errno set.
+        let ch = unsafe { v::rdma_create_event_channel() };
+        if ch.is_null() {
+            let e = last();
+            return Err(io::Error::new(
+                e.kind(),
+                format!("rdma_create_event_channel (is rdma_ucm loaded?): {e}"),
+            ));
+        }
+        // SAFETY: `ch` is a live channel.
+        let fd = unsafe { (*ch).fd };
+        let c = Cm { ch };
+        set_nonblocking(fd)?;
+        Ok(c)
+    }
+
+    /// The channel's descriptor, readable when an event waits.
+    pub fn fd(&self) -> i32 {
+        // SAFETY: the channel lives as long as `self`.
+        unsafe { (*self.ch).fd }
+    }
+
+    /// A new RC id (port space TCP) on this channel.
+    pub fn create_id(&self) -> io::Result<CmId> {
+        let mut id = ptr::null_mut();
+        // SAFETY: `id` receives the new id; the context is set later.
+        let r = unsafe { v::rdma_create_id(self.ch, &mut id, ptr::null_mut(), v::RDMA_PS_TCP) };
+        check(r, "rdma_create_id")?;
+        Ok(CmId { id })
+    }
+
+    /// An id listening on `port` on every RDMA device.
+    pub fn listen(&self, port: u16) -> io::Result<CmId> {
+        let id = self.create_id()?;
+        let a = sin(0, port);
+        // SAFETY: `a` is a valid sockaddr_in for the call's duration.
+        check(
+            unsafe { v::rdma_bind_addr(id.id, &a as *const _ as *mut v::sockaddr) },
+            "rdma_bind_addr",
+        )?;
+        // SAFETY: a bound id.
+        check(unsafe { v::rdma_listen(id.id, 64) }, "rdma_listen")?;
+        Ok(id)
+    }
+
+    /// The next event, if one waits (one `read` syscall).
+    pub fn get_event(&self) -> Option<CmEvent> {
+        let mut ev = ptr::null_mut();
+        // SAFETY: non-blocking channel; on success `ev` is a live event until acked below.
+        if unsafe { v::rdma_get_cm_event(self.ch, &mut ev) } != 0 {
+            return None;
+        }
+        // SAFETY: `ev` is live until rdma_ack_cm_event; everything needed is copied out.
+        unsafe {
+            let e = &*ev;
+            let kind = match e.event {
+                v::RDMA_CM_EVENT_ADDR_RESOLVED => CmEventKind::AddrResolved,
+                v::RDMA_CM_EVENT_ROUTE_RESOLVED => CmEventKind::RouteResolved,
+                v::RDMA_CM_EVENT_CONNECT_REQUEST => CmEventKind::ConnectRequest,
+                v::RDMA_CM_EVENT_ESTABLISHED => CmEventKind::Established,
+                v::RDMA_CM_EVENT_REJECTED => CmEventKind::Rejected,
+                v::RDMA_CM_EVENT_UNREACHABLE => CmEventKind::Unreachable,
+                v::RDMA_CM_EVENT_ADDR_ERROR => CmEventKind::AddrError,
+                v::RDMA_CM_EVENT_ROUTE_ERROR => CmEventKind::RouteError,
+                v::RDMA_CM_EVENT_CONNECT_ERROR => CmEventKind::ConnectError,
+                v::RDMA_CM_EVENT_DISCONNECTED => CmEventKind::Disconnected,
+                v::RDMA_CM_EVENT_DEVICE_REMOVAL => CmEventKind::DeviceRemoval,
+                _ => CmEventKind::Other,
+            };
+            let conn = e.param.conn;
+            let private = (!conn.private_data.is_null() && conn.private_data_len > 0).then(|| {
+                std::slice::from_raw_parts(
+                    conn.private_data as *const u8,
+                    conn.private_data_len as usize,
+                )
+                .to_vec()
+            });
+            let (new_id, context) = if kind == CmEventKind::ConnectRequest {
+                (Some(CmId { id: e.id }), None)
+            } else {
+                let ctx = (*e.id).context as usize as u64;
+                let context =
+                    (ctx != 0).then_some(((ctx & 0xffff_ffff) as usize, (ctx >> 32) as u32));
+                (None, context)
+            };
+            let out = CmEvent {
+                kind,
+                status: e.status,
+                context,
+                new_id,
+                private,
+            };
+            v::rdma_ack_cm_event(ev);
+            Some(out)
+        }
+    }
+}
+
+impl Drop for Cm {
+    fn drop(&mut self) {
+        // SAFETY: every id on the channel is destroyed before the link (and so the channel)
+        // is dropped: the link's fields drop in order, ids first.
+        unsafe { v::rdma_destroy_event_channel(self.ch) }
+    }
+}
+
+/// An owned rdma_cm id.
+pub struct CmId {
+    id: *mut v::rdma_cm_id,
+}
+
+// SAFETY: as for `Cm`: used by one thread at a time.
+unsafe impl Send for CmId {}
+
+impl CmId {
+    /// Tags the id with its table slot, so events find their path.
+    pub fn set_context(&self, idx: usize, gen: u32) {
+        let ctx = (u64::from(gen) << 32) | (idx as u64 & 0xffff_ffff);
+        // SAFETY: the id is live; the context is an opaque word.
+        unsafe { (*self.id).context = ctx as usize as *mut _ }
+    }
+
+    pub fn resolve_addr(&self, laddr: u32, faddr: u32, port: u16, ms: i32) -> io::Result<()> {
+        let src = sin(laddr, 0);
+        let dst = sin(faddr, port);
+        // SAFETY: both addresses are valid for the call (librdmacm copies them).
+        let r = unsafe {
+            v::rdma_resolve_addr(
+                self.id,
+                &src as *const _ as *mut v::sockaddr,
+                &dst as *const _ as *mut v::sockaddr,
+                ms,
+            )
+        };
+        check(r, "rdma_resolve_addr")
+    }
+
+    pub fn resolve_route(&self, ms: i32) -> io::Result<()> {
+        // SAFETY: an id with a resolved address.
+        check(
+            unsafe { v::rdma_resolve_route(self.id, ms) },
+            "rdma_resolve_route",
+        )
+    }
+
+    fn params(private: &[u8]) -> v::rdma_conn_param {
+        v::rdma_conn_param {
+            private_data: private.as_ptr() as *const _,
+            private_data_len: private.len() as u8,
+            responder_resources: 1,
+            initiator_depth: 1,
+            flow_control: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            ..Default::default()
+        }
+    }
+
+    pub fn connect(&self, private: &[u8]) -> io::Result<()> {
+        let mut p = Self::params(private);
+        // SAFETY: `p` and the private data outlive the call (librdmacm copies them).
+        check(unsafe { v::rdma_connect(self.id, &mut p) }, "rdma_connect")
+    }
+
+    pub fn accept(&self, private: &[u8]) -> io::Result<()> {
+        let mut p = Self::params(private);
+        // SAFETY: as for connect.
+        check(unsafe { v::rdma_accept(self.id, &mut p) }, "rdma_accept")
+    }
+
+    /// Rejects a connect request with a native-endian int as the reject data.
+    pub fn reject(self, code: i32) {
+        let b = code.to_ne_bytes();
+        // SAFETY: a connect-request id; the data is copied by librdmacm.
+        unsafe { v::rdma_reject(self.id, b.as_ptr() as *const _, b.len() as u8) };
+    }
+
+    pub fn disconnect(&self) {
+        // SAFETY: a connected id; errors (already down) do not matter.
+        unsafe { v::rdma_disconnect(self.id) };
+    }
+
+    /// Destroys the id's QP (before the QP's CQ and PD go).
+    pub fn destroy_qp(&self) {
+        // SAFETY: the QP was made with rdma_create_qp on this id.
+        unsafe { v::rdma_destroy_qp(self.id) }
+    }
+
+    /// The peer's port (the source port of an inbound connection).
+    pub fn peer_port(&self) -> u16 {
+        // SAFETY: a live id; returns the port in network order.
+        u16::from_be(unsafe { v::rdma_get_dst_port(self.id) })
+    }
+}
+
+impl Drop for CmId {
+    fn drop(&mut self) {
+        // SAFETY: every event of this id was acknowledged when read (get_event).
+        unsafe { v::rdma_destroy_id(self.id) };
+    }
+}
+
+/// A work completion, copied out.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Wc {
+    pub wr_id: u64,
+    pub ok: bool,
+    pub status: u32,
+    pub byte_len: u32,
+}
+
+/// One path's verbs resources: PD, completion channel, CQ, registered slots, RC QP.
+///
+/// Slots: `0..recv_n` receive buffers, then `send_n` send slots, then one ACK slot.
+pub struct Qp {
+    pd: *mut v::ibv_pd,
+    chan: *mut v::ibv_comp_channel,
+    cq: *mut v::ibv_cq,
+    mr: *mut v::ibv_mr,
+    qp: *mut v::ibv_qp,
+    mem: *mut u8,
+    len: usize,
+    recv_n: u32,
+    send_n: u32,
+}
+
+// SAFETY: as for `Cm`: one thread at a time; the memory is owned by this struct.
+unsafe impl Send for Qp {}
+
+impl Qp {
+    /// Creates the resources on the device `id` resolved to (or arrived on).
+    pub fn new(id: &CmId, recv_n: u32, send_n: u32) -> io::Result<Qp> {
+        // SAFETY: `id` is live and bound to a device after address resolution or a request.
+        let verbs = unsafe { (*id.id).verbs };
+        if verbs.is_null() {
+            return Err(io::Error::other("rdma: id has no device"));
+        }
+        let nslots = (recv_n + send_n + 1) as usize;
+        let len = nslots * SLOT;
+        let mem = Box::into_raw(vec![0u8; len].into_boxed_slice()) as *mut u8;
+        let mut q = Qp {
+            pd: ptr::null_mut(),
+            chan: ptr::null_mut(),
+            cq: ptr::null_mut(),
+            mr: ptr::null_mut(),
+            qp: ptr::null_mut(),
+            mem,
+            len,
+            recv_n,
+            send_n,
+        };
+        // SAFETY: each call gets live objects made just before; failures leave NULLs that
+        // Drop skips.
+        unsafe {
+            q.pd = v::ibv_alloc_pd(verbs);
+            if q.pd.is_null() {
+                return Err(io::Error::other(format!("ibv_alloc_pd: {}", last())));
+            }
+            q.chan = v::ibv_create_comp_channel(verbs);
+            if q.chan.is_null() {
+                return Err(io::Error::other(format!(
+                    "ibv_create_comp_channel: {}",
+                    last()
+                )));
+            }
+            set_nonblocking((*q.chan).fd)?;
+            q.cq = v::ibv_create_cq(verbs, nslots as i32 + 1, ptr::null_mut(), q.chan, 0);
+            if q.cq.is_null() {
+                return Err(io::Error::other(format!("ibv_create_cq: {}", last())));
+            }
+            q.mr = v::ibv_reg_mr(q.pd, mem as *mut _, len, v::IBV_ACCESS_LOCAL_WRITE as i32);
+            if q.mr.is_null() {
+                return Err(io::Error::other(format!("ibv_reg_mr: {}", last())));
+            }
+            let mut attr = v::ibv_qp_init_attr {
+                send_cq: q.cq,
+                recv_cq: q.cq,
+                qp_type: v::IBV_QPT_RC,
+                sq_sig_all: 0,
+                ..Default::default()
+            };
+            attr.cap.max_send_wr = send_n + 1;
+            attr.cap.max_recv_wr = recv_n;
+            attr.cap.max_send_sge = 1;
+            attr.cap.max_recv_sge = 1;
+            check(v::rdma_create_qp(id.id, q.pd, &mut attr), "rdma_create_qp")?;
+            q.qp = (*id.id).qp;
+        }
+        Ok(q)
+    }
+
+    fn addr(&self, slot: u32) -> *mut u8 {
+        debug_assert!((slot as usize + 1) * SLOT <= self.len);
+        // SAFETY: in bounds of our allocation (slot < recv_n + send_n + 1).
+        unsafe { self.mem.add(slot as usize * SLOT) }
+    }
+
+    /// A completed receive slot's bytes (not posted: the device does not write it now).
+    pub fn slot(&self, recv: u32) -> &[u8] {
+        assert!(recv < self.recv_n);
+        // SAFETY: in bounds; the slot is not posted while the caller reads it.
+        unsafe { std::slice::from_raw_parts(self.addr(recv), SLOT) }
+    }
+
+    /// A free send slot, to fill.
+    pub fn slot_mut(&mut self, send: u32) -> &mut [u8] {
+        assert!(send < self.send_n);
+        // SAFETY: in bounds; a free send slot is not being sent by the device.
+        unsafe { std::slice::from_raw_parts_mut(self.addr(self.recv_n + send), SLOT) }
+    }
+
+    /// The ACK-only frame's slot (one in flight at a time).
+    pub fn ack_slot_mut(&mut self) -> &mut [u8] {
+        // SAFETY: in bounds; not in flight (the caller checks `ack_inflight`).
+        unsafe { std::slice::from_raw_parts_mut(self.addr(self.recv_n + self.send_n), super::HDR) }
+    }
+
+    fn lkey(&self) -> u32 {
+        // SAFETY: the MR is live.
+        unsafe { (*self.mr).lkey }
+    }
+
+    pub fn post_recv(&self, recv: u32) -> io::Result<()> {
+        let mut sge = v::ibv_sge {
+            addr: self.addr(recv) as u64,
+            length: SLOT as u32,
+            lkey: self.lkey(),
+        };
+        let mut wr = v::ibv_recv_wr {
+            wr_id: u64::from(recv),
+            next: ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+        };
+        let mut bad = ptr::null_mut();
+        // SAFETY: the WR and SGE live for the call (the provider copies them); the buffer is
+        // registered and stays allocated until the QP is destroyed.
+        check(
+            unsafe { v::rdsd_ibv_post_recv(self.qp, &mut wr, &mut bad) },
+            "ibv_post_recv",
+        )
+    }
+
+    fn post(&self, wr_id: u64, slot: u32, bytes: u32) -> io::Result<()> {
+        let mut sge = v::ibv_sge {
+            addr: self.addr(slot) as u64,
+            length: bytes,
+            lkey: self.lkey(),
+        };
+        let mut wr = v::ibv_send_wr {
+            wr_id,
+            sg_list: &mut sge,
+            num_sge: 1,
+            opcode: v::IBV_WR_SEND,
+            send_flags: v::IBV_SEND_SIGNALED,
+            ..Default::default()
+        };
+        let mut bad = ptr::null_mut();
+        // SAFETY: as for post_recv; the slot stays untouched until its completion.
+        check(
+            unsafe { v::rdsd_ibv_post_send(self.qp, &mut wr, &mut bad) },
+            "ibv_post_send",
+        )
+    }
+
+    pub fn post_send(&self, wr_id: u64, send: u32, bytes: u32) -> io::Result<()> {
+        self.post(wr_id, self.recv_n + send, bytes)
+    }
+
+    pub fn post_ack(&self, wr_id: u64) -> io::Result<()> {
+        self.post(wr_id, self.recv_n + self.send_n, super::HDR as u32)
+    }
+
+    /// Polls up to `out.len()` completions; no syscall.
+    pub fn poll(&self, out: &mut [Wc]) -> usize {
+        let mut raw: [v::ibv_wc; 32] = [v::ibv_wc::default(); 32];
+        let n = out.len().min(raw.len());
+        // SAFETY: `raw` has room for `n` completions.
+        let got = unsafe { v::rdsd_ibv_poll_cq(self.cq, n as i32, raw.as_mut_ptr()) };
+        let got = got.max(0) as usize;
+        for (o, w) in out.iter_mut().zip(&raw[..got]) {
+            *o = Wc {
+                wr_id: w.wr_id,
+                ok: w.status == v::IBV_WC_SUCCESS,
+                status: w.status,
+                byte_len: w.byte_len,
+            };
+        }
+        got
+    }
+
+    /// Asks for an event on the channel at the next completion (before parking).
+    pub fn arm(&self) {
+        // SAFETY: a live CQ with a completion channel.
+        unsafe { v::rdsd_ibv_req_notify_cq(self.cq, 0) };
+    }
+
+    /// Reads and acknowledges every event waiting on the channel (non-blocking).
+    pub fn drain_channel(&self) {
+        loop {
+            let mut cq = ptr::null_mut();
+            let mut ctx = ptr::null_mut();
+            // SAFETY: non-blocking channel; returns -1 (EAGAIN) when empty.
+            if unsafe { v::ibv_get_cq_event(self.chan, &mut cq, &mut ctx) } != 0 {
+                break;
+            }
+            // SAFETY: one event of this CQ was just read.
+            unsafe { v::ibv_ack_cq_events(cq, 1) };
+        }
+    }
+
+    /// The completion channel's descriptor.
+    pub fn channel_fd(&self) -> i32 {
+        // SAFETY: the channel is live.
+        unsafe { (*self.chan).fd }
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        // SAFETY: the QP itself was destroyed by the owner (`CmId::destroy_qp`) before; each
+        // object is destroyed once, in reverse order of creation; the memory is ours.
+        unsafe {
+            if !self.mr.is_null() {
+                v::ibv_dereg_mr(self.mr);
+            }
+            if !self.cq.is_null() {
+                v::ibv_destroy_cq(self.cq);
+            }
+            if !self.chan.is_null() {
+                v::ibv_destroy_comp_channel(self.chan);
+            }
+            if !self.pd.is_null() {
+                v::ibv_dealloc_pd(self.pd);
+            }
+            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                self.mem, self.len,
+            )));
+        }
+    }
+}
