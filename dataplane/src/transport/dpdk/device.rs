@@ -176,10 +176,10 @@ impl TxSide {
         if self.n == 0 {
             return (0, 0);
         }
+        let (mbufs, n) = (self.queue.as_mut_ptr(), self.n as u16);
         // SAFETY: the first `n` entries are mbufs we own; the driver takes the first `sent`.
-        let sent =
-            unsafe { sys::rte_eth_tx_burst(port, queue, self.queue.as_mut_ptr(), self.n as u16) }
-                as usize;
+        let sent = unsafe { sys::rte_eth_tx_burst(port, queue, mbufs, n) };
+        let sent = usize::from(sent);
         let refused = self.n - sent;
         if refused > 0 {
             // SAFETY: the driver did not take these; still ours, freed once.

@@ -30,10 +30,9 @@ pub fn init(cfg: &DpdkConfig) -> Result<()> {
 
     // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it for this thread.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let len = std::mem::size_of::<libc::cpu_set_t>();
     // SAFETY: as above; the size is the set's.
-    let have_set =
-        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) }
-            == 0;
+    let have_set = unsafe { libc::sched_getaffinity(0, len, &mut set) } == 0;
     tracing::info!(args = ?args, "starting DPDK EAL");
     // SAFETY: argv is a NULL-terminated array of valid C strings that lives forever; EAL is
     // not running in this process (checked above under the lock).

@@ -117,11 +117,10 @@ impl Cm {
     pub fn listen(&self, port: u16) -> io::Result<CmId> {
         let id = self.create_id()?;
         let a = sin(0, port);
+        let addr = &a as *const _ as *mut v::sockaddr;
         // SAFETY: `a` is a valid sockaddr_in for the call's duration.
-        check(
-            unsafe { v::rdma_bind_addr(id.id, &a as *const _ as *mut v::sockaddr) },
-            "rdma_bind_addr",
-        )?;
+        let r = unsafe { v::rdma_bind_addr(id.id, addr) };
+        check(r, "rdma_bind_addr")?;
         // SAFETY: a bound id.
         check(unsafe { v::rdma_listen(id.id, 64) }, "rdma_listen")?;
         Ok(id)
@@ -221,10 +220,8 @@ impl CmId {
 
     pub fn resolve_route(&self, ms: i32) -> io::Result<()> {
         // SAFETY: an id with a resolved address.
-        check(
-            unsafe { v::rdma_resolve_route(self.id, ms) },
-            "rdma_resolve_route",
-        )
+        let r = unsafe { v::rdma_resolve_route(self.id, ms) };
+        check(r, "rdma_resolve_route")
     }
 
     fn params(private: &[u8]) -> v::rdma_conn_param {
@@ -419,10 +416,8 @@ impl Qp {
         let mut bad = ptr::null_mut();
         // SAFETY: the WR and SGE live for the call (the provider copies them); the buffer is
         // registered and stays allocated until the QP is destroyed.
-        check(
-            unsafe { v::rdsd_ibv_post_recv(self.qp, &mut wr, &mut bad) },
-            "ibv_post_recv",
-        )
+        let r = unsafe { v::rdsd_ibv_post_recv(self.qp, &mut wr, &mut bad) };
+        check(r, "ibv_post_recv")
     }
 
     fn post(&self, wr_id: u64, slot: u32, bytes: u32) -> io::Result<()> {
@@ -441,10 +436,8 @@ impl Qp {
         };
         let mut bad = ptr::null_mut();
         // SAFETY: as for post_recv; the slot stays untouched until its completion.
-        check(
-            unsafe { v::rdsd_ibv_post_send(self.qp, &mut wr, &mut bad) },
-            "ibv_post_send",
-        )
+        let r = unsafe { v::rdsd_ibv_post_send(self.qp, &mut wr, &mut bad) };
+        check(r, "ibv_post_send")
     }
 
     pub fn post_send(&self, wr_id: u64, send: u32, bytes: u32) -> io::Result<()> {
