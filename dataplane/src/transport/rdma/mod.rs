@@ -23,8 +23,9 @@
 //!   release messages), so credits and acks fit the shared layer's stream-offset model. When
 //!   there is nothing to piggyback, an ACK-only frame (ports 0/0, no payload) goes out, at most
 //!   one in flight.
-//! * **Polling**: the CQ is polled in the poll core's passes (no syscall); rdma_cm events are
-//!   read every 16th pass and while connecting. Before the core parks, each CQ is armed and
+//! * **Polling**: the CQ is polled in the poll core's passes (no syscall); rdma_cm events (a
+//!   non-blocking read, so a syscall) at most once a millisecond, and every pass while a
+//!   connection is being set up. Before the core parks, each CQ is armed and
 //!   its completion channel fd joins the poll set.
 //!
 //! Not done (documented in ARCHITECTURE.md): zero-copy sends from the app's region (payloads
@@ -135,6 +136,8 @@ const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 /// Timeout for address and route resolution (ms).
 const RESOLVE_MS: i32 = 2000;
+/// How often an established transport reads rdma_cm's event channel.
+const CM_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(1);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Role {
@@ -220,7 +223,9 @@ pub struct RdmaLink {
     send_n: u32,
     conns: Vec<Option<Box<Conn>>>,
     gen: u32,
-    pass: u32,
+    /// When rdma_cm's event channel is next read (a syscall: at most once per
+    /// [`CM_POLL_INTERVAL`] unless a connection is being set up).
+    next_cm_poll: std::time::Instant,
     accepted: VecDeque<usize>,
     /// Completions polled while arming, before parking (see `park_fds`).
     early: std::cell::RefCell<Vec<(usize, verbs::Wc)>>,
@@ -250,7 +255,7 @@ impl RdmaLink {
             send_n: cfg.send_slots,
             conns: Vec::new(),
             gen: 1,
-            pass: 0,
+            next_cm_poll: std::time::Instant::now(),
             accepted: VecDeque::new(),
             early: Default::default(),
             ready_fd,
@@ -777,17 +782,17 @@ impl Link for RdmaLink {
     }
 
     fn poll_aux(&mut self) -> usize {
-        self.pass = self.pass.wrapping_add(1);
         let mut work = 0;
+        let now = std::time::Instant::now();
         let connecting = self
             .conns
             .iter()
             .flatten()
             .any(|c| c.state == State::Connecting);
-        if connecting || self.pass.is_multiple_of(16) {
+        if connecting || now >= self.next_cm_poll {
+            self.next_cm_poll = now + CM_POLL_INTERVAL;
             work += self.poll_cm();
         }
-        let now = std::time::Instant::now();
         for i in 0..self.conns.len() {
             let Some(c) = self.conns[i].as_ref() else {
                 continue;
