@@ -274,17 +274,28 @@ if [ "$LAB_MODE" = lat ]; then
     done
 fi
 printf '[rdma]\n' > /tmp/rdsd.toml
-/bin/rdsd --config /tmp/rdsd.toml --control-socket /run/rdsd/rdsd.sock --local-addr $LAB_ADDR/32 --paths $LAB_PATHS --hugepages off > /tmp/rdsd.log 2>&1 &
+start_rdsd() {
+/bin/rdsd --config /tmp/rdsd.toml --control-socket /run/rdsd/rdsd.sock --local-addr $LAB_ADDR/32 --paths $LAB_PATHS --hugepages off >> /tmp/rdsd.log 2>&1 &
 RDSD_PID=$!
-for i in $(seq 1 120); do [ -S /run/rdsd/rdsd.sock ] && break; kill -0 $RDSD_PID 2>/dev/null || break; sleep 0.5; done
+for i in $(seq 1 120); do [ -S /run/rdsd/rdsd.sock ] && /bin/rdsctl --socket /run/rdsd/rdsd.sock status >/dev/null 2>&1 && break; kill -0 $RDSD_PID 2>/dev/null || break; sleep 0.5; done
 if [ -S /run/rdsd/rdsd.sock ]; then echo "LAB rdsd up"; else
     echo "LAB rdsd did not start:"
     sed 's/^/LAB rdsd /' /tmp/rdsd.log
     ( /bin/rdsd --version; echo "exit $?"; timeout 10 /bin/rdsd --config /tmp/rdsd.toml --control-socket /run/rdsd/rdsd.sock --local-addr $LAB_ADDR/32 --paths $LAB_PATHS --hugepages off; echo "exit $?"; ls -l /lib64/ /lib/x86_64-linux-gnu/ | head -50 ) 2>&1 | sed 's/^/LAB rdsd-fg /'
 fi
+}
+start_rdsd
 export RDSD_SOCKET=/run/rdsd/rdsd.sock
 /bin/rdmatest guest_app --ignored --exact --nocapture --test-threads 1 2>&1 | sed 's/^/LAB app /'
 echo "LAB app-done"
+if [ "$LAB_MODE" = restart ]; then
+    # The receiver's rdsd dies (SIGKILL) and comes back; a second stream follows.
+    if [ "$LAB_ROLE" = recv ]; then
+        kill -9 $RDSD_PID; sleep 1; start_rdsd; echo "LAB rdsd restarted"
+    fi
+    /bin/rdmatest guest_app --ignored --exact --nocapture --test-threads 1 2>&1 | sed 's/^/LAB app2 /'
+    echo "LAB app2-done"
+fi
 if [ "$LAB_MODE" = cut ]; then
     # Does Soft-RoCE itself still connect after the link flap?
     if [ "$LAB_ROLE" = recv ]; then
@@ -480,7 +491,7 @@ fn check(paths: u8, socks: u64, extra: &str) -> Option<(String, String)> {
         stat(&a, "rdma_delivered")
     );
     assert_eq!(stat(&a, "tcp_delivered"), 0, "nothing went over kernel TCP");
-    if !extra.contains("cut") {
+    if !extra.contains("cut") && !extra.contains("restart") {
         // Without a fault nothing is retransmitted, so nothing is dropped as a duplicate.
         assert_eq!(stat(&a, "rdma_drop_dup_seq"), 0);
     }
@@ -544,6 +555,36 @@ fn rdma_slow_receiver_exhausts_credits_and_recovers() {
     if let Some((a, _)) = check(1, 1, "lab.mode=slow") {
         assert!(stat(&a, "rx_paused") > 0, "the receiver never paused");
         assert!(stat(&a, "rx_resumed") > 0, "the receiver never resumed");
+    }
+}
+
+/// The receiver's rdsd is SIGKILLed after a first stream and restarted: the sender's rdsd
+/// notices the new incarnation (its connect takes the stale paths down), and a second stream
+/// reaches the new rdsd exactly once, in order, over new queue pairs.
+///
+/// Ignored: it fails, with the link-cut test's symptom. The restarted rdsd (the smaller
+/// address, so it connects) gets its first connect timed out after 5 s, then every
+/// `rdma_resolve_addr` to the peer ends in `AddrError` -110 (38 attempts in 90 s, no path up),
+/// while the first stream had gone through in 1.6 s. Whether rxe's address/neighbour state
+/// after the peer's QPs died or our reconnect path (the surviving side still holds the old
+/// paths) is at fault is not known yet.
+#[test]
+#[ignore = "fails: after a peer rdsd restart, rdma_cm address resolution times out (see the doc comment)"]
+fn rdma_peer_rdsd_killed_and_restarted() {
+    if let Some((a, b)) = check(1, 1, "lab.mode=restart") {
+        assert!(a.contains("LAB rdsd restarted"), "the receiver's rdsd was not restarted");
+        let second = |s: &str| -> String {
+            s.lines()
+                .filter(|l| l.starts_with("LAB app2 "))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let (a2, b2) = (second(&a), second(&b));
+        assert!(
+            a2.contains("RESULT recv ok") && a2.contains("RESULT no-duplicates"),
+            "the second stream, to the restarted rdsd:\n{a2}"
+        );
+        assert!(b2.contains("RESULT send ok"), "the second sender:\n{b2}");
     }
 }
 
