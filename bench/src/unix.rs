@@ -195,9 +195,8 @@ pub fn rtt(
         _ => 64,
     };
     let (mine, theirs) = seqpacket_pair()?;
-    // The peer's end must survive exec: clear its close-on-exec flag. No other thread of
-    // rds-bench spawns processes at this point.
-    // SAFETY: fcntl on a descriptor we own.
+    // SAFETY: fcntl on a descriptor we own. The peer's end must survive exec, so its
+    // close-on-exec flag goes; no other thread of rds-bench spawns processes at this point.
     if unsafe { libc::fcntl(theirs.as_raw_fd(), libc::F_SETFD, 0) } != 0 {
         return Err(io::Error::last_os_error()).context("fcntl(F_SETFD)");
     }
@@ -327,8 +326,8 @@ pub fn tput(
                 Ok((first, Instant::now()))
             })();
             if r.is_err() {
-                // Unblock a sender waiting for room that will never come.
-                // SAFETY: shutdown(2) on a descriptor we own.
+                // SAFETY: shutdown(2) on a descriptor we own. It unblocks a sender waiting
+                // for room that will never come.
                 unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
             }
             r
@@ -348,8 +347,8 @@ pub fn tput(
         });
         let tx = tx.join().expect("sender thread panicked");
         if tx.is_err() {
-            // Unblock a receiver waiting for messages that will never come.
-            // SAFETY: shutdown(2) on a descriptor we own.
+            // SAFETY: shutdown(2) on a descriptor we own. It unblocks a receiver waiting for
+            // messages that will never come.
             unsafe { libc::shutdown(a.as_raw_fd(), libc::SHUT_RDWR) };
         }
         let rx = rx.join().expect("receiver thread panicked");

@@ -572,7 +572,10 @@ fn rdma_slow_receiver_exhausts_credits_and_recovers() {
 #[ignore = "fails: after a peer rdsd restart, rdma_cm address resolution times out (see the doc comment)"]
 fn rdma_peer_rdsd_killed_and_restarted() {
     if let Some((a, b)) = check(1, 1, "lab.mode=restart") {
-        assert!(a.contains("LAB rdsd restarted"), "the receiver's rdsd was not restarted");
+        assert!(
+            a.contains("LAB rdsd restarted"),
+            "the receiver's rdsd was not restarted"
+        );
         let second = |s: &str| -> String {
             s.lines()
                 .filter(|l| l.starts_with("LAB app2 "))

@@ -389,8 +389,8 @@ impl Control {
     fn take_evictions(&mut self) {
         while let Some(app) = self.chans.evictions.pop() {
             if let Some(c) = self.conn(app) {
-                // The app sees its control socket close: a clear "rdsd dropped you".
-                // SAFETY: shutdown on an fd we own.
+                // SAFETY: shutdown on an fd we own. The app sees its control socket close:
+                // a clear "rdsd dropped you".
                 unsafe { libc::shutdown(c.fd.as_raw_fd(), libc::SHUT_RDWR) };
             }
         }

@@ -42,8 +42,8 @@ pub struct RxStateFile {
     used: usize,
 }
 
-// The mapping is only touched by the poll thread that owns the endpoint.
-// SAFETY: MmapMut is Send; the raw atomics inside are accessed through &self / &mut self.
+// SAFETY: MmapMut is Send; the raw atomics inside are accessed through &self / &mut self,
+// and only by the poll thread that owns the endpoint.
 unsafe impl Send for RxStateFile {}
 
 impl RxStateFile {

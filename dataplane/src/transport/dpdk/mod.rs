@@ -152,10 +152,10 @@ impl Transport for DpdkTransport {
 
     fn poll(&mut self, up: &mut dyn Upcalls) -> usize {
         if !self.registered {
-            // Once, on the poll thread: an lcore id gives it the mempool's per-lcore cache
-            // (without one every mbuf comes from the shared ring).
             // SAFETY: EAL is running; registering the calling thread has no other
-            // precondition. A failure (no free lcore) only costs the cache.
+            // precondition. A failure (no free lcore) only costs the cache. Once, on the poll
+            // thread: an lcore id gives it the mempool's per-lcore cache (without one every
+            // mbuf comes from the shared ring).
             let rc = unsafe { dpdk_sys::rte_thread_register() };
             if rc != 0 {
                 tracing::warn!("rte_thread_register failed: mbufs without a per-lcore cache");
