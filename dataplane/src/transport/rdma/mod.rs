@@ -230,6 +230,10 @@ pub struct RdmaLink {
     /// Completions polled while arming, before parking (see `park_fds`).
     early: std::cell::RefCell<Vec<(usize, verbs::Wc)>>,
     ready_fd: std::os::fd::OwnedFd,
+    /// TEST ONLY (`RDSD_TEST_RDMA_QP_ERROR_EVERY=N`): every N-th frame written moves its
+    /// path's QP to the error state, mid-stream. `None` in production.
+    qp_error_every: Option<u64>,
+    frames_written: u64,
     /// Last: dropped after every id on it.
     cm: Cm,
 }
@@ -259,6 +263,8 @@ impl RdmaLink {
             accepted: VecDeque::new(),
             early: Default::default(),
             ready_fd,
+            qp_error_every: test_qp_error_every(),
+            frames_written: 0,
         })
     }
 
@@ -760,6 +766,20 @@ impl Link for RdmaLink {
         c.written += n as u64;
         c.sent.push_back((seq, c.written));
         Self::progress(c);
+        self.frames_written += 1;
+        if let Some(every) = self.qp_error_every {
+            if self.frames_written.is_multiple_of(every) {
+                let c = self.conns[p.idx].as_deref().expect("checked");
+                if let Some(Err(e)) = c.qp.as_ref().map(Qp::force_error) {
+                    tracing::warn!(error = %e, "rdma: test hook: ibv_modify_qp(ERR) failed");
+                } else {
+                    tracing::warn!(
+                        frame = self.frames_written,
+                        "rdma: test hook: QP forced into error"
+                    );
+                }
+            }
+        }
         Write::Wrote(n)
     }
 
@@ -884,6 +904,20 @@ impl Link for RdmaLink {
             });
         }
     }
+}
+
+/// TEST ONLY: the QP-error injection requested through the environment.
+fn test_qp_error_every() -> Option<u64> {
+    let n: u64 = std::env::var("RDSD_TEST_RDMA_QP_ERROR_EVERY")
+        .ok()?
+        .parse()
+        .ok()
+        .filter(|&n| n > 0)?;
+    tracing::warn!(
+        every = n,
+        "RDSD_TEST_RDMA_QP_ERROR_EVERY is set: test-only QP error injection armed"
+    );
+    Some(n)
 }
 
 #[cfg(test)]

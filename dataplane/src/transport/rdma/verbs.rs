@@ -448,6 +448,22 @@ impl Qp {
         self.post(wr_id, self.recv_n + self.send_n, super::HDR as u32)
     }
 
+    /// Moves the QP to the error state: every posted work request completes with a flush
+    /// error, as after a fatal transport error (the fault-injection hook of the tests).
+    pub fn force_error(&self) -> io::Result<()> {
+        let mut attr = v::ibv_qp_attr {
+            qp_state: v::IBV_QPS_ERR,
+            ..Default::default()
+        };
+        // SAFETY: a live QP; the attribute struct lives for the call.
+        let r = unsafe { v::ibv_modify_qp(self.qp, &mut attr, v::IBV_QP_STATE as i32) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::from_raw_os_error(r))
+        }
+    }
+
     /// Polls up to `out.len()` completions; no syscall.
     pub fn poll(&self, out: &mut [Wc]) -> usize {
         let mut raw: [v::ibv_wc; 32] = [v::ibv_wc::default(); 32];
