@@ -56,6 +56,12 @@ impl<'a> MsgBytes<'a> {
         self.len
     }
 
+    /// Where the bytes start (for a zero-copy transport that hands the address to a device;
+    /// never to be read through a reference).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+
     /// True for a zero-length message.
     pub fn is_empty(&self) -> bool {
         self.len == 0
@@ -143,6 +149,10 @@ pub struct OutMsg<'a> {
     /// Comes back through [`Upcalls::release`] when a queued message is acknowledged or
     /// cancelled.
     pub token: u64,
+    /// `Some(region id)` when the poll core lets the transport keep the payload in place: the
+    /// bytes lie in that app region (see [`Transport::region_attached`]) and stay untouched
+    /// until `token` is released, if `send` answers [`SendOutcome::QueuedInPlace`].
+    pub in_place: Option<u64>,
 }
 
 /// What a transport did with a message from [`Transport::send`].
@@ -152,6 +162,9 @@ pub enum SendOutcome {
     Delivered,
     /// Taken; the bytes come back through [`Upcalls::release`].
     Queued,
+    /// Taken without a copy (only when `in_place` was offered): the payload is read from the
+    /// app's ring until [`Upcalls::release`], and the ring space is not reused before then.
+    QueuedInPlace,
     /// The destination can't take it now: leave it on the sender's ring and retry.
     Blocked,
     /// Dropped (already counted by whoever dropped it).
@@ -169,6 +182,18 @@ pub trait Transport: Send {
     fn routes_to(&self, dest: Ipv4Addr) -> bool;
     /// Takes one message.
     fn send(&mut self, up: &mut dyn Upcalls, msg: OutMsg<'_>) -> SendOutcome;
+    /// True if this transport sends payloads in place from app memory (zero copy): the poll
+    /// core then offers `in_place` in [`OutMsg`].
+    fn zero_copy(&self) -> bool {
+        false
+    }
+    /// An app region was mapped (at attach): a zero-copy transport registers it once, here.
+    ///
+    /// `base..base + len` stays mapped until [`Transport::region_detached`] with the same id,
+    /// which comes only after every message sent in place from it was released.
+    fn region_attached(&mut self, _id: u64, _base: *const u8, _len: usize) {}
+    /// The region is about to be unmapped; no message refers to it any more.
+    fn region_detached(&mut self, _id: u64) {}
     /// One pass of I/O; returns the work done (0 = idle).
     fn poll(&mut self, _up: &mut dyn Upcalls) -> usize {
         0

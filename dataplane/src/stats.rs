@@ -58,6 +58,12 @@ counters! {
     drop_cancelled,
     /// Messages dropped because their socket closed before delivery.
     drop_socket_closed,
+    /// Messages a transport took in place from the app's tx ring (zero copy): the ring space
+    /// stays the daemon's until the peer acknowledges the message.
+    tx_in_place,
+    /// App regions kept mapped after their app went, until the messages sent in place from
+    /// them were acknowledged or cancelled.
+    regions_drained_late,
     /// Times a receive ring was full and the sender had to wait.
     rx_ring_full,
     /// Ports marked congested.

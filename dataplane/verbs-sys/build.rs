@@ -44,6 +44,8 @@ const FUNCTIONS: &[&str] = &[
     "rdma_event_str",
     "rdma_migrate_id",
     "rdma_get_dst_port",
+    "rdma_get_devices",
+    "rdma_free_devices",
 ];
 
 const TYPES: &[&str] = &[

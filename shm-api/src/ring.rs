@@ -273,6 +273,9 @@ pub struct Consumer<M: RingMemory> {
     mem: M,
     tail: u64,
     cached_head: u64,
+    /// Start of the oldest consumed record still in use in place (a zero-copy send reads it
+    /// until the peer acknowledges it): space from here on is not handed back.
+    held_from: Option<u64>,
 }
 
 impl<M: RingMemory> Consumer<M> {
@@ -283,6 +286,7 @@ impl<M: RingMemory> Consumer<M> {
             mem,
             tail,
             cached_head: tail,
+            held_from: None,
         }
     }
 
@@ -387,9 +391,19 @@ impl<M: RingMemory> Consumer<M> {
         self.tail = record.next;
     }
 
-    /// Hands consumed space back to the producer.
+    /// Hands consumed space back to the producer, up to the oldest held record (see
+    /// [`Consumer::hold_from`]).
     pub fn release(&mut self) {
-        self.mem.consumer().store(self.tail, Ordering::Release);
+        let upto = self.held_from.unwrap_or(self.tail);
+        self.mem.consumer().store(upto, Ordering::Release);
+    }
+
+    /// Keeps consumed records from `pos` on out of the producer's reach (`None`: nothing is
+    /// held). `pos` is the start of a consumed record, at or after the last released position;
+    /// it takes effect at the next [`Consumer::release`].
+    pub fn hold_from(&mut self, pos: Option<u64>) {
+        debug_assert!(pos.is_none_or(|p| p <= self.tail));
+        self.held_from = pos;
     }
 
     /// True if nothing is published beyond what was consumed.
@@ -559,6 +573,39 @@ mod tests {
         c.consume(&rec);
         c.release();
         Some((rec.header, v))
+    }
+
+    #[test]
+    fn held_records_stay_out_of_the_producers_reach() {
+        let (_h, mut p, mut c) = pair(256);
+        // Three 48-byte records (16 header + 32 payload) fill 144 of 256 bytes.
+        for i in 0..3u8 {
+            p.push(RecordHeader::data(32, 0, 0), &[i; 32]).unwrap();
+        }
+        p.publish();
+        let first = c.position();
+        let r0 = c.peek().unwrap().unwrap();
+        c.consume(&r0);
+        // Record 0 is sent in place: held from its start while the others are consumed.
+        c.hold_from(Some(first));
+        for _ in 0..2 {
+            let r = c.peek().unwrap().unwrap();
+            c.consume(&r);
+        }
+        c.release();
+        // Only 256 - 144 bytes are free: a 128-byte record does not fit.
+        assert_eq!(
+            p.push(RecordHeader::data(112, 0, 0), &[9; 112]),
+            Err(PushError::Full)
+        );
+        // The held record's bytes are intact.
+        let mut v = [0u8; 32];
+        c.read_payload(&r0, &mut v);
+        assert_eq!(v, [0; 32]);
+        // The hold ends (the peer acknowledged it): all the space comes back.
+        c.hold_from(None);
+        c.release();
+        p.push(RecordHeader::data(112, 0, 0), &[9; 112]).unwrap();
     }
 
     #[test]

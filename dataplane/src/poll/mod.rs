@@ -10,6 +10,9 @@
 //! for a pollable fd (see `readiness`).
 
 pub mod idle;
+mod inplace;
+#[cfg(test)]
+mod inplace_tests;
 pub mod readiness;
 pub mod rebind;
 pub mod snapshot;
@@ -156,7 +159,8 @@ pub struct PollCore {
 enum Outcome {
     /// Its bytes are free now (delivered, or dropped and counted).
     Done,
-    /// A transport holds it; its bytes come back through `Upcalls::release`.
+    /// A transport holds it (a copy, or in place with its ring space held); its bytes come
+    /// back through `Upcalls::release`.
     Queued,
     /// The destination can't take it now; leave it on the ring.
     Blocked,
@@ -224,6 +228,11 @@ impl PollCore {
         for addr in self.table.cong_changed.drain(..) {
             for t in self.transports.iter_mut() {
                 t.local_congestion_changed(addr);
+            }
+        }
+        for id in self.table.regions_gone.drain(..) {
+            for t in self.transports.iter_mut() {
+                t.region_detached(id);
             }
         }
         self.passes = self.passes.wrapping_add(1);
@@ -302,7 +311,16 @@ impl PollCore {
         };
         let app = self.table.apps[from.app].as_ref().expect("sender app");
         let ring = app.region.tx_ring(from.slot);
-        let gen = app.socks[from.slot as usize].as_ref().map_or(0, |s| s.gen);
+        let sock = app.socks[from.slot as usize].as_ref();
+        let gen = sock.map_or(0, |s| s.gen);
+        // After `peek`, the consumer's position is the start of this record.
+        let pos = sock.map_or(0, |s| s.tx.position());
+        let region_id = app.region_id;
+        let hold = if t.zero_copy() {
+            self.table.offer_hold(from, pos)
+        } else {
+            None
+        };
         // SAFETY: the ring consumer validated payload_offset + len against the data area,
         // which stays mapped while the app is in the table (for this whole call).
         let payload = unsafe {
@@ -317,12 +335,30 @@ impl PollCore {
             sport: src.1,
             dport: rec.header.port,
             payload,
-            token: token_of(from, gen),
+            token: hold.unwrap_or_else(|| token_of(from, gen)),
+            in_place: hold.map(|_| region_id),
         };
-        match t.send(&mut self.table, msg) {
-            SendOutcome::Delivered | SendOutcome::Dropped => Outcome::Done,
-            SendOutcome::Queued => Outcome::Queued,
-            SendOutcome::Blocked => Outcome::Blocked,
+        let outcome = t.send(&mut self.table, msg);
+        match (outcome, hold) {
+            // A copy made under an in-place token is released through the same token.
+            (SendOutcome::Queued, _) => Outcome::Queued,
+            (SendOutcome::QueuedInPlace, Some(h)) => {
+                self.table.place_hold(h);
+                Outcome::Queued
+            }
+            (SendOutcome::QueuedInPlace, None) => {
+                debug_assert!(false, "{}: in place without an offer", t.name());
+                Outcome::Queued
+            }
+            (o, h) => {
+                if let Some(h) = h {
+                    self.table.drop_hold(h);
+                }
+                match o {
+                    SendOutcome::Blocked => Outcome::Blocked,
+                    _ => Outcome::Done,
+                }
+            }
         }
     }
 
@@ -366,8 +402,16 @@ impl PollCore {
                     return CmdReply::Withdrawn(Some(region));
                 }
                 let n = region.geometry().max_sockets as usize;
+                let region_id = self.table.next_region;
+                self.table.next_region += 1;
+                for t in self.transports.iter_mut() {
+                    // Registration (zero-copy transports) happens here, once per app.
+                    t.region_attached(region_id, region.base(), region.len());
+                }
                 self.table.apps[app] = Some(App {
                     region,
+                    region_id,
+                    pins: vec![0; n],
                     socks: (0..n).map(|_| None).collect(),
                     evicted: false,
                     doorbell,
@@ -378,13 +422,20 @@ impl PollCore {
             Cmd::Detach { app } => {
                 self.release_app_sockets(app);
                 Stats::bump(&self.table.stats.apps_detached);
-                CmdReply::Detached(
-                    self.table
-                        .apps
-                        .get_mut(app)
-                        .and_then(|a| a.take())
-                        .map(|a| a.region),
-                )
+                let Some(a) = self.table.apps.get_mut(app).and_then(|a| a.take()) else {
+                    return CmdReply::Detached(None);
+                };
+                if a.pins.iter().any(|&p| p > 0) {
+                    // Messages sent in place from its region are still out: keep it mapped
+                    // (the app index is free for a new app meanwhile).
+                    Stats::bump(&self.table.stats.regions_drained_late);
+                    self.table.draining.push(a);
+                    return CmdReply::Detached(None);
+                }
+                for t in self.transports.iter_mut() {
+                    t.region_detached(a.region_id);
+                }
+                CmdReply::Detached(Some(a.region))
             }
             Cmd::Request {
                 app,
@@ -432,10 +483,9 @@ impl PollCore {
             Request::Hello { .. } | Request::Stats | Request::Info { .. } => Err(libc::EINVAL),
             Request::SocketOpen => {
                 let a = self.table.apps[app].as_mut().expect("checked");
-                let slot = a
-                    .socks
-                    .iter()
-                    .position(|s| s.is_none())
+                // A slot whose ring still holds messages sent in place is not reused yet.
+                let slot = (0..a.socks.len())
+                    .find(|&i| a.socks[i].is_none() && a.pins[i] == 0)
                     .ok_or(libc::EMFILE)? as u32;
                 a.region.reset_slot(slot);
                 let gen = self.table.next_gen;
@@ -458,6 +508,7 @@ impl PollCore {
                     ncancels: 0,
                     readiness,
                     readiness_on: false,
+                    holds: std::collections::VecDeque::with_capacity(inplace::SOCK_HOLDS),
                 });
                 self.table.open_socks.push(SockRef { app, slot });
                 Stats::bump(&self.table.stats.sockets_opened);

@@ -1,6 +1,7 @@
 //! The socket table: every app, socket, binding and congestion bit of one poll core. Transports
 //! reach it only through [`Upcalls`].
 
+use super::inplace::{hold_of_token, Hold, Holds, SOCK_HOLDS};
 use super::readiness::Readiness;
 use super::rebind::BoundPorts;
 use super::Channels;
@@ -12,6 +13,7 @@ use rds_proto::wire::CongMap;
 use rustc_hash::{FxHashMap, FxHashSet};
 use shm_api::layout::{cong_monitor_bit, DaemonView, SlotControl, CONG_ENTRIES};
 use shm_api::ring::{Consumer, Producer, PushError, RawRing, RecordHeader, RingMemory};
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -49,11 +51,18 @@ pub(super) struct Sock {
     pub ncancels: usize,
     pub readiness: Option<Readiness>,
     pub readiness_on: bool,
+    /// Holds of records sent in place, oldest first (capacity SOCK_HOLDS, allocated at open).
+    pub holds: VecDeque<u32>,
 }
 
 /// One attached process.
 pub(super) struct App {
     pub region: AppRegion,
+    /// Unique per attach: names the region to the transports (`region_attached`).
+    pub region_id: u64,
+    /// Per socket slot, messages sent in place from its ring and not yet released: the slot
+    /// is not reused (its ring reset) before this is 0.
+    pub pins: Vec<u32>,
     pub socks: Vec<Option<Sock>>,
     pub evicted: bool,
     /// rdsd's end of this app's doorbell: an AF_UNIX SOCK_DGRAM socketpair whose other end
@@ -90,6 +99,14 @@ pub struct SocketTable {
     pub(super) cong_changed: Vec<u32>,
     /// Ports bound before a restart, and the record of ours (`None`: no state file).
     pub(super) rebind: Option<BoundPorts>,
+    /// Messages offered in place (zero copy), see `inplace`.
+    pub(super) holds: Holds,
+    /// Apps gone while messages sent in place from their regions were still out: kept
+    /// mapped until the last is released.
+    pub(super) draining: Vec<App>,
+    /// Regions unmapped since the transports last heard (`region_detached`).
+    pub(super) regions_gone: Vec<u64>,
+    pub(super) next_region: u64,
 }
 
 impl SocketTable {
@@ -142,6 +159,10 @@ impl SocketTable {
             local_maps: FxHashMap::default(),
             empty_map: CongMap::new(),
             cong_changed: Vec::with_capacity(256),
+            holds: Holds::new(),
+            draining: Vec::new(),
+            regions_gone: Vec::with_capacity(64),
+            next_region: 1,
         }
     }
 
@@ -362,6 +383,13 @@ impl SocketTable {
     pub(super) fn close_sock_now(&mut self, r: SockRef) -> Option<(u32, u16)> {
         let app = self.apps.get_mut(r.app).and_then(|a| a.as_mut())?;
         let mut s = app.socks[r.slot as usize].take()?;
+        // Released holds waiting behind older ones are done with; the others stay pinned
+        // (slot and region) until their release.
+        for &h in &s.holds {
+            if self.holds.get(h).done {
+                self.holds.put(h);
+            }
+        }
         // Whatever the app queued and rdsd never took dies with the socket (counted). At most
         // one ring's worth: the app may keep publishing while we walk.
         let start = s.tx.position();
@@ -390,6 +418,121 @@ impl SocketTable {
             self.unref_cong_entry(b.0);
         }
         s.bound
+    }
+
+    /// A hold for the record at `pos` of `r`'s tx ring, if both the slab and the socket's
+    /// FIFO have room (otherwise the message is copied). Returns its token.
+    pub(super) fn offer_hold(&mut self, r: SockRef, pos: u64) -> Option<u64> {
+        let app = self.apps.get(r.app)?.as_ref()?;
+        let s = app.socks.get(r.slot as usize)?.as_ref()?;
+        if s.holds.len() >= SOCK_HOLDS {
+            return None;
+        }
+        let h = Hold {
+            region: app.region_id,
+            sock: r,
+            gen: s.gen,
+            pos,
+            placed: false,
+            done: false,
+        };
+        self.holds
+            .take(h)
+            .map(|i| super::inplace::IN_PLACE | u64::from(i))
+    }
+
+    /// The transport took the offered hold in place: pin the slot and the ring space.
+    pub(super) fn place_hold(&mut self, token: u64) {
+        let Some(h) = hold_of_token(token) else {
+            return;
+        };
+        let hold = self.holds.get_mut(h);
+        hold.placed = true;
+        let (r, pos) = (hold.sock, hold.pos);
+        let Some(app) = self.apps.get_mut(r.app).and_then(|a| a.as_mut()) else {
+            return;
+        };
+        app.pins[r.slot as usize] += 1;
+        let s = app.socks[r.slot as usize].as_mut().expect("sending socket");
+        if s.holds.is_empty() {
+            s.tx.hold_from(Some(pos));
+        }
+        s.holds.push_back(h);
+        Stats::bump(&self.stats.tx_in_place);
+    }
+
+    /// The offered hold was not used (delivered, dropped or blocked): forget it.
+    pub(super) fn drop_hold(&mut self, token: u64) {
+        if let Some(h) = hold_of_token(token) {
+            self.holds.put(h);
+        }
+    }
+
+    /// A message sent with an in-place token was acknowledged or cancelled.
+    fn release_hold(&mut self, h: u32, len: u64) {
+        let hold = *self.holds.get(h);
+        let r = hold.sock;
+        if !hold.placed {
+            // It was copied after all: an ordinary release.
+            self.holds.put(h);
+            self.release(token_of(r, hold.gen), len);
+            return;
+        }
+        // Unpin the slot, in the live app or in a draining one.
+        let live = self
+            .apps
+            .get_mut(r.app)
+            .and_then(|a| a.as_mut())
+            .filter(|a| a.region_id == hold.region);
+        let app = match live {
+            Some(a) => a,
+            None => {
+                let Some(k) = self
+                    .draining
+                    .iter()
+                    .position(|a| a.region_id == hold.region)
+                else {
+                    self.holds.put(h);
+                    return;
+                };
+                let a = &mut self.draining[k];
+                a.pins[r.slot as usize] -= 1;
+                self.holds.put(h);
+                if a.pins.iter().all(|&p| p == 0) {
+                    // Its last message is through: unmap it now.
+                    let a = self.draining.swap_remove(k);
+                    self.regions_gone.push(a.region_id);
+                    tracing::debug!(region = a.region_id, "drained app region unmapped");
+                    drop(a);
+                }
+                return;
+            }
+        };
+        app.pins[r.slot as usize] -= 1;
+        let sock = app.socks[r.slot as usize]
+            .as_mut()
+            .filter(|s| s.gen == hold.gen);
+        let Some(s) = sock else {
+            // Its socket closed meanwhile: nothing to publish.
+            self.holds.put(h);
+            return;
+        };
+        self.holds.get_mut(h).done = true;
+        while let Some(&front) = s.holds.front() {
+            if !self.holds.get(front).done {
+                break;
+            }
+            s.holds.pop_front();
+            self.holds.put(front);
+        }
+        let front = s.holds.front().map(|&f| self.holds.get(f).pos);
+        s.tx.hold_from(front);
+        s.tx.release();
+        s.released += len;
+        let released = s.released;
+        let ctl = app.region.slot_control(r.slot);
+        ctl.tx_released_bytes.store(released, Ordering::Release);
+        wake_slot(ctl);
     }
 
     pub(super) fn ref_cong_entry(&mut self, addr: u32) -> Result<(), i32> {
@@ -479,6 +622,10 @@ impl Upcalls for SocketTable {
     }
 
     fn release(&mut self, token: u64, len: u64) {
+        if let Some(h) = hold_of_token(token) {
+            self.release_hold(h, len);
+            return;
+        }
         let (r, gen) = sock_of_token(token);
         let Some(s) = self.sock(r) else { return };
         if s.gen != gen {

@@ -638,12 +638,20 @@ impl<L: Link> Transport for Endpoint<L> {
             return SendOutcome::Dropped;
         };
         let now = self.now();
-        let payload = self.link.payload(m.payload);
+        let in_place = m
+            .in_place
+            .and_then(|region| self.link.payload_in_place(m.payload, region));
+        let queued = if in_place.is_some() {
+            SendOutcome::QueuedInPlace
+        } else {
+            SendOutcome::Queued
+        };
+        let payload = in_place.unwrap_or_else(|| self.link.payload(m.payload));
         match self.conns[i]
             .engine
             .send(now, m.sport, m.dport, payload, m.token)
         {
-            Ok(_) => SendOutcome::Queued,
+            Ok(_) => queued,
             Err(_) => {
                 Stats::bump(&self.stats.drop_no_route);
                 SendOutcome::Dropped
@@ -663,6 +671,18 @@ impl<L: Link> Transport for Endpoint<L> {
             work += self.poll_conn(up, i, now);
         }
         work
+    }
+
+    fn zero_copy(&self) -> bool {
+        self.link.zero_copy()
+    }
+
+    fn region_attached(&mut self, id: u64, base: *const u8, len: usize) {
+        self.link.region_attached(id, base, len);
+    }
+
+    fn region_detached(&mut self, id: u64) {
+        self.link.region_detached(id);
     }
 
     fn cancel(&mut self, laddr: u32, sport: u16, dest: Option<(u32, u16)>) {

@@ -87,6 +87,20 @@ pub trait Link: Send {
 
     /// Takes the payload of a message being queued (a copy into a pool, or a handle).
     fn payload(&mut self, bytes: MsgBytes<'_>) -> Self::Payload;
+    /// True if the link can send payloads in place from app regions (see
+    /// [`Link::payload_in_place`]).
+    fn zero_copy(&self) -> bool {
+        false
+    }
+    /// Zero copy: a handle to the payload where it lies, in app region `region`, whose bytes
+    /// stay put until the engine releases the message. `None`: the link copies instead.
+    fn payload_in_place(&mut self, _bytes: MsgBytes<'_>, _region: u64) -> Option<Self::Payload> {
+        None
+    }
+    /// An app region was mapped (see `Transport::region_attached`).
+    fn region_attached(&mut self, _id: u64, _base: *const u8, _len: usize) {}
+    /// An app region is going (see `Transport::region_detached`).
+    fn region_detached(&mut self, _id: u64) {}
     /// An inbound connection, if one is waiting.
     fn accept(&mut self) -> Option<Accepted<Self::Path>>;
     /// Starts a connection for `path` from `laddr` to the peer.

@@ -123,6 +123,12 @@ impl AppRegion {
         self.map.len()
     }
 
+    /// Start of rdsd's mapping (for registration with an RDMA device; the app writes any of
+    /// it at will, so nothing may read it through a reference).
+    pub fn base(&self) -> *const u8 {
+        self.map.as_ptr()
+    }
+
     /// Never true.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()

@@ -237,6 +237,7 @@ pub fn run<M: MakeLink>(lab: &mut M, r: Run, tag: &str) -> Outcome {
                 dport: 7000,
                 payload: MsgBytes::from_slice(&p),
                 token: u64::from(sport),
+                in_place: None,
             },
         );
         assert_eq!(out, SendOutcome::Queued);

@@ -5,16 +5,20 @@
 //!   sequence, initial credits). Which side connects, the doorbell and the path count are the
 //!   shared protocol layer's (the smaller-address rule); a doorbell here is a connect whose
 //!   result is ignored (the peer's engine refuses it and connects back).
-//! * **Memory**: each path owns a protection domain, one CQ (sends and receives), a completion
-//!   channel and one registered region cut into `recv_buffers + send_slots` slots of 4144
-//!   bytes (`[48-byte header][4096 bytes]`). All receive slots are posted at creation; a slot is
-//!   re-posted only once the frame it carries has been taken by the protocol layer, so a paused
-//!   receiver stops granting credits and the sender stalls (bounded memory).
-//! * **Framing**: a frame from the engine (`[header][payload]`) is copied into
-//!   max(1, ceil(len/4096)) send slots, each starting with a copy of the header whose `h_ack`
-//!   and `h_credit` are stamped (and checksum refreshed) when the fragment is posted. Received
-//!   fragments are checked against the first (sequence, length, ports) and reassembled into
-//!   one frame for [`Link::read`].
+//! * **Memory**: one PD per device, shared by every path and by the app regions, each
+//!   registered once at attach (`region_attached`) for zero-copy sends. Each path owns one CQ
+//!   (sends and receives), a completion channel and one registered area cut into
+//!   `recv_buffers + send_slots` slots of 4144 bytes (`[48-byte header][4096 bytes]`). All
+//!   receive slots are posted at creation; a slot is re-posted only once the frame it carries
+//!   has been taken by the protocol layer, so a paused receiver stops granting credits and the
+//!   sender stalls (bounded memory).
+//! * **Framing**: a frame from the engine (`[header][payload]`) goes out as
+//!   max(1, ceil(len/4096)) SENDs, each starting with a copy of the header (in a send slot)
+//!   whose `h_ack` and `h_credit` are stamped (and checksum refreshed) when the fragment is
+//!   posted. A payload in an app region (zero copy) is the SEND's second scatter-gather entry,
+//!   read by the device from the app's ring; any other payload is copied into the slot.
+//!   Received fragments are checked against the first (sequence, length, ports) and
+//!   reassembled into one frame for [`Link::read`].
 //! * **Credits**: a SEND consumes one credit; the receiver advertises re-posted buffers in
 //!   `h_credit` (<= 255 per header); the last credit is kept for a frame that carries a credit
 //!   update. The initial credits come from the private data.
@@ -27,9 +31,10 @@
 //!   non-blocking read, so a syscall) at most once a millisecond, and every pass while a
 //!   connection is being set up. Before the core parks, each CQ is armed and
 //!   its completion channel fd joins the poll set.
+//! * **Release**: `acked()` is min(frames the peer acknowledged, frames whose SENDs completed),
+//!   so a message sent in place is released (and its ring space reused) only after both.
 //!
-//! Not done (documented in ARCHITECTURE.md): zero-copy sends from the app's region (payloads
-//! are copied into registered send slots), SRQ, RDMA WRITE, inline sends, IPv6, the 4.x
+//! Not done (documented in ARCHITECTURE.md): SRQ, RDMA WRITE, inline sends, IPv6, the 4.x
 //! version negotiation, and a sender-side ack_seq in the private data (0 is sent: the engine's
 //! duplicate rule covers retransmissions).
 
@@ -45,7 +50,7 @@ use crate::stats::Stats;
 use serde::Deserialize;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use verbs::{Cm, CmEvent, CmEventKind, Qp};
+use verbs::{Cm, CmEvent, CmEventKind, Device, Mr, Qp};
 use wire::{FragHdr, PrivData, FRAG, HDR};
 
 /// The `[rdma]` section as written.
@@ -64,6 +69,10 @@ pub struct RawRdma {
     /// Send slots per path, at least 260 (a 1 MiB message is 256 fragments).
     #[serde(default)]
     pub send_slots: Option<u32>,
+    /// Send payloads in place from the apps' regions, registered at attach (default true).
+    /// Off: payloads are copied into the path's registered send slots.
+    #[serde(default)]
+    pub zero_copy: Option<bool>,
 }
 
 /// The validated `[rdma]` section.
@@ -77,6 +86,8 @@ pub struct RdmaConfig {
     pub recv_buffers: u32,
     /// Send slots per path.
     pub send_slots: u32,
+    /// Zero-copy sends from app regions.
+    pub zero_copy: bool,
 }
 
 impl RdmaConfig {
@@ -101,6 +112,7 @@ impl RdmaConfig {
             routes,
             recv_buffers,
             send_slots,
+            zero_copy: r.zero_copy.unwrap_or(true),
         })
     }
 }
@@ -175,8 +187,14 @@ struct Conn {
     last_progress: std::time::Instant,
     // --- send side ---
     free_send: Vec<u32>,
-    /// Filled slots waiting for a credit: (slot, bytes).
-    tx_pending: VecDeque<(u32, u32)>,
+    /// Filled slots waiting for a credit: (slot, bytes in the slot, payload sent in place).
+    tx_pending: VecDeque<(u32, u32, Option<InPlaceSge>)>,
+    /// Per send slot: the end offset of the frame whose last fragment it carries (0: not a
+    /// last fragment), so a send completion moves `completed`.
+    slot_end: Vec<u64>,
+    /// Frame bytes whose sends have completed (RC completes in order): with `acked`, what the
+    /// protocol layer may release (a payload sent in place must not be reused before both).
+    completed: u64,
     /// Frames written: (sequence, frame end offset).
     sent: VecDeque<(u64, u64)>,
     written: u64,
@@ -234,6 +252,12 @@ pub struct RdmaLink {
     /// path's QP to the error state, mid-stream. `None` in production.
     qp_error_every: Option<u64>,
     frames_written: u64,
+    zero_copy: bool,
+    /// App regions registered on every device (zero copy). After `conns`: no QP sends from
+    /// them when they are deregistered.
+    regions: Vec<Region>,
+    /// After `conns` and `regions`: their PDs go last.
+    devices: Vec<Device>,
     /// Last: dropped after every id on it.
     cm: Cm,
 }
@@ -243,6 +267,8 @@ impl RdmaLink {
     pub fn listen(cfg: &RdmaConfig) -> std::io::Result<RdmaLink> {
         let cm = Cm::new()?;
         let listener = cm.listen(cfg.port)?;
+        // Every device's PD up front, so that app regions are registered once, at attach.
+        let devices = Device::all()?;
         tracing::info!(port = cfg.port, "RDS/RDMA listening");
         // SAFETY: eventfd with a valid flag set; the fd is owned from here on.
         let fd = unsafe { libc::eventfd(1, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
@@ -265,6 +291,9 @@ impl RdmaLink {
             ready_fd,
             qp_error_every: test_qp_error_every(),
             frames_written: 0,
+            zero_copy: cfg.zero_copy,
+            regions: Vec::new(),
+            devices,
         })
     }
 
@@ -295,6 +324,8 @@ impl RdmaLink {
             last_progress: std::time::Instant::now(),
             free_send: Vec::new(),
             tx_pending: VecDeque::new(),
+            slot_end: Vec::new(),
+            completed: 0,
             sent: VecDeque::new(),
             written: 0,
             acked: 0,
@@ -344,9 +375,29 @@ impl RdmaLink {
     }
 
     /// Creates the QP and its resources on `c`'s device and posts every receive buffer.
-    fn setup_qp(c: &mut Conn, recv_n: u32, send_n: u32) -> std::io::Result<()> {
-        let qp = Qp::new(&c.cm, recv_n, send_n)?;
+    fn setup_qp(
+        c: &mut Conn,
+        devices: &mut Vec<Device>,
+        regions: &mut [Region],
+        recv_n: u32,
+        send_n: u32,
+    ) -> std::io::Result<()> {
+        let ctx = Qp::device_of(&c.cm)?;
+        let dev = match devices.iter().position(|d| d.context() == ctx) {
+            Some(k) => &devices[k],
+            None => {
+                // A device that appeared after start: its PD, and the app regions on it.
+                let d = Device::open(ctx)?;
+                for r in regions.iter_mut() {
+                    r.register(&d);
+                }
+                devices.push(d);
+                devices.last().expect("pushed")
+            }
+        };
+        let qp = Qp::new(&c.cm, dev, recv_n, send_n)?;
         c.free_send = (0..send_n).rev().collect();
+        c.slot_end = vec![0; send_n as usize];
         for s in 0..recv_n {
             qp.post_recv(s)?;
         }
@@ -385,10 +436,11 @@ impl RdmaLink {
                 }
             }
             CmEventKind::RouteResolved => {
-                let ok = Self::setup_qp(c, recv_n, send_n).and_then(|()| {
-                    let pd = PrivData::new(c.laddr, c.faddr, 0, recv_n).encode();
-                    c.cm.connect(&pd)
-                });
+                let ok = Self::setup_qp(c, &mut self.devices, &mut self.regions, recv_n, send_n)
+                    .and_then(|()| {
+                        let pd = PrivData::new(c.laddr, c.faddr, 0, recv_n).encode();
+                        c.cm.connect(&pd)
+                    });
                 if let Err(e) = ok {
                     tracing::info!(error = %e, "rdma: connect failed");
                     c.state = State::Dead;
@@ -474,10 +526,12 @@ impl RdmaLink {
         c.cm.set_context(i, c.gen);
         c.peer_port = peer_port;
         c.credits = pd.credit;
-        let ok = Self::setup_qp(c, recv_n, send_n).and_then(|()| {
-            let ours = PrivData::new(c.laddr, c.faddr, 0, recv_n).encode();
-            c.cm.accept(&ours)
-        });
+        let ok = Self::setup_qp(c, &mut self.devices, &mut self.regions, recv_n, send_n).and_then(
+            |()| {
+                let ours = PrivData::new(c.laddr, c.faddr, 0, recv_n).encode();
+                c.cm.accept(&ours)
+            },
+        );
         if let Err(e) = ok {
             tracing::info!(error = %e, "rdma: accept failed");
             self.destroy(i);
@@ -536,6 +590,8 @@ impl RdmaLink {
             if slot == u32::MAX {
                 c.ack_inflight = false;
             } else {
+                let end = std::mem::take(&mut c.slot_end[slot as usize]);
+                c.completed = c.completed.max(end);
                 c.free_send.push(slot);
             }
         } else {
@@ -624,7 +680,7 @@ impl RdmaLink {
             return work;
         }
         // Sends: the last credit only for a frame that carries a credit update.
-        while let Some(&(slot, bytes)) = c.tx_pending.front() {
+        while let Some(&(slot, bytes, extra)) = c.tx_pending.front() {
             let ok = c.credits >= 2 || (c.credits == 1 && c.posted_unadv > 0);
             if !ok {
                 break;
@@ -633,7 +689,12 @@ impl RdmaLink {
             let buf = qp.slot_mut(slot);
             wire::stamp(&mut buf[..HDR], c.last_rx_seq, adv as u8);
             if qp
-                .post_send(SEND_TAG | u64::from(slot), slot, bytes)
+                .post_send(
+                    SEND_TAG | u64::from(slot),
+                    slot,
+                    bytes,
+                    extra.map(|e| (e.addr, e.len, e.lkey)),
+                )
                 .is_err()
             {
                 c.state = State::Dead;
@@ -669,12 +730,47 @@ impl RdmaLink {
 
 impl Link for RdmaLink {
     type Path = RdmaPath;
-    type Payload = PoolBuf;
+    type Payload = RdmaPayload;
     const FRAMING: Framing = Framing::Message;
 
-    fn payload(&mut self, bytes: MsgBytes<'_>) -> PoolBuf {
-        // Copied: the app region is not registered yet (zero copy is future work).
-        PoolBuf::copy_of(bytes)
+    fn payload(&mut self, bytes: MsgBytes<'_>) -> RdmaPayload {
+        RdmaPayload::Copy(PoolBuf::copy_of(bytes))
+    }
+
+    fn zero_copy(&self) -> bool {
+        self.zero_copy
+    }
+
+    fn payload_in_place(&mut self, bytes: MsgBytes<'_>, region: u64) -> Option<RdmaPayload> {
+        // Only from a region every device has registered (else `write` would have to copy).
+        let r = self.regions.iter().find(|r| r.id == region)?;
+        (r.mrs.len() == self.devices.len() && r.contains(bytes.as_ptr(), bytes.len())).then(|| {
+            RdmaPayload::InPlace(InPlaceBytes {
+                ptr: bytes.as_ptr(),
+                len: bytes.len(),
+            })
+        })
+    }
+
+    fn region_attached(&mut self, id: u64, base: *const u8, len: usize) {
+        if !self.zero_copy {
+            return;
+        }
+        let mut r = Region {
+            id,
+            base: base as usize,
+            len,
+            mrs: Vec::new(),
+        };
+        for d in &self.devices {
+            r.register(d);
+        }
+        self.regions.push(r);
+    }
+
+    fn region_detached(&mut self, id: u64) {
+        // Every message from it was released, so no send from it is in flight.
+        self.regions.retain(|r| r.id != id);
     }
 
     fn accept(&mut self) -> Option<Accepted<RdmaPath>> {
@@ -736,7 +832,13 @@ impl Link for RdmaLink {
     }
 
     fn write(&mut self, p: &mut RdmaPath, slices: &[&[u8]]) -> Write {
-        let Some(c) = self.conn(p) else {
+        let regions = &self.regions;
+        let Some(c) = self
+            .conns
+            .get_mut(p.idx)
+            .and_then(|c| c.as_deref_mut())
+            .filter(|c| c.gen == p.gen)
+        else {
             return Write::Closed;
         };
         if c.state == State::Dead {
@@ -753,16 +855,49 @@ impl Link for RdmaLink {
             return Write::WouldBlock;
         }
         let seq = FragHdr::parse(hdr).map_or(0, |h| h.seq);
+        // In place when the payload lies in an app region registered on this QP's device.
+        let ctx = qp.context();
+        let lkey = regions
+            .iter()
+            .find(|r| r.contains(payload.as_ptr(), payload.len()))
+            .and_then(|r| r.lkey(ctx));
+        let n = HDR + payload.len();
+        let end = c.written + n as u64;
         let mut chunks = payload.chunks(FRAG);
-        for _ in 0..nfrag {
+        for k in 0..nfrag {
             let slot = c.free_send.pop().expect("counted");
             let chunk = chunks.next().unwrap_or(&[]);
             let buf = qp.slot_mut(slot);
             buf[..HDR].copy_from_slice(hdr);
-            buf[HDR..HDR + chunk.len()].copy_from_slice(chunk);
-            c.tx_pending.push_back((slot, (HDR + chunk.len()) as u32));
+            let extra = match lkey {
+                Some(lkey) => Some(InPlaceSge {
+                    addr: chunk.as_ptr() as u64,
+                    len: chunk.len() as u32,
+                    lkey,
+                }),
+                None => {
+                    // SAFETY: `chunk` is valid for reads for its length (a pooled copy, or
+                    // app memory kept mapped while the message is queued) and the slot has
+                    // room for FRAG bytes after the header; a raw copy forms no reference
+                    // to bytes an app may be writing.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            chunk.as_ptr(),
+                            buf[HDR..].as_mut_ptr(),
+                            chunk.len(),
+                        )
+                    };
+                    None
+                }
+            };
+            let in_slot = if extra.is_some() {
+                HDR
+            } else {
+                HDR + chunk.len()
+            };
+            c.slot_end[slot as usize] = if k + 1 == nfrag { end } else { 0 };
+            c.tx_pending.push_back((slot, in_slot as u32, extra));
         }
-        let n = HDR + payload.len();
         c.written += n as u64;
         c.sent.push_back((seq, c.written));
         Self::progress(c);
@@ -789,7 +924,8 @@ impl Link for RdmaLink {
             .get(idx)
             .and_then(|c| c.as_deref())
             .filter(|c| c.gen == p.gen)
-            .map(|c| c.acked)
+            // Released only once the peer has it and our send is complete (zero copy).
+            .map(|c| c.acked.min(c.completed))
     }
 
     fn close(&mut self, p: RdmaPath, reset: bool) {
@@ -906,6 +1042,89 @@ impl Link for RdmaLink {
     }
 }
 
+/// A payload fragment sent in place: the second scatter-gather entry of its SEND.
+#[derive(Clone, Copy, Debug)]
+struct InPlaceSge {
+    addr: u64,
+    len: u32,
+    lkey: u32,
+}
+
+/// An app region registered on every device (zero copy).
+struct Region {
+    id: u64,
+    base: usize,
+    len: usize,
+    /// (device, its registration): the lkey of a send from this region.
+    mrs: Vec<(*mut verbs_sys::ibv_context, Mr)>,
+}
+
+// SAFETY: the context pointers are only compared, never dereferenced here; the MRs are Send.
+unsafe impl Send for Region {}
+
+impl Region {
+    fn register(&mut self, d: &Device) {
+        match Mr::register(d, self.base as *const u8, self.len) {
+            Ok(mr) => self.mrs.push((d.context(), mr)),
+            // Sends from it are copied on that device (payload_in_place declines).
+            Err(e) => {
+                tracing::warn!(error = %e, region = self.id, "rdma: app region not registered")
+            }
+        }
+    }
+
+    fn contains(&self, p: *const u8, len: usize) -> bool {
+        let p = p as usize;
+        p >= self.base && p + len <= self.base + self.len
+    }
+
+    fn lkey(&self, ctx: *mut verbs_sys::ibv_context) -> Option<u32> {
+        self.mrs
+            .iter()
+            .find(|(c, _)| *c == ctx)
+            .map(|(_, m)| m.lkey())
+    }
+}
+
+/// Bytes of an app's tx ring, sent in place.
+pub struct InPlaceBytes {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: an address range in a shared mapping that the poll core keeps mapped while the message
+// is queued; moving the handle between threads changes nothing about that.
+unsafe impl Send for InPlaceBytes {}
+
+impl std::fmt::Debug for InPlaceBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "InPlaceBytes({:p}, {})", self.ptr, self.len)
+    }
+}
+
+/// A queued payload: a pooled copy, or the app's bytes in place (zero copy).
+#[derive(Debug)]
+pub enum RdmaPayload {
+    Copy(PoolBuf),
+    InPlace(InPlaceBytes),
+}
+
+impl AsRef<[u8]> for RdmaPayload {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            RdmaPayload::Copy(b) => b.as_ref(),
+            RdmaPayload::InPlace(b) if b.len == 0 => &[],
+            // SAFETY: the range lies in an app region the poll core keeps mapped, with its ring
+            // space not reused, until this message is released (after the peer acknowledged
+            // it and its send completed). The slice only carries the address and length to
+            // `write`, which hands them to the device (or copies with a raw copy): no Rust
+            // code reads these bytes through it, so an app scribbling on them (its own
+            // message) races with the device alone.
+            RdmaPayload::InPlace(b) => unsafe { std::slice::from_raw_parts(b.ptr, b.len) },
+        }
+    }
+}
+
 /// TEST ONLY: the QP-error injection requested through the environment.
 fn test_qp_error_every() -> Option<u64> {
     let n: u64 = std::env::var("RDSD_TEST_RDMA_QP_ERROR_EVERY")
@@ -930,6 +1149,9 @@ mod tests {
         let c = RdmaConfig::from_raw(raw).unwrap();
         assert_eq!(c.port, 18634);
         assert_eq!((c.recv_buffers, c.send_slots), (64, 320));
+        assert!(c.zero_copy, "zero copy is the default");
+        let raw: RawRdma = toml::from_str("zero_copy = false").unwrap();
+        assert!(!RdmaConfig::from_raw(raw).unwrap().zero_copy);
         assert!(c.routes[0].contains(std::net::Ipv4Addr::new(10, 1, 2, 3)));
         let raw: RawRdma = toml::from_str("send_slots = 100").unwrap();
         assert!(RdmaConfig::from_raw(raw).is_err());

@@ -281,6 +281,102 @@ impl Drop for CmId {
     }
 }
 
+/// An RDMA device as rdma_cm opened it, with the protection domain every path and every
+/// registered app region on it share (one PD per device, so an app region is registered once
+/// per device, not once per path).
+pub struct Device {
+    ctx: *mut v::ibv_context,
+    pd: *mut v::ibv_pd,
+}
+
+// SAFETY: as for `Cm`: one thread at a time; librdmacm owns the context, we own the PD.
+unsafe impl Send for Device {}
+
+impl Device {
+    /// Every device rdma_cm knows, each with a fresh PD.
+    pub fn all() -> io::Result<Vec<Device>> {
+        let mut n = 0;
+        // SAFETY: returns a NULL-terminated array (or NULL) that we free below; the contexts
+        // themselves stay open for the life of the process (librdmacm keeps them).
+        let list = unsafe { v::rdma_get_devices(&mut n) };
+        if list.is_null() {
+            return Err(io::Error::other(format!("rdma_get_devices: {}", last())));
+        }
+        let mut out = Vec::new();
+        for i in 0..n.max(0) as usize {
+            // SAFETY: `i < n` entries of the array are valid.
+            let ctx = unsafe { *list.add(i) };
+            if !ctx.is_null() {
+                match Device::open(ctx) {
+                    Ok(d) => out.push(d),
+                    Err(e) => tracing::warn!(error = %e, "rdma: a device without a PD"),
+                }
+            }
+        }
+        // SAFETY: the list came from rdma_get_devices and is freed once.
+        unsafe { v::rdma_free_devices(list) };
+        Ok(out)
+    }
+
+    /// A PD on an open context.
+    pub fn open(ctx: *mut v::ibv_context) -> io::Result<Device> {
+        // SAFETY: `ctx` is a live context from librdmacm.
+        let pd = unsafe { v::ibv_alloc_pd(ctx) };
+        if pd.is_null() {
+            return Err(io::Error::other(format!("ibv_alloc_pd: {}", last())));
+        }
+        Ok(Device { ctx, pd })
+    }
+
+    pub fn context(&self) -> *mut v::ibv_context {
+        self.ctx
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        // SAFETY: every QP and MR on this PD is gone first (the link drops its paths and
+        // regions before its devices).
+        unsafe { v::ibv_dealloc_pd(self.pd) };
+    }
+}
+
+/// A memory region registered for local reads by the device (an app's region, sent from in
+/// place). Deregistered on drop.
+pub struct Mr {
+    mr: *mut v::ibv_mr,
+}
+
+// SAFETY: as for `Cm`.
+unsafe impl Send for Mr {}
+
+impl Mr {
+    /// Registers `base..base + len` on `dev` for sends (no remote access, no local writes:
+    /// the device only reads it).
+    pub fn register(dev: &Device, base: *const u8, len: usize) -> io::Result<Mr> {
+        // SAFETY: the caller keeps the range mapped until the Mr is dropped (the poll core
+        // unmaps an app region only after `region_detached`); access 0 = local read only.
+        let mr = unsafe { v::ibv_reg_mr(dev.pd, base as *mut _, len, 0) };
+        if mr.is_null() {
+            return Err(io::Error::other(format!("ibv_reg_mr: {}", last())));
+        }
+        Ok(Mr { mr })
+    }
+
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: the MR is live.
+        unsafe { (*self.mr).lkey }
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: registered once, deregistered once; no send from it is in flight (a message
+        // sent in place is released only after its send completed).
+        unsafe { v::ibv_dereg_mr(self.mr) };
+    }
+}
+
 /// A work completion, copied out.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Wc {
@@ -290,11 +386,12 @@ pub struct Wc {
     pub byte_len: u32,
 }
 
-/// One path's verbs resources: PD, completion channel, CQ, registered slots, RC QP.
+/// One path's verbs resources: completion channel, CQ, registered slots, RC QP (on its
+/// device's shared PD).
 ///
 /// Slots: `0..recv_n` receive buffers, then `send_n` send slots, then one ACK slot.
 pub struct Qp {
-    pd: *mut v::ibv_pd,
+    ctx: *mut v::ibv_context,
     chan: *mut v::ibv_comp_channel,
     cq: *mut v::ibv_cq,
     mr: *mut v::ibv_mr,
@@ -309,18 +406,24 @@ pub struct Qp {
 unsafe impl Send for Qp {}
 
 impl Qp {
-    /// Creates the resources on the device `id` resolved to (or arrived on).
-    pub fn new(id: &CmId, recv_n: u32, send_n: u32) -> io::Result<Qp> {
+    /// The device `id` resolved to (or arrived on).
+    pub fn device_of(id: &CmId) -> io::Result<*mut v::ibv_context> {
         // SAFETY: `id` is live and bound to a device after address resolution or a request.
         let verbs = unsafe { (*id.id).verbs };
         if verbs.is_null() {
             return Err(io::Error::other("rdma: id has no device"));
         }
+        Ok(verbs)
+    }
+
+    /// Creates the resources on `dev`, the device `id` is bound to.
+    pub fn new(id: &CmId, dev: &Device, recv_n: u32, send_n: u32) -> io::Result<Qp> {
+        let verbs = dev.ctx;
         let nslots = (recv_n + send_n + 1) as usize;
         let len = nslots * SLOT;
         let mem = Box::into_raw(vec![0u8; len].into_boxed_slice()) as *mut u8;
         let mut q = Qp {
-            pd: ptr::null_mut(),
+            ctx: verbs,
             chan: ptr::null_mut(),
             cq: ptr::null_mut(),
             mr: ptr::null_mut(),
@@ -333,10 +436,6 @@ impl Qp {
         // SAFETY: each call gets live objects made just before; failures leave NULLs that
         // Drop skips.
         unsafe {
-            q.pd = v::ibv_alloc_pd(verbs);
-            if q.pd.is_null() {
-                return Err(io::Error::other(format!("ibv_alloc_pd: {}", last())));
-            }
             q.chan = v::ibv_create_comp_channel(verbs);
             if q.chan.is_null() {
                 return Err(io::Error::other(format!(
@@ -349,7 +448,7 @@ impl Qp {
             if q.cq.is_null() {
                 return Err(io::Error::other(format!("ibv_create_cq: {}", last())));
             }
-            q.mr = v::ibv_reg_mr(q.pd, mem as *mut _, len, v::IBV_ACCESS_LOCAL_WRITE as i32);
+            q.mr = v::ibv_reg_mr(dev.pd, mem as *mut _, len, v::IBV_ACCESS_LOCAL_WRITE as i32);
             if q.mr.is_null() {
                 return Err(io::Error::other(format!("ibv_reg_mr: {}", last())));
             }
@@ -362,9 +461,13 @@ impl Qp {
             };
             attr.cap.max_send_wr = send_n + 1;
             attr.cap.max_recv_wr = recv_n;
-            attr.cap.max_send_sge = 1;
+            // A fragment sent in place: [header from a send slot][payload in the app's region].
+            attr.cap.max_send_sge = 2;
             attr.cap.max_recv_sge = 1;
-            check(v::rdma_create_qp(id.id, q.pd, &mut attr), "rdma_create_qp")?;
+            check(
+                v::rdma_create_qp(id.id, dev.pd, &mut attr),
+                "rdma_create_qp",
+            )?;
             q.qp = (*id.id).qp;
         }
         Ok(q)
@@ -420,32 +523,60 @@ impl Qp {
         check(r, "ibv_post_recv")
     }
 
-    fn post(&self, wr_id: u64, slot: u32, bytes: u32) -> io::Result<()> {
-        let mut sge = v::ibv_sge {
-            addr: self.addr(slot) as u64,
-            length: bytes,
-            lkey: self.lkey(),
-        };
+    /// Posts a SEND of `bytes` from `slot`, followed by `extra` (address, length, lkey of a
+    /// registered app region) when the payload is sent in place.
+    fn post(
+        &self,
+        wr_id: u64,
+        slot: u32,
+        bytes: u32,
+        extra: Option<(u64, u32, u32)>,
+    ) -> io::Result<()> {
+        let mut sge = [
+            v::ibv_sge {
+                addr: self.addr(slot) as u64,
+                length: bytes,
+                lkey: self.lkey(),
+            },
+            v::ibv_sge::default(),
+        ];
+        let mut n = 1;
+        if let Some((addr, length, lkey)) = extra.filter(|e| e.1 > 0) {
+            sge[1] = v::ibv_sge { addr, length, lkey };
+            n = 2;
+        }
         let mut wr = v::ibv_send_wr {
             wr_id,
-            sg_list: &mut sge,
-            num_sge: 1,
+            sg_list: sge.as_mut_ptr(),
+            num_sge: n,
             opcode: v::IBV_WR_SEND,
             send_flags: v::IBV_SEND_SIGNALED,
             ..Default::default()
         };
         let mut bad = ptr::null_mut();
-        // SAFETY: as for post_recv; the slot stays untouched until its completion.
+        // SAFETY: as for post_recv; the slot and the app bytes stay untouched until the
+        // completion (the app region is registered and its ring space held until release).
         let r = unsafe { v::rdsd_ibv_post_send(self.qp, &mut wr, &mut bad) };
         check(r, "ibv_post_send")
     }
 
-    pub fn post_send(&self, wr_id: u64, send: u32, bytes: u32) -> io::Result<()> {
-        self.post(wr_id, self.recv_n + send, bytes)
+    pub fn post_send(
+        &self,
+        wr_id: u64,
+        send: u32,
+        bytes: u32,
+        extra: Option<(u64, u32, u32)>,
+    ) -> io::Result<()> {
+        self.post(wr_id, self.recv_n + send, bytes, extra)
     }
 
     pub fn post_ack(&self, wr_id: u64) -> io::Result<()> {
-        self.post(wr_id, self.recv_n + self.send_n, super::HDR as u32)
+        self.post(wr_id, self.recv_n + self.send_n, super::HDR as u32, None)
+    }
+
+    /// The device this QP is on.
+    pub fn context(&self) -> *mut v::ibv_context {
+        self.ctx
     }
 
     /// Moves the QP to the error state: every posted work request completes with a flush
@@ -512,7 +643,8 @@ impl Qp {
 impl Drop for Qp {
     fn drop(&mut self) {
         // SAFETY: the QP itself was destroyed by the owner (`CmId::destroy_qp`) before; each
-        // object is destroyed once, in reverse order of creation; the memory is ours.
+        // object is destroyed once, in reverse order of creation; the memory is ours; the PD
+        // is the device's (the link drops it after every path).
         unsafe {
             if !self.mr.is_null() {
                 v::ibv_dereg_mr(self.mr);
@@ -522,9 +654,6 @@ impl Drop for Qp {
             }
             if !self.chan.is_null() {
                 v::ibv_destroy_comp_channel(self.chan);
-            }
-            if !self.pd.is_null() {
-                v::ibv_dealloc_pd(self.pd);
             }
             drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
                 self.mem, self.len,
