@@ -27,10 +27,11 @@
 //!   release messages), so credits and acks fit the shared layer's stream-offset model. When
 //!   there is nothing to piggyback, an ACK-only frame (ports 0/0, no payload) goes out, at most
 //!   one in flight.
-//! * **Polling**: the CQ is polled in the poll core's passes (no syscall); rdma_cm events (a
-//!   non-blocking read, so a syscall) at most once a millisecond, and every pass while a
-//!   connection is being set up. Before the core parks, each CQ is armed and
-//!   its completion channel fd joins the poll set.
+//! * **Polling**: the CQ is polled in the poll core's passes (no syscall). rdma_cm's event
+//!   channel is read by a thread of its own (`cm_thread`), which hands events over through a
+//!   lock-free queue: the passes make no syscall for rdma_cm either. Before the core parks,
+//!   each CQ is armed and its completion channel fd, and the event thread's eventfd, join the
+//!   poll set.
 //! * **Release**: `acked()` is min(frames the peer acknowledged, frames whose SENDs completed),
 //!   so a message sent in place is released (and its ring space reused) only after both.
 //!
@@ -38,6 +39,7 @@
 //! version negotiation, and a sender-side ack_seq in the private data (0 is sent: the engine's
 //! duplicate rule covers retransmissions).
 
+mod cm_thread;
 mod verbs;
 pub mod wire;
 
@@ -148,8 +150,6 @@ const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 /// Timeout for address and route resolution (ms).
 const RESOLVE_MS: i32 = 2000;
-/// How often an established transport reads rdma_cm's event channel.
-const CM_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(1);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Role {
@@ -241,9 +241,8 @@ pub struct RdmaLink {
     send_n: u32,
     conns: Vec<Option<Box<Conn>>>,
     gen: u32,
-    /// When rdma_cm's event channel is next read (a syscall: at most once per
-    /// [`CM_POLL_INTERVAL`] unless a connection is being set up).
-    next_cm_poll: std::time::Instant,
+    /// rdma_cm's events, read by a thread of their own (`cm_thread`).
+    events: cm_thread::CmEvents,
     accepted: VecDeque<usize>,
     /// Completions polled while arming, before parking (see `park_fds`).
     early: std::cell::RefCell<Vec<(usize, verbs::Wc)>>,
@@ -258,15 +257,16 @@ pub struct RdmaLink {
     regions: Vec<Region>,
     /// After `conns` and `regions`: their PDs go last.
     devices: Vec<Device>,
-    /// Last: dropped after every id on it.
-    cm: Cm,
+    /// Last: dropped after every id on it (and after the event thread, which `events` joins).
+    cm: Arc<Cm>,
 }
 
 impl RdmaLink {
     /// Opens rdma_cm and listens on `cfg.port` on every RDMA device.
     pub fn listen(cfg: &RdmaConfig) -> std::io::Result<RdmaLink> {
-        let cm = Cm::new()?;
+        let cm = Arc::new(Cm::new()?);
         let listener = cm.listen(cfg.port)?;
+        let events = cm_thread::CmEvents::spawn(cm.clone())?;
         // Every device's PD up front, so that app regions are registered once, at attach.
         let devices = Device::all()?;
         tracing::info!(port = cfg.port, "RDS/RDMA listening");
@@ -285,7 +285,7 @@ impl RdmaLink {
             send_n: cfg.send_slots,
             conns: Vec::new(),
             gen: 1,
-            next_cm_poll: std::time::Instant::now(),
+            events,
             accepted: VecDeque::new(),
             early: Default::default(),
             ready_fd,
@@ -405,10 +405,10 @@ impl RdmaLink {
         Ok(())
     }
 
-    /// Reads and handles every pending rdma_cm event (one syscall when there is none).
+    /// Handles every rdma_cm event the event thread has handed over (no syscall).
     fn poll_cm(&mut self) -> usize {
         let mut n = 0;
-        while let Some(ev) = self.cm.get_event() {
+        while let Some(ev) = self.events.pop() {
             n += 1;
             self.handle_cm(ev);
         }
@@ -940,15 +940,7 @@ impl Link for RdmaLink {
     fn poll_aux(&mut self) -> usize {
         let mut work = 0;
         let now = std::time::Instant::now();
-        let connecting = self
-            .conns
-            .iter()
-            .flatten()
-            .any(|c| c.state == State::Connecting);
-        if connecting || now >= self.next_cm_poll {
-            self.next_cm_poll = now + CM_POLL_INTERVAL;
-            work += self.poll_cm();
-        }
+        work += self.poll_cm();
         for i in 0..self.conns.len() {
             let Some(c) = self.conns[i].as_ref() else {
                 continue;
@@ -1005,7 +997,7 @@ impl Link for RdmaLink {
 
     fn park_fds(&self, out: &mut Vec<libc::pollfd>) {
         out.push(libc::pollfd {
-            fd: self.cm.fd(),
+            fd: self.events.fd(),
             events: libc::POLLIN,
             revents: 0,
         });
@@ -1031,8 +1023,9 @@ impl Link for RdmaLink {
                 revents: 0,
             });
         }
-        if !early.is_empty() {
-            // Completions are waiting: do not sleep.
+        let cm_waiting = self.events.arm();
+        if !early.is_empty() || cm_waiting {
+            // Completions or rdma_cm events are waiting: do not sleep.
             out.push(libc::pollfd {
                 fd: std::os::fd::AsRawFd::as_raw_fd(&self.ready_fd),
                 events: libc::POLLIN,

@@ -47,9 +47,12 @@ pub struct Cm {
     ch: *mut v::rdma_event_channel,
 }
 
-// SAFETY: the channel is used by one thread at a time (the poll core owns the link); librdmacm
-// objects are not tied to the thread that made them.
+// SAFETY: librdmacm objects are not tied to the thread that made them.
 unsafe impl Send for Cm {}
+// SAFETY: two threads share the channel: the event thread only reads events from it
+// (`get_event`, `fd`), the poll core only creates ids on it; librdmacm serialises its own
+// state (this split is its documented multi-threaded use).
+unsafe impl Sync for Cm {}
 
 /// What happened, for the link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
