@@ -1179,6 +1179,22 @@ impl BatchGuest {
         self.out.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Waits until the guest has printed a line containing `needle` (true), or until it
+    /// powers off or `limit` passes (false; the guest keeps running). For host-side actions
+    /// timed by the guest, such as cutting the wire mid-stream.
+    pub fn wait_for(&mut self, needle: &str, limit: Duration) -> bool {
+        let end = Instant::now() + limit;
+        loop {
+            if self.output().contains(needle) {
+                return true;
+            }
+            if Instant::now() > end || matches!(self.child.try_wait(), Ok(Some(_))) {
+                return self.output().contains(needle);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Waits for the guest to power off (true) or `limit` to pass (false; it is killed).
     pub fn wait(&mut self, limit: Duration) -> bool {
         let end = Instant::now() + limit;

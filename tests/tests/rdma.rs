@@ -1,16 +1,24 @@
 //! rdsd's RDMA transport (`dataplane/src/transport/rdma`) for real, over Soft-RoCE, in the VM
-//! lab: **two guests** (Debian's 6.1 kernel under qemu TCG) joined by a point-to-point qemu
-//! socket network inside a namespace made by the test. Each guest loads `rdma_rxe` (after
+//! lab: **two guests** (Debian's 6.1 kernel under qemu TCG) joined by qemu's UDP socket
+//! netdev (each guest's Ethernet frames are datagrams to the other qemu's port on 127.0.0.1)
+//! inside a namespace made by the test, where an nftables rule can cut the wire. (qemu's TCP
+//! `listen`/`connect` netdev added about 20 ms to every frame: `ib_send_lat` showed 22 ms
+//! one-way on it, 0.18 ms on UDP.) Each guest loads `rdma_rxe` (after
 //! `crc32_generic`), `ib_uverbs` and `rdma_ucm`, adds `rxe0` on its virtio NIC with
 //! `rdma link add`, and runs rdsd with an `[rdma]` section. The initramfs carries rdsd, this
 //! test binary (it is the guest app too: the ignored test `guest_app`), `ibv_rc_pingpong`,
-//! `rdma`, every shared library they load (ld-linux, libc, libibverbs, librdmacm, libnl, DPDK's
+//! `rdma`, perftest's `ib_send_lat`/`ib_send_bw`, `rds-bench`, every shared library they load (ld-linux, libc, libibverbs, librdmacm, libnl, DPDK's
 //! libraries that rdsd links) and the rxe provider with `/etc/libibverbs.d/rxe.driver`.
 //!
 //! Guest A (10.77.0.1, the receiver) and guest B (10.77.0.2, the sender): A has the smaller
 //! address, so A's rdsd connects (the smaller-address rule). B's app sends messages of 0, 1,
 //! 4096, 4097, 65536 and 1 MiB bytes plus a run of small ones to A; A's app checks every
 //! length, every byte and the order, then answers `done`.
+//!
+//! `lab.mode=` on the kernel command line picks a variant: `lat` (perftest, 200 timed round
+//! trips, then rds-bench over RDMA and, after restarting rdsd without `[rdma]`, over kernel
+//! TCP), `slow`, `restart`, `cut` (the host cuts the wire mid-stream), `qperr` (rdsd's
+//! test-only QP error hook in the sender) and `flap` (a netdev flap before rdsd starts).
 //!
 //! Needs root (namespace), qemu-system-x86, busybox-static, the cached kernel and rdma-core's
 //! packages (tests/run.sh installs them). Without qemu the tests print `SKIPPED` loudly.
@@ -28,6 +36,16 @@ const ROUNDS: u64 = 3;
 const SMALL: u64 = 400;
 /// Round trips timed in `lab.mode=lat`.
 const LAT_ROUNDS: usize = 200;
+/// How long the wire between the guests is cut in `lab.mode=cut`: longer than the RC QP's
+/// retries (7 × ~0.5 s ack timeout for RoCE) and rdsd's 5 s stall keepalive, so the paths
+/// really go down instead of rxe quietly retransmitting after the cut.
+const CUT: Duration = Duration::from_secs(10);
+/// The sender's pace in `lab.mode=qperr` (keeps its unacknowledged window well under the
+/// hook's N = 150).
+const QPERR_PACE: Duration = Duration::from_millis(10);
+/// The sender's pace once it sees the cut (the rest of the stream, 209 messages, is written
+/// while the wire is cut).
+const CUT_PACE: Duration = Duration::from_millis(10);
 
 fn msg_len(i: u64) -> usize {
     let big = SIZES.len() as u64 * ROUNDS;
@@ -65,6 +83,7 @@ fn guest_app() {
     let slow = std::env::var("LAB_MODE").is_ok_and(|m| m == "slow");
     let cut = std::env::var("LAB_MODE").is_ok_and(|m| m == "cut");
     let lat = std::env::var("LAB_MODE").is_ok_and(|m| m == "lat");
+    let qperr = std::env::var("LAB_MODE").is_ok_and(|m| m == "qperr");
     match role.as_str() {
         "recv" => {
             let s = rdsd.socket().unwrap();
@@ -113,7 +132,14 @@ fn guest_app() {
                     msg_len(i),
                     "message {i} (socket {k}): length (lost or reordered?)"
                 );
-                assert!(buf[..n] == payload(i)[..], "message {i}: payload differs");
+                if buf[..n] != payload(i)[..] {
+                    // Small messages all have the same length: name the one that came.
+                    let came = (0..total).find(|&j| buf[..n] == payload(j)[..]);
+                    panic!(
+                        "message {i} (socket {k}, #{got} received): payload differs; it is \
+                         message {came:?}"
+                    );
+                }
                 next[k as usize] += socks;
                 bytes += n as u64;
             }
@@ -166,28 +192,46 @@ fn guest_app() {
             let dst = SocketAddrV4::new(peer, 4000);
             for i in 0..total {
                 if cut && i == total / 2 {
-                    // The link is cut mid-stream: queued and in-flight messages must survive
-                    // the QP error, the reconnect and the retransmission, exactly once.
-                    let ip = |st: &str| {
-                        let ok = std::process::Command::new("ip")
-                            .args(["link", "set", "eth0", st])
+                    // The host cuts the wire when it sees this line (the links stay up).
+                    // Queued and in-flight messages must survive the QP error, the reconnect
+                    // and the retransmission, exactly once.
+                    // Straight to the console: the `sed` that prefixes this app's output
+                    // buffers it.
+                    use std::io::Write;
+                    let mut con = std::fs::OpenOptions::new()
+                        .write(true)
+                        .open("/dev/console")
+                        .expect("/dev/console");
+                    writeln!(con, "LAB cut-now at message {i}").unwrap();
+                    // Then wait until the cut is seen here: a ping to the peer goes unanswered.
+                    let t = Instant::now();
+                    let answered = || {
+                        Command::new("ping")
+                            .args(["-c", "1", "-W", "1", &peer.to_string()])
+                            .stdout(std::process::Stdio::null())
                             .status()
-                            .is_ok_and(|s| s.success());
-                        assert!(ok, "ip link set eth0 {st}");
+                            .is_ok_and(|s| s.success())
                     };
-                    ip("down");
-                    println!("RESULT link down at message {i}");
-                    std::thread::sleep(Duration::from_secs(4));
-                    ip("up");
-                    println!("RESULT link up");
-                    std::thread::sleep(Duration::from_secs(1));
-                    let sys =
-                        |p: &str| std::fs::read_to_string(p).unwrap_or_else(|e| e.to_string());
+                    while answered() {
+                        assert!(
+                            t.elapsed() < Duration::from_secs(120),
+                            "the wire was never cut"
+                        );
+                    }
                     println!(
-                        "RESULT after the cut: rxe0 port state {:?}, gid1 {:?}",
-                        sys("/sys/class/infiniband/rxe0/ports/1/state").trim(),
-                        sys("/sys/class/infiniband/rxe0/ports/1/gids/1").trim()
+                        "RESULT the wire is cut (seen after {:.1} s)",
+                        t.elapsed().as_secs_f64()
                     );
+                }
+                if qperr {
+                    // The QP error hook counts every frame written, resends included: an
+                    // unpaced sender has more than N frames unacknowledged, so every new QP
+                    // is failed again before the receiver acknowledges anything (livelock).
+                    std::thread::sleep(QPERR_PACE);
+                }
+                if cut && i >= total / 2 {
+                    // Paced: the rest is written during the cut, frame by frame.
+                    std::thread::sleep(CUT_PACE);
                 }
                 let p = payload(i);
                 senders[(i % socks) as usize]
@@ -262,6 +306,18 @@ echo "LAB uverbs $(ls /dev/infiniband/ 2>&1)"
 # Wait for the peer (ARP) before anything connects.
 for i in $(seq 1 60); do ping -c 1 -W 1 $LAB_PEER >/dev/null 2>&1 && break; done
 echo "LAB peer reachable"
+# Soft-RoCE's own counters, to compare before and after a fault.
+hwc() {
+    echo "LAB hwc $1 $(cd /sys/class/infiniband/rxe0/ports/1/hw_counters 2>/dev/null && for f in *; do printf '%s=%s ' $f $(cat $f); done)"
+}
+case "$LAB_MODE" in cut|flap) hwc boot;; esac
+if [ "$LAB_MODE" = flap ] && [ "$LAB_ROLE" = send ]; then
+    # The netdev flaps while no rdma_cm MAD is being sent from here (rdsd not started yet).
+    ip link set eth0 down; sleep 4; ip link set eth0 up
+    for i in $(seq 1 60); do ping -c 1 -W 1 $LAB_PEER >/dev/null 2>&1 && break; done
+    echo "LAB flapped eth0 before rdsd"
+    hwc after-flap
+fi
 if [ -n "$LAB_PINGPONG" ] || grep -q lab.pingpong /proc/cmdline; then
     if [ "$LAB_ROLE" = recv ]; then
         /usr/bin/ibv_rc_pingpong -d rxe0 -g 1 -n 5 2>&1 | sed 's/^/LAB pingpong /'
@@ -269,15 +325,25 @@ if [ -n "$LAB_PINGPONG" ] || grep -q lab.pingpong /proc/cmdline; then
         sleep 3; /usr/bin/ibv_rc_pingpong -d rxe0 -g 1 -n 5 $LAB_PEER 2>&1 | sed 's/^/LAB pingpong /'
     fi
 fi
-case "$LAB_MODE" in cut|restart) export RDSD_LOG=info,rdsd::transport::rdma=debug;; esac
+case "$LAB_MODE" in cut|restart|qperr|flap) export RDSD_LOG=info,rdsd::transport::rdma=debug;; esac
+# Test-only fault injection in the sender's rdsd: every N-th frame moves its QP to error.
+if [ "$LAB_MODE" = qperr ] && [ "$LAB_ROLE" = send ]; then export RDSD_TEST_RDMA_QP_ERROR_EVERY=150; fi
 if [ "$LAB_MODE" = lat ]; then
     # perftest next to rdsd, same guests (TCG: functional figures only).
     for t in ib_send_lat ib_send_bw; do
         if [ "$LAB_ROLE" = recv ]; then
-            timeout 60 /usr/bin/$t -d rxe0 -x 1 -n 200 -s 64 -p 18800 2>&1 | grep -E '^ *[0-9]' | sed "s/^/LAB perftest $t /"
+            timeout 60 /usr/bin/$t -d rxe0 -x 1 -n 200 -s 64 -p 18800 > /tmp/pt.out 2> /tmp/pt.err
         else
-            sleep 3; timeout 60 /usr/bin/$t -d rxe0 -x 1 -n 200 -s 64 -p 18800 $LAB_PEER 2>&1 | grep -E '^ *[0-9]' | sed "s/^/LAB perftest $t /"
+            sleep 3
+            # Again while the server does not listen yet.
+            for try in 1 2 3 4 5; do
+                timeout 60 /usr/bin/$t -d rxe0 -x 1 -n 200 -s 64 -p 18800 $LAB_PEER > /tmp/pt.out 2> /tmp/pt.err
+                grep -q "Couldn't connect" /tmp/pt.err || break
+                sleep 1
+            done
         fi
+        grep -E '^ *[0-9]' /tmp/pt.out | sed "s/^/LAB perftest $t /"
+        tail -n 2 /tmp/pt.err | sed "s/^/LAB perftest-err $t /"
     done
 fi
 printf '[rdma]\n' > /tmp/rdsd.toml
@@ -295,6 +361,45 @@ start_rdsd
 export RDSD_SOCKET=/run/rdsd/rdsd.sock
 /bin/rdmatest guest_app --ignored --exact --nocapture --test-threads 1 2>&1 | sed 's/^/LAB app /'
 echo "LAB app-done"
+stats() {
+    /bin/rdsctl --socket /run/rdsd/rdsd.sock stats 2>&1 | grep -E '^(rdma|tcp)_|^rx_(paused|resumed) ' | sed "s/^/LAB $1 /"
+}
+[ "$LAB_MODE" = qperr ] && echo "LAB hook-fired $(grep -c 'QP forced into error' /tmp/rdsd.log)"
+if [ "$LAB_MODE" = lat ]; then
+    # rds-bench over RDMA, then over rdsd's kernel-TCP transport (rdsd restarted without
+    # [rdma]), in the same boot: RTT with one request in flight, message rate with 16.
+    bench() {
+        for run in rtt rate; do
+            # rate: 16 requests in flight, each acknowledged (one-way, -o, floods rdsd's
+            # send buffer faster than TCG drains it, and its end-of-run fence times out).
+            case $run in rtt) D="-d 1";; *) D="-d 16";; esac
+            if [ "$LAB_ROLE" = recv ]; then
+                timeout 60 /bin/rds-bench -r $LAB_ADDR -p 4100 > /tmp/bench-passive.log 2>&1
+                echo "LAB bench-passive $1 $run exit $? $(tail -c 300 /tmp/bench-passive.log | tr '\n' ' ')"
+            else
+                # Again while the passive side does not listen yet (it serves one active
+                # side, then exits). Blocking apps: one vCPU each, shared with rdsd.
+                for try in $(seq 1 40); do
+                    timeout 40 /bin/rds-bench -s $LAB_PEER -r $LAB_ADDR -p 4100 -T 3 -q 64 -a 64 $D --mode blocking -z --json > /tmp/bench.json 2> /tmp/bench.err
+                    rc=$?
+                    grep -qi refused /tmp/bench.err || break
+                    sleep 1
+                done
+                echo "LAB bench $1 $run $(tr -d '\n' < /tmp/bench.json)"
+                echo "LAB bench-exit $1 $run $rc $(tail -c 300 /tmp/bench.err | tr '\n' ' ')"
+            fi
+        done
+    }
+    stats stat
+    bench rdma
+    kill $RDSD_PID; wait $RDSD_PID
+    rm -f /run/rdsd/rdsd.sock
+    : > /tmp/rdsd.toml
+    start_rdsd
+    echo "LAB rdsd restarted without [rdma]"
+    bench tcp
+    stats tcpstat
+fi
 if [ "$LAB_MODE" = restart ]; then
     # The receiver's rdsd dies (SIGKILL) and comes back; a second stream follows.
     if [ "$LAB_ROLE" = recv ]; then
@@ -303,24 +408,17 @@ if [ "$LAB_MODE" = restart ]; then
     /bin/rdmatest guest_app --ignored --exact --nocapture --test-threads 1 2>&1 | sed 's/^/LAB app2 /'
     echo "LAB app2-done"
 fi
+[ "$LAB_MODE" = cut ] && hwc end
 if [ "$LAB_MODE" = restart ] || [ "$LAB_MODE" = cut ]; then
     ip neigh show 2>&1 | sed 's/^/LAB neigh /'
     /usr/bin/rdma resource show cm_id 2>&1 | sed 's/^/LAB cm_id /'
     /usr/bin/rdma resource show qp 2>&1 | sed 's/^/LAB qp /'
     dmesg | tail -n 20 | sed 's/^/LAB dmesg /'
 fi
-if [ "$LAB_MODE" = cut ]; then
-    # Does Soft-RoCE itself still connect after the link flap?
-    if [ "$LAB_ROLE" = recv ]; then
-        timeout 30 /usr/bin/ibv_rc_pingpong -d rxe0 -g 1 -n 5 -p 18700 2>&1 | sed 's/^/LAB post-cut pingpong /'
-    else
-        sleep 5; timeout 25 /usr/bin/ibv_rc_pingpong -d rxe0 -g 1 -n 5 -p 18700 $LAB_PEER 2>&1 | sed 's/^/LAB post-cut pingpong /'
-    fi
-fi
 /bin/rdsctl --socket /run/rdsd/rdsd.sock info -p 2>&1 | sed 's/^/LAB paths /'
-/bin/rdsctl --socket /run/rdsd/rdsd.sock stats 2>&1 | grep -E '^(rdma|tcp)_|^rx_(paused|resumed) ' | sed 's/^/LAB stat /'
+[ "$LAB_MODE" = lat ] || stats stat
 grep -v 'rdma: path event.*PassivePending' /tmp/rdsd.log | sed 's/^/LAB rdsd /' | tail -n 60
-[ "$LAB_MODE" = cut ] && cp /tmp/rdsd.log /dev/null && sed 's/^/LAB full /' /tmp/rdsd.log | head -150
+case "$LAB_MODE" in cut|qperr) grep -v 'PassivePending' /tmp/rdsd.log | sed 's/^/LAB full /' | head -400;; esac
 echo "LAB end"
 poweroff -f
 "#;
@@ -356,6 +454,10 @@ fn build_initrd(dir: &Path, k: &vmlab::Kernel) -> PathBuf {
         ("usr/bin/ibv_rc_pingpong".into(), pingpong),
         ("usr/bin/ib_send_lat".into(), which("ib_send_lat")),
         ("usr/bin/ib_send_bw".into(), which("ib_send_bw")),
+        (
+            "bin/rds-bench".into(),
+            rdsd_tests::bin_dir().join("rds-bench"),
+        ),
     ];
     bins.extend(prov);
     let bins_ref: Vec<(&str, &Path)> = bins
@@ -380,8 +482,41 @@ impl Drop for Ns {
     }
 }
 
-/// Boots the two guests with `paths` paths and returns (receiver output, sender output).
-fn two_guests(paths: u8, extra: &str) -> Option<(String, String, f64)> {
+/// What a two-guest run printed.
+struct Run {
+    /// The receiver's (guest A's) serial output.
+    a: String,
+    /// The sender's (guest B's).
+    b: String,
+    /// Frames the host dropped while the wire was cut (`lab.mode=cut` only).
+    cut_dropped: u64,
+}
+
+/// The nftables table that cuts the wire: every UDP datagram between the two qemu netdevs.
+fn cut_ruleset(pa: u16, pb: u16) -> String {
+    format!(
+        "table inet labcut {{\n chain out {{\n  type filter hook output priority 0; policy accept;\n  \
+         udp dport {{ {pa}, {pb} }} counter drop\n }}\n}}\n"
+    )
+}
+
+/// Frames the cut dropped so far (the rule's counter).
+fn cut_counter(ns: &str) -> u64 {
+    let out = Command::new("ip")
+        .args([
+            "netns", "exec", ns, "nft", "list", "table", "inet", "labcut",
+        ])
+        .output()
+        .expect("nft list");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_once("counter packets ")
+        .and_then(|(_, r)| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no counter in the cut table: {text}"))
+}
+
+/// Boots the two guests with `paths` paths. With `lab.mode=cut` the host cuts the wire for
+/// [`CUT`] when the sender prints `cut-now`.
+fn two_guests(paths: u8, extra: &str) -> Option<Run> {
     static N: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     assert!(
@@ -410,14 +545,13 @@ fn two_guests(paths: u8, extra: &str) -> Option<(String, String, f64)> {
         .status()
         .unwrap()
         .success());
-    let port = 17000 + n;
-    let net = |listen: bool, mac: u8| -> Vec<String> {
+    // qemu's UDP socket netdev: each guest's frames are datagrams to the other's port, so
+    // an nftables rule in the namespace can drop them (a cut wire: both links stay up).
+    let (pa, pb) = (17000 + 2 * n, 17001 + 2 * n);
+    let net = |me: u16, peer: u16, mac: u8| -> Vec<String> {
         vec![
             "-netdev".into(),
-            format!(
-                "socket,id=n0,{}=127.0.0.1:{port}",
-                if listen { "listen" } else { "connect" }
-            ),
+            format!("socket,id=n0,udp=127.0.0.1:{peer},localaddr=127.0.0.1:{me}"),
             "-device".into(),
             format!("virtio-net-pci,netdev=n0,mac=52:54:00:12:34:{mac:02x}"),
         ]
@@ -428,7 +562,7 @@ fn two_guests(paths: u8, extra: &str) -> Option<(String, String, f64)> {
         &k,
         &initrd,
         &format!("lab.role=recv lab.addr={a} lab.peer={b} lab.paths={paths} {extra}"),
-        &net(true, 1),
+        &net(pa, pb, 1),
         Some(&ns.0),
         1024,
     ) {
@@ -443,13 +577,32 @@ fn two_guests(paths: u8, extra: &str) -> Option<(String, String, f64)> {
         &k,
         &initrd,
         &format!("lab.role=send lab.addr={b} lab.peer={a} lab.paths={paths} {extra}"),
-        &net(false, 2),
+        &net(pb, pa, 2),
         Some(&ns.0),
         1024,
     )
     .expect("second guest");
+    let mut cut_dropped = 0;
+    if extra.contains("lab.mode=cut") && gb.wait_for("LAB cut-now", Duration::from_secs(400)) {
+        rdsd_tests::netns::nft_in(&ns.0, &cut_ruleset(pa, pb));
+        eprintln!("cut: wire down at {:.1} s", t0.elapsed().as_secs_f64());
+        std::thread::sleep(CUT);
+        cut_dropped = cut_counter(&ns.0);
+        let ok = Command::new("ip")
+            .args([
+                "netns", "exec", &ns.0, "nft", "delete", "table", "inet", "labcut",
+            ])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "nft delete table inet labcut");
+        eprintln!(
+            "cut: wire up again at {:.1} s, {cut_dropped} frames dropped",
+            t0.elapsed().as_secs_f64()
+        );
+    }
     let ok_a = ga.wait(Duration::from_secs(540));
-    let ok_b = gb.wait(Duration::from_secs(60));
+    // Long enough for a sender whose receiver failed to time out (90 s) and print its logs.
+    let ok_b = gb.wait(Duration::from_secs(120));
     let secs = t0.elapsed().as_secs_f64();
     let (oa, ob) = (ga.output(), gb.output());
     let lab = |s: &str| -> String {
@@ -467,13 +620,24 @@ fn two_guests(paths: u8, extra: &str) -> Option<(String, String, f64)> {
     if std::env::var_os("RDSD_VMLAB_KEEP").is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
-    Some((oa, ob, secs))
+    eprintln!("two guests, {secs:.1} s in all");
+    Some(Run {
+        a: oa,
+        b: ob,
+        cut_dropped,
+    })
 }
 
 /// A counter from the `LAB stat NAME VALUE` lines of a guest (panics when missing).
 fn stat(out: &str, name: &str) -> u64 {
+    stat_as(out, "stat", name)
+}
+
+/// A counter from the `LAB TAG NAME VALUE` lines (`tcpstat`: rdsd restarted without [rdma]).
+fn stat_as(out: &str, tag: &str, name: &str) -> u64 {
+    let prefix = format!("LAB {tag} ");
     out.lines()
-        .filter_map(|l| l.strip_prefix("LAB stat "))
+        .filter_map(|l| l.strip_prefix(&prefix))
         .find_map(|l| {
             let (k, v) = l.split_once(' ')?;
             (k == name).then(|| v.trim().parse().ok())?
@@ -484,9 +648,10 @@ fn stat(out: &str, name: &str) -> u64 {
 /// One lab at a time (two TCG guests already fill this machine's cores).
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn check(paths: u8, socks: u64, extra: &str) -> Option<(String, String)> {
+fn check(paths: u8, socks: u64, extra: &str) -> Option<Run> {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let (a, b, secs) = two_guests(paths, &format!("lab.socks={socks} {extra}"))?;
+    let run = two_guests(paths, &format!("lab.socks={socks} {extra}"))?;
+    let (a, b) = (&run.a, &run.b);
     assert!(
         a.contains("LAB rxe up") && b.contains("LAB rxe up"),
         "rxe did not come up"
@@ -499,34 +664,105 @@ fn check(paths: u8, socks: u64, extra: &str) -> Option<(String, String)> {
     // Over RDMA, not kernel TCP: the receiver's rdma counters saw every message.
     let total = SIZES.len() as u64 * ROUNDS + SMALL;
     assert!(
-        stat(&a, "rdma_delivered") >= total,
+        stat(a, "rdma_delivered") >= total,
         "rdma_delivered on the receiver: {}",
-        stat(&a, "rdma_delivered")
+        stat(a, "rdma_delivered")
     );
-    assert_eq!(stat(&a, "tcp_delivered"), 0, "nothing went over kernel TCP");
-    if !extra.contains("cut") && !extra.contains("restart") {
-        // Without a fault nothing is retransmitted, so nothing is dropped as a duplicate.
-        assert_eq!(stat(&a, "rdma_drop_dup_seq"), 0);
-    }
-    assert!(stat(&b, "rdma_tx_messages") >= total);
-    for l in a
-        .lines()
-        .chain(b.lines())
-        .filter(|l| l.contains("RESULT") || l.contains("pingpong"))
+    assert_eq!(stat(a, "tcp_delivered"), 0, "nothing went over kernel TCP");
+    if !["cut", "restart", "qperr"]
+        .iter()
+        .any(|f| extra.contains(f))
     {
+        // Without a fault nothing is retransmitted, so nothing is dropped as a duplicate.
+        assert_eq!(stat(a, "rdma_drop_dup_seq"), 0);
+    }
+    assert!(stat(b, "rdma_tx_messages") >= total);
+    for l in a.lines().chain(b.lines()).filter(|l| {
+        l.contains("RESULT")
+            || l.contains("pingpong")
+            || l.contains("LAB bench-")
+            || l.contains("LAB perftest")
+    }) {
         eprintln!("{l}");
     }
-    eprintln!("paths={paths} sockets={socks} {extra}: two guests, {secs:.1} s in all");
-    Some((a, b))
+    eprintln!("paths={paths} sockets={socks} {extra}");
+    Some(run)
+}
+
+/// Field `col` (0-based) of perftest's result line for `tool` (`LAB perftest TOOL ...`),
+/// from the client's output (`b`), else the server's (perftest's teardown sometimes fails on
+/// one side after the measurement).
+fn perftest(b: &str, a: &str, tool: &str, col: usize) -> f64 {
+    let prefix = format!("LAB perftest {tool} ");
+    let find = |out: &str| -> Option<f64> {
+        out.lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .find_map(|l| l.split_whitespace().nth(col)?.parse().ok())
+    };
+    find(b)
+        .or_else(|| find(a))
+        .unwrap_or_else(|| panic!("no {tool} result line in either guest's output"))
+}
+
+/// One rds-bench run's JSON (`LAB bench TRANSPORT RUN {json}`): its first run's
+/// `(msgs_per_s, round-trip p50 in µs)`; the p50 is absent for one-way runs.
+fn bench(out: &str, transport: &str, run: &str) -> (f64, Option<f64>) {
+    let prefix = format!("LAB bench {transport} {run} ");
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no rds-bench {transport} {run} line"));
+    let j: serde_json::Value = serde_json::from_str(line)
+        .unwrap_or_else(|e| panic!("rds-bench {transport} {run}: {e}: {line:?}"));
+    let r = &j["runs"][0];
+    assert_eq!(r["lost"], 0, "rds-bench {transport} {run} lost messages");
+    assert!(
+        r["errors"].as_array().is_some_and(|e| e.is_empty()),
+        "rds-bench {transport} {run} errors: {}",
+        r["errors"]
+    );
+    let rate = r["msgs_per_s"].as_f64().unwrap_or(0.0);
+    assert!(rate > 0.0, "rds-bench {transport} {run}: no messages");
+    (rate, r["latency_us"]["p50"].as_f64())
 }
 
 /// One path, one socket; `ibv_rc_pingpong` first as a check of rxe itself.
 #[test]
 fn rdma_exactly_once_two_guests_one_path() {
-    if let Some((a, _)) = check(1, 1, "lab.pingpong=1 lab.mode=lat") {
+    if let Some(Run { a, b, .. }) = check(1, 1, "lab.pingpong=1 lab.mode=lat") {
         assert!(
             a.contains("LAB pingpong 5 iters"),
             "ibv_rc_pingpong did not run between the guests"
+        );
+        // The benchmark (TCG: functional figures, printed, never asserted on speed).
+        assert!(b.contains("LAB rdsd restarted without [rdma]"));
+        let lat_us = perftest(&b, &a, "ib_send_lat", 4); // t_typical: median one-way
+        let bw_mpps = perftest(&b, &a, "ib_send_bw", 4); // MsgRate [Mpps]
+        let (_, rdma_rtt) = bench(&b, "rdma", "rtt");
+        let (rdma_rate, _) = bench(&b, "rdma", "rate");
+        let (_, tcp_rtt) = bench(&b, "tcp", "rtt");
+        let (tcp_rate, _) = bench(&b, "tcp", "rate");
+        let (rdma_rtt, tcp_rtt) = (
+            rdma_rtt.expect("rdma rtt p50"),
+            tcp_rtt.expect("tcp rtt p50"),
+        );
+        assert!(lat_us > 0.0 && bw_mpps > 0.0 && rdma_rtt > 0.0 && tcp_rtt > 0.0);
+        // The kernel-TCP runs went over kernel TCP.
+        assert!(stat_as(&b, "tcpstat", "tcp_tx_messages") > 0);
+        eprintln!(
+            "BENCH 64 B, two TCG guests over Soft-RoCE (functional only):\n\
+             BENCH ib_send_lat median one-way {lat_us:.1} us (round trip ~{:.1} us); \
+             ib_send_bw {:.0} msg/s\n\
+             BENCH rds-bench rdsd-RDMA: rtt p50 {rdma_rtt:.1} us (depth 1); {rdma_rate:.0} round trips/s (depth 16)\n\
+             BENCH rds-bench rdsd-kernel-TCP: rtt p50 {tcp_rtt:.1} us (depth 1); {tcp_rate:.0} round trips/s (depth 16)\n\
+             BENCH ratios: rdsd-RDMA rtt / ib_send_lat rtt {:.2}; rdsd-RDMA rate / ib_send_bw rate {:.3}; \
+             rdsd-RDMA rtt / rdsd-TCP rtt {:.2}; rdsd-RDMA rate / rdsd-TCP rate {:.2}",
+            2.0 * lat_us,
+            bw_mpps * 1e6,
+            rdma_rtt / (2.0 * lat_us),
+            rdma_rate / (bw_mpps * 1e6),
+            rdma_rtt / tcp_rtt,
+            rdma_rate / tcp_rate,
         );
     }
 }
@@ -534,7 +770,7 @@ fn rdma_exactly_once_two_guests_one_path() {
 /// Eight paths, eight sending sockets (their source ports hash onto different paths).
 #[test]
 fn rdma_exactly_once_two_guests_eight_paths() {
-    if let Some((a, b)) = check(8, 8, "") {
+    if let Some(Run { a, b, .. }) = check(8, 8, "") {
         assert!(
             b.contains("paths negotiated peer=10.77.0.1 npaths=8"),
             "8 paths not negotiated"
@@ -565,7 +801,7 @@ fn rdma_exactly_once_two_guests_eight_paths() {
 /// credits and stalls; then the receiver drains and nothing is lost.
 #[test]
 fn rdma_slow_receiver_exhausts_credits_and_recovers() {
-    if let Some((a, _)) = check(1, 1, "lab.mode=slow") {
+    if let Some(Run { a, .. }) = check(1, 1, "lab.mode=slow") {
         assert!(stat(&a, "rx_paused") > 0, "the receiver never paused");
         assert!(stat(&a, "rx_resumed") > 0, "the receiver never resumed");
     }
@@ -580,7 +816,7 @@ fn rdma_slow_receiver_exhausts_credits_and_recovers() {
 /// powered its guest off, so the restarted rdsd's ARP for it went unanswered.)
 #[test]
 fn rdma_peer_rdsd_killed_and_restarted() {
-    if let Some((a, b)) = check(1, 1, "lab.mode=restart") {
+    if let Some(Run { a, b, .. }) = check(1, 1, "lab.mode=restart") {
         assert!(
             a.contains("LAB rdsd restarted"),
             "the receiver's rdsd was not restarted"
@@ -605,29 +841,90 @@ fn rdma_peer_rdsd_killed_and_restarted() {
     }
 }
 
-/// The sender's link goes down for 4 s halfway through (`ip link set eth0 down` in the guest):
-/// the RC QPs fail, the paths reconnect, unacknowledged messages are retransmitted, and the
-/// receiver still sees every message exactly once, in order.
+/// The wire between the guests is cut for [`CUT`] (10 s) halfway through the stream: the
+/// host adds an nftables rule in the namespace that drops every frame between the two qemu
+/// UDP netdevs, while both guests' links stay up, then deletes it. The RC QP's retries run
+/// out (or rdsd's stall keepalive fires), the paths go down and reconnect once frames flow
+/// again, unacknowledged messages are retransmitted, and the receiver still sees every
+/// message exactly once, in order.
 ///
-/// Ignored: it fails. What the runs show: the flap stalls the RC QP (the sender's keepalive
-/// sees no completion for 5 s) or ends it with a LOC_LEN_ERR completion; the paths go down and
-/// the protocol layer reconnects as designed, but from then on rdma_cm between the two guests
-/// no longer completes: address resolution times out (-110), REPs go unanswered (the
-/// passive side sees REJ "timeout"), connects time out, for minutes; the receiver is left at
-/// 17 of 418 messages. The rxe port is ACTIVE with its GID, and `ibv_rc_pingpong` (QP numbers
-/// over TCP, no rdma_cm) still works between the same guests (`post-cut pingpong` in the
-/// output). Whether Soft-RoCE's CM/neighbour state after a netdev flap or our reconnect path
-/// is at fault is not known. In cut mode rdsd logs rdma_cm events (`LAB full`).
+/// (An earlier version flapped the sender's netdev, `ip link set eth0 down/up`; that breaks
+/// Soft-RoCE's rdma_cm for good on the 6.1 kernel, which a real cable cut does not: see
+/// tests/vmlab/README.md, "RDMA lab".)
 #[test]
-#[ignore = "fails: after `ip link set eth0 down/up` in a guest, rdma_cm reconnects never complete (see the doc comment)"]
 fn rdma_link_cut_mid_stream_loses_nothing() {
-    if let Some((a, b)) = check(1, 1, "lab.mode=cut") {
-        assert!(b.contains("RESULT link down"), "the link was not cut");
+    if let Some(Run { a, b, cut_dropped }) = check(1, 1, "lab.mode=cut") {
+        assert!(
+            b.contains("RESULT the wire is cut"),
+            "the sender never reached the cut"
+        );
         let downs = stat(&a, "rdma_path_down") + stat(&b, "rdma_path_down");
+        let resent = stat(&a, "rdma_retransmits") + stat(&b, "rdma_retransmits");
+        let dups = stat(&a, "rdma_drop_dup_seq") + stat(&b, "rdma_drop_dup_seq");
         eprintln!(
-            "path_down A+B {downs}, retransmits B {}, dup drops A {}",
+            "cut: {cut_dropped} frames dropped; path_down A+B {downs}, retransmits A+B \
+             {resent}, duplicate drops A+B {dups}"
+        );
+        assert!(cut_dropped > 0, "the cut dropped no frame");
+        assert!(
+            downs >= 1 || resent > 0,
+            "the cut went unnoticed (no path down, no retransmission)"
+        );
+        assert!(
+            resent > 0 || dups > 0,
+            "nothing was retransmitted across the cut"
+        );
+    }
+}
+
+/// The test hook `RDSD_TEST_RDMA_QP_ERROR_EVERY=150` in the sender's rdsd moves the path's QP
+/// into the error state every 150th frame written, mid-stream (`lab.mode=qperr`): the path
+/// goes down, reconnects and retransmits; every message arrives exactly once, in order.
+fn qp_forced_into_error(paths: u8) {
+    if let Some(Run { a, b, .. }) = check(paths, u64::from(paths), "lab.mode=qperr") {
+        let fired: u64 = b
+            .lines()
+            .find_map(|l| l.strip_prefix("LAB hook-fired "))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("LAB hook-fired line");
+        let downs = stat(&b, "rdma_path_down");
+        eprintln!(
+            "qperr paths={paths}: hook fired {fired}, path_down B {downs} A {}, \
+             retransmits B {}, duplicate drops A {}",
+            stat(&a, "rdma_path_down"),
             stat(&b, "rdma_retransmits"),
             stat(&a, "rdma_drop_dup_seq")
         );
+        assert!(fired >= 2, "the QP error hook fired {fired} times");
+        assert!(downs >= 2, "the sender's paths went down {downs} times");
+    }
+}
+
+#[test]
+fn rdma_qp_forced_into_error_mid_stream_loses_nothing() {
+    qp_forced_into_error(1);
+}
+
+/// Ignored: it fails (4 runs of 4, rdsd up to 9502f77). The QP error on one path
+/// makes the sender's rdsd ring the doorbell; the receiver's connect then takes all 8
+/// paths down on the sender ("the peer reconnects: dropping our stale path" ×7), and a
+/// message already delivered is delivered again: "message 151 (socket 7, #144 received):
+/// payload differs; it is message Some(143)", in another run "message 291 (socket 3, #287
+/// received): ... it is message Some(32)" (`rdma_drop_dup_seq` 1 on the receiver: one resend
+/// was caught, one was not). With one path the same hook passes.
+#[test]
+#[ignore = "fails: a message is delivered twice after a QP error with 8 paths (rdsd bug, see the doc comment)"]
+fn rdma_qp_forced_into_error_mid_stream_eight_paths() {
+    qp_forced_into_error(8);
+}
+
+/// Evidence on the netdev flap (tests/vmlab/README.md, "RDMA lab"): the sender's eth0 flaps
+/// for 4 s *before* its rdsd starts, so no rdma_cm MAD is sent from it while the link is
+/// down; afterwards rdma_cm connects and the stream arrives exactly once, in order.
+#[test]
+#[ignore = "diagnostic for the Soft-RoCE netdev-flap issue (tests/vmlab/README.md)"]
+fn rdma_netdev_flap_before_rdsd_then_connects() {
+    if let Some(Run { b, .. }) = check(1, 1, "lab.mode=flap") {
+        assert!(b.contains("LAB flapped eth0 before rdsd"));
     }
 }
