@@ -905,15 +905,12 @@ fn rdma_qp_forced_into_error_mid_stream_loses_nothing() {
     qp_forced_into_error(1);
 }
 
-/// Ignored: it fails (4 runs of 4, rdsd up to 9502f77). The QP error on one path
-/// makes the sender's rdsd ring the doorbell; the receiver's connect then takes all 8
-/// paths down on the sender ("the peer reconnects: dropping our stale path" ×7), and a
-/// message already delivered is delivered again: "message 151 (socket 7, #144 received):
-/// payload differs; it is message Some(143)", in another run "message 291 (socket 3, #287
-/// received): ... it is message Some(32)" (`rdma_drop_dup_seq` 1 on the receiver: one resend
-/// was caught, one was not). With one path the same hook passes.
+/// The same with 8 paths and 8 sockets. It once delivered a message twice: the QP error on one
+/// path made the sender ring the doorbell, the receiver's connect took all 8 paths down, and
+/// the 8 reconnects, paired first-free on the passive side, crossed two paths, whose resends
+/// were then judged against the wrong receive sequence. RDMA paths now connect from source
+/// ports with `port % 8 == path` and announce SPORT_IDX, as the userspace-TCP paths do.
 #[test]
-#[ignore = "fails: a message is delivered twice after a QP error with 8 paths (rdsd bug, see the doc comment)"]
 fn rdma_qp_forced_into_error_mid_stream_eight_paths() {
     qp_forced_into_error(8);
 }

@@ -187,8 +187,14 @@ struct Conn {
     last_progress: std::time::Instant,
     // --- send side ---
     free_send: Vec<u32>,
-    /// Filled slots waiting for a credit: (slot, bytes in the slot, payload sent in place).
-    tx_pending: VecDeque<(u32, u32, Option<InPlaceSge>)>,
+    /// Filled slots waiting for a credit, in order.
+    tx_pending: VecDeque<Pending>,
+    /// Frames (not fragments) in `tx_pending`.
+    frames_queued: u32,
+    /// Frames posted since one asked for an ack.
+    since_ack_req: u32,
+    /// Whether the frame being posted asks for an ack (decided at its first fragment).
+    ack_req_cur: bool,
     /// Per send slot: the end offset of the frame whose last fragment it carries (0: not a
     /// last fragment), so a send completion moves `completed`.
     slot_end: Vec<u64>,
@@ -200,6 +206,10 @@ struct Conn {
     written: u64,
     acked: u64,
     credits: u32,
+    /// Credit-based flow control: on unless the peer's private data offered 0 credits (the
+    /// kernel's RDS/IB default, sysctl `flow_control` off): then every SEND goes out and a
+    /// receiver without a posted buffer answers RNR, which the sender's QP retries.
+    flow_control: bool,
     ack_inflight: bool,
     // --- receive side ---
     /// Completed receive slots not yet processed: (slot, bytes).
@@ -251,6 +261,8 @@ pub struct RdmaLink {
     /// path's QP to the error state, mid-stream. `None` in production.
     qp_error_every: Option<u64>,
     frames_written: u64,
+    /// Next candidate source port (see `source_port`).
+    next_port: u16,
     zero_copy: bool,
     /// App regions registered on every device (zero copy). After `conns`: no QP sends from
     /// them when they are deregistered.
@@ -291,6 +303,9 @@ impl RdmaLink {
             ready_fd,
             qp_error_every: test_qp_error_every(),
             frames_written: 0,
+            // Spread restarts over the range, so a restarted rdsd does not reuse the ports
+            // of its previous incarnation's QPs.
+            next_port: 49152 + (std::process::id() % 16000) as u16,
             zero_copy: cfg.zero_copy,
             regions: Vec::new(),
             devices,
@@ -324,12 +339,16 @@ impl RdmaLink {
             last_progress: std::time::Instant::now(),
             free_send: Vec::new(),
             tx_pending: VecDeque::new(),
+            frames_queued: 0,
+            since_ack_req: 0,
+            ack_req_cur: false,
             slot_end: Vec::new(),
             completed: 0,
             sent: VecDeque::new(),
             written: 0,
             acked: 0,
             credits: 0,
+            flow_control: true,
             ack_inflight: false,
             rx_done: VecDeque::new(),
             posted_unadv: 0,
@@ -342,17 +361,49 @@ impl RdmaLink {
         }
     }
 
-    fn start(&mut self, role: Role, laddr: u32, faddr: u32) -> std::io::Result<usize> {
-        let id = self.cm.create_id()?;
-        let c = self.new_conn(role, id, laddr, faddr);
-        let i = self.insert(c);
-        let c = self.conns[i].as_mut().expect("just inserted");
-        c.cm.set_context(i, c.gen);
-        if let Err(e) = c.cm.resolve_addr(laddr, faddr, self.port, RESOLVE_MS) {
-            self.destroy(i);
-            return Err(e);
+    /// Starts a connection; for a path, from a source port with `port % 8 == path`
+    /// (SPORT_IDX: the peer maps the QP to its path by that port, so a reconnect of several
+    /// paths at once can never pair them differently on the two sides).
+    fn start(
+        &mut self,
+        role: Role,
+        laddr: u32,
+        faddr: u32,
+        path: Option<usize>,
+    ) -> std::io::Result<usize> {
+        let mut tries = 0;
+        loop {
+            let sport = path.map_or(0, |k| self.source_port(k));
+            let id = self.cm.create_id()?;
+            let c = self.new_conn(role, id, laddr, faddr);
+            let i = self.insert(c);
+            let c = self.conns[i].as_mut().expect("just inserted");
+            c.cm.set_context(i, c.gen);
+            match c
+                .cm
+                .resolve_addr(laddr, sport, faddr, self.port, RESOLVE_MS)
+            {
+                Ok(()) => return Ok(i),
+                Err(e) => {
+                    self.destroy(i);
+                    tries += 1;
+                    if sport == 0 || e.kind() != std::io::ErrorKind::AddrInUse || tries >= 64 {
+                        return Err(e);
+                    }
+                }
+            }
         }
-        Ok(i)
+    }
+
+    /// The next source port for `path` in the ephemeral range, with `port % 8 == path`.
+    fn source_port(&mut self, path: usize) -> u16 {
+        loop {
+            let p = self.next_port;
+            self.next_port = if p == u16::MAX { 49152 } else { p + 1 };
+            if usize::from(p) % 8 == path % 8 {
+                return p;
+            }
+        }
     }
 
     fn conn(&mut self, p: &RdmaPath) -> Option<&mut Conn> {
@@ -449,7 +500,10 @@ impl RdmaLink {
             CmEventKind::Established => {
                 if c.role == Role::Active || c.role == Role::Doorbell {
                     match ev.private.as_deref().and_then(PrivData::decode) {
-                        Some(p) if p.compatible() => c.credits = p.credit,
+                        Some(p) if p.compatible() => {
+                            c.credits = p.credit;
+                            c.flow_control = p.credit > 0;
+                        }
                         // A peer that sends no private data: assume what we granted.
                         None => c.credits = recv_n,
                         Some(p) => {
@@ -470,7 +524,13 @@ impl RdmaLink {
                     self.accepted.push_back(i);
                 }
                 if c.role == Role::Doorbell {
-                    self.destroy(i);
+                    // An rdsd peer rejects doorbells at the CM level; this peer accepted a
+                    // connect from the larger address, as the kernel's RDS/IB does (there,
+                    // whoever has traffic connects). Tearing it down would drop the peer's
+                    // only connection: keep it as the path, as if it were accepted.
+                    tracing::info!(peer = %std::net::Ipv4Addr::from(c.faddr), "rdma: the peer accepted our doorbell: keeping it as the path");
+                    c.role = Role::Passive;
+                    self.accepted.push_back(i);
                 }
             }
             CmEventKind::Disconnected
@@ -519,6 +579,20 @@ impl RdmaLink {
             }
         }
         let peer_port = id.peer_port();
+        if pd.saddr > pd.daddr {
+            // A doorbell: the peer has the larger address, so we connect. Rejected at the CM
+            // level (the peer gets no QP), and handed to the protocol layer as a dead accepted
+            // path, whose refusal (we are the side that connects) starts our connect.
+            id.reject(wire::REJ_DOORBELL);
+            let mut c = self.new_conn(Role::Passive, id, pd.daddr, pd.saddr);
+            c.state = State::Dead;
+            c.peer_port = peer_port;
+            let i = self.insert(c);
+            let c = self.conns[i].as_mut().expect("just inserted");
+            c.cm.set_context(i, c.gen);
+            self.accepted.push_back(i);
+            return;
+        }
         let c = self.new_conn(Role::PassivePending, id, pd.daddr, pd.saddr);
         let i = self.insert(c);
         let (recv_n, send_n) = (self.recv_n, self.send_n);
@@ -526,6 +600,7 @@ impl RdmaLink {
         c.cm.set_context(i, c.gen);
         c.peer_port = peer_port;
         c.credits = pd.credit;
+        c.flow_control = pd.credit > 0;
         let ok = Self::setup_qp(c, &mut self.devices, &mut self.regions, recv_n, send_n).and_then(
             |()| {
                 let ours = PrivData::new(c.laddr, c.faddr, 0, recv_n).encode();
@@ -615,6 +690,12 @@ impl RdmaLink {
         }
     }
 
+    /// A SEND may go: the last credit only for a frame that carries a credit update, so that
+    /// the two sides can never both sit at zero credits holding each other's updates.
+    fn may_send(c: &Conn) -> bool {
+        !c.flow_control || c.credits >= 2 || (c.credits == 1 && c.posted_unadv > 0)
+    }
+
     /// Processes received fragments (until a whole frame waits for `read`), posts what the
     /// credits allow, and sends an ACK-only frame when needed. Returns work done.
     fn progress(c: &mut Conn) -> usize {
@@ -680,14 +761,32 @@ impl RdmaLink {
             return work;
         }
         // Sends: the last credit only for a frame that carries a credit update.
-        while let Some(&(slot, bytes, extra)) = c.tx_pending.front() {
-            let ok = c.credits >= 2 || (c.credits == 1 && c.posted_unadv > 0);
-            if !ok {
+        while let Some(&Pending {
+            slot,
+            bytes,
+            extra,
+            first,
+            last,
+        }) = c.tx_pending.front()
+        {
+            if !Self::may_send(c) {
                 break;
             }
             let adv = c.posted_unadv.min(255);
             let buf = qp.slot_mut(slot);
-            wire::stamp(&mut buf[..HDR], c.last_rx_seq, adv as u8);
+            if first {
+                // ACK_REQUIRED (spec §7): every MAX_UNACKED frames and on the last frame of a
+                // burst, so that a receiver that acks only when asked (the kernel's RDS/IB)
+                // never leaves us waiting. Never on a congestion map (flags exactly 0x01).
+                c.ack_req_cur = !wire::is_cong_map(buf)
+                    && (c.since_ack_req + 1 >= wire::MAX_UNACKED || c.frames_queued == 1);
+                c.since_ack_req = if c.ack_req_cur {
+                    0
+                } else {
+                    c.since_ack_req + 1
+                };
+            }
+            wire::stamp(&mut buf[..HDR], c.last_rx_seq, adv as u8, c.ack_req_cur);
             if qp
                 .post_send(
                     SEND_TAG | u64::from(slot),
@@ -701,16 +800,18 @@ impl RdmaLink {
                 return work;
             }
             c.tx_pending.pop_front();
-            c.credits -= 1;
+            if last {
+                c.frames_queued -= 1;
+            }
+            if c.flow_control {
+                c.credits -= 1;
+            }
             c.posted_unadv -= adv;
             c.rx_unacked = 0;
             work += 1;
         }
         let want_ack = c.rx_unacked > 0 || c.posted_unadv >= wire::CREDIT_ACK_THRESHOLD;
-        // The same rule as for data: the last credit only with a credit update, so that the
-        // two sides can never both sit at zero credits holding each other's updates.
-        let may = c.credits >= 2 || (c.credits == 1 && c.posted_unadv > 0);
-        if want_ack && !c.ack_inflight && may {
+        if want_ack && !c.ack_inflight && Self::may_send(c) {
             let adv = c.posted_unadv.min(255);
             let buf = qp.ack_slot_mut();
             wire::ack_only(buf, c.last_rx_seq, adv as u8);
@@ -719,7 +820,9 @@ impl RdmaLink {
                 return work;
             }
             c.ack_inflight = true;
-            c.credits -= 1;
+            if c.flow_control {
+                c.credits -= 1;
+            }
             c.posted_unadv -= adv;
             c.rx_unacked = 0;
             work += 1;
@@ -731,6 +834,7 @@ impl RdmaLink {
 impl Link for RdmaLink {
     type Path = RdmaPath;
     type Payload = RdmaPayload;
+    const SPORT_IDX: bool = true;
     const FRAMING: Framing = Framing::Message;
 
     fn payload(&mut self, bytes: MsgBytes<'_>) -> RdmaPayload {
@@ -785,8 +889,8 @@ impl Link for RdmaLink {
         })
     }
 
-    fn connect(&mut self, laddr: u32, faddr: u32, _path: usize) -> std::io::Result<RdmaPath> {
-        let idx = self.start(Role::Active, laddr, faddr)?;
+    fn connect(&mut self, laddr: u32, faddr: u32, path: usize) -> std::io::Result<RdmaPath> {
+        let idx = self.start(Role::Active, laddr, faddr, Some(path))?;
         let gen = self.conns[idx].as_ref().expect("started").gen;
         Ok(RdmaPath { idx, gen })
     }
@@ -801,7 +905,7 @@ impl Link for RdmaLink {
     }
 
     fn doorbell(&mut self, laddr: u32, faddr: u32) {
-        let _ = self.start(Role::Doorbell, laddr, faddr);
+        let _ = self.start(Role::Doorbell, laddr, faddr, None);
     }
 
     fn read<'a>(&'a mut self, p: &mut RdmaPath, _buf: &'a mut [u8]) -> Read<'a> {
@@ -896,14 +1000,29 @@ impl Link for RdmaLink {
                 HDR + chunk.len()
             };
             c.slot_end[slot as usize] = if k + 1 == nfrag { end } else { 0 };
-            c.tx_pending.push_back((slot, in_slot as u32, extra));
+            c.tx_pending.push_back(Pending {
+                slot,
+                bytes: in_slot as u32,
+                extra,
+                first: k == 0,
+                last: k + 1 == nfrag,
+            });
         }
+        c.frames_queued += 1;
         c.written += n as u64;
         c.sent.push_back((seq, c.written));
         Self::progress(c);
-        self.frames_written += 1;
+        // Resends do not count: an error on every N-th resend would fail each new QP again
+        // before anything is acknowledged.
+        let resend = hdr.len() >= HDR
+            && rds_proto::wire::HeaderPacket::new_unchecked(&hdr[..HDR]).flags()
+                & rds_proto::wire::flags::RETRANSMITTED
+                != 0;
+        if !resend {
+            self.frames_written += 1;
+        }
         if let Some(every) = self.qp_error_every {
-            if self.frames_written.is_multiple_of(every) {
+            if !resend && self.frames_written.is_multiple_of(every) {
                 let c = self.conns[p.idx].as_deref().expect("checked");
                 if let Some(Err(e)) = c.qp.as_ref().map(Qp::force_error) {
                     tracing::warn!(error = %e, "rdma: test hook: ibv_modify_qp(ERR) failed");
@@ -1033,6 +1152,18 @@ impl Link for RdmaLink {
             });
         }
     }
+}
+
+/// A filled send slot waiting for a credit.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    slot: u32,
+    /// Bytes in the slot (the header, plus the payload chunk unless it is sent in place).
+    bytes: u32,
+    extra: Option<InPlaceSge>,
+    /// First and last fragment of its frame.
+    first: bool,
+    last: bool,
 }
 
 /// A payload fragment sent in place: the second scatter-gather entry of its SEND.

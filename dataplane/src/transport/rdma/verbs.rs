@@ -206,8 +206,16 @@ impl CmId {
         unsafe { (*self.id).context = ctx as usize as *mut _ }
     }
 
-    pub fn resolve_addr(&self, laddr: u32, faddr: u32, port: u16, ms: i32) -> io::Result<()> {
-        let src = sin(laddr, 0);
+    /// Binds the id to `laddr:sport` (0: any port) and starts resolving `faddr:port`.
+    pub fn resolve_addr(
+        &self,
+        laddr: u32,
+        sport: u16,
+        faddr: u32,
+        port: u16,
+        ms: i32,
+    ) -> io::Result<()> {
+        let src = sin(laddr, sport);
         let dst = sin(faddr, port);
         // SAFETY: both addresses are valid for the call (librdmacm copies them).
         let r = unsafe {
@@ -253,7 +261,7 @@ impl CmId {
     }
 
     /// Rejects a connect request with a native-endian int as the reject data.
-    pub fn reject(self, code: i32) {
+    pub fn reject(&self, code: i32) {
         let b = code.to_ne_bytes();
         // SAFETY: a connect-request id; the data is copied by librdmacm.
         unsafe { v::rdma_reject(self.id, b.as_ptr() as *const _, b.len() as u8) };

@@ -1,6 +1,7 @@
 //! RDS/IB wire details the link owns (spec §12): the rdma_cm private data, fragment sizes and
 //! the header fields the link rewrites per fragment (`h_ack`, `h_credit`, checksum).
 
+use rds_proto::wire::flags;
 use rds_proto::wire::HeaderPacket;
 
 /// RDS/IB's rdma_cm port for IPv4 peers.
@@ -18,6 +19,9 @@ pub const VERSION: (u8, u8) = (3, 1);
 const MINOR_MASK: u16 = 0x0003;
 /// Reject data for an incompatible version (`RDS_RDMA_REJ_INCOMPAT`, a native int 1).
 pub const REJ_INCOMPAT: i32 = 1;
+/// Reject data for a doorbell (a connect from the larger address): 0, which a kernel peer
+/// answers by dropping the attempt and connecting again later.
+pub const REJ_DOORBELL: i32 = 0;
 /// An ack is worth sending once this many posted receive buffers wait to be advertised.
 pub const CREDIT_ACK_THRESHOLD: u32 = 16;
 
@@ -131,18 +135,31 @@ impl FragHdr {
     }
 }
 
-/// Stamps `h_ack` and `h_credit` into a fragment header and refreshes its checksum.
-pub fn stamp(hdr: &mut [u8], ack: u64, credit: u8) {
+/// Frames sent between two that ask for an ack (`max_unacked_packets`, spec §7).
+pub const MAX_UNACKED: u32 = 8;
+
+/// Stamps `h_ack` and `h_credit` into a fragment header, sets `RDS_FLAG_ACK_REQUIRED` when
+/// asked, and refreshes the checksum.
+pub fn stamp(hdr: &mut [u8], ack: u64, credit: u8, ack_required: bool) {
     let mut h = HeaderPacket::new_unchecked(&mut hdr[..HDR]);
     h.set_ack(ack);
     h.set_credit(credit);
+    if ack_required {
+        let f = h.flags();
+        h.set_flags(f | flags::ACK_REQUIRED);
+    }
     h.fill_checksum();
+}
+
+/// True for a congestion map (its flags must stay exactly 0x01 on the wire).
+pub fn is_cong_map(hdr: &[u8]) -> bool {
+    flags::is_cong_bitmap(HeaderPacket::new_unchecked(&hdr[..HDR]).flags())
 }
 
 /// An ACK-only header.
 pub fn ack_only(hdr: &mut [u8], ack: u64, credit: u8) {
     hdr[..HDR].fill(0);
-    stamp(hdr, ack, credit);
+    stamp(hdr, ack, credit, false);
 }
 
 #[cfg(test)]
@@ -188,5 +205,26 @@ mod tests {
         assert!(f.is_ack_only());
         assert_eq!((f.ack, f.credit), (77, 9));
         assert!(HeaderPacket::new_unchecked(&h[..]).verify_checksum());
+    }
+
+    #[test]
+    fn ack_required_is_stamped_with_a_valid_checksum() {
+        let mut h = [0u8; HDR];
+        ack_only(&mut h, 1, 0);
+        HeaderPacket::new_unchecked(&mut h[..]).set_flags(flags::RETRANSMITTED);
+        stamp(&mut h, 5, 3, true);
+        let p = HeaderPacket::new_unchecked(&h[..]);
+        assert_eq!(p.flags(), flags::RETRANSMITTED | flags::ACK_REQUIRED);
+        assert!(p.verify_checksum());
+        stamp(&mut h, 6, 0, false);
+        assert_eq!(
+            HeaderPacket::new_unchecked(&h[..]).flags(),
+            flags::RETRANSMITTED | flags::ACK_REQUIRED,
+            "never cleared: a frame keeps what its first post asked"
+        );
+        let mut m = [0u8; HDR];
+        HeaderPacket::new_unchecked(&mut m[..]).set_flags(flags::CONG_BITMAP);
+        assert!(is_cong_map(&m));
+        assert!(!is_cong_map(&h));
     }
 }
