@@ -24,7 +24,7 @@ need=()
 for p in build-essential pkg-config iproute2 nftables \
     qemu-system-x86 busybox-static kmod libc6-dev linux-libc-dev \
     python3-prometheus-client systemd \
-    libibverbs-dev librdmacm-dev ibverbs-providers ibverbs-utils rdma-core perftest; do
+    libibverbs-dev librdmacm-dev ibverbs-providers ibverbs-utils rdma-core perftest strace; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ "${#need[@]}" -gt 0 ]; then

@@ -379,12 +379,22 @@ if [ "$LAB_MODE" = lat ]; then
             else
                 # Again while the passive side does not listen yet (it serves one active
                 # side, then exits). Blocking apps: one vCPU each, shared with rdsd.
+                # The poll thread's system calls during the rate run (strace -c).
+                STRACE=
+                if [ $run = rate ]; then
+                    for t in /proc/$RDSD_PID/task/*; do
+                        [ "$(cat $t/comm)" = rdsd-poll-0 ] && STRACE=${t##*/}
+                    done
+                fi
                 for try in $(seq 1 40); do
+                    [ -n "$STRACE" ] && { /usr/bin/strace -c -p $STRACE -o /tmp/sc.txt 2>/dev/null & SC_PID=$!; sleep 1; }
                     timeout 40 /bin/rds-bench -s $LAB_PEER -r $LAB_ADDR -p 4100 -T 3 -q 64 -a 64 $D --mode blocking -z --json > /tmp/bench.json 2> /tmp/bench.err
                     rc=$?
+                    [ -n "$STRACE" ] && { kill -INT $SC_PID; wait $SC_PID; }
                     grep -qi refused /tmp/bench.err || break
                     sleep 1
                 done
+                [ -n "$STRACE" ] && sed "s/^/LAB syscalls $1 /" /tmp/sc.txt
                 echo "LAB bench $1 $run $(tr -d '\n' < /tmp/bench.json)"
                 echo "LAB bench-exit $1 $run $rc $(tail -c 300 /tmp/bench.err | tr '\n' ' ')"
             fi
@@ -454,6 +464,7 @@ fn build_initrd(dir: &Path, k: &vmlab::Kernel) -> PathBuf {
         ("usr/bin/ibv_rc_pingpong".into(), pingpong),
         ("usr/bin/ib_send_lat".into(), which("ib_send_lat")),
         ("usr/bin/ib_send_bw".into(), which("ib_send_bw")),
+        ("usr/bin/strace".into(), which("strace")),
         (
             "bin/rds-bench".into(),
             rdsd_tests::bin_dir().join("rds-bench"),
@@ -727,6 +738,22 @@ fn bench(out: &str, transport: &str, run: &str) -> (f64, Option<f64>) {
 }
 
 /// One path, one socket; `ibv_rc_pingpong` first as a check of rxe itself.
+/// The poll thread's system calls during a benchmark run (`LAB syscalls TRANSPORT` lines,
+/// `strace -c` on the sender's `rdsd-poll-0`): name → calls.
+fn syscalls(out: &str, transport: &str) -> std::collections::HashMap<String, u64> {
+    let tag = format!("LAB syscalls {transport} ");
+    out.lines()
+        .filter_map(|l| l.strip_prefix(&tag))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // % time, seconds, usecs/call, calls, [errors,] syscall
+            let name = *f.last()?;
+            let calls: u64 = f.get(3)?.parse().ok()?;
+            (name != "total" && name != "syscall").then(|| (name.to_string(), calls))
+        })
+        .collect()
+}
+
 #[test]
 fn rdma_exactly_once_two_guests_one_path() {
     if let Some(Run { a, b, .. }) = check(1, 1, "lab.pingpong=1 lab.mode=lat") {
@@ -749,6 +776,38 @@ fn rdma_exactly_once_two_guests_one_path() {
         assert!(lat_us > 0.0 && bw_mpps > 0.0 && rdma_rtt > 0.0 && tcp_rtt > 0.0);
         // The kernel-TCP runs went over kernel TCP.
         assert!(stat_as(&b, "tcpstat", "tcp_tx_messages") > 0);
+        // No syscall per message on the poll core over RDMA: no socket calls at all (the
+        // TCP run, measured the same way, shows them), and besides `write` (Soft-RoCE's
+        // doorbell: librxe's ibv_post_send is a write to the uverbs device, where real HCAs
+        // write a mapped doorbell register) and `futex` (waking the blocked app), fewer
+        // calls than messages: those of parking when idle (poll, eventfd reads, CQ arming).
+        let (sr, st) = (syscalls(&b, "rdma"), syscalls(&b, "tcp"));
+        eprintln!("SYSCALLS poll thread, rate run: rdma {sr:?}\nSYSCALLS tcp {st:?}");
+        let socket_calls = |m: &std::collections::HashMap<String, u64>| -> u64 {
+            [
+                "sendmsg", "sendto", "recvmsg", "accept4", "accept", "connect", "sendmmsg",
+            ]
+            .iter()
+            .map(|k| m.get(*k).copied().unwrap_or(0))
+            .sum()
+        };
+        assert!(!sr.is_empty() && !st.is_empty(), "strace saw nothing");
+        assert!(socket_calls(&st) > 0, "the TCP run shows socket calls");
+        assert_eq!(
+            socket_calls(&sr),
+            0,
+            "socket calls on the RDMA poll core: {sr:?}"
+        );
+        let messages = 2.0 * rdma_rate * 3.0;
+        let other: u64 = sr
+            .iter()
+            .filter(|(k, _)| *k != "write" && *k != "futex")
+            .map(|(_, v)| v)
+            .sum();
+        assert!(
+            (other as f64) < messages / 2.0,
+            "{other} other syscalls for ~{messages:.0} messages: {sr:?}"
+        );
         eprintln!(
             "BENCH 64 B, two TCG guests over Soft-RoCE (functional only):\n\
              BENCH ib_send_lat median one-way {lat_us:.1} us (round trip ~{:.1} us); \

@@ -29,6 +29,8 @@
  *   ping  BIND DEST COUNT
  *         Sends COUNT 0-byte messages to DEST (port 0 = RDS ping) and waits for each 0-byte
  *         answer from port 0; prints "pong i from=ADDR len=L us=T", then "pings ok=N".
+ *   counters-all
+ *         Every non-zero counter of the kernel's RDS, "counter NAME VALUE" per line.
  *   counters PEER
  *         The kernel's RDS counters for congestion maps and its TCP connections to PEER
  *         (rds-info -c / -n): prints "counters cong_rx=R cong_queued=Q conns=C".
@@ -149,7 +151,9 @@ static int rds_socket(const struct sockaddr_in *bind_to, int rcvbuf)
 	int fd = socket(AF_RDS, SOCK_SEQPACKET, 0);
 	if (fd < 0)
 		die("socket(AF_RDS)");
-	int tr = RDS_TRANS_TCP;
+	/* rds_tcp unless RDSG_TRANSPORT=ib (the RDS/IB transport, rds_rdma). */
+	const char *want = getenv("RDSG_TRANSPORT");
+	int tr = want && !strcmp(want, "ib") ? RDS_TRANS_IB : RDS_TRANS_TCP;
 	if (setsockopt(fd, SOL_RDS, SO_RDS_TRANSPORT, &tr, sizeof tr))
 		die("SO_RDS_TRANSPORT");
 	/* 1 MiB messages need SO_SNDBUF/2 >= 1 MiB: force past wmem_max (we are root). */
@@ -523,6 +527,25 @@ static int cmd_counters(int argc, char **argv)
 	return 0;
 }
 
+/* counters-all: every non-zero counter of the kernel's RDS (rds-info -c), one per line. */
+static int cmd_counters_all(void)
+{
+	int fd = socket(AF_RDS, SOCK_SEQPACKET, 0);
+	if (fd < 0)
+		die("socket");
+	void *buf = NULL;
+	socklen_t len;
+	int item = rds_info(fd, RDS_INFO_COUNTERS, &buf, &len);
+	for (socklen_t off = 0; item > 0 && off + item <= len; off += item) {
+		struct rds_info_counter c;
+		memcpy(&c, (char *)buf + off, sizeof c);
+		if (c.value)
+			out("counter %.32s %llu", (char *)c.name, (unsigned long long)c.value);
+	}
+	free(buf);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *t = getenv("RDSG_TAG");
@@ -541,6 +564,8 @@ int main(int argc, char **argv)
 		return cmd_ping(argc, argv);
 	if (!strcmp(argv[1], "counters"))
 		return cmd_counters(argc, argv);
+	if (!strcmp(argv[1], "counters-all"))
+		return cmd_counters_all();
 	out("FAIL unknown command %s", argv[1]);
 	return 2;
 }

@@ -11,6 +11,7 @@
 //! core only through `crate::seam`.
 
 pub mod dpdk;
+pub mod handoff;
 pub mod loopback;
 pub mod rdma;
 pub mod tcp;

@@ -247,6 +247,13 @@ pub fn run<M: MakeLink>(lab: &mut M, r: Run, tag: &str) -> Outcome {
             lab.cut(B);
         }
         if r.restart_at == Some(k) {
+            // The restart must find state to restore: wait until B delivered something (a
+            // link may accept asynchronously, e.g. TCP's accept thread).
+            let until = Instant::now() + Duration::from_secs(10);
+            while seen.per_sport.is_empty() && Instant::now() < until {
+                pump(&mut ea, &mut eb, &mut ta, &mut tb, &mut seen, 1);
+                std::thread::sleep(Duration::from_micros(200));
+            }
             full_answers += tb.full_answers;
             drop(eb);
             lab.cut(B);

@@ -28,7 +28,7 @@
 //!   there is nothing to piggyback, an ACK-only frame (ports 0/0, no payload) goes out, at most
 //!   one in flight.
 //! * **Polling**: the CQ is polled in the poll core's passes (no syscall). rdma_cm's event
-//!   channel is read by a thread of its own (`cm_thread`), which hands events over through a
+//!   channel is read by a thread of its own (`transport::handoff`), which hands events over through a
 //!   lock-free queue: the passes make no syscall for rdma_cm either. Before the core parks,
 //!   each CQ is armed and its completion channel fd, and the event thread's eventfd, join the
 //!   poll set.
@@ -39,7 +39,6 @@
 //! version negotiation, and a sender-side ack_seq in the private data (0 is sent: the engine's
 //! duplicate rule covers retransmissions).
 
-mod cm_thread;
 mod verbs;
 pub mod wire;
 
@@ -251,8 +250,10 @@ pub struct RdmaLink {
     send_n: u32,
     conns: Vec<Option<Box<Conn>>>,
     gen: u32,
-    /// rdma_cm's events, read by a thread of their own (`cm_thread`).
-    events: cm_thread::CmEvents,
+    /// rdma_cm's events, read by a thread of their own (`transport::handoff`): reading the
+    /// event channel is a `read(2)`; that thread also acknowledges each event at once, so
+    /// `rdma_destroy_id` on the poll core never waits for it.
+    events: crate::transport::handoff::Handoff<CmEvent>,
     accepted: VecDeque<usize>,
     /// Completions polled while arming, before parking (see `park_fds`).
     early: std::cell::RefCell<Vec<(usize, verbs::Wc)>>,
@@ -278,7 +279,13 @@ impl RdmaLink {
     pub fn listen(cfg: &RdmaConfig) -> std::io::Result<RdmaLink> {
         let cm = Arc::new(Cm::new()?);
         let listener = cm.listen(cfg.port)?;
-        let events = cm_thread::CmEvents::spawn(cm.clone())?;
+        let cm2 = cm.clone();
+        let events =
+            crate::transport::handoff::Handoff::spawn("rdsd-rdma-cm", cm.fd(), move |push| {
+                while let Some(ev) = cm2.get_event() {
+                    push(ev);
+                }
+            })?;
         // Every device's PD up front, so that app regions are registered once, at attach.
         let devices = Device::all()?;
         tracing::info!(port = cfg.port, "RDS/RDMA listening");

@@ -48,7 +48,10 @@ pub struct TcpPath {
 /// Kernel TCP sockets for every path of every connection.
 pub struct TcpLink {
     port: u16,
-    listener: Socket,
+    /// Inbound connections, accepted (and given their options) by a thread of their own
+    /// (`transport::handoff`, which owns the listener): polling the listener from the poll
+    /// core would be an `accept4` syscall every few passes, even with no TCP traffic at all.
+    accepted: crate::transport::handoff::Handoff<Accepted<TcpPath>>,
     doorbells: Vec<(Socket, std::time::Instant)>,
 }
 
@@ -126,6 +129,27 @@ fn errno_is_transient() -> bool {
     )
 }
 
+/// Accepts one waiting connection and gives it the data-socket options (the accept thread).
+fn accept_one(l: &Socket) -> Option<Accepted<TcpPath>> {
+    loop {
+        let (sock, peer) = l.accept().ok()?;
+        let peer = peer.as_socket_ipv4();
+        let local = sock.local_addr().ok().and_then(|a| a.as_socket_ipv4());
+        let (Some(peer), Some(local)) = (peer, local) else {
+            continue;
+        };
+        if data_socket_options(&sock).is_err() {
+            continue;
+        }
+        return Some(Accepted {
+            path: TcpPath { sock },
+            laddr: u32::from(*local.ip()),
+            faddr: u32::from(*peer.ip()),
+            peer_port: peer.port(),
+        });
+    }
+}
+
 impl TcpLink {
     /// Listens on `addr` (port 16385 on every address in rdsd).
     pub fn listen(addr: SocketAddrV4) -> std::io::Result<TcpLink> {
@@ -136,9 +160,16 @@ impl TcpLink {
         l.bind(&SockAddr::from(addr))?;
         l.listen(64)?;
         tracing::info!(%addr, "RDS/TCP listening");
+        let fd = l.as_raw_fd();
+        let accepted =
+            crate::transport::handoff::Handoff::spawn("rdsd-tcp-accept", fd, move |push| {
+                while let Some(a) = accept_one(&l) {
+                    push(a);
+                }
+            })?;
         Ok(TcpLink {
             port: addr.port(),
-            listener: l,
+            accepted,
             doorbells: Vec::new(),
         })
     }
@@ -154,23 +185,7 @@ impl Link for TcpLink {
     }
 
     fn accept(&mut self) -> Option<Accepted<TcpPath>> {
-        loop {
-            let (sock, peer) = self.listener.accept().ok()?;
-            let peer = peer.as_socket_ipv4();
-            let local = sock.local_addr().ok().and_then(|a| a.as_socket_ipv4());
-            let (Some(peer), Some(local)) = (peer, local) else {
-                continue;
-            };
-            if data_socket_options(&sock).is_err() {
-                continue;
-            }
-            return Some(Accepted {
-                path: TcpPath { sock },
-                laddr: u32::from(*local.ip()),
-                faddr: u32::from(*peer.ip()),
-                peer_port: peer.port(),
-            });
-        }
+        self.accepted.pop()
     }
 
     fn connect(&mut self, laddr: u32, faddr: u32, _path: usize) -> std::io::Result<TcpPath> {
@@ -277,10 +292,18 @@ impl Link for TcpLink {
 
     fn park_fds(&self, out: &mut Vec<libc::pollfd>) {
         out.push(libc::pollfd {
-            fd: self.listener.as_raw_fd(),
+            fd: self.accepted.fd(),
             events: libc::POLLIN,
             revents: 0,
         });
+        if self.accepted.arm() {
+            // Connections are waiting already: wake at once (the eventfd was just reset).
+            out.push(libc::pollfd {
+                fd: self.accepted.fd(),
+                events: libc::POLLOUT,
+                revents: 0,
+            });
+        }
     }
 
     fn park_fd(&self, p: &TcpPath, connecting: bool, out: &mut Vec<libc::pollfd>) {
