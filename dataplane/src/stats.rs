@@ -64,6 +64,9 @@ counters! {
     /// App regions kept mapped after their app went, until the messages sent in place from
     /// them were acknowledged or cancelled.
     regions_drained_late,
+    /// Departed apps whose in-place messages were cancelled because too many regions were
+    /// draining already.
+    drain_cancels,
     /// Times a receive ring was full and the sender had to wait.
     rx_ring_full,
     /// Ports marked congested.

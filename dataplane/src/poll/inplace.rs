@@ -18,6 +18,11 @@ pub(super) const IN_PLACE: u64 = 1 << 63;
 pub(super) const MAX_HOLDS: usize = 16 * 1024;
 /// Holds per socket (its FIFO is allocated at open).
 pub(super) const SOCK_HOLDS: usize = 512;
+/// Regions of departed apps kept mapped for their in-place messages. Past this, a departing
+/// app's outstanding in-place messages are cancelled instead (what Linux RDS does to the
+/// queue of every closed socket), so that apps that leave messages to an unreachable peer
+/// and exit cannot pile up mapped regions.
+pub(super) const MAX_DRAINING: usize = 8;
 
 /// One message offered in place.
 #[derive(Clone, Copy, Debug)]

@@ -16,6 +16,7 @@ struct Seen {
     to_release: Vec<(u64, u64)>,
     attached: Vec<(u64, usize, usize)>,
     detached: Vec<u64>,
+    cancels: Vec<(u32, u16)>,
 }
 
 /// Takes every message in place (when offered) and releases what the test says.
@@ -61,6 +62,10 @@ impl Transport for FakeZeroCopy {
     }
     fn region_detached(&mut self, id: u64) {
         self.0.lock().unwrap().detached.push(id);
+    }
+    fn cancel(&mut self, laddr: u32, sport: u16, dest: Option<(u32, u16)>) {
+        assert!(dest.is_none());
+        self.0.lock().unwrap().cancels.push((laddr, sport));
     }
 }
 
@@ -290,4 +295,36 @@ fn a_closed_sockets_slot_and_a_gone_apps_region_wait_for_their_releases() {
     assert!(rig.core.table.draining.is_empty());
     let s = rig.seen.lock().unwrap();
     assert_eq!(s.detached, vec![s.attached[0].0]);
+}
+
+#[test]
+fn past_max_draining_a_departing_apps_in_place_messages_are_cancelled() {
+    let mut rig = Rig::new();
+    for k in 0..=super::inplace::MAX_DRAINING {
+        let rings = rig.attach(0);
+        let port = 4000 + k as u16;
+        let slot = rig.open_bound(0, port);
+        let mut p = Producer::new(rings[slot as usize]);
+        push(&mut p, 100, 1).unwrap();
+        rig.core.run_once();
+        match rig.cmd(Cmd::Detach { app: 0 }) {
+            CmdReply::Detached(r) => assert!(r.is_none(), "kept mapped while the message is out"),
+            _ => panic!("not a detach reply"),
+        }
+        let cancels = rig.seen.lock().unwrap().cancels.clone();
+        if k < super::inplace::MAX_DRAINING {
+            assert!(cancels.is_empty(), "app {k}: its message must still go");
+        } else {
+            let me = (u32::from(Ipv4Addr::new(10, 0, 0, 1)), port);
+            assert_eq!(
+                cancels,
+                vec![me],
+                "the app past the limit has its message cancelled"
+            );
+        }
+    }
+    assert_eq!(
+        rig.core.table.stats.drain_cancels.load(Ordering::Relaxed),
+        1
+    );
 }

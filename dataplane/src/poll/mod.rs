@@ -412,6 +412,7 @@ impl PollCore {
                     region,
                     region_id,
                     pins: vec![0; n],
+                    pinned_binds: Vec::new(),
                     socks: (0..n).map(|_| None).collect(),
                     evicted: false,
                     doorbell,
@@ -427,7 +428,16 @@ impl PollCore {
                 };
                 if a.pins.iter().any(|&p| p > 0) {
                     // Messages sent in place from its region are still out: keep it mapped
-                    // (the app index is free for a new app meanwhile).
+                    // (the app index is free for a new app meanwhile) until they are through,
+                    // or, with too many regions draining already, cancel them.
+                    if self.table.draining.len() >= inplace::MAX_DRAINING {
+                        Stats::bump(&self.table.stats.drain_cancels);
+                        for &(laddr, sport) in &a.pinned_binds {
+                            for t in self.transports.iter_mut() {
+                                t.cancel(laddr, sport, None);
+                            }
+                        }
+                    }
                     Stats::bump(&self.table.stats.regions_drained_late);
                     self.table.draining.push(a);
                     return CmdReply::Detached(None);

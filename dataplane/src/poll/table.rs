@@ -63,6 +63,9 @@ pub(super) struct App {
     /// Per socket slot, messages sent in place from its ring and not yet released: the slot
     /// is not reused (its ring reset) before this is 0.
     pub pins: Vec<u32>,
+    /// Bound addresses of closed sockets whose in-place messages are still out (to cancel
+    /// them if the region cannot be kept, see `MAX_DRAINING`).
+    pub pinned_binds: Vec<(u32, u16)>,
     pub socks: Vec<Option<Sock>>,
     pub evicted: bool,
     /// rdsd's end of this app's doorbell: an AF_UNIX SOCK_DGRAM socketpair whose other end
@@ -400,6 +403,11 @@ impl SocketTable {
             Stats::bump(&self.stats.drop_socket_closed);
         }
         Stats::bump(&self.stats.sockets_closed);
+        if let (Some(b), Some(a)) = (s.bound, self.apps.get_mut(r.app).and_then(|a| a.as_mut())) {
+            if a.pins[r.slot as usize] > 0 {
+                a.pinned_binds.push(b);
+            }
+        }
         self.readiness_socks.retain(|x| *x != r);
         self.open_socks.retain(|x| *x != r);
         if s.congested {
