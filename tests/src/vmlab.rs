@@ -989,6 +989,58 @@ pub fn shared_libs(bin: &Path) -> Vec<PathBuf> {
     libs
 }
 
+/// The wire between two [`BatchGuest`]s: qemu's UDP socket netdev inside a network namespace
+/// made for them (deleted on drop). Each guest's frames are datagrams to the other's port on
+/// 127.0.0.1, so an nftables rule in the namespace can drop them: a cut wire with both links
+/// up.
+pub struct GuestWire {
+    /// The namespace both qemus run in.
+    pub ns: String,
+    /// The UDP ports of guest 0 and guest 1.
+    pub ports: (u16, u16),
+}
+
+impl GuestWire {
+    /// A fresh namespace `name` with loopback up; the guests use ports `port` and `port + 1`.
+    pub fn new(name: &str, port: u16) -> GuestWire {
+        let _ = Command::new("ip").args(["netns", "del", name]).status();
+        for args in [
+            vec!["netns", "add", name],
+            vec!["-n", name, "link", "set", "lo", "up"],
+        ] {
+            assert!(
+                Command::new("ip").args(&args).status().unwrap().success(),
+                "ip {args:?}"
+            );
+        }
+        GuestWire {
+            ns: name.to_string(),
+            ports: (port, port + 1),
+        }
+    }
+
+    /// qemu arguments for guest `side` (0 or 1): its end of the wire and a virtio NIC.
+    pub fn netdev(&self, side: usize, mac: u8) -> Vec<String> {
+        let (me, peer) = if side == 0 {
+            self.ports
+        } else {
+            (self.ports.1, self.ports.0)
+        };
+        vec![
+            "-netdev".into(),
+            format!("socket,id=n0,udp=127.0.0.1:{peer},localaddr=127.0.0.1:{me}"),
+            "-device".into(),
+            format!("virtio-net-pci,netdev=n0,mac=52:54:00:12:34:{mac:02x}"),
+        ]
+    }
+}
+
+impl Drop for GuestWire {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+    }
+}
+
 /// A self-contained initramfs: busybox, `modules` (with their dependencies, in load order,
 /// listed in `/modules/order`), each `(guest path, host file)` of `bins` with every shared
 /// library it needs at the same path as on the host (plus `lib64` → `lib/x86_64-linux-gnu`

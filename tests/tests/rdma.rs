@@ -485,14 +485,6 @@ fn build_initrd(dir: &Path, k: &vmlab::Kernel) -> PathBuf {
     p
 }
 
-struct Ns(String);
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
 /// What a two-guest run printed.
 struct Run {
     /// The receiver's (guest A's) serial output.
@@ -544,37 +536,20 @@ fn two_guests(paths: u8, extra: &str) -> Option<Run> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let initrd = build_initrd(&dir, &k);
-    let ns = Ns(format!("rr{}n{n}", std::process::id() % 100_000));
-    let _ = Command::new("ip").args(["netns", "del", &ns.0]).status();
-    assert!(Command::new("ip")
-        .args(["netns", "add", &ns.0])
-        .status()
-        .unwrap()
-        .success());
-    assert!(Command::new("ip")
-        .args(["-n", &ns.0, "link", "set", "lo", "up"])
-        .status()
-        .unwrap()
-        .success());
-    // qemu's UDP socket netdev: each guest's frames are datagrams to the other's port, so
-    // an nftables rule in the namespace can drop them (a cut wire: both links stay up).
-    let (pa, pb) = (17000 + 2 * n, 17001 + 2 * n);
-    let net = |me: u16, peer: u16, mac: u8| -> Vec<String> {
-        vec![
-            "-netdev".into(),
-            format!("socket,id=n0,udp=127.0.0.1:{peer},localaddr=127.0.0.1:{me}"),
-            "-device".into(),
-            format!("virtio-net-pci,netdev=n0,mac=52:54:00:12:34:{mac:02x}"),
-        ]
-    };
+    let wire = vmlab::GuestWire::new(
+        &format!("rr{}n{n}", std::process::id() % 100_000),
+        17000 + 2 * n,
+    );
+    let ns = &wire.ns;
+    let (pa, pb) = wire.ports;
     let (a, b) = ("10.77.0.1", "10.77.0.2");
     let t0 = Instant::now();
     let mut ga = match vmlab::BatchGuest::boot(
         &k,
         &initrd,
         &format!("lab.role=recv lab.addr={a} lab.peer={b} lab.paths={paths} {extra}"),
-        &net(pa, pb, 1),
-        Some(&ns.0),
+        &wire.netdev(0, 1),
+        Some(ns),
         1024,
     ) {
         Ok(g) => g,
@@ -588,20 +563,20 @@ fn two_guests(paths: u8, extra: &str) -> Option<Run> {
         &k,
         &initrd,
         &format!("lab.role=send lab.addr={b} lab.peer={a} lab.paths={paths} {extra}"),
-        &net(pb, pa, 2),
-        Some(&ns.0),
+        &wire.netdev(1, 2),
+        Some(ns),
         1024,
     )
     .expect("second guest");
     let mut cut_dropped = 0;
     if extra.contains("lab.mode=cut") && gb.wait_for("LAB cut-now", Duration::from_secs(400)) {
-        rdsd_tests::netns::nft_in(&ns.0, &cut_ruleset(pa, pb));
+        rdsd_tests::netns::nft_in(ns, &cut_ruleset(pa, pb));
         eprintln!("cut: wire down at {:.1} s", t0.elapsed().as_secs_f64());
         std::thread::sleep(CUT);
-        cut_dropped = cut_counter(&ns.0);
+        cut_dropped = cut_counter(ns);
         let ok = Command::new("ip")
             .args([
-                "netns", "exec", &ns.0, "nft", "delete", "table", "inet", "labcut",
+                "netns", "exec", ns, "nft", "delete", "table", "inet", "labcut",
             ])
             .status()
             .is_ok_and(|s| s.success());

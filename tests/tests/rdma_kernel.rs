@@ -24,7 +24,6 @@
 //! `cargo test -p rdsd-tests --test rdma_kernel -- --ignored --nocapture`.
 use rdsd_tests::vmlab;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const KERNEL_INIT: &str = r#"#!/bin/busybox sh
@@ -48,6 +47,7 @@ sleep 6
 timeout 40 /bin/rdsguest ping 10.77.0.1:4000 10.77.0.2:0 5 2>&1 | sed 's/^/LAB kping /'
 timeout 70 /bin/rdsguest recv 10.77.0.1:4001 200 60000 2>&1 | sed 's/^/LAB krecv /'
 /bin/rdsguest counters-all 2>&1 | sed 's/^/LAB kcount /'
+dmesg | grep -m1 'conn connected' | sed 's/^/LAB kconn /'
 dmesg | grep -iE 'rds|rdma' | grep -v 'Active conn connected' | tail -n 30 | sed 's/^/LAB kdmesg /'
 echo "LAB end"
 poweroff -f
@@ -95,14 +95,6 @@ fn which(b: &str) -> PathBuf {
         .map(|d| Path::new(d).join(b))
         .find(|p| p.exists())
         .unwrap_or_else(|| panic!("{b} missing (apt-get install iproute2)"))
-}
-
-struct Ns(String);
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
 }
 
 #[test]
@@ -153,40 +145,21 @@ fn rdsd_rdma_against_the_kernels_rds_rdma() {
     let (ki, ri) = (dir.join("k.cpio"), dir.join("r.cpio"));
     std::fs::write(&ki, kimg).unwrap();
     std::fs::write(&ri, rimg).unwrap();
-    let ns = Ns(format!("rk{}", std::process::id() % 100_000));
-    let _ = Command::new("ip").args(["netns", "del", &ns.0]).status();
-    assert!(Command::new("ip")
-        .args(["netns", "add", &ns.0])
-        .status()
-        .unwrap()
-        .success());
-    assert!(Command::new("ip")
-        .args(["-n", &ns.0, "link", "set", "lo", "up"])
-        .status()
-        .unwrap()
-        .success());
-    let port = 17500 + (std::process::id() % 400) as u16;
-    let net = |listen: bool, mac: u8| -> Vec<String> {
-        vec![
-            "-netdev".into(),
-            format!(
-                "socket,id=n0,{}=127.0.0.1:{port}",
-                if listen { "listen" } else { "connect" }
-            ),
-            "-device".into(),
-            format!("virtio-net-pci,netdev=n0,mac=52:54:00:12:35:{mac:02x}"),
-        ]
-    };
+    let wire = vmlab::GuestWire::new(
+        &format!("rk{}", std::process::id() % 100_000),
+        17500 + 2 * (std::process::id() % 200) as u16,
+    );
     let t0 = Instant::now();
-    let mut gk = match vmlab::BatchGuest::boot(&k, &ki, "", &net(true, 1), Some(&ns.0), 1024) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("\n*** SKIPPED: {e:?}; NOT TESTED ***\n");
-            return;
-        }
-    };
+    let mut gk =
+        match vmlab::BatchGuest::boot(&k, &ki, "", &wire.netdev(0, 1), Some(&wire.ns), 1024) {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("\n*** SKIPPED: {e:?}; NOT TESTED ***\n");
+                return;
+            }
+        };
     std::thread::sleep(Duration::from_millis(1500));
-    let mut gr = vmlab::BatchGuest::boot(&k, &ri, "", &net(false, 2), Some(&ns.0), 1024)
+    let mut gr = vmlab::BatchGuest::boot(&k, &ri, "", &wire.netdev(1, 2), Some(&wire.ns), 1024)
         .expect("second guest");
     let ok_k = gk.wait(Duration::from_secs(240));
     let ok_r = gr.wait(Duration::from_secs(120));
