@@ -989,6 +989,20 @@ pub fn shared_libs(bin: &Path) -> Vec<PathBuf> {
     libs
 }
 
+/// The start of every batch guest's `/init` (append the lab's own script to it): busybox's
+/// applets, /proc, /sys, /dev, a tmpfs /dev/shm (shm-api's regions), and the initramfs's
+/// modules loaded in order.
+pub const GUEST_INIT_PREAMBLE: &str = r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin:/usr/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev 2>/dev/null
+mkdir -p /tmp /run/rdsd /dev/shm
+mount -t tmpfs tmpfs /dev/shm
+for m in $(cat /modules/order); do insmod /modules/$m || echo "LAB insmod $m failed"; done
+"#;
+
 /// The wire between two [`BatchGuest`]s: qemu's UDP socket netdev inside a network namespace
 /// made for them (deleted on drop). Each guest's frames are datagrams to the other's port on
 /// 127.0.0.1, so an nftables rule in the namespace can drop them: a cut wire with both links

@@ -275,18 +275,8 @@ fn guest_app() {
     }
 }
 
-const INIT: &str = r#"#!/bin/busybox sh
-/bin/busybox --install -s /bin
-export PATH=/bin:/usr/bin
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev 2>/dev/null
-mkdir -p /tmp /run/rdsd /dev/shm
-mount -t tmpfs tmpfs /dev/shm
-for m in $(cat /modules/order); do
-    insmod /modules/$m || echo "LAB insmod $m failed"
-done
-for kv in $(cat /proc/cmdline); do
+/// The guests' `/init`, after `vmlab::GUEST_INIT_PREAMBLE`.
+const INIT: &str = r#"for kv in $(cat /proc/cmdline); do
     case "$kv" in
         lab.role=*) LAB_ROLE=${kv#*=};;
         lab.addr=*) LAB_ADDR=${kv#*=};;
@@ -479,7 +469,13 @@ fn build_initrd(dir: &Path, k: &vmlab::Kernel) -> PathBuf {
         .iter()
         .map(|(g, d, m)| (g.as_str(), d.clone(), *m))
         .collect();
-    let img = vmlab::custom_initramfs(k, vmlab::RDMA_GUEST_MODULES, INIT, &bins_ref, &files_ref);
+    let img = vmlab::custom_initramfs(
+        k,
+        vmlab::RDMA_GUEST_MODULES,
+        &format!("{}{INIT}", vmlab::GUEST_INIT_PREAMBLE),
+        &bins_ref,
+        &files_ref,
+    );
     let p = dir.join("rdma-initrd.cpio");
     std::fs::write(&p, img).unwrap();
     p

@@ -26,15 +26,8 @@ use rdsd_tests::vmlab;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-const KERNEL_INIT: &str = r#"#!/bin/busybox sh
-/bin/busybox --install -s /bin
-export PATH=/bin:/usr/bin
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev 2>/dev/null
-mkdir -p /tmp
-for m in $(cat /modules/order); do insmod /modules/$m || echo "LAB insmod $m failed"; done
-ip link set lo up
+/// Guest K's `/init`, after `vmlab::GUEST_INIT_PREAMBLE`.
+const KERNEL_INIT: &str = r#"ip link set lo up
 ip link set eth0 up
 ip addr add 10.77.0.1/24 dev eth0
 /usr/bin/rdma link add rxe0 type rxe netdev eth0 && echo "LAB rxe up"
@@ -53,16 +46,8 @@ echo "LAB end"
 poweroff -f
 "#;
 
-const RDSD_INIT: &str = r#"#!/bin/busybox sh
-/bin/busybox --install -s /bin
-export PATH=/bin:/usr/bin
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev 2>/dev/null
-mkdir -p /tmp /run/rdsd /dev/shm
-mount -t tmpfs tmpfs /dev/shm
-for m in $(cat /modules/order); do insmod /modules/$m || echo "LAB insmod $m failed"; done
-ip link set lo up
+/// Guest R's `/init`, after `vmlab::GUEST_INIT_PREAMBLE`.
+const RDSD_INIT: &str = r#"ip link set lo up
 ip link set eth0 up
 ip addr add 10.77.0.2/24 dev eth0
 /usr/bin/rdma link add rxe0 type rxe netdev eth0 && echo "LAB rxe up"
@@ -126,7 +111,13 @@ fn rdsd_rdma_against_the_kernels_rds_rdma() {
         .iter()
         .map(|(g, h)| (g.as_str(), h.as_path()))
         .collect();
-    let kimg = vmlab::custom_initramfs(&k, &kmods, KERNEL_INIT, &kref, &kfiles);
+    let kimg = vmlab::custom_initramfs(
+        &k,
+        &kmods,
+        &format!("{}{KERNEL_INIT}", vmlab::GUEST_INIT_PREAMBLE),
+        &kref,
+        &kfiles,
+    );
     let mut rbins: Vec<(String, PathBuf)> = vec![
         ("bin/rdsd".into(), rdsd_tests::rdsd_bin()),
         ("bin/rdsctl".into(), rdsd_tests::bin_dir().join("rdsctl")),
@@ -141,7 +132,13 @@ fn rdsd_rdma_against_the_kernels_rds_rdma() {
         .iter()
         .map(|(g, h)| (g.as_str(), h.as_path()))
         .collect();
-    let rimg = vmlab::custom_initramfs(&k, vmlab::RDMA_GUEST_MODULES, RDSD_INIT, &rref, &files_ref);
+    let rimg = vmlab::custom_initramfs(
+        &k,
+        vmlab::RDMA_GUEST_MODULES,
+        &format!("{}{RDSD_INIT}", vmlab::GUEST_INIT_PREAMBLE),
+        &rref,
+        &files_ref,
+    );
     let (ki, ri) = (dir.join("k.cpio"), dir.join("r.cpio"));
     std::fs::write(&ki, kimg).unwrap();
     std::fs::write(&ri, rimg).unwrap();
