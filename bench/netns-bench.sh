@@ -9,11 +9,18 @@
 #
 # Environment: BIN (folder with rdsd and rds-bench; default: build release and use it),
 # IDLE (rdsd idle strategy, default backoff), PATHS (TCP paths per peer, default 8),
-# POLL_CORE (rdsd poll cores, default -2 = unpinned), TRANSPORT (tcp, the default: rdsd's
+# POLL_CORE (both rdsd's poll core, default -2 = unpinned; POLL_CPUS below is per side), TRANSPORT (tcp, the default: rdsd's
 # kernel-TCP transport; dpdk: each rdsd on a DPDK net_af_packet port on its end of a second
 # veth pair, whose addresses 10.78.0.1/.2 the kernel does not have; memif: each rdsd on a DPDK
 # net_memif port, the two joined by a memif socket file; the control connection and the kernel
 # baselines stay on 10.77.0.x).
+# Placement (pinned runs on a many-core host; default: unpinned): POLL_CPUS="A,B" (each rdsd's
+# poll thread), CTRL_CPUS="A,B" (each rdsd's control thread), APP_CPUS_A / APP_CPUS_B (taskset
+# CPU lists of the active / passive rds-bench: their app tasks run there, the kernel baselines
+# included, so rdsd and the kernel get the same placement). EAL_ARGS: extra EAL arguments for
+# the DPDK transports, one string (e.g. "-d /bundle/pmds" for a bundle, bench/bundle.sh).
+# TRACE_HOPS=1: both rdsd stamp traced messages (for rds-bench --breakdown, the per-hop latency).
+# IP: the ip(8) to use (a bundle ships its own for hosts without iproute2).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -23,31 +30,43 @@ if [[ -z "${BIN:-}" ]]; then
     TARGET_DIR="$(cargo metadata --format-version 1 --no-deps | grep -o '"target_directory":"[^"]*"' | cut -d'"' -f4)"
     BIN="${TARGET_DIR:-$ROOT/target}/release"
 fi
+IP="$(command -v "${IP:-ip}")" || { echo "netns-bench.sh: no ip(8): install iproute2 or set IP= (a bundle has bin/ip)" >&2; exit 1; }
+cpu_of() { # cpu_of "A,B" index -> the CPU for that side, or -2 (unpinned)
+    local list="$1" i="$2"
+    [[ -n "$list" ]] || { echo -2; return; }
+    IFS=, read -r -a c <<<"$list"
+    ((${#c[@]} > 1)) || i=0 # one value: both sides
+    echo "${c[$i]:--2}"
+}
+# Pinned app sides: taskset execs the command, so $! stays the process that cleanup kills.
+pin_a=() pin_b=()
+[[ -z "${APP_CPUS_A:-}" ]] || pin_a=(taskset -c "$APP_CPUS_A")
+[[ -z "${APP_CPUS_B:-}" ]] || pin_b=(taskset -c "$APP_CPUS_B")
 tag="rsb$$"
 A="${tag}a" B="${tag}b"
 pids=()
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
-    ip netns del "$A" 2>/dev/null || true
-    ip netns del "$B" 2>/dev/null || true
+    "$IP" netns del "$A" 2>/dev/null || true
+    "$IP" netns del "$B" 2>/dev/null || true
     rm -f "/tmp/$A.sock" "/tmp/$B.sock" "/tmp/$A.rxseq" "/tmp/$B.rxseq" "/tmp/$A.ports" \
         "/tmp/$B.ports" "/tmp/$A.toml" "/tmp/$B.toml" "/tmp/$tag.memif"
 }
 trap cleanup EXIT
-ip netns add "$A"
-ip netns add "$B"
-ip link add eth0 netns "$A" type veth peer name eth0 netns "$B"
-ip -n "$A" addr add 10.77.0.1/24 dev eth0
-ip -n "$B" addr add 10.77.0.2/24 dev eth0
+"$IP" netns add "$A"
+"$IP" netns add "$B"
+"$IP" link add eth0 netns "$A" type veth peer name eth0 netns "$B"
+"$IP" -n "$A" addr add 10.77.0.1/24 dev eth0
+"$IP" -n "$B" addr add 10.77.0.2/24 dev eth0
 for n in "$A" "$B"; do
-    ip -n "$n" link set eth0 up
-    ip -n "$n" link set lo up
+    "$IP" -n "$n" link set eth0 up
+    "$IP" -n "$n" link set lo up
 done
 TRANSPORT="${TRANSPORT:-tcp}"
 if [[ "$TRANSPORT" = dpdk ]]; then
-    ip link add dp0 netns "$A" type veth peer name dp0 netns "$B"
-    for n in "$A" "$B"; do ip -n "$n" link set dp0 up; done
+    "$IP" link add dp0 netns "$A" type veth peer name dp0 netns "$B"
+    for n in "$A" "$B"; do "$IP" -n "$n" link set dp0 up; done
 fi
 rds_a=10.77.0.1 rds_b=10.77.0.2
 for n in a b; do
@@ -62,12 +81,20 @@ for n in a b; do
     esac
     if [[ "$TRANSPORT" != tcp ]]; then
         printf '[dpdk]\nvdev = "%s"\naddr = "10.78.0.%s/24"\n' "$vdev" "$i" >"/tmp/$ns.toml"
+        if [[ -n "${EAL_ARGS:-}" ]]; then
+            read -r -a extra <<<"$EAL_ARGS"
+            printf 'eal_args = [' >>"/tmp/$ns.toml"
+            printf '"%s", ' "${extra[@]}" >>"/tmp/$ns.toml"
+            printf ']\n' >>"/tmp/$ns.toml"
+        fi
         local_args=(--config "/tmp/$ns.toml")
         rds_a=10.78.0.1 rds_b=10.78.0.2
     fi
-    ip netns exec "$ns" "$BIN/rdsd" --control-socket "/tmp/$ns.sock" --state-file "/tmp/$ns.rxseq" \
+    side=$([ $n = a ] && echo 0 || echo 1)
+    "$IP" netns exec "$ns" "$BIN/rdsd" --control-socket "/tmp/$ns.sock" --state-file "/tmp/$ns.rxseq" \
         "${local_args[@]}" --paths "${PATHS:-8}" --idle "${IDLE:-backoff}" \
-        --poll-core "${POLL_CORE:--2}" --control-core -2 --log warn &
+        --poll-core "$(cpu_of "${POLL_CPUS:-${POLL_CORE:-}}" $side)" \
+        --control-core "$(cpu_of "${CTRL_CPUS:-}" $side)" ${TRACE_HOPS:+--trace-hops} --log warn &
     pids+=($!)
 done
 for n in "$A" "$B"; do
@@ -78,17 +105,17 @@ if [[ "$TRANSPORT" != tcp ]]; then
     # A DPDK port (memif above all: the client attaches to the server's socket) takes a moment
     # to come up: wait until an RDS ping between the two rdsd is answered.
     for i in $(seq 60); do
-        if ip netns exec "$A" "$BIN/rdsctl" -s "/tmp/$A.sock" ping "$rds_b" -I "$rds_a" -c 1 -W 1 \
+        if "$IP" netns exec "$A" "$BIN/rdsctl" -s "/tmp/$A.sock" ping "$rds_b" -I "$rds_a" -c 1 -W 1 \
             >/dev/null 2>&1; then
             break
         fi
         ((i < 60)) || { echo "netns-bench.sh: no RDS ping answered over $TRANSPORT" >&2; exit 1; }
     done
 fi
-ip netns exec "$B" "$BIN/rds-bench" -p 4000 -r 10.77.0.2 --rds-addr "$rds_b" --socket "/tmp/$B.sock" \
+"${pin_b[@]}" "$IP" netns exec "$B" "$BIN/rds-bench" -p 4000 -r 10.77.0.2 --rds-addr "$rds_b" --socket "/tmp/$B.sock" \
     --quiet >/dev/null &
 passive=$!
 pids+=("$passive")
-ip netns exec "$A" "$BIN/rds-bench" -s 10.77.0.2 -r 10.77.0.1 --rds-addr "$rds_a" -p 4000 \
+"${pin_a[@]}" "$IP" netns exec "$A" "$BIN/rds-bench" -s 10.77.0.2 -r 10.77.0.1 --rds-addr "$rds_a" -p 4000 \
     --socket "/tmp/$A.sock" "$@"
 wait "$passive"

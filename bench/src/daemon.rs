@@ -31,6 +31,9 @@ pub struct DaemonArgs {
     /// baselines run while rdsd is still up.
     #[arg(long)]
     pub idle: Option<String>,
+    /// A spawned rdsd stamps traced messages (`--trace-hops`; set by `--breakdown`).
+    #[arg(skip)]
+    pub trace_hops: bool,
 }
 
 /// The rdsd a benchmark talks to.
@@ -67,6 +70,7 @@ impl Target {
             args.poll_core,
             &args.rdsd_log,
             args.idle.as_deref().unwrap_or("spin"),
+            args.trace_hops,
         )?))
     }
 
@@ -127,7 +131,7 @@ pub struct Spawned {
 }
 
 impl Spawned {
-    fn start(bin: &Path, poll_core: i64, log: &str, idle: &str) -> Result<Spawned> {
+    fn start(bin: &Path, poll_core: i64, log: &str, idle: &str, trace: bool) -> Result<Spawned> {
         let socket = std::env::temp_dir().join(format!("rds-bench-{}.sock", std::process::id()));
         let _ = std::fs::remove_file(&socket);
         let args: Vec<String> = [
@@ -146,6 +150,7 @@ impl Spawned {
         ]
         .iter()
         .map(|s| s.to_string())
+        .chain(trace.then(|| "--trace-hops".to_string()))
         .collect();
         let mut cmd = Command::new(bin);
         cmd.args(&args)

@@ -448,3 +448,55 @@ fn between_two_network_namespaces() {
     }
     assert!(v["comparison"].as_array().is_some_and(|c| c.len() == 2));
 }
+
+/// `--breakdown`: every round trip is traced by the rdsd that `--pair` starts (with
+/// `--trace-hops`), and the seven hops add up to the round trip (they telescope: each hop ends
+/// where the next begins), so the sum of the hop means is the mean round trip.
+#[test]
+fn breakdown_traces_every_round_trip_and_its_hops_add_up() {
+    need_rdsd();
+    let out = ok(&[
+        "--pair",
+        "-T",
+        "1",
+        "-q",
+        "64",
+        "-a",
+        "96",
+        "--breakdown",
+        "--json",
+    ]);
+    let doc: Value = serde_json::from_str(&out).expect("JSON document");
+    let run = &doc["runs"][0];
+    let b = &run["breakdown"];
+    let hops = b["hops"].as_array().expect("hops");
+    assert_eq!(hops.len(), 7, "{b}");
+    assert_eq!(b["untraced"], 0, "an rdsd stamp is missing: {b}");
+    let rtts = run["latency_us"]["count"].as_u64().unwrap();
+    assert!(rtts > 0);
+    for h in hops {
+        assert_eq!(
+            h["count"].as_u64(),
+            Some(rtts),
+            "every round trip traced: {h}"
+        );
+    }
+    let sum: f64 = hops.iter().map(|h| h["mean_us"].as_f64().unwrap()).sum();
+    let mean = run["latency_us"]["mean"].as_f64().unwrap();
+    assert!(
+        (sum - mean).abs() <= 0.01 * mean + 0.01,
+        "hop means sum to {sum} µs, the mean round trip is {mean} µs"
+    );
+}
+
+#[test]
+fn breakdown_refuses_messages_too_short_for_the_trace_block() {
+    need_rdsd();
+    let o = run(
+        &["--pair", "-T", "1", "-q", "64", "-a", "64", "--breakdown"],
+        &[],
+    );
+    let (out, err) = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(err.contains("--breakdown needs"), "{err}");
+}

@@ -97,6 +97,7 @@ struct RawConfig {
     max_apps_per_uid: u32,
     max_regions_per_uid: u32,
     metrics_listen: String,
+    trace_hops: bool,
     /// Optional: no section, no DPDK transport.
     dpdk: Option<crate::transport::dpdk::RawDpdk>,
     /// Optional: no section, no RDMA transport.
@@ -158,6 +159,9 @@ pub struct Config {
     pub max_regions_per_uid: u32,
     /// Where the Prometheus metrics endpoint listens (HTTP/1.0 `GET /metrics`); `None` = off.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Stamp traced messages at each hop of the poll core (`shm_api::hoptrace`): the latency
+    /// breakdown of `rds-bench --breakdown`. Off: one flag test per message.
+    pub trace_hops: bool,
     /// The DPDK port (`[dpdk]`), if any; its address is one of `local_addrs`.
     pub dpdk: Option<crate::transport::dpdk::DpdkConfig>,
     /// The RDMA transport (`[rdma]`), if any.
@@ -200,6 +204,9 @@ pub struct Overrides {
     /// Serve Prometheus metrics over HTTP at ADDR:PORT ("" = off).
     #[arg(long)]
     pub metrics_listen: Option<String>,
+    /// Stamp messages that carry a hop-trace block (rds-bench --breakdown) at each hop.
+    #[arg(long)]
+    pub trace_hops: bool,
 }
 
 fn merge(base: &mut toml::Table, over: toml::Table) {
@@ -311,6 +318,7 @@ impl Config {
                     format!("metrics_listen must be ADDR:PORT or \"\" (got {a:?})")
                 })?),
             },
+            trace_hops: raw.trace_hops || over.trace_hops,
             dpdk: None,
             rdma: raw
                 .rdma

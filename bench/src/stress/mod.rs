@@ -98,6 +98,12 @@ pub struct StressArgs {
     /// Print the round-trip histogram.
     #[arg(long)]
     pub show_histogram: bool,
+    /// Latency breakdown of rdsd's round trips, hop by hop: each request ends with a hop-trace
+    /// block (`shm_api::hoptrace`) that the rdsd on each side stamps (they must run with
+    /// `--trace-hops`; a spawned one does), and the ack echoes the request's stamps. Needs
+    /// `-q >= 64` and `-a >= 96`; exact when both sides share one clock (one host).
+    #[arg(long, conflicts_with = "verify")]
+    pub breakdown: bool,
     /// Print the results as one JSON document on stdout (instead of text).
     #[arg(long)]
     pub json: bool,
@@ -188,9 +194,10 @@ fn validate(p: &Params) -> Result<()> {
 /// The rdsd to use: `--socket`, or one we start (`--spawn-rdsd`, or `--pair` without
 /// `--socket`; idle strategy backoff unless `--idle` says otherwise), or else
 /// `$RDSD_SOCKET` / the default control socket.
-fn target(d: &DaemonArgs, pair: bool) -> Result<Target> {
+fn target(d: &DaemonArgs, pair: bool, trace_hops: bool) -> Result<Target> {
     if d.socket.is_some() || d.spawn_rdsd.is_some() || pair {
         let mut d = d.clone();
+        d.trace_hops = trace_hops;
         d.idle.get_or_insert_with(|| "backoff".into());
         return Target::open(&d);
     }
@@ -221,12 +228,12 @@ pub fn main(a: StressArgs) -> Result<()> {
     if a.pair {
         pair(&a)
     } else if a.peer.is_some() {
-        let t = target(&a.daemon, false)?;
+        let t = target(&a.daemon, false, a.breakdown)?;
         let r = active(&a, &t, a.port);
         t.stop()?;
         r
     } else {
-        let t = target(&a.daemon, false)?;
+        let t = target(&a.daemon, false, a.breakdown)?;
         let r = passive(&a, &t);
         t.stop()?;
         r
@@ -401,6 +408,7 @@ fn passive_run(
         corrupt_every,
         blocking,
         yield_every,
+        hops: None,
     };
     let results: Vec<Result<()>> = std::thread::scope(|s| {
         let hs: Vec<_> = chans
@@ -487,6 +495,14 @@ fn active(a: &StressArgs, t: &Target, port: u16) -> Result<()> {
     if runs.is_empty() {
         bail!("--transports: nothing to run");
     }
+    if a.breakdown && (p.req < task::TRACED_REQ || p.ack < task::TRACED_ACK) {
+        bail!(
+            "--breakdown needs -q >= {} (header and trace block) and -a >= {} (the ack also \
+             echoes the request's stamps)",
+            task::TRACED_REQ,
+            task::TRACED_ACK
+        );
+    }
     let rdsd = if runs.iter().any(|r| r.0 == Kind::Rds) {
         Some(t.attach()?)
     } else {
@@ -539,6 +555,7 @@ fn active(a: &StressArgs, t: &Target, port: u16) -> Result<()> {
             a.yield_every,
             lines,
             &progress,
+            a.breakdown && kind == Kind::Rds,
         )?;
         if text {
             print!("{}", report::summary(&r, a.show_histogram));
@@ -635,6 +652,7 @@ fn active_run(
     yield_every: u32,
     lines: bool,
     progress: &Progress,
+    breakdown: bool,
 ) -> Result<RunResult> {
     ctl.send(&format!(
         "RUN {} {}",
@@ -663,6 +681,7 @@ fn active_run(
     let go = AtomicBool::new(false);
     let ready = AtomicU32::new(0);
     let errors = Mutex::new(Vec::new());
+    let hops = Mutex::new(task::Breakdown::new());
     let sh = Shared {
         p,
         stop: &stop,
@@ -671,6 +690,7 @@ fn active_run(
         corrupt_every: 0,
         blocking,
         yield_every,
+        hops: breakdown.then_some(&hops),
     };
     let mut per_sec = Vec::new();
     let mut elapsed = Duration::ZERO;
@@ -776,6 +796,7 @@ fn active_run(
     let total = Snap::sum(&ctrs);
     let avg = Line::from(&total, p.tasks, elapsed, cpu_total);
     let errors = errors.into_inner().unwrap_or_default();
+    let breakdown = breakdown.then(|| hops.into_inner().unwrap_or_else(|p| p.into_inner()));
     Ok(RunResult {
         kind,
         blocking,
@@ -792,6 +813,7 @@ fn active_run(
         passive_tx: num(2),
         passive_verify_errors: num(3),
         passive_error,
+        breakdown,
     })
 }
 
@@ -809,7 +831,7 @@ impl Drop for PassiveChild {
 }
 
 fn pair(a: &StressArgs) -> Result<()> {
-    let t = target(&a.daemon, true)?;
+    let t = target(&a.daemon, true, a.breakdown)?;
     // A clear error here rather than from the passive child.
     drop(t.attach()?);
     let mut child = Command::new(std::env::current_exe()?)

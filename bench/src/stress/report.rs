@@ -128,6 +128,8 @@ pub struct RunResult {
     pub passive_tx: u64,
     pub passive_verify_errors: u64,
     pub passive_error: Option<String>,
+    /// `--breakdown`: the hops of traced round trips.
+    pub breakdown: Option<super::task::Breakdown>,
 }
 
 pub fn mode_name(blocking: bool) -> &'static str {
@@ -225,8 +227,55 @@ impl RunResult {
                 "verify_errors": self.passive_verify_errors,
                 "error": self.passive_error,
             },
+            "breakdown": self.breakdown.as_ref().map(breakdown_json),
         })
     }
+}
+
+fn breakdown_json(b: &super::task::Breakdown) -> Value {
+    json!({
+        "untraced": b.untraced,
+        "hops": super::task::HOPS.iter().zip(&b.hops).map(|(name, h)| json!({
+            "hop": name,
+            "count": h.len(),
+            "p50_us": round3(h.value_at_quantile(0.5) as f64 / 1e3),
+            "p90_us": round3(h.value_at_quantile(0.9) as f64 / 1e3),
+            "mean_us": round3(h.mean() / 1e3),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// The `--breakdown` table: each hop's p50, p90 and mean, and its share of the mean round trip.
+pub fn breakdown_text(b: &super::task::Breakdown) -> String {
+    let mut s = String::new();
+    let total: f64 = b.hops.iter().map(|h| h.mean()).sum();
+    let n = b.hops.first().map_or(0, |h| h.len());
+    let _ = writeln!(
+        s,
+        "latency breakdown ({n} traced round trips, {} untraced):",
+        b.untraced
+    );
+    let _ = writeln!(
+        s,
+        "{:>9} {:>9} {:>9} {:>6}  hop",
+        "p50 us", "p90 us", "mean us", "share"
+    );
+    for (name, h) in super::task::HOPS.iter().zip(&b.hops) {
+        let _ = writeln!(
+            s,
+            "{:>9.2} {:>9.2} {:>9.2} {:>5.1}%  {name}",
+            h.value_at_quantile(0.5) as f64 / 1e3,
+            h.value_at_quantile(0.9) as f64 / 1e3,
+            h.mean() / 1e3,
+            100.0 * h.mean() / total.max(1e-9)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "{:>29.2}         sum of the means (the mean round trip)",
+        total / 1e3
+    );
+    s
 }
 
 /// Title line of a run.
@@ -273,6 +322,9 @@ pub fn summary(r: &RunResult, show_histogram: bool) -> String {
             let _ = writeln!(s, "{k:>10} {:>12.2}", r.pct_us(q).unwrap_or(0.0));
         }
         let _ = writeln!(s, "{:>10} {:>12.2}", "max", r.max_us().unwrap_or(0.0));
+    }
+    if let Some(b) = &r.breakdown {
+        s.push_str(&breakdown_text(b));
     }
     if show_histogram && !r.hist.is_empty() {
         let _ = writeln!(s, "rtt histogram (us):");

@@ -8,6 +8,7 @@ use super::chan::Chan;
 use crate::util::{mono_ns, Backoff, STALL_LIMIT};
 use anyhow::{bail, Result};
 use hdrhistogram::Histogram;
+use shm_api::hoptrace;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
@@ -91,6 +92,82 @@ impl Snap {
     }
 }
 
+/// A request that can carry a hop-trace block after its header.
+pub const TRACED_REQ: usize = HDR + hoptrace::BLOCK;
+/// Bytes of an ack that echo the request's stamps (app send, pickup, deliver, passive recv).
+const ECHO: usize = 32;
+/// An ack that echoes the request's stamps and carries its own block.
+pub const TRACED_ACK: usize = HDR + ECHO + hoptrace::BLOCK;
+
+/// The hops of a traced round trip, in order; they add up to the round trip.
+pub const HOPS: [&str; 7] = [
+    "app -> rdsd (request: send until the poll core took it)",
+    "rdsd -> peer rdsd (request: transport, wire, peer's transport, into the peer app's ring)",
+    "peer rdsd -> peer app (request: ring to the app's recv)",
+    "peer app (recv to send of the ack)",
+    "peer app -> peer rdsd (ack)",
+    "peer rdsd -> rdsd (ack)",
+    "rdsd -> app (ack)",
+];
+
+/// Per-hop histograms of traced round trips (ns), and the acks that carried no stamps.
+pub struct Breakdown {
+    pub hops: Vec<Histogram<u64>>,
+    pub untraced: u64,
+}
+
+impl Breakdown {
+    pub fn new() -> Breakdown {
+        Breakdown {
+            hops: HOPS.iter().map(|_| crate::util::new_histogram()).collect(),
+            untraced: 0,
+        }
+    }
+
+    /// Records one ack (`msg`, received at `now`) that echoes its request's stamps.
+    fn record(&mut self, msg: &[u8], now: u64) {
+        let echo =
+            |i: usize| u64::from_le_bytes(msg[HDR + 8 * i..HDR + 8 * i + 8].try_into().unwrap());
+        let (Some([a_send, a_pick, a_deliv]), true) =
+            (hoptrace::read(msg), msg.len() >= TRACED_ACK)
+        else {
+            self.untraced += 1;
+            return;
+        };
+        let t = [
+            echo(0),
+            echo(1),
+            echo(2),
+            echo(3),
+            a_send,
+            a_pick,
+            a_deliv,
+            now,
+        ];
+        if t.contains(&0) || t.windows(2).any(|w| w[1] < w[0]) {
+            // An rdsd without --trace-hops, or clocks that are not one clock.
+            self.untraced += 1;
+            return;
+        }
+        for (h, w) in self.hops.iter_mut().zip(t.windows(2)) {
+            h.saturating_record(w[1] - w[0]);
+        }
+    }
+
+    fn add(&mut self, o: &Breakdown) {
+        for (a, b) in self.hops.iter_mut().zip(&o.hops) {
+            let _ = a.add(b);
+        }
+        self.untraced += o.untraced;
+    }
+}
+
+impl Default for Breakdown {
+    fn default() -> Self {
+        Breakdown::new()
+    }
+}
+
 /// What a task shares with the others and the reporter.
 pub struct Shared<'a> {
     pub p: Params,
@@ -105,6 +182,8 @@ pub struct Shared<'a> {
     pub blocking: bool,
     /// Busy-polling: give the CPU away every this many empty polls (0 = never).
     pub yield_every: u32,
+    /// Active side with `--breakdown`: trace each request and collect the hops here.
+    pub hops: Option<&'a Mutex<Breakdown>>,
 }
 
 impl Shared<'_> {
@@ -217,6 +296,7 @@ pub fn active(
     let mut inflight = 0u32;
     let mut last_progress = mono_ns();
     let mut lost = 0u64;
+    let mut hops = sh.hops.map(|_| Breakdown::new());
     while !sh.stopped() {
         let mut progressed = false;
         while p.one_way || inflight < p.depth {
@@ -224,6 +304,9 @@ pub fn active(
             put_hdr(&mut req, seq, t0, task, 0);
             if p.verify {
                 fill(&mut req, seq);
+            }
+            if hops.is_some() {
+                hoptrace::begin(&mut req, t0);
             }
             if !ch.send(&req)? {
                 break;
@@ -255,6 +338,9 @@ pub fn active(
                     let (s, ts, tk, fl) = get_hdr(&buf);
                     let rtt = now.saturating_sub(ts).max(1);
                     hist.saturating_record(rtt);
+                    if let Some(h) = hops.as_mut() {
+                        h.record(&buf[..n], now);
+                    }
                     rx += 1;
                     rx_bytes += n as u64;
                     rtt_ns += rtt;
@@ -311,6 +397,9 @@ pub fn active(
         if !probe(ch, &mut req, &mut buf, seq, task, sh, wait)? && sh.reliable {
             bail!("task {task}: the end-of-run fence was not answered within {wait:?}");
         }
+    }
+    if let (Some(mine), Some(all)) = (&hops, sh.hops) {
+        all.lock().unwrap_or_else(|p| p.into_inner()).add(mine);
     }
     Ok(())
 }
@@ -400,6 +489,14 @@ pub fn passive(ch: &mut dyn Chan, sh: &Shared, ctr: &Counters) -> Result<()> {
         put_hdr(&mut ack, s, ts, tk, F_IS_ACK);
         if p.verify {
             fill(&mut ack, s);
+        }
+        // A traced request: echo its stamps (and when we got it) and trace the ack too.
+        if let (Some(st), true) = (hoptrace::read(&buf[..n]), ack.len() >= TRACED_ACK) {
+            let got = mono_ns();
+            for (i, v) in st.iter().chain([got].iter()).enumerate() {
+                ack[HDR + 8 * i..HDR + 8 * i + 8].copy_from_slice(&v.to_le_bytes());
+            }
+            hoptrace::begin(&mut ack, mono_ns());
         }
         if sh.corrupt_every > 0 && (acks + 1).is_multiple_of(sh.corrupt_every) {
             let last = ack.len() - 1;

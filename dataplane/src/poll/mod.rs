@@ -321,6 +321,17 @@ impl PollCore {
         } else {
             None
         };
+        if self.table.cfg.trace_hops {
+            // SAFETY: as below: the record's bytes lie in the sender's mapped tx ring; it is
+            // the app's own published record, which only this core reads.
+            unsafe {
+                shm_api::hoptrace::stamp_shared(
+                    ring.data_ptr().add(rec.payload_offset),
+                    rec.header.len as usize,
+                    shm_api::hoptrace::Slot::Pickup,
+                )
+            };
+        }
         // SAFETY: the ring consumer validated payload_offset + len against the data area,
         // which stays mapped while the app is in the table (for this whole call).
         let payload = unsafe {

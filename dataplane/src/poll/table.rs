@@ -600,11 +600,22 @@ impl Upcalls for SocketTable {
             return Delivered::NoSocket;
         };
         let header = RecordHeader::data(len as u32, m.faddr, m.sport);
+        let trace = self.cfg.trace_hops;
         let pushed = sock.rx.push_with(header, |mem, off| {
             // SAFETY: `off..off + len` lies in the receiver's rx ring data area (reserved by
             // the producer for a record of `len` bytes); the source is a separate buffer or
             // another ring (rings never overlap, even for a socket sending to itself).
-            unsafe { m.payload.copy_to(mem.data_ptr().add(off)) }
+            unsafe { m.payload.copy_to(mem.data_ptr().add(off)) };
+            if trace {
+                // SAFETY: the same `len` bytes we just wrote, not yet published to the app.
+                unsafe {
+                    shm_api::hoptrace::stamp_shared(
+                        mem.data_ptr().add(off),
+                        len,
+                        shm_api::hoptrace::Slot::Deliver,
+                    )
+                };
+            }
         });
         match pushed {
             Ok(()) => {

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Packs what the pinned benchmark needs into one folder (and a .tar.gz beside it) for a host
+# that has neither the Rust toolchain nor DPDK nor iproute2 (a many-core box to measure on):
+#
+#     bash bench/bundle.sh [OUT_DIR]          # default: target/rdsd-bundle
+#     # on the other host, as root:
+#     tar xzf rdsd-bundle.tar.gz && rdsd-bundle/run.sh      # = bench/pinned-bench.sh
+#
+# Layout: bin/ (rdsd, rds-bench, rdsctl: release builds; ip and strace from this machine),
+# lib/ (every shared library those and the PMDs need, except glibc's own, which the target
+# host has in a newer version), pmds/ (DPDK 22.11 drivers: memif, af_packet, tap, the ring
+# mempool), bench/ (the scripts), env.sh (LD_LIBRARY_PATH, BIN, IP, EAL_ARGS="-d pmds").
+# Known traps, handled here:
+# * EAL's `-d DIR` loads only files named `*.so` (it skips `librte_*.so.23`): PMDs are copied
+#   under their `.so` name.
+# * librte_bus_vdev (and bus_pci) must be loaded exactly once: a second copy registers a
+#   second vdev bus and every vdev probe fails. They stay out of pmds/ and are found through
+#   the PMDs' DT_NEEDED in lib/.
+# Environment: BIN (folder with rdsd, rds-bench, rdsctl already built: skips the build).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+OUT="${1:-$ROOT/target/rdsd-bundle}"
+if [[ -z "${BIN:-}" ]]; then
+    cargo build --release -q -p rdsd -p rds-bench -p rdsctl
+    BIN="$ROOT/target/release"
+fi
+PMD_SRC=$(pkg-config --variable=pmdsdir libdpdk 2>/dev/null || true)
+[[ -d "$PMD_SRC" ]] || PMD_SRC=$(ls -d /usr/lib/x86_64-linux-gnu/dpdk/pmds-* | head -1)
+rm -rf "$OUT"
+mkdir -p "$OUT"/{bin,lib,pmds,bench}
+cp "$BIN"/rdsd "$BIN"/rds-bench "$BIN"/rdsctl "$OUT/bin/"
+# Debug info off (symbols stay, for perf): the bundle must travel light.
+strip --strip-debug "$OUT"/bin/rdsd "$OUT"/bin/rds-bench "$OUT"/bin/rdsctl
+for t in ip strace; do
+    p=$(command -v "$t") || { echo "bundle.sh: $t not found (apt-get install iproute2 strace)" >&2; exit 1; }
+    cp "$p" "$OUT/bin/"
+done
+for d in net_memif net_af_packet net_tap mempool_ring; do
+    cp -L "$PMD_SRC/librte_$d.so" "$OUT/pmds/librte_$d.so"
+done
+# glibc's own libraries come from the target host (its glibc is newer than Debian 12's).
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libresolv)'
+for elf in "$OUT"/bin/* "$OUT"/pmds/*.so; do
+    ldd "$elf" | awk '/=> \// {print $1, $3}' | while read -r name path; do
+        [[ "$name" =~ $skip ]] && continue
+        [[ -e "$OUT/lib/$name" ]] || cp -L "$path" "$OUT/lib/$name"
+    done
+done
+cp bench/netns-bench.sh bench/pinned-bench.sh "$OUT/bench/"
+cat >"$OUT/env.sh" <<'EOF'
+# Sourced by run.sh: the bundle's binaries, libraries and DPDK drivers.
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export BIN="$here/bin" IP="$here/bin/ip" STRACE="$here/bin/strace"
+export EAL_ARGS="-d $here/pmds"
+EOF
+cat >"$OUT/run.sh" <<'EOF'
+#!/usr/bin/env bash
+# The pinned benchmark from the bundle (arguments and environment: bench/pinned-bench.sh).
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+. "$here/env.sh"
+exec bash "$here/bench/pinned-bench.sh" "$@"
+EOF
+chmod +x "$OUT/run.sh"
+tar czf "$OUT.tar.gz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
+echo "bundle: $OUT ($(du -sh "$OUT" | cut -f1)), $OUT.tar.gz ($(du -sh "$OUT.tar.gz" | cut -f1))"
