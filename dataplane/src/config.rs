@@ -397,6 +397,10 @@ mod tests {
             c.max_apps_per_uid < c.max_apps,
             "one uid can't take every slot"
         );
+        assert!(
+            c.max_apps_per_uid >= 256 && c.max_regions_per_uid >= 256,
+            "an MPI job's 256 ranks of one user attach with the defaults"
+        );
     }
 
     #[test]

@@ -618,3 +618,34 @@ fn kept_region_fds_do_not_pin_4k_pages() {
     traffic_done(&mut bg, 20 * SEC);
     assert!(alive(&mut d));
 }
+
+/// An MPI job runs one rank per core, all of one user: 256 processes of one (non-root) uid
+/// attach with the default limits, and root is not limited per uid at all (only by max_apps).
+#[test]
+fn an_mpi_job_of_256_processes_of_one_user_attaches_with_the_defaults() {
+    let _g = serial();
+    let mut d = Daemon::start(&[]);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let mut ranks: Vec<_> = (0..256)
+        .map(|_| d.app(&["attach-as", "65534", "1", "0"]))
+        .collect();
+    for (i, r) in ranks.iter_mut().enumerate() {
+        let line = r.expect_within("", 30 * SEC);
+        assert_eq!(line, "attached 0", "rank {i}");
+    }
+    assert_eq!(d.stat("attach_refused_uid_apps"), 0);
+    assert_eq!(d.stat("attach_refused_uid_regions"), 0);
+    assert!(alive(&mut d));
+}
+
+#[test]
+fn root_is_not_limited_per_uid() {
+    let _g = serial();
+    let cfg = config_file("max_apps_per_uid = 2\nmax_regions_per_uid = 2\n");
+    let d = Daemon::start(&["-c", cfg.to_str().unwrap()]);
+    let held: Vec<_> = (0..4).map(|_| d.attach()).collect();
+    assert_eq!(held.len(), 4);
+    assert_eq!(d.stat("attach_refused_uid_apps"), 0);
+    assert_eq!(d.stat("attach_refused_uid_regions"), 0);
+}

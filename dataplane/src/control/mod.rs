@@ -18,7 +18,7 @@
 //!   never does, asks Stats and Info: the wait for an Info's snapshot does not count, and its
 //!   answer starts a fresh `hello_timeout`); a full rdsd
 //!   answers EUSERS, a uid over its limits EDQUOT (with the limit as the reply's value), in a
-//!   reply with id 0 before closing;
+//!   reply with id 0 before closing; root (uid 0) is not limited per uid, only by `max_apps`;
 //! * every loop over client input is bounded per pass (accepts, one request per connection).
 
 pub mod info;
@@ -700,7 +700,7 @@ impl Control {
                 refuse(libc::EUSERS, self.cfg.max_apps);
                 continue;
             };
-            if self.conns_of(uid) >= self.cfg.max_apps_per_uid {
+            if uid != 0 && self.conns_of(uid) >= self.cfg.max_apps_per_uid {
                 tracing::warn!(
                     pid,
                     uid,
@@ -888,7 +888,7 @@ impl Control {
             return self.send(i, r.encode(), Vec::new());
         }
         c.hello_by = None;
-        if self.regions_of(uid) >= self.cfg.max_regions_per_uid {
+        if uid != 0 && self.regions_of(uid) >= self.cfg.max_regions_per_uid {
             tracing::warn!(
                 pid,
                 uid,
