@@ -32,7 +32,10 @@ mkdir -p "$OUT"/{bin,lib,pmds,bench}
 cp "$BIN"/rdsd "$BIN"/rds-bench "$BIN"/rdsctl "$OUT/bin/"
 # Debug info off (symbols stay, for perf): the bundle must travel light.
 strip --strip-debug "$OUT"/bin/rdsd "$OUT"/bin/rds-bench "$OUT"/bin/rdsctl
-for t in ip strace; do
+tools=(ip strace)
+# PERF=1: perf(1) too, for profiling the poll thread (pinned-bench.sh PROFILE=1); +30 MB.
+[[ -z "${PERF:-}" ]] || tools+=(perf)
+for t in "${tools[@]}"; do
     p=$(command -v "$t") || { echo "bundle.sh: $t not found (apt-get install iproute2 strace)" >&2; exit 1; }
     cp "$p" "$OUT/bin/"
 done
@@ -52,7 +55,7 @@ cat >"$OUT/env.sh" <<'EOF'
 # Sourced by run.sh: the bundle's binaries, libraries and DPDK drivers.
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export BIN="$here/bin" IP="$here/bin/ip" STRACE="$here/bin/strace"
+export BIN="$here/bin" IP="$here/bin/ip" STRACE="$here/bin/strace" PERF="$here/bin/perf"
 export EAL_ARGS="-d $here/pmds"
 EOF
 cat >"$OUT/run.sh" <<'EOF'

@@ -39,6 +39,28 @@ fi
 echo "# host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(uname -r)"
 echo "# placement: poll $POLL_CPUS, control $CTRL_CPUS, apps $APP_CPUS_A / $APP_CPUS_B, idle spin, ${SECS}s per transport"
 
+# PROFILE=1 (needs perf; a bundle made with PERF=1 has it): during each rtt64 run, sample the
+# sending rdsd's poll thread for 2 s and keep the flat profile next to the JSON (.perf.txt).
+PERF="${PERF:-perf}"
+profile_poll() {
+    local out="$1" pid="" tid=""
+    for _ in $(seq 300); do
+        pgrep -f 'rds-bench -s 10.77.0.2' >/dev/null && break
+        sleep 0.1
+    done
+    sleep 0.5
+    pid=$(pgrep -f 'rdsd --control-socket /tmp/rsb[0-9]*a.sock' | head -1)
+    [[ -n "$pid" ]] || return 0
+    for t in /proc/"$pid"/task/*; do
+        [[ "$(cat "$t/comm")" == rdsd-poll-0 ]] && tid="${t##*/}"
+    done
+    [[ -n "$tid" ]] || return 0
+    "$PERF" record -e cpu-clock -F 10000 -t "$tid" -o "$out.data" -- sleep 2 >/dev/null 2>&1 || return 0
+    "$PERF" report -i "$out.data" --stdio --no-children --sort symbol 2>/dev/null |
+        grep -E '^ +[0-9.]+%' | head -40 >"$out.perf.txt"
+    rm -f "$out.data"
+}
+
 flags_of() {
     case "$1" in
         rtt64) echo "-t 1 -d 1 -q 64 -a 64" ;;
@@ -64,11 +86,17 @@ for w in $WORKLOADS; do
             # shellcheck disable=SC2046
             trace=""
             [[ "$w" != hops ]] || trace=1
+            prof=""
+            if [[ -n "${PROFILE:-}" && "$w" = rtt64 ]]; then
+                profile_poll "$OUTDIR/$w-$t-$p" &
+                prof=$!
+            fi
             if ! TRACE_HOPS="$trace" TRANSPORT="$t" PATHS="$p" bash "$HERE/netns-bench.sh" -T "$SECS" $(flags_of "$w") \
                 --transports rds,tcp --yield-every 0 --mode busy -z --json >"$f" 2>"$f.err"; then
                 echo "# FAILED: $w over $t, $p paths (see $f.err)" >&2
                 tail -5 "$f.err" >&2 || true
             fi
+            [[ -z "$prof" ]] || wait "$prof" || true
         done
     done
 done
