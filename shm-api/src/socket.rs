@@ -858,6 +858,14 @@ impl Socket {
         Ok(self.fd.as_raw_fd())
     }
 
+    /// The descriptor [`Socket::pollable_fd`] returns, without asking rdsd to keep it in sync:
+    /// its readiness means nothing until `pollable_fd` is called once. For the C ABI, which
+    /// hands out this fd (a dup of it) as the socket's own and turns readiness on only when the
+    /// app polls it, so that apps that never poll cost the poll core no readiness syscalls.
+    pub fn pollable_fd_unsynced(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
     /// This socket's slot in the region.
     #[doc(hidden)]
     pub fn slot_for_tests(&self) -> u32 {
