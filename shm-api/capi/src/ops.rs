@@ -57,8 +57,7 @@ pub fn socket(domain: c_int, ty: c_int, protocol: c_int) -> Result<c_int, i32> {
     } else {
         libc::F_DUPFD
     };
-    // SAFETY: duplicates the socket's own fd, which it keeps open.
-    let fd = unsafe { libc::fcntl(sock.pollable_fd_unsynced(), cmd, 0) };
+    let fd = raw_fcntl(sock.pollable_fd_unsynced(), cmd, 0);
     if fd < 0 {
         return Err(io::Error::last_os_error()
             .raw_os_error()
@@ -90,19 +89,23 @@ pub fn socket(domain: c_int, ty: c_int, protocol: c_int) -> Result<c_int, i32> {
     }
 }
 
+/// fcntl(2) as a raw syscall: the preload library defines `fcntl`, and these calls must not
+/// come back through it.
+fn raw_fcntl(fd: c_int, cmd: c_int, arg: c_int) -> c_int {
+    // SAFETY: fcntl with an int argument; no pointers involved.
+    unsafe { libc::syscall(libc::SYS_fcntl, fd, cmd, arg) as c_int }
+}
+
 /// Sets or clears O_NONBLOCK on the open file description (so F_GETFL tells the truth).
 fn set_fd_nonblock_flag(fd: c_int, on: bool) {
-    // SAFETY: plain fcntl on an fd we hold.
-    unsafe {
-        let fl = libc::fcntl(fd, libc::F_GETFL);
-        if fl >= 0 {
-            let nfl = if on {
-                fl | libc::O_NONBLOCK
-            } else {
-                fl & !libc::O_NONBLOCK
-            };
-            libc::fcntl(fd, libc::F_SETFL, nfl);
-        }
+    let fl = raw_fcntl(fd, libc::F_GETFL, 0);
+    if fl >= 0 {
+        let nfl = if on {
+            fl | libc::O_NONBLOCK
+        } else {
+            fl & !libc::O_NONBLOCK
+        };
+        raw_fcntl(fd, libc::F_SETFL, nfl);
     }
 }
 
@@ -704,4 +707,22 @@ pub fn forget(fd: c_int) {
     if let Some(e) = table::remove(fd) {
         table::release(e);
     }
+}
+
+/// True if a receive on `fd` would not block now (a message, a notification, or an error to
+/// report). Shared memory only: the readiness fd can lag the ring by a pass of rdsd's poll
+/// core, so poll/select wrappers confirm a POLLIN with this.
+pub fn has_input(fd: c_int) -> bool {
+    let Some(e) = table::get(fd) else {
+        return true;
+    };
+    let Ok(s) = e.socket() else {
+        return true;
+    };
+    let flags = RecvFlags {
+        peek: true,
+        trunc: true,
+        dontwait: true,
+    };
+    !matches!(s.recv_msg(&mut [], flags), Err(err) if err.raw_os_error() == Some(libc::EAGAIN))
 }

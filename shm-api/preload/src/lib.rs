@@ -19,6 +19,7 @@ use libc::{
 };
 use rdsd::{ops, table};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 /// The next definition of `$name` (libc's), resolved once. dlsym does not call any function
 /// defined here, so resolving during a program's initialisation cannot recurse.
@@ -484,26 +485,105 @@ pub unsafe extern "C" fn dup3(fd: c_int, newfd: c_int, flags: c_int) -> c_int {
     adopt(fd, r)
 }
 
-/// Turns readiness on for every rdsd fd in `fds` before the kernel waits on them.
-unsafe fn arm_pollfds(fds: *const pollfd, n: nfds_t) {
+/// Turns readiness on for every rdsd fd in `fds` before the kernel waits on them; true if
+/// there was one.
+unsafe fn arm_pollfds(fds: *const pollfd, n: nfds_t) -> bool {
     if !table::any() || fds.is_null() {
-        return;
+        return false;
     }
+    let mut any = false;
     // SAFETY: poll's contract: `n` pollfds at `fds`.
     for p in unsafe { std::slice::from_raw_parts(fds, n as usize) } {
         if table::is_ours(p.fd) {
             let _ = ops::enable_readiness(p.fd);
+            any = true;
         }
+    }
+    any
+}
+
+/// rdsd updates a readiness fd on its next pass after the app drains the ring, so a POLLIN
+/// seen right after a receive may be stale: it is confirmed against the ring (no syscall).
+/// Returns the corrected count.
+unsafe fn confirm_pollfds(fds: *mut pollfd, n: nfds_t, mut count: c_int) -> c_int {
+    const IN: i16 = libc::POLLIN | libc::POLLRDNORM;
+    // SAFETY: poll's contract: `n` pollfds at `fds`.
+    for p in unsafe { std::slice::from_raw_parts_mut(fds, n as usize) } {
+        if p.revents & IN != 0 && table::is_ours(p.fd) && !ops::has_input(p.fd) {
+            p.revents &= !IN;
+            if p.revents == 0 {
+                count -= 1;
+            }
+        }
+    }
+    count
+}
+
+/// Runs `wait(remaining)` until it reports something that holds after `confirm`, or the
+/// timeout (None = forever) runs out.
+fn wait_confirmed(
+    timeout: Option<Duration>,
+    mut wait: impl FnMut(Option<Duration>) -> c_int,
+    mut confirm: impl FnMut(c_int) -> c_int,
+) -> c_int {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    loop {
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let r = wait(left);
+        if r <= 0 {
+            return r;
+        }
+        let r = confirm(r);
+        if r > 0 || left.is_some_and(|l| l.is_zero()) {
+            return r;
+        }
+        // Only stale readiness: rdsd catches up within a pass; let it run.
+        std::thread::yield_now();
+    }
+}
+
+fn ms_timeout(ms: c_int) -> Option<Duration> {
+    (ms >= 0).then(|| Duration::from_millis(ms as u64))
+}
+
+fn to_ms(d: Option<Duration>) -> c_int {
+    d.map_or(-1, |d| d.as_millis().min(c_int::MAX as u128) as c_int)
+}
+
+unsafe fn ts_timeout(ts: *const timespec) -> Option<Duration> {
+    if ts.is_null() {
+        return None;
+    }
+    // SAFETY: a valid timespec (ppoll's contract).
+    let t = unsafe { *ts };
+    Some(Duration::new(
+        t.tv_sec.max(0) as u64,
+        t.tv_nsec.clamp(0, 999_999_999) as u32,
+    ))
+}
+
+fn to_ts(d: Duration) -> timespec {
+    timespec {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
     }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    let real = next!(poll: fn(*mut pollfd, nfds_t, c_int) -> c_int);
     // SAFETY: poll's contract.
-    unsafe {
-        arm_pollfds(fds, n);
-        next!(poll: fn(*mut pollfd, nfds_t, c_int) -> c_int)(fds, n, timeout)
+    if !unsafe { arm_pollfds(fds, n) } {
+        // SAFETY: libc's poll.
+        return unsafe { real(fds, n, timeout) };
     }
+    wait_confirmed(
+        ms_timeout(timeout),
+        // SAFETY: libc's poll on the caller's array.
+        |left| unsafe { real(fds, n, to_ms(left)) },
+        // SAFETY: the caller's array.
+        |r| unsafe { confirm_pollfds(fds, n, r) },
+    )
 }
 
 #[no_mangle]
@@ -513,11 +593,17 @@ pub unsafe extern "C" fn __poll_chk(
     timeout: c_int,
     fdslen: size_t,
 ) -> c_int {
-    // SAFETY: __poll_chk's contract.
-    unsafe {
-        arm_pollfds(fds, n);
-        next!(__poll_chk: fn(*mut pollfd, nfds_t, c_int, size_t) -> c_int)(fds, n, timeout, fdslen)
+    if (fdslen / std::mem::size_of::<pollfd>()) < n as usize {
+        // Let libc report the overflow as the fortified build expects.
+        // SAFETY: libc's __poll_chk.
+        return unsafe {
+            next!(__poll_chk: fn(*mut pollfd, nfds_t, c_int, size_t) -> c_int)(
+                fds, n, timeout, fdslen,
+            )
+        };
     }
+    // SAFETY: poll's contract (the length was checked).
+    unsafe { poll(fds, n, timeout) }
 }
 
 #[no_mangle]
@@ -527,13 +613,26 @@ pub unsafe extern "C" fn ppoll(
     ts: *const timespec,
     sig: *const sigset_t,
 ) -> c_int {
+    let real = next!(ppoll: fn(*mut pollfd, nfds_t, *const timespec, *const sigset_t) -> c_int);
     // SAFETY: ppoll's contract.
-    unsafe {
-        arm_pollfds(fds, n);
-        next!(ppoll: fn(*mut pollfd, nfds_t, *const timespec, *const sigset_t) -> c_int)(
-            fds, n, ts, sig,
-        )
+    if !unsafe { arm_pollfds(fds, n) } {
+        // SAFETY: libc's ppoll.
+        return unsafe { real(fds, n, ts, sig) };
     }
+    wait_confirmed(
+        // SAFETY: ppoll's contract.
+        unsafe { ts_timeout(ts) },
+        |left| {
+            let t = left.map(to_ts);
+            let tp = t
+                .as_ref()
+                .map_or(std::ptr::null(), |t| t as *const timespec);
+            // SAFETY: libc's ppoll on the caller's array and mask.
+            unsafe { real(fds, n, tp, sig) }
+        },
+        // SAFETY: the caller's array.
+        |r| unsafe { confirm_pollfds(fds, n, r) },
+    )
 }
 
 #[no_mangle]
@@ -544,20 +643,24 @@ pub unsafe extern "C" fn __ppoll_chk(
     sig: *const sigset_t,
     fdslen: size_t,
 ) -> c_int {
-    // SAFETY: __ppoll_chk's contract.
-    unsafe {
-        arm_pollfds(fds, n);
-        next!(__ppoll_chk: fn(*mut pollfd, nfds_t, *const timespec, *const sigset_t, size_t) -> c_int)(
-            fds, n, ts, sig, fdslen,
-        )
+    if (fdslen / std::mem::size_of::<pollfd>()) < n as usize {
+        // SAFETY: libc's __ppoll_chk reports the overflow.
+        return unsafe {
+            next!(__ppoll_chk: fn(*mut pollfd, nfds_t, *const timespec, *const sigset_t, size_t) -> c_int)(
+                fds, n, ts, sig, fdslen,
+            )
+        };
     }
+    // SAFETY: ppoll's contract (the length was checked).
+    unsafe { ppoll(fds, n, ts, sig) }
 }
 
-/// Turns readiness on for every rdsd fd in the three sets.
-unsafe fn arm_fdsets(nfds: c_int, sets: [*mut fd_set; 3]) {
+/// Turns readiness on for every rdsd fd in the three sets; true if there was one.
+unsafe fn arm_fdsets(nfds: c_int, sets: [*mut fd_set; 3]) -> bool {
     if !table::any() {
-        return;
+        return false;
     }
+    let mut any = false;
     let top = (nfds.max(0) as usize).min(libc::FD_SETSIZE);
     for fd in 0..top as c_int {
         if !table::is_ours(fd) {
@@ -569,8 +672,53 @@ unsafe fn arm_fdsets(nfds: c_int, sets: [*mut fd_set; 3]) {
             .any(|s| !s.is_null() && unsafe { libc::FD_ISSET(fd, *s) })
         {
             let _ = ops::enable_readiness(fd);
+            any = true;
         }
     }
+    any
+}
+
+/// Clears stale read bits of rdsd fds (see [`confirm_pollfds`]); the corrected count.
+unsafe fn confirm_readfds(nfds: c_int, r: *mut fd_set, mut count: c_int) -> c_int {
+    if r.is_null() {
+        return count;
+    }
+    let top = (nfds.max(0) as usize).min(libc::FD_SETSIZE);
+    for fd in 0..top as c_int {
+        // SAFETY: a valid fd_set (select's contract).
+        if table::is_ours(fd) && unsafe { libc::FD_ISSET(fd, r) } && !ops::has_input(fd) {
+            // SAFETY: as above.
+            unsafe { libc::FD_CLR(fd, r) };
+            count -= 1;
+        }
+    }
+    count
+}
+
+/// select and pselect: `real(sets, remaining)` on copies of the caller's sets, retried while
+/// only stale read bits came back.
+unsafe fn select_confirmed(
+    nfds: c_int,
+    sets: [*mut fd_set; 3],
+    timeout: Option<Duration>,
+    mut real: impl FnMut([*mut fd_set; 3], Option<Duration>) -> c_int,
+) -> c_int {
+    // SAFETY: each non-null set is a valid fd_set (select's contract).
+    let saved: [Option<fd_set>; 3] = sets.map(|s| (!s.is_null()).then(|| unsafe { *s }));
+    wait_confirmed(
+        timeout,
+        |left| {
+            for (s, v) in sets.iter().zip(saved.iter()) {
+                if let Some(v) = v {
+                    // SAFETY: restores the caller's set before each try.
+                    unsafe { **s = *v };
+                }
+            }
+            real(sets, left)
+        },
+        // SAFETY: the caller's read set.
+        |r| unsafe { confirm_readfds(nfds, sets[0], r) },
+    )
 }
 
 #[no_mangle]
@@ -581,12 +729,31 @@ pub unsafe extern "C" fn select(
     e: *mut fd_set,
     t: *mut timeval,
 ) -> c_int {
+    let real =
+        next!(select: fn(c_int, *mut fd_set, *mut fd_set, *mut fd_set, *mut timeval) -> c_int);
+    // SAFETY: select's contract.
+    if !unsafe { arm_fdsets(nfds, [r, w, e]) } {
+        // SAFETY: libc's select.
+        return unsafe { real(nfds, r, w, e, t) };
+    }
+    let timeout = (!t.is_null()).then(|| {
+        // SAFETY: a valid timeval (select's contract).
+        let tv = unsafe { *t };
+        Duration::from_secs(tv.tv_sec.max(0) as u64)
+            + Duration::from_micros(tv.tv_usec.max(0) as u64)
+    });
     // SAFETY: select's contract.
     unsafe {
-        arm_fdsets(nfds, [r, w, e]);
-        next!(select: fn(c_int, *mut fd_set, *mut fd_set, *mut fd_set, *mut timeval) -> c_int)(
-            nfds, r, w, e, t,
-        )
+        select_confirmed(nfds, [r, w, e], timeout, |s, left| {
+            let mut tv = left.map(|d| timeval {
+                tv_sec: d.as_secs() as libc::time_t,
+                tv_usec: d.subsec_micros() as libc::suseconds_t,
+            });
+            let tp = tv
+                .as_mut()
+                .map_or(std::ptr::null_mut(), |v| v as *mut timeval);
+            real(nfds, s[0], s[1], s[2], tp)
+        })
     }
 }
 
@@ -599,12 +766,21 @@ pub unsafe extern "C" fn pselect(
     t: *const timespec,
     sig: *const sigset_t,
 ) -> c_int {
+    let real = next!(pselect: fn(c_int, *mut fd_set, *mut fd_set, *mut fd_set, *const timespec, *const sigset_t) -> c_int);
+    // SAFETY: pselect's contract.
+    if !unsafe { arm_fdsets(nfds, [r, w, e]) } {
+        // SAFETY: libc's pselect.
+        return unsafe { real(nfds, r, w, e, t, sig) };
+    }
     // SAFETY: pselect's contract.
     unsafe {
-        arm_fdsets(nfds, [r, w, e]);
-        next!(pselect: fn(c_int, *mut fd_set, *mut fd_set, *mut fd_set, *const timespec, *const sigset_t) -> c_int)(
-            nfds, r, w, e, t, sig,
-        )
+        select_confirmed(nfds, [r, w, e], ts_timeout(t), |s, left| {
+            let ts = left.map(to_ts);
+            let tp = ts
+                .as_ref()
+                .map_or(std::ptr::null(), |v| v as *const timespec);
+            real(nfds, s[0], s[1], s[2], tp, sig)
+        })
     }
 }
 
