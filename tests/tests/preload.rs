@@ -1,7 +1,8 @@
 //! Programs nobody here wrote for rdsd, run unmodified on it: CPython's `socket` module and
 //! the VM lab's AF_RDS C program (`tests/vmlab/rdsguest.c`, which the VM lab runs against the
 //! Linux kernel) under `rdsd-run` (librdsd-preload.so), and a C program built against the C
-//! ABI with `pkg-config --cflags --libs rdsd` after `shm-api/capi/install.sh`.
+//! ABI with `pkg-config --cflags --libs rdsd` after `shm-api/capi/install.sh`; and a C program
+//! of our own for the fd-level calls (dup, fcntl, read/write, threads, epoll, exec).
 //!
 //! Needs `cargo build --workspace` (the cdylibs and rdsd-run), cc, pkg-config and python3
 //! (tests/run.sh installs them).
@@ -145,7 +146,14 @@ fn vmlab_rdsguest_built_dynamically_runs_on_rdsd() {
     let dir = tmpdir("rdsguest");
     let bin = dir.join("rdsguest");
     let src = workspace_root().join("tests/vmlab/rdsguest.c");
-    cc(&["-O1", "-o", bin.to_str().unwrap(), src.to_str().unwrap()]);
+    // Fortified, as distributions build: poll becomes __poll_chk.
+    cc(&[
+        "-O2",
+        "-D_FORTIFY_SOURCE=2",
+        "-o",
+        bin.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ]);
     let d = Daemon::start(&[]);
 
     // recv: two sockets, two senders (one blocking with mixed sizes, one non-blocking).
@@ -231,6 +239,31 @@ fn vmlab_rdsguest_built_dynamically_runs_on_rdsd() {
     // counters-all: RDS_INFO_COUNTERS read with the kernel's ENOSPC protocol.
     let k = under_rdsd(&d, &bin, &["counters-all"]).output().unwrap();
     assert!(has_line(&k, "counter loop_delivered "), "{}", text(&k));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn fd_operations_of_a_c_program() {
+    let dir = tmpdir("fdops");
+    let bin = dir.join("fdops");
+    let src = workspace_root().join("tests/preload/fdops.c");
+    cc(&[
+        "-O2",
+        "-D_FORTIFY_SOURCE=2",
+        "-Wall",
+        "-Werror",
+        "-o",
+        bin.to_str().unwrap(),
+        src.to_str().unwrap(),
+        "-lpthread",
+    ]);
+    let d = Daemon::start(&[]);
+    let o = under_rdsd(&d, &bin, &[]).output().unwrap();
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("FDOPS OK"),
+        "{}",
+        text(&o)
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
