@@ -171,7 +171,7 @@ pub unsafe extern "C" fn rdsd_recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int)
 }
 
 /// SOL_SOCKET: SO_SNDBUF, SO_RCVBUF (and their FORCE forms), SO_REUSEADDR (no effect),
-/// SO_SNDTIMEO, SO_RCVTIMEO. SOL_RDS: RDS_CANCEL_SENT_TO, RDS_CONG_MONITOR,
+/// SO_SNDTIMEO, SO_RCVTIMEO. SOL_RDS: RDS_CANCEL_SENT_TO, RDS_CONG_MONITOR, RDS_RECVERR,
 /// SO_RDS_TRANSPORT. Anything else: ENOPROTOOPT.
 #[no_mangle]
 pub unsafe extern "C" fn rdsd_setsockopt(

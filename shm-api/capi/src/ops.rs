@@ -15,6 +15,7 @@ use std::time::Duration;
 const RDS_CANCEL_SENT_TO: c_int = 1;
 const RDS_GET_MR: c_int = 2;
 const RDS_FREE_MR: c_int = 3;
+const RDS_RECVERR: c_int = 5;
 const RDS_CONG_MONITOR: c_int = 6;
 const SO_RDS_TRANSPORT: c_int = 8;
 const RDS_TRANS_IB: c_int = 0;
@@ -496,6 +497,11 @@ pub unsafe fn setsockopt(
             // SAFETY: forwarded contract.
             let a = unsafe { read_addr(val as *const sockaddr, len) }?;
             s.cancel_sent_to(Some(a)).map_err(os)?;
+        }
+        // Asks for notifications of failed RDMA operations; there are none without RDMA ops.
+        (crate::RDSD_SOL_RDS, RDS_RECVERR) => {
+            // SAFETY: forwarded contract.
+            unsafe { read_int(val, len) }?;
         }
         (crate::RDSD_SOL_RDS, RDS_CONG_MONITOR) => {
             // SAFETY: forwarded contract.
