@@ -15,20 +15,27 @@ tmp="$(mktemp -d)"
 sock="$tmp/rdsd.sock"
 trap 'kill "$rdsd_pid" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 cc -O2 -o "$tmp/pp-preload" bench/preload/pingpong.c
+# The loader looks for the soname, librdsd.so.0 (install.sh makes that link; cargo does not).
+ln -s "$PWD/$t/librdsd.so" "$tmp/librdsd.so.0"
 cc -O2 -DUSE_CAPI -I shm-api/capi/include -o "$tmp/pp-capi" bench/preload/pingpong.c \
-    -L"$t" -lrdsd -Wl,-rpath,"$PWD/$t"
-# As rds-bench rtt spawns it, but unpinned (a shared 2-core machine).
-"$t/rdsd" --control-socket "$sock" --idle spin --poll-core -2 --control-core -2 --log warn &
+    -L"$t" -lrdsd -Wl,-rpath,"$tmp"
+# As rds-bench rtt spawns it: the poll core spins on CPU $POLL_CPU (default 1); every app runs
+# on CPU $APP_CPU (default 0). Unpinned, the round trip is bimodal on 2 CPUs (about 0.6 us when
+# the app and the poll core sit on different CPUs, 2.3 us when they share one), which would
+# swamp the differences measured here.
+poll_cpu="${POLL_CPU:-1}"
+app_cpu="${APP_CPU:-0}"
+"$t/rdsd" --control-socket "$sock" --idle spin --poll-core "$poll_cpu" --control-core -2 --log warn &
 rdsd_pid=$!
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
 export RDSD_SOCKET="$sock"
 out="$tmp/results"
 for r in $(seq "$rounds"); do
     "$t/rds-bench" rtt --socket "$sock" --count "$count" --warmup "$warmup" --size 64 \
-        --baseline none | grep '^RESULT rtt ' | sed 's/^RESULT rtt /RESULT rust /' | tee -a "$out"
+        --app-core "$app_cpu" --baseline none | grep '^RESULT rtt ' | sed 's/^RESULT rtt /RESULT rust /' | tee -a "$out"
     for mode in spin block; do
-        "$t/rdsd-run" "$tmp/pp-preload" "$mode" "$count" "$warmup" 64 | tee -a "$out"
-        "$tmp/pp-capi" "$mode" "$count" "$warmup" 64 | tee -a "$out"
+        taskset -c "$app_cpu" "$t/rdsd-run" "$tmp/pp-preload" "$mode" "$count" "$warmup" 64 | tee -a "$out"
+        taskset -c "$app_cpu" "$tmp/pp-capi" "$mode" "$count" "$warmup" 64 | tee -a "$out"
     done
 done
 python3 - "$out" <<'PY'
