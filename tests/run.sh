@@ -43,7 +43,8 @@ log "build dependencies (dpdk-sys and verbs-sys: bindgen against DPDK and rdma-c
 bash dataplane/install-build-deps.sh
 
 log "cbindgen (tests of shm-api/capi: the checked-in rdsd.h is up to date)"
-command -v cbindgen >/dev/null || cargo install cbindgen --locked
+# Pinned: another version may format the header differently.
+cbindgen --version 2>/dev/null | grep -qx 'cbindgen 0.29.4' || cargo install cbindgen --version 0.29.4 --locked
 
 log "build"
 # Everything, the C ABI and preload cdylibs included (tests/tests/preload.rs runs them).

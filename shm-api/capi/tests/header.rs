@@ -21,7 +21,7 @@ fn checked_in_header_is_up_to_date() {
         Ok(s) => assert!(s.success(), "cbindgen failed"),
         Err(e) => {
             let msg = format!(
-                "cbindgen not runnable ({e}): cargo install cbindgen --locked (tests/run.sh does)"
+                "cbindgen not runnable ({e}): cargo install cbindgen --version 0.29.4 --locked (tests/run.sh does)"
             );
             assert!(!in_ci(), "{msg}");
             eprintln!("{msg}; header not checked");
