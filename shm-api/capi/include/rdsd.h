@@ -75,8 +75,9 @@ ssize_t rdsd_recvfrom(int fd,
 ssize_t rdsd_recvmsg(int fd, struct msghdr *msg, int flags);
 
 // SOL_SOCKET: SO_SNDBUF, SO_RCVBUF (and their FORCE forms), SO_REUSEADDR (no effect),
-// SO_SNDTIMEO, SO_RCVTIMEO. SOL_RDS: RDS_CANCEL_SENT_TO, RDS_CONG_MONITOR, RDS_RECVERR,
-// SO_RDS_TRANSPORT. Anything else: ENOPROTOOPT.
+// SO_SNDTIMEO, SO_RCVTIMEO; other SOL_SOCKET options are accepted with no effect, as the
+// kernel's generic layer does. SOL_RDS: RDS_CANCEL_SENT_TO, RDS_CONG_MONITOR, RDS_RECVERR,
+// SO_RDS_TRANSPORT; anything else: ENOPROTOOPT.
 int rdsd_setsockopt(int fd, int level, int name, const void *val, socklen_t len);
 
 // The options of `rdsd_setsockopt` (SO_SNDBUF/SO_RCVBUF read back twice the value set, as

@@ -171,8 +171,9 @@ pub unsafe extern "C" fn rdsd_recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int)
 }
 
 /// SOL_SOCKET: SO_SNDBUF, SO_RCVBUF (and their FORCE forms), SO_REUSEADDR (no effect),
-/// SO_SNDTIMEO, SO_RCVTIMEO. SOL_RDS: RDS_CANCEL_SENT_TO, RDS_CONG_MONITOR, RDS_RECVERR,
-/// SO_RDS_TRANSPORT. Anything else: ENOPROTOOPT.
+/// SO_SNDTIMEO, SO_RCVTIMEO; other SOL_SOCKET options are accepted with no effect, as the
+/// kernel's generic layer does. SOL_RDS: RDS_CANCEL_SENT_TO, RDS_CONG_MONITOR, RDS_RECVERR,
+/// SO_RDS_TRANSPORT; anything else: ENOPROTOOPT.
 #[no_mangle]
 pub unsafe extern "C" fn rdsd_setsockopt(
     fd: c_int,

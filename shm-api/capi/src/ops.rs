@@ -522,6 +522,9 @@ pub unsafe fn setsockopt(
             e.transport.store(t, Ordering::Relaxed);
         }
         (crate::RDSD_SOL_RDS, RDS_GET_MR | RDS_FREE_MR) => return Err(libc::ENOPROTOOPT),
+        // Linux RDS hands other SOL_SOCKET options to the generic socket layer, which accepts
+        // them (SO_PRIORITY, SO_KEEPALIVE, SO_LINGER, ...); none changes what RDS does.
+        (libc::SOL_SOCKET, _) => {}
         _ => return Err(libc::ENOPROTOOPT),
     }
     Ok(0)
