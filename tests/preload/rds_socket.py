@@ -127,6 +127,22 @@ counters = {
 assert counters["loop_delivered"] >= 4, counters
 assert counters["sockets_opened"] >= 3, counters
 
+# RDS_INFO_SOCKETS: struct rds_info_socket records; ours are among them
+RDS_INFO_SOCKETS = 10006
+SOCK_REC = struct.Struct("=I4s4sHHIQ")
+n = ctypes.c_uint32(0)
+assert libc.getsockopt(a.fileno(), socket.SOL_RDS, RDS_INFO_SOCKETS, None, ctypes.byref(n)) == -1
+assert ctypes.get_errno() == errno.ENOSPC and n.value >= 2 * SOCK_REC.size, n
+buf = ctypes.create_string_buffer(n.value)
+item = libc.getsockopt(a.fileno(), socket.SOL_RDS, RDS_INFO_SOCKETS, buf, ctypes.byref(n))
+assert item == SOCK_REC.size, item
+bound = {
+    (socket.inet_ntoa(addr), socket.ntohs(port)): (sndbuf, rcvbuf)
+    for sndbuf, addr, _, port, _, rcvbuf, _ in SOCK_REC.iter_unpack(buf.raw[: n.value])
+}
+assert bound[a_addr] == (65536, 106496), bound  # SO_SNDBUF 65536 set above
+assert b_addr in bound, bound
+
 # fork: the child's inherited socket fails with EBADFD; a socket it opens itself works
 pid = os.fork()
 if pid == 0:

@@ -28,6 +28,10 @@ const RDS_INFO_FIRST: c_int = 10000;
 const RDS_INFO_LAST: c_int = 10017;
 /// `struct rds_info_counter`: `u8 name[32]; u64 value;` packed.
 const INFO_COUNTER_LEN: usize = 40;
+const RDS_INFO_SOCKETS: c_int = 10006;
+/// `struct rds_info_socket`: `u32 sndbuf; be32 bound_addr, connected_addr; be16 bound_port,
+/// connected_port; u32 rcvbuf; u64 inum;` packed.
+const INFO_SOCKET_LEN: usize = 28;
 const SIOCRDSSETTOS: c_ulong = 0x89E0;
 const SIOCRDSGETTOS: c_ulong = 0x89E1;
 
@@ -586,6 +590,56 @@ fn info_counters() -> Result<Vec<u8>, i32> {
     Ok(out)
 }
 
+/// Every socket rdsd serves (all processes, as the kernel's table) as `struct rds_info_socket`
+/// records, from rdsd's `Info` document. rdsd does not know an app's connected address: 0.
+fn info_sockets() -> Result<Vec<u8>, i32> {
+    let doc = shm_api::info_at(&table::control_path(), shm_api::ctrl::INFO_SOCKETS).map_err(os)?;
+    let v: serde_json::Value = serde_json::from_str(&doc).map_err(|_| libc::EIO)?;
+    let mut out = Vec::new();
+    for s in v["sockets"].as_array().into_iter().flatten() {
+        let num = |k: &str| s[k].as_u64().unwrap_or(0);
+        let addr: Ipv4Addr = s["addr"]
+            .as_str()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(Ipv4Addr::UNSPECIFIED);
+        let mut rec = Vec::with_capacity(INFO_SOCKET_LEN);
+        rec.extend_from_slice(&(num("sndbuf") as u32).to_ne_bytes());
+        rec.extend_from_slice(&addr.octets());
+        rec.extend_from_slice(&[0; 4]);
+        rec.extend_from_slice(&(num("port") as u16).to_be_bytes());
+        rec.extend_from_slice(&[0; 2]);
+        rec.extend_from_slice(&(num("rcvbuf") as u32).to_ne_bytes());
+        rec.extend_from_slice(&(num("app") << 32 | num("slot")).to_ne_bytes());
+        out.extend_from_slice(&rec);
+    }
+    Ok(out)
+}
+
+/// The RDS_INFO protocol: copies `recs` if `*len` holds them (returning `item`), else ENOSPC;
+/// `*len` = the bytes of the table either way.
+unsafe fn put_info(
+    recs: &[u8],
+    item: usize,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> Result<c_int, i32> {
+    // SAFETY: forwarded contract of getsockopt(2): `*len` writable bytes at `val`.
+    unsafe {
+        let have = *len as usize;
+        *len = recs.len() as socklen_t;
+        if have < recs.len() {
+            return Err(libc::ENOSPC);
+        }
+        if !recs.is_empty() {
+            if val.is_null() {
+                return Err(libc::EFAULT);
+            }
+            std::ptr::copy_nonoverlapping(recs.as_ptr(), val as *mut u8, recs.len());
+        }
+    }
+    Ok(item as c_int)
+}
+
 /// getsockopt(2).
 pub unsafe fn getsockopt(
     fd: c_int,
@@ -622,21 +676,12 @@ pub unsafe fn getsockopt(
                 put_int(e.transport.load(Ordering::Relaxed), val, len)
             }
             (crate::RDSD_SOL_RDS, crate::RDSD_INFO_COUNTERS) => {
-                let recs = info_counters()?;
-                let have = *len as usize;
-                *len = recs.len() as socklen_t;
-                if have < recs.len() {
-                    return Err(libc::ENOSPC);
-                }
-                if !recs.is_empty() {
-                    if val.is_null() {
-                        return Err(libc::EFAULT);
-                    }
-                    std::ptr::copy_nonoverlapping(recs.as_ptr(), val as *mut u8, recs.len());
-                }
-                Ok(INFO_COUNTER_LEN as c_int)
+                put_info(&info_counters()?, INFO_COUNTER_LEN, val, len)
             }
-            // Other RDS_INFO tables (connections, sockets, messages) are not served yet.
+            (crate::RDSD_SOL_RDS, RDS_INFO_SOCKETS) => {
+                put_info(&info_sockets()?, INFO_SOCKET_LEN, val, len)
+            }
+            // Other RDS_INFO tables (connections, messages, transport sockets) are not served yet.
             (crate::RDSD_SOL_RDS, RDS_INFO_FIRST..=RDS_INFO_LAST) => Err(libc::ENOPROTOOPT),
             _ => Err(libc::ENOPROTOOPT),
         }

@@ -117,6 +117,13 @@ pub fn release(entry: Arc<Entry>) {
     }
 }
 
+/// rdsd's control socket: `$RDSD_SOCKET`, else the default.
+pub fn control_path() -> std::path::PathBuf {
+    std::env::var_os("RDSD_SOCKET")
+        .map(Into::into)
+        .unwrap_or_else(|| shm_api::DEFAULT_CONTROL_SOCKET.into())
+}
+
 static ATTACHMENT: Mutex<Option<(u64, Rdsd)>> = Mutex::new(None);
 static WARNED: AtomicBool = AtomicBool::new(false);
 
@@ -152,8 +159,7 @@ pub fn rdsd() -> Result<Rdsd, i32> {
         }
         Err(e) => {
             if !WARNED.swap(true, Ordering::Relaxed) {
-                let path = std::env::var("RDSD_SOCKET")
-                    .unwrap_or_else(|_| shm_api::DEFAULT_CONTROL_SOCKET.to_string());
+                let path = control_path().display().to_string();
                 eprintln!(
                     "librdsd: rdsd is not reachable at {path} ({}); AF_RDS sockets fail with \
                      EAFNOSUPPORT (start rdsd, or set RDSD_SOCKET to its control socket)",
