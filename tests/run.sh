@@ -17,13 +17,15 @@ need=()
 # kernel itself is fetched with `apt-get download` into /var/cache/rdsd-vmlab, never installed.
 # rdsctl's tests (tests/tests/rdsctl.rs) parse the Prometheus text with python3-prometheus-client
 # and check the systemd unit with systemd-analyze (package systemd).
+# The preload tests (tests/tests/preload.rs) run Debian's python3 under rdsd-run and build C
+# programs with cc and pkg-config.
 # The RDMA transport (dataplane/verbs-sys, tests/tests/rdma.rs) builds against rdma-core's
 # libibverbs-dev and librdmacm-dev; its VM-lab test copies the rxe provider (ibverbs-providers),
 # `rdma` (iproute2) and ibv_rc_pingpong (ibverbs-utils) into the guests; perftest is for the
 # RDMA benchmarks.
 for p in build-essential pkg-config iproute2 nftables \
     qemu-system-x86 busybox-static kmod libc6-dev linux-libc-dev \
-    python3-prometheus-client systemd \
+    python3 python3-prometheus-client systemd \
     libibverbs-dev librdmacm-dev ibverbs-providers ibverbs-utils rdma-core perftest strace; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
@@ -40,8 +42,13 @@ fi
 log "build dependencies (dpdk-sys and verbs-sys: bindgen against DPDK and rdma-core)"
 bash dataplane/install-build-deps.sh
 
+log "cbindgen (tests of shm-api/capi: the checked-in rdsd.h is up to date)"
+# Pinned: another version may format the header differently.
+cbindgen --version 2>/dev/null | grep -qx 'cbindgen 0.29.4' || cargo install cbindgen --version 0.29.4 --locked
+
 log "build"
-cargo build --workspace --bins
+# Everything, the C ABI and preload cdylibs included (tests/tests/preload.rs runs them).
+cargo build --workspace
 
 log "lints"
 if cargo clippy --version >/dev/null 2>&1; then

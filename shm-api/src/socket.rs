@@ -382,8 +382,18 @@ impl Rdsd {
 /// rdsd's counters (`name value` per line), read over its control socket without attaching:
 /// no region is created. Used by `rdsctl` and `rds-bench`.
 pub fn stats_at(path: &Path) -> io::Result<String> {
+    unattached_request(path, Request::Stats)
+}
+
+/// rdsd's `Info` document (JSON, schema [`crate::ctrl::INFO_SCHEMA`]) for `sections`
+/// (`ctrl::INFO_*`), without attaching. Used by the C ABI's `RDS_INFO_SOCKETS`.
+pub fn info_at(path: &Path, sections: u32) -> io::Result<String> {
+    unattached_request(path, Request::Info { sections })
+}
+
+fn unattached_request(path: &Path, req: Request) -> io::Result<String> {
     let sock = sys::connect_seqpacket(path)?;
-    sys::send_with_fds(sock.as_raw_fd(), &Request::Stats.encode(1), &[])?;
+    sys::send_with_fds(sock.as_raw_fd(), &req.encode(1), &[])?;
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let (n, _) = sys::recv_with_fds(sock.as_raw_fd(), &mut buf, 0)?;
     if Reply::is_legacy_len(n) {
@@ -856,6 +866,14 @@ impl Socket {
             }
         }
         Ok(self.fd.as_raw_fd())
+    }
+
+    /// The descriptor [`Socket::pollable_fd`] returns, without asking rdsd to keep it in sync:
+    /// its readiness means nothing until `pollable_fd` is called once. For the C ABI, which
+    /// hands out this fd (a dup of it) as the socket's own and turns readiness on only when the
+    /// app polls it, so that apps that never poll cost the poll core no readiness syscalls.
+    pub fn pollable_fd_unsynced(&self) -> RawFd {
+        self.fd.as_raw_fd()
     }
 
     /// This socket's slot in the region.

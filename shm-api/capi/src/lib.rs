@@ -1,0 +1,248 @@
+//! librdsd: the C ABI of rdsd.
+//!
+//! An RDS socket is a file descriptor (`rdsd_socket(AF_RDS, SOCK_SEQPACKET, 0)`); the calls
+//! mirror the socket API and report errors through `errno` with the values Linux RDS gives.
+//! The fd is a real kernel fd: after [`rdsd_poll_fd`] (or through the preload library, on the
+//! first poll/select/epoll_ctl that names it) it is readable while a message or notification
+//! is queued and writable while there is send-buffer room, so it mixes with other fds in
+//! poll/epoll. Data moves through shared memory with no syscall (shm-api).
+//!
+//! The header `include/rdsd.h` is generated from this file by cbindgen. The Rust functions in
+//! [`ops`] are the same calls for the preload library (`shm-api/preload`).
+
+#![allow(clippy::missing_safety_doc)] // each C function documents its pointer contract
+
+pub mod ops;
+pub mod table;
+
+use libc::{c_int, c_ulong, c_void, msghdr, size_t, sockaddr, socklen_t, ssize_t};
+
+/// The address family of RDS (`AF_RDS`/`PF_RDS`).
+pub const RDSD_AF_RDS: c_int = 21;
+/// The socket option level of RDS (`SOL_RDS`).
+pub const RDSD_SOL_RDS: c_int = 276;
+/// `getsockopt(SOL_RDS, RDSD_INFO_COUNTERS)`: rdsd's counters as `struct rds_info_counter`
+/// records (32-byte NUL-padded name, u64 value).
+pub const RDSD_INFO_COUNTERS: c_int = 10000;
+
+fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns this thread's errno slot, always valid.
+    unsafe { *libc::__errno_location() = e };
+}
+
+fn ret_int(r: Result<c_int, i32>) -> c_int {
+    r.unwrap_or_else(|e| {
+        set_errno(e);
+        -1
+    })
+}
+
+fn ret_len(r: Result<usize, i32>) -> ssize_t {
+    match r {
+        Ok(n) => n as ssize_t,
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+/// Opens an RDS socket: `domain` must be `AF_RDS` (21), `type` `SOCK_SEQPACKET` (with
+/// `SOCK_NONBLOCK`/`SOCK_CLOEXEC` allowed), `protocol` 0. Attaches to rdsd on first use
+/// (`$RDSD_SOCKET`, else /run/rdsd/rdsd.sock); EAFNOSUPPORT if rdsd can't be reached.
+#[no_mangle]
+pub extern "C" fn rdsd_socket(domain: c_int, type_: c_int, protocol: c_int) -> c_int {
+    ret_int(ops::socket(domain, type_, protocol))
+}
+
+/// Binds to a specific local IPv4 address (`struct sockaddr_in`; port 0 picks one).
+#[no_mangle]
+pub unsafe extern "C" fn rdsd_bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    // SAFETY: the caller passes `len` readable bytes at `addr` (as for bind(2)).
+    ret_int(unsafe { ops::bind(fd, addr, len) })
+}
+
+/// Sets the default destination for `rdsd_send`.
+#[no_mangle]
+pub unsafe extern "C" fn rdsd_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    // SAFETY: as for connect(2).
+    ret_int(unsafe { ops::connect(fd, addr, len) })
+}
+
+/// The bound address (0.0.0.0:0 while unbound).
+#[no_mangle]
+pub unsafe extern "C" fn rdsd_getsockname(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> c_int {
+    // SAFETY: as for getsockname(2).
+    ret_int(unsafe { ops::getsockname(fd, addr, len) })
+}
+
+/// The destination set by `rdsd_connect`; ENOTCONN if none.
+#[no_mangle]
+pub unsafe extern "C" fn rdsd_getpeername(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> c_int {
+    // SAFETY: as for getpeername(2).
+    ret_int(unsafe { ops::getpeername(fd, addr, len) })
+}
+
+/// Sends one message to the connected destination.
+#[no_mangle]
+pub unsafe extern "C" fn rdsd_send(
+    fd: c_int,
+    buf: *const c_void,
+    len: size_t,
+    flags: c_int,
+) -> ssize_t {
+    // SAFETY: as for send(2).
+    ret_len(unsafe { ops::sendto(fd, buf, len, flags, std::ptr::null(), 0) })
+}
+
+/// Sends one message to `addr` (`struct sockaddr_in`). Returns `len`, or -1 with errno
+/// ENOBUFS (destination congested, non-blocking), EAGAIN (send buffer full, non-blocking),
+/// EMSGSIZE, ENOTCONN (unbound), EINVAL.
+#[no_mangle]
+pub unsafe extern "C" fn rdsd_sendto(
+    fd: c_int,
+    buf: *const c_void,
+    len: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    addrlen: socklen_t,
+) -> ssize_t {
+    // SAFETY: as for sendto(2).
+    ret_len(unsafe { ops::sendto(fd, buf, len, flags, addr, addrlen) })
+}
+
+/// Sends one message gathered from `msg->msg_iov` to `msg->msg_name`.
+#[no_mangle]
+pub unsafe extern "C" fn rdsd_sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: as for sendmsg(2).
+    ret_len(unsafe { ops::sendmsg(fd, msg, flags) })
+}
+
+/// Receives one message (MSG_PEEK, MSG_TRUNC, MSG_DONTWAIT as in rds(7)).
+#[no_mangle]
+pub unsafe extern "C" fn rdsd_recv(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    flags: c_int,
+) -> ssize_t {
+    // SAFETY: as for recv(2).
+    ret_len(unsafe {
+        ops::recvfrom(
+            fd,
+            buf,
+            len,
+            flags,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    })
+}
+
+/// Receives one message and its sender. A congestion notification (RDS_CONG_MONITOR) reads
+/// as 0 bytes with an empty address; use `rdsd_recvmsg` to get its RDS_CMSG_CONG_UPDATE.
+#[no_mangle]
+pub unsafe extern "C" fn rdsd_recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    addrlen: *mut socklen_t,
+) -> ssize_t {
+    // SAFETY: as for recvfrom(2).
+    ret_len(unsafe { ops::recvfrom(fd, buf, len, flags, addr, addrlen) })
+}
+
+/// Receives one message scattered into `msg->msg_iov`; the sender in `msg->msg_name`,
+/// MSG_TRUNC in `msg->msg_flags`, RDS_CMSG_CONG_UPDATE (a u64 port mask) in the control data.
+#[no_mangle]
+pub unsafe extern "C" fn rdsd_recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: as for recvmsg(2).
+    ret_len(unsafe { ops::recvmsg(fd, msg, flags) })
+}
+
+/// SOL_SOCKET: SO_SNDBUF, SO_RCVBUF (and their FORCE forms), SO_REUSEADDR (no effect),
+/// SO_SNDTIMEO, SO_RCVTIMEO; other SOL_SOCKET options are accepted with no effect, as the
+/// kernel's generic layer does. SOL_RDS: RDS_CANCEL_SENT_TO, RDS_CONG_MONITOR, RDS_RECVERR,
+/// SO_RDS_TRANSPORT; anything else: ENOPROTOOPT.
+#[no_mangle]
+pub unsafe extern "C" fn rdsd_setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    // SAFETY: as for setsockopt(2).
+    ret_int(unsafe { ops::setsockopt(fd, level, name, val, len) })
+}
+
+/// The options of `rdsd_setsockopt` (SO_SNDBUF/SO_RCVBUF read back twice the value set, as
+/// Linux), SO_TYPE, SO_DOMAIN, SO_PROTOCOL, SO_ERROR, and SOL_RDS RDS_INFO_COUNTERS (10000)
+/// and RDS_INFO_SOCKETS (10006) in the kernel's record layouts: returns the record size and
+/// sets `*len` to the bytes written, or fails with ENOSPC and `*len` = the bytes needed.
+#[no_mangle]
+pub unsafe extern "C" fn rdsd_getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    // SAFETY: as for getsockopt(2).
+    ret_int(unsafe { ops::getsockopt(fd, level, name, val, len) })
+}
+
+/// FIONREAD (length of the next message, 0 if none), FIONBIO, SIOCRDSSETTOS/SIOCRDSGETTOS.
+#[no_mangle]
+pub unsafe extern "C" fn rdsd_ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
+    // SAFETY: `arg` points to the int (or u8 for the TOS calls) the request reads or writes.
+    ret_int(unsafe { ops::ioctl(fd, request, arg as usize) })
+}
+
+/// O_NONBLOCK on (non-zero) or off: later sends and receives fail with EAGAIN (or ENOBUFS)
+/// instead of blocking.
+#[no_mangle]
+pub extern "C" fn rdsd_set_nonblocking(fd: c_int, on: c_int) -> c_int {
+    ret_int(ops::set_nonblocking(fd, on != 0).map(|()| 0))
+}
+
+/// Makes `fd` pollable (POLLIN: a message or notification is queued; POLLOUT: send-buffer
+/// room) and returns it. Costs rdsd a syscall per readiness change from then on, so it is
+/// opt-in.
+#[no_mangle]
+pub extern "C" fn rdsd_poll_fd(fd: c_int) -> c_int {
+    ret_int(ops::enable_readiness(fd).map(|()| fd))
+}
+
+/// Closes the socket: its port, queued messages and fd are released.
+#[no_mangle]
+pub extern "C" fn rdsd_close(fd: c_int) -> c_int {
+    match table::remove(fd) {
+        Some(e) => {
+            // SAFETY: `fd` is the app's own dup; the socket keeps a private one.
+            let r = unsafe { libc::close(fd) };
+            table::release(e);
+            r
+        }
+        None => {
+            set_errno(libc::EBADF);
+            -1
+        }
+    }
+}
+
+/// 1 if `fd` is an rdsd socket of this process, else 0.
+#[no_mangle]
+pub extern "C" fn rdsd_is_socket(fd: c_int) -> c_int {
+    table::is_ours(fd) as c_int
+}

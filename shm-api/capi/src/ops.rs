@@ -1,0 +1,782 @@
+//! The socket calls on rdsd sockets, with Linux RDS's errno values: `Err(errno)`.
+//!
+//! Pointer arguments follow the contract of the libc call of the same name.
+
+use crate::table::{self, Entry};
+use libc::{c_int, c_ulong, c_void, msghdr, size_t, sockaddr, socklen_t};
+use shm_api::{RecvFlags, RecvMsg};
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// SOL_RDS option numbers (uapi/linux/rds.h).
+const RDS_CANCEL_SENT_TO: c_int = 1;
+const RDS_GET_MR: c_int = 2;
+const RDS_FREE_MR: c_int = 3;
+const RDS_RECVERR: c_int = 5;
+const RDS_CONG_MONITOR: c_int = 6;
+const SO_RDS_TRANSPORT: c_int = 8;
+const RDS_TRANS_IB: c_int = 0;
+const RDS_TRANS_TCP: c_int = 2;
+const RDS_TRANS_NONE: c_int = !0;
+const RDS_CMSG_CONG_UPDATE: c_int = 5;
+/// Oracle's `RDS_CONN_RESET` shares number 8 with `SO_RDS_TRANSPORT` (told apart by length).
+const ORACLE_CONN_RESET_LEN: socklen_t = 12;
+const RDS_INFO_FIRST: c_int = 10000;
+const RDS_INFO_LAST: c_int = 10017;
+/// `struct rds_info_counter`: `u8 name[32]; u64 value;` packed.
+const INFO_COUNTER_LEN: usize = 40;
+const RDS_INFO_SOCKETS: c_int = 10006;
+/// `struct rds_info_socket`: `u32 sndbuf; be32 bound_addr, connected_addr; be16 bound_port,
+/// connected_port; u32 rcvbuf; u64 inum;` packed.
+const INFO_SOCKET_LEN: usize = 28;
+const SIOCRDSSETTOS: c_ulong = 0x89E0;
+const SIOCRDSGETTOS: c_ulong = 0x89E1;
+
+/// An io::Error from shm-api as an errno.
+fn os(e: io::Error) -> i32 {
+    if shm_api::is_daemon_gone(&e) {
+        return libc::ECONNRESET;
+    }
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+fn entry(fd: c_int) -> Result<Arc<Entry>, i32> {
+    table::get(fd).ok_or(libc::EBADF)
+}
+
+/// Opens a socket; see `rdsd_socket`.
+pub fn socket(domain: c_int, ty: c_int, protocol: c_int) -> Result<c_int, i32> {
+    if domain != crate::RDSD_AF_RDS {
+        return Err(libc::EAFNOSUPPORT);
+    }
+    if ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) != libc::SOCK_SEQPACKET || protocol != 0 {
+        return Err(libc::ESOCKTNOSUPPORT);
+    }
+    let rdsd = table::rdsd()?;
+    let sock = rdsd.socket().map_err(os)?;
+    let cmd = if ty & libc::SOCK_CLOEXEC != 0 {
+        libc::F_DUPFD_CLOEXEC
+    } else {
+        libc::F_DUPFD
+    };
+    let fd = raw_fcntl(sock.pollable_fd_unsynced(), cmd, 0);
+    if fd < 0 {
+        return Err(io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EMFILE));
+    }
+    if ty & libc::SOCK_NONBLOCK != 0 {
+        let _ = sock.set_nonblocking(true);
+        set_fd_nonblock_flag(fd, true);
+    }
+    let e = Arc::new(Entry {
+        sock,
+        generation: table::fork_generation(),
+        transport: AtomicI32::new(RDS_TRANS_NONE),
+        tos: AtomicU8::new(0),
+        timeouts_us: [AtomicU64::new(0), AtomicU64::new(0)],
+    });
+    match table::insert(fd, e) {
+        Ok(old) => {
+            if let Some(old) = old {
+                table::release(old);
+            }
+            Ok(fd)
+        }
+        Err(err) => {
+            // SAFETY: our own dup, never handed out.
+            unsafe { libc::close(fd) };
+            Err(err)
+        }
+    }
+}
+
+/// fcntl(2) as a raw syscall: the preload library defines `fcntl`, and these calls must not
+/// come back through it.
+fn raw_fcntl(fd: c_int, cmd: c_int, arg: c_int) -> c_int {
+    // SAFETY: fcntl with an int argument; no pointers involved.
+    unsafe { libc::syscall(libc::SYS_fcntl, fd, cmd, arg) as c_int }
+}
+
+/// Sets or clears O_NONBLOCK on the open file description (so F_GETFL tells the truth).
+fn set_fd_nonblock_flag(fd: c_int, on: bool) {
+    let fl = raw_fcntl(fd, libc::F_GETFL, 0);
+    if fl >= 0 {
+        let nfl = if on {
+            fl | libc::O_NONBLOCK
+        } else {
+            fl & !libc::O_NONBLOCK
+        };
+        raw_fcntl(fd, libc::F_SETFL, nfl);
+    }
+}
+
+/// Reads an IPv4 address from a `sockaddr_in` (or a v4-mapped `sockaddr_in6`).
+unsafe fn read_addr(addr: *const sockaddr, len: socklen_t) -> Result<SocketAddrV4, i32> {
+    if addr.is_null() || (len as usize) < std::mem::size_of::<libc::sockaddr_in>() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller guarantees `len` readable bytes; sa_family is the first field.
+    let family = unsafe { std::ptr::read_unaligned(addr as *const libc::sa_family_t) };
+    match family as c_int {
+        libc::AF_INET => {
+            // SAFETY: at least sizeof(sockaddr_in) bytes (checked above).
+            let a = unsafe { std::ptr::read_unaligned(addr as *const libc::sockaddr_in) };
+            Ok(SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                u16::from_be(a.sin_port),
+            ))
+        }
+        libc::AF_INET6 if len as usize >= std::mem::size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: at least sizeof(sockaddr_in6) bytes (checked).
+            let a = unsafe { std::ptr::read_unaligned(addr as *const libc::sockaddr_in6) };
+            let ip6 = std::net::Ipv6Addr::from(a.sin6_addr.s6_addr);
+            let ip = ip6.to_ipv4_mapped().ok_or(libc::EAFNOSUPPORT)?;
+            Ok(SocketAddrV4::new(ip, u16::from_be(a.sin6_port)))
+        }
+        _ => Err(libc::EAFNOSUPPORT),
+    }
+}
+
+/// Writes a `sockaddr_in` the way the kernel does: truncated to `*len`, `*len` = full size.
+unsafe fn write_addr(a: SocketAddrV4, addr: *mut sockaddr, len: *mut socklen_t) {
+    if addr.is_null() || len.is_null() {
+        return;
+    }
+    // SAFETY: sockaddr_in is plain data; zeroed is valid.
+    let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    sin.sin_family = libc::AF_INET as libc::sa_family_t;
+    sin.sin_port = a.port().to_be();
+    sin.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+    let full = std::mem::size_of::<libc::sockaddr_in>();
+    // SAFETY: the caller gives `*len` writable bytes at `addr` and a valid `len`.
+    unsafe {
+        let n = (*len as usize).min(full);
+        std::ptr::copy_nonoverlapping(&sin as *const _ as *const u8, addr as *mut u8, n);
+        *len = full as socklen_t;
+    }
+}
+
+/// bind(2).
+pub unsafe fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Result<c_int, i32> {
+    let e = entry(fd)?;
+    // SAFETY: forwarded contract.
+    let a = unsafe { read_addr(addr, len) }?;
+    e.socket()?.bind(a).map_err(os)?;
+    Ok(0)
+}
+
+/// connect(2): records the default destination.
+pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Result<c_int, i32> {
+    let e = entry(fd)?;
+    // SAFETY: forwarded contract.
+    let a = unsafe { read_addr(addr, len) }?;
+    e.socket()?.connect(a).map_err(os)?;
+    Ok(0)
+}
+
+/// getsockname(2).
+pub unsafe fn getsockname(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> Result<c_int, i32> {
+    let e = entry(fd)?;
+    let a = e
+        .socket()?
+        .local_addr()
+        .unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
+    // SAFETY: forwarded contract.
+    unsafe { write_addr(a, addr, len) };
+    Ok(0)
+}
+
+/// getpeername(2).
+pub unsafe fn getpeername(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> Result<c_int, i32> {
+    let e = entry(fd)?;
+    let a = e.socket()?.peer_addr().map_err(os)?;
+    // SAFETY: forwarded contract.
+    unsafe { write_addr(a, addr, len) };
+    Ok(0)
+}
+
+/// A blocking call that ran out its SO_SNDTIMEO/SO_RCVTIMEO fails with EAGAIN on Linux.
+fn timeout_is_eagain(e: i32) -> i32 {
+    if e == libc::ETIMEDOUT {
+        libc::EAGAIN
+    } else {
+        e
+    }
+}
+
+fn send_bytes(
+    e: &Entry,
+    buf: &[u8],
+    dest: Option<SocketAddrV4>,
+    flags: c_int,
+) -> Result<usize, i32> {
+    // As rds_sendmsg: any flag but these is EOPNOTSUPP.
+    if flags & !(libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC | libc::MSG_ZEROCOPY) != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    e.socket()?
+        .send_msg(buf, dest, flags & libc::MSG_DONTWAIT != 0)
+        .map_err(|err| timeout_is_eagain(os(err)))
+}
+
+/// sendto(2) (send(2) with a null address).
+pub unsafe fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    len: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    addrlen: socklen_t,
+) -> Result<usize, i32> {
+    let e = entry(fd)?;
+    let dest = if addr.is_null() {
+        None
+    } else {
+        // SAFETY: forwarded contract.
+        Some(unsafe { read_addr(addr, addrlen) }?)
+    };
+    let bytes = if len == 0 {
+        &[][..]
+    } else {
+        // SAFETY: the caller gives `len` readable bytes at `buf`.
+        unsafe { std::slice::from_raw_parts(buf as *const u8, len) }
+    };
+    send_bytes(&e, bytes, dest, flags)
+}
+
+thread_local! {
+    static GATHER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The iovecs of `msg` (empty if none).
+unsafe fn iovecs<'a>(iov: *const libc::iovec, n: usize) -> &'a [libc::iovec] {
+    if iov.is_null() || n == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller gives `n` iovecs at `iov`.
+        unsafe { std::slice::from_raw_parts(iov, n) }
+    }
+}
+
+/// sendmsg(2). Control messages at SOL_RDS (RDMA, atomics, Oracle async send) are not
+/// supported: EOPNOTSUPP.
+pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Result<usize, i32> {
+    let e = entry(fd)?;
+    if msg.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: the caller gives a valid msghdr.
+    let m = unsafe { &*msg };
+    if !m.msg_control.is_null() && m.msg_controllen > 0 {
+        // SAFETY: a valid control buffer of msg_controllen bytes.
+        let mut c = unsafe { libc::CMSG_FIRSTHDR(m) };
+        while !c.is_null() {
+            // SAFETY: CMSG_FIRSTHDR/NXTHDR return headers inside the buffer.
+            if unsafe { (*c).cmsg_level } == crate::RDSD_SOL_RDS {
+                return Err(libc::EOPNOTSUPP);
+            }
+            // SAFETY: as above.
+            c = unsafe { libc::CMSG_NXTHDR(m, c) };
+        }
+    }
+    let dest = if m.msg_name.is_null() || m.msg_namelen == 0 {
+        None
+    } else {
+        // SAFETY: forwarded contract (msg_namelen bytes at msg_name).
+        Some(unsafe { read_addr(m.msg_name as *const sockaddr, m.msg_namelen) }?)
+    };
+    // SAFETY: forwarded contract.
+    let iov = unsafe { iovecs(m.msg_iov, m.msg_iovlen) };
+    if iov.len() == 1 {
+        // SAFETY: one iovec of iov_len readable bytes.
+        let b = unsafe { std::slice::from_raw_parts(iov[0].iov_base as *const u8, iov[0].iov_len) };
+        return send_bytes(&e, b, dest, flags);
+    }
+    GATHER.with(|g| {
+        let mut g = g.borrow_mut();
+        g.clear();
+        for v in iov {
+            if v.iov_len > 0 {
+                // SAFETY: each iovec has iov_len readable bytes.
+                g.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+                });
+            }
+        }
+        send_bytes(&e, &g, dest, flags)
+    })
+}
+
+fn recv_flags(flags: c_int) -> RecvFlags {
+    RecvFlags {
+        peek: flags & libc::MSG_PEEK != 0,
+        trunc: flags & libc::MSG_TRUNC != 0,
+        dontwait: flags & libc::MSG_DONTWAIT != 0,
+    }
+}
+
+fn recv_bytes(e: &Entry, buf: &mut [u8], flags: c_int) -> Result<RecvMsg, i32> {
+    e.socket()?
+        .recv_msg(buf, recv_flags(flags))
+        .map_err(|err| timeout_is_eagain(os(err)))
+}
+
+/// recvfrom(2) (recv(2) with null address pointers). A congestion notification sets
+/// `*addrlen` to 0.
+pub unsafe fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    addrlen: *mut socklen_t,
+) -> Result<usize, i32> {
+    let e = entry(fd)?;
+    let bytes = if len == 0 || buf.is_null() {
+        &mut [][..]
+    } else {
+        // SAFETY: the caller gives `len` writable bytes at `buf`.
+        unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, len) }
+    };
+    let m = recv_bytes(&e, bytes, flags)?;
+    match m.from {
+        // SAFETY: forwarded contract.
+        Some(a) => unsafe { write_addr(a, addr, addrlen) },
+        None if !addrlen.is_null() => {
+            // SAFETY: forwarded contract.
+            unsafe { *addrlen = 0 }
+        }
+        None => {}
+    }
+    Ok(m.len)
+}
+
+/// recvmsg(2).
+pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> Result<usize, i32> {
+    let e = entry(fd)?;
+    if msg.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: the caller gives a valid msghdr.
+    let m = unsafe { &mut *msg };
+    // SAFETY: forwarded contract.
+    let iov = unsafe { iovecs(m.msg_iov, m.msg_iovlen) };
+    let got = if iov.len() == 1 {
+        let b = if iov[0].iov_len == 0 {
+            &mut [][..]
+        } else {
+            // SAFETY: one iovec of iov_len writable bytes.
+            unsafe { std::slice::from_raw_parts_mut(iov[0].iov_base as *mut u8, iov[0].iov_len) }
+        };
+        recv_bytes(&e, b, flags)?
+    } else {
+        let total: usize = iov.iter().map(|v| v.iov_len).sum();
+        let mut tmp = vec![0u8; total.min(shm_api::layout::MAX_MSG_SIZE)];
+        let got = recv_bytes(&e, &mut tmp, flags)?;
+        let mut left = &tmp[..got.len.min(tmp.len())];
+        for v in iov {
+            let n = left.len().min(v.iov_len);
+            if n > 0 {
+                // SAFETY: each iovec has iov_len writable bytes; n <= iov_len.
+                unsafe { std::ptr::copy_nonoverlapping(left.as_ptr(), v.iov_base as *mut u8, n) };
+            }
+            left = &left[n..];
+        }
+        got
+    };
+    m.msg_flags = if got.truncated { libc::MSG_TRUNC } else { 0 };
+    match got.from {
+        Some(a) if !m.msg_name.is_null() => {
+            // SAFETY: msg_namelen writable bytes at msg_name.
+            unsafe { write_addr(a, m.msg_name as *mut sockaddr, &mut m.msg_namelen) }
+        }
+        _ => m.msg_namelen = 0,
+    }
+    let controllen = m.msg_controllen;
+    m.msg_controllen = 0;
+    if let Some(mask) = got.cong_update {
+        // SAFETY: pure size arithmetic.
+        let space = unsafe { libc::CMSG_SPACE(8) } as usize;
+        if m.msg_control.is_null() || controllen < space {
+            m.msg_flags |= libc::MSG_CTRUNC;
+        } else {
+            m.msg_controllen = space;
+            // SAFETY: the control buffer has `controllen >= space` bytes, so the first header
+            // and its 8 data bytes fit.
+            unsafe {
+                let c = libc::CMSG_FIRSTHDR(m);
+                (*c).cmsg_level = crate::RDSD_SOL_RDS;
+                (*c).cmsg_type = RDS_CMSG_CONG_UPDATE;
+                (*c).cmsg_len = libc::CMSG_LEN(8) as usize;
+                std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u64, mask);
+            }
+        }
+    }
+    Ok(got.len)
+}
+
+unsafe fn read_int(val: *const c_void, len: socklen_t) -> Result<c_int, i32> {
+    if val.is_null() || (len as usize) < std::mem::size_of::<c_int>() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: at least 4 readable bytes (checked).
+    Ok(unsafe { std::ptr::read_unaligned(val as *const c_int) })
+}
+
+unsafe fn read_timeval(val: *const c_void, len: socklen_t) -> Result<Option<Duration>, i32> {
+    if val.is_null() || (len as usize) < std::mem::size_of::<libc::timeval>() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: a whole timeval is readable (checked).
+    let tv = unsafe { std::ptr::read_unaligned(val as *const libc::timeval) };
+    if tv.tv_usec < 0 || tv.tv_usec >= 1_000_000 {
+        return Err(libc::EDOM);
+    }
+    if tv.tv_sec < 0 || (tv.tv_sec == 0 && tv.tv_usec == 0) {
+        return Ok(None);
+    }
+    Ok(Some(
+        Duration::from_secs(tv.tv_sec as u64) + Duration::from_micros(tv.tv_usec as u64),
+    ))
+}
+
+/// SO_RCVTIMEO/SO_SNDTIMEO in both the old and the 64-bit-time numbers (the same layout on
+/// 64-bit targets).
+const SO_RCVTIMEO_NEW: c_int = 66;
+const SO_SNDTIMEO_NEW: c_int = 67;
+
+/// setsockopt(2).
+pub unsafe fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> Result<c_int, i32> {
+    let e = entry(fd)?;
+    let s = e.socket()?;
+    match (level, name) {
+        (libc::SOL_SOCKET, libc::SO_SNDBUF | libc::SO_SNDBUFFORCE) => {
+            // SAFETY: forwarded contract.
+            let v = unsafe { read_int(val, len) }?;
+            s.set_send_buffer_size(v.max(0) as usize).map_err(os)?;
+        }
+        (libc::SOL_SOCKET, libc::SO_RCVBUF | libc::SO_RCVBUFFORCE) => {
+            // SAFETY: forwarded contract.
+            let v = unsafe { read_int(val, len) }?;
+            s.set_recv_buffer_size(v.max(0) as usize).map_err(os)?;
+        }
+        (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_REUSEPORT) => {
+            // SAFETY: forwarded contract.
+            unsafe { read_int(val, len) }?;
+        }
+        (libc::SOL_SOCKET, libc::SO_SNDTIMEO | SO_SNDTIMEO_NEW) => {
+            // SAFETY: forwarded contract.
+            let t = unsafe { read_timeval(val, len) }?;
+            s.set_send_timeout(t).map_err(os)?;
+            e.timeouts_us[0].store(t.map_or(0, |d| d.as_micros() as u64), Ordering::Relaxed);
+        }
+        (libc::SOL_SOCKET, libc::SO_RCVTIMEO | SO_RCVTIMEO_NEW) => {
+            // SAFETY: forwarded contract.
+            let t = unsafe { read_timeval(val, len) }?;
+            s.set_recv_timeout(t).map_err(os)?;
+            e.timeouts_us[1].store(t.map_or(0, |d| d.as_micros() as u64), Ordering::Relaxed);
+        }
+        (crate::RDSD_SOL_RDS, RDS_CANCEL_SENT_TO) => {
+            if s.local_addr().is_none() {
+                return Err(libc::ENOTCONN);
+            }
+            // SAFETY: forwarded contract.
+            let a = unsafe { read_addr(val as *const sockaddr, len) }?;
+            s.cancel_sent_to(Some(a)).map_err(os)?;
+        }
+        // Asks for notifications of failed RDMA operations; there are none without RDMA ops.
+        (crate::RDSD_SOL_RDS, RDS_RECVERR) => {
+            // SAFETY: forwarded contract.
+            unsafe { read_int(val, len) }?;
+        }
+        (crate::RDSD_SOL_RDS, RDS_CONG_MONITOR) => {
+            // SAFETY: forwarded contract.
+            let v = unsafe { read_int(val, len) }?;
+            s.set_cong_monitor(v != 0).map_err(os)?;
+        }
+        (crate::RDSD_SOL_RDS, SO_RDS_TRANSPORT) if len == ORACLE_CONN_RESET_LEN => {}
+        (crate::RDSD_SOL_RDS, SO_RDS_TRANSPORT) => {
+            // SAFETY: forwarded contract.
+            let t = unsafe { read_int(val, len) }?;
+            if s.local_addr().is_some() || e.transport.load(Ordering::Relaxed) != RDS_TRANS_NONE {
+                return Err(libc::EOPNOTSUPP);
+            }
+            // rdsd picks the transport by destination; both kinds it serves are accepted.
+            if t != RDS_TRANS_TCP && t != RDS_TRANS_IB {
+                return Err(libc::EINVAL);
+            }
+            e.transport.store(t, Ordering::Relaxed);
+        }
+        (crate::RDSD_SOL_RDS, RDS_GET_MR | RDS_FREE_MR) => return Err(libc::ENOPROTOOPT),
+        // Linux RDS hands other SOL_SOCKET options to the generic socket layer, which accepts
+        // them (SO_PRIORITY, SO_KEEPALIVE, SO_LINGER, ...); none changes what RDS does.
+        (libc::SOL_SOCKET, _) => {}
+        _ => return Err(libc::ENOPROTOOPT),
+    }
+    Ok(0)
+}
+
+unsafe fn put_int(v: c_int, val: *mut c_void, len: *mut socklen_t) -> Result<c_int, i32> {
+    if val.is_null() || len.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: forwarded contract: `*len` writable bytes at `val`.
+    unsafe {
+        if (*len as usize) < std::mem::size_of::<c_int>() {
+            return Err(libc::EINVAL);
+        }
+        std::ptr::write_unaligned(val as *mut c_int, v);
+        *len = std::mem::size_of::<c_int>() as socklen_t;
+    }
+    Ok(0)
+}
+
+unsafe fn put_timeval(us: u64, val: *mut c_void, len: *mut socklen_t) -> Result<c_int, i32> {
+    if val.is_null() || len.is_null() {
+        return Err(libc::EFAULT);
+    }
+    let tv = libc::timeval {
+        tv_sec: (us / 1_000_000) as libc::time_t,
+        tv_usec: (us % 1_000_000) as libc::suseconds_t,
+    };
+    let n = std::mem::size_of::<libc::timeval>();
+    // SAFETY: forwarded contract.
+    unsafe {
+        if (*len as usize) < n {
+            return Err(libc::EINVAL);
+        }
+        std::ptr::write_unaligned(val as *mut libc::timeval, tv);
+        *len = n as socklen_t;
+    }
+    Ok(0)
+}
+
+/// rdsd's counters as `struct rds_info_counter` records.
+fn info_counters() -> Result<Vec<u8>, i32> {
+    let text = table::rdsd()?.stats().map_err(os)?;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut it = line.split_whitespace();
+        let (Some(name), Some(value)) = (it.next(), it.next()) else {
+            continue;
+        };
+        let Ok(value) = value.parse::<u64>() else {
+            continue;
+        };
+        let mut rec = [0u8; INFO_COUNTER_LEN];
+        let n = name.len().min(31);
+        rec[..n].copy_from_slice(&name.as_bytes()[..n]);
+        rec[32..].copy_from_slice(&value.to_ne_bytes());
+        out.extend_from_slice(&rec);
+    }
+    Ok(out)
+}
+
+/// Every socket rdsd serves (all processes, as the kernel's table) as `struct rds_info_socket`
+/// records, from rdsd's `Info` document. rdsd does not know an app's connected address: 0.
+fn info_sockets() -> Result<Vec<u8>, i32> {
+    let doc = shm_api::info_at(&table::control_path(), shm_api::ctrl::INFO_SOCKETS).map_err(os)?;
+    let v: serde_json::Value = serde_json::from_str(&doc).map_err(|_| libc::EIO)?;
+    let mut out = Vec::new();
+    for s in v["sockets"].as_array().into_iter().flatten() {
+        let num = |k: &str| s[k].as_u64().unwrap_or(0);
+        let addr: Ipv4Addr = s["addr"]
+            .as_str()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(Ipv4Addr::UNSPECIFIED);
+        let mut rec = Vec::with_capacity(INFO_SOCKET_LEN);
+        rec.extend_from_slice(&(num("sndbuf") as u32).to_ne_bytes());
+        rec.extend_from_slice(&addr.octets());
+        rec.extend_from_slice(&[0; 4]);
+        rec.extend_from_slice(&(num("port") as u16).to_be_bytes());
+        rec.extend_from_slice(&[0; 2]);
+        rec.extend_from_slice(&(num("rcvbuf") as u32).to_ne_bytes());
+        rec.extend_from_slice(&(num("app") << 32 | num("slot")).to_ne_bytes());
+        out.extend_from_slice(&rec);
+    }
+    Ok(out)
+}
+
+/// The RDS_INFO protocol: copies `recs` if `*len` holds them (returning `item`), else ENOSPC;
+/// `*len` = the bytes of the table either way.
+unsafe fn put_info(
+    recs: &[u8],
+    item: usize,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> Result<c_int, i32> {
+    // SAFETY: forwarded contract of getsockopt(2): `*len` writable bytes at `val`.
+    unsafe {
+        let have = *len as usize;
+        *len = recs.len() as socklen_t;
+        if have < recs.len() {
+            return Err(libc::ENOSPC);
+        }
+        if !recs.is_empty() {
+            if val.is_null() {
+                return Err(libc::EFAULT);
+            }
+            std::ptr::copy_nonoverlapping(recs.as_ptr(), val as *mut u8, recs.len());
+        }
+    }
+    Ok(item as c_int)
+}
+
+/// getsockopt(2).
+pub unsafe fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> Result<c_int, i32> {
+    let e = entry(fd)?;
+    let s = e.socket()?;
+    if len.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY (every arm): forwarded contract of getsockopt(2).
+    unsafe {
+        match (level, name) {
+            (libc::SOL_SOCKET, libc::SO_SNDBUF) => {
+                put_int((s.send_buffer_size() * 2) as c_int, val, len)
+            }
+            (libc::SOL_SOCKET, libc::SO_RCVBUF) => {
+                put_int((s.recv_buffer_size() * 2) as c_int, val, len)
+            }
+            (libc::SOL_SOCKET, libc::SO_TYPE) => put_int(libc::SOCK_SEQPACKET, val, len),
+            (libc::SOL_SOCKET, libc::SO_DOMAIN) => put_int(crate::RDSD_AF_RDS, val, len),
+            (libc::SOL_SOCKET, libc::SO_PROTOCOL) => put_int(0, val, len),
+            (libc::SOL_SOCKET, libc::SO_ERROR | libc::SO_REUSEADDR) => put_int(0, val, len),
+            (libc::SOL_SOCKET, libc::SO_SNDTIMEO | SO_SNDTIMEO_NEW) => {
+                put_timeval(e.timeouts_us[0].load(Ordering::Relaxed), val, len)
+            }
+            (libc::SOL_SOCKET, libc::SO_RCVTIMEO | SO_RCVTIMEO_NEW) => {
+                put_timeval(e.timeouts_us[1].load(Ordering::Relaxed), val, len)
+            }
+            (crate::RDSD_SOL_RDS, SO_RDS_TRANSPORT) => {
+                put_int(e.transport.load(Ordering::Relaxed), val, len)
+            }
+            (crate::RDSD_SOL_RDS, crate::RDSD_INFO_COUNTERS) => {
+                put_info(&info_counters()?, INFO_COUNTER_LEN, val, len)
+            }
+            (crate::RDSD_SOL_RDS, RDS_INFO_SOCKETS) => {
+                put_info(&info_sockets()?, INFO_SOCKET_LEN, val, len)
+            }
+            // Other RDS_INFO tables (connections, messages, transport sockets) are not served yet.
+            (crate::RDSD_SOL_RDS, RDS_INFO_FIRST..=RDS_INFO_LAST) => Err(libc::ENOPROTOOPT),
+            _ => Err(libc::ENOPROTOOPT),
+        }
+    }
+}
+
+/// O_NONBLOCK.
+pub fn set_nonblocking(fd: c_int, on: bool) -> Result<(), i32> {
+    let e = entry(fd)?;
+    e.socket()?.set_nonblocking(on).map_err(os)?;
+    set_fd_nonblock_flag(fd, on);
+    Ok(())
+}
+
+/// Turns readiness on for `fd` (idempotent; one request to rdsd the first time).
+pub fn enable_readiness(fd: c_int) -> Result<(), i32> {
+    let e = entry(fd)?;
+    e.socket()?.pollable_fd().map_err(os)?;
+    Ok(())
+}
+
+/// ioctl(2): FIONREAD, FIONBIO, SIOCRDSSETTOS, SIOCRDSGETTOS; ENOTTY otherwise.
+pub unsafe fn ioctl(fd: c_int, request: c_ulong, arg: usize) -> Result<c_int, i32> {
+    let e = entry(fd)?;
+    let s = e.socket()?;
+    let p = arg as *mut c_void;
+    if p.is_null() {
+        return Err(libc::EFAULT);
+    }
+    match request {
+        libc::FIONREAD => {
+            let flags = RecvFlags {
+                peek: true,
+                trunc: true,
+                dontwait: true,
+            };
+            let n = match s.recv_msg(&mut [], flags) {
+                Ok(m) => m.len,
+                Err(err) if err.raw_os_error() == Some(libc::EAGAIN) => 0,
+                Err(err) => return Err(os(err)),
+            };
+            // SAFETY: FIONREAD writes an int at `arg`.
+            unsafe { std::ptr::write_unaligned(p as *mut c_int, n as c_int) };
+        }
+        libc::FIONBIO => {
+            // SAFETY: FIONBIO reads an int at `arg`.
+            let on = unsafe { std::ptr::read_unaligned(p as *const c_int) } != 0;
+            set_nonblocking(fd, on)?;
+        }
+        SIOCRDSSETTOS => {
+            // SAFETY: SIOCRDSSETTOS reads a u8 at `arg`.
+            e.tos.store(unsafe { *(p as *const u8) }, Ordering::Relaxed);
+        }
+        SIOCRDSGETTOS => {
+            // SAFETY: SIOCRDSGETTOS writes a u8 at `arg`.
+            unsafe { *(p as *mut u8) = e.tos.load(Ordering::Relaxed) };
+        }
+        _ => return Err(libc::ENOTTY),
+    }
+    Ok(0)
+}
+
+/// Makes `newfd` (already a dup of `oldfd`, made by the caller) stand for the same socket.
+/// A socket `newfd` stood for before (dup2 over it) is released.
+pub fn adopt_dup(oldfd: c_int, newfd: c_int) -> Result<(), i32> {
+    let Some(e) = table::get(oldfd) else {
+        return Ok(());
+    };
+    if let Some(old) = table::insert(newfd, e)? {
+        table::release(old);
+    }
+    Ok(())
+}
+
+/// Forgets `fd` as a socket (it was closed or replaced by the kernel), releasing its reference.
+pub fn forget(fd: c_int) {
+    if let Some(e) = table::remove(fd) {
+        table::release(e);
+    }
+}
+
+/// True if a receive on `fd` would not block now (a message, a notification, or an error to
+/// report). Shared memory only: the readiness fd can lag the ring by a pass of rdsd's poll
+/// core, so poll/select wrappers confirm a POLLIN with this.
+pub fn has_input(fd: c_int) -> bool {
+    let Some(e) = table::get(fd) else {
+        return true;
+    };
+    let Ok(s) = e.socket() else {
+        return true;
+    };
+    let flags = RecvFlags {
+        peek: true,
+        trunc: true,
+        dontwait: true,
+    };
+    !matches!(s.recv_msg(&mut [], flags), Err(err) if err.raw_os_error() == Some(libc::EAGAIN))
+}

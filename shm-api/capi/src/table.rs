@@ -1,0 +1,172 @@
+//! The process's RDS sockets, found by file descriptor; the attachment to rdsd; fork.
+//!
+//! Every socket is reached through an fd the app owns: a dup of the socket's pollable fd (one
+//! end of the readiness socketpair rdsd keeps in step). `Socket` keeps its own copy, private
+//! and close-on-exec, so the app closing, dup2-ing over or reusing its numbers never touches
+//! it. Lookups cost one atomic load for an fd that is not ours (a bitmap), and a read lock plus
+//! an `Arc` clone for one that is; nothing is looked up at all until the first RDS socket.
+
+use shm_api::{Rdsd, Socket};
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// fds at or above this are never RDS sockets (socket() fails with EMFILE instead).
+pub const MAX_FD: usize = 1 << 16;
+
+/// What the C ABI keeps per socket beyond `shm_api::Socket`.
+pub struct Entry {
+    /// The socket.
+    pub sock: Socket,
+    /// The fork generation that created it (see [`fork_generation`]).
+    pub generation: u64,
+    /// SO_RDS_TRANSPORT as set (`RDS_TRANS_NONE` = !0 until then).
+    pub transport: AtomicI32,
+    /// SIOCRDSSETTOS.
+    pub tos: AtomicU8,
+    /// SO_SNDTIMEO / SO_RCVTIMEO in microseconds (0 = none), for getsockopt.
+    pub timeouts_us: [AtomicU64; 2],
+}
+
+impl Entry {
+    /// The socket, or EBADFD for one inherited across fork: its rings and control connection
+    /// belong to the parent.
+    pub fn socket(&self) -> Result<&Socket, i32> {
+        if self.generation == fork_generation() {
+            Ok(&self.sock)
+        } else {
+            Err(libc::EBADFD)
+        }
+    }
+}
+
+static ANY: AtomicBool = AtomicBool::new(false);
+static BITS: [AtomicU64; MAX_FD / 64] = [const { AtomicU64::new(0) }; MAX_FD / 64];
+static TABLE: RwLock<Vec<Option<Arc<Entry>>>> = RwLock::new(Vec::new());
+static FORK_GEN: AtomicU64 = AtomicU64::new(0);
+
+/// Bumped in the child of every fork.
+pub fn fork_generation() -> u64 {
+    FORK_GEN.load(Ordering::Relaxed)
+}
+
+/// True once this process has opened an RDS socket (before that nothing is ever looked up).
+#[inline]
+pub fn any() -> bool {
+    ANY.load(Ordering::Relaxed)
+}
+
+/// True if `fd` is one of ours. One atomic load.
+#[inline]
+pub fn is_ours(fd: RawFd) -> bool {
+    if !any() || fd < 0 || fd as usize >= MAX_FD {
+        return false;
+    }
+    let i = fd as usize;
+    BITS[i / 64].load(Ordering::Acquire) & (1 << (i % 64)) != 0
+}
+
+/// The entry behind `fd`, if it is one of ours.
+#[inline]
+pub fn get(fd: RawFd) -> Option<Arc<Entry>> {
+    if !is_ours(fd) {
+        return None;
+    }
+    let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
+    t.get(fd as usize).and_then(|e| e.clone())
+}
+
+/// Makes `fd` stand for `entry`. EMFILE past [`MAX_FD`]. An entry `fd` stood for before (a
+/// dup2 target) is returned for [`release`].
+pub fn insert(fd: RawFd, entry: Arc<Entry>) -> Result<Option<Arc<Entry>>, i32> {
+    if fd < 0 || fd as usize >= MAX_FD {
+        return Err(libc::EMFILE);
+    }
+    let i = fd as usize;
+    ANY.store(true, Ordering::Relaxed);
+    let old = {
+        let mut t = TABLE.write().unwrap_or_else(|p| p.into_inner());
+        if t.len() <= i {
+            t.resize(i + 1, None);
+        }
+        let old = t[i].replace(entry);
+        BITS[i / 64].fetch_or(1 << (i % 64), Ordering::Release);
+        old
+    };
+    Ok(old)
+}
+
+/// Forgets `fd`; returns what it stood for (to [`release`] once the lock is gone).
+pub fn remove(fd: RawFd) -> Option<Arc<Entry>> {
+    if !is_ours(fd) {
+        return None;
+    }
+    let i = fd as usize;
+    let mut t = TABLE.write().unwrap_or_else(|p| p.into_inner());
+    BITS[i / 64].fetch_and(!(1 << (i % 64)), Ordering::Release);
+    t.get_mut(i).and_then(Option::take)
+}
+
+/// Drops one fd's reference. The last one closes the socket in rdsd, except for a socket
+/// inherited across fork, whose control connection is the parent's: the child only forgets it.
+pub fn release(entry: Arc<Entry>) {
+    if entry.generation != fork_generation() {
+        std::mem::forget(entry);
+    } else {
+        drop(entry);
+    }
+}
+
+/// rdsd's control socket: `$RDSD_SOCKET`, else the default.
+pub fn control_path() -> std::path::PathBuf {
+    std::env::var_os("RDSD_SOCKET")
+        .map(Into::into)
+        .unwrap_or_else(|| shm_api::DEFAULT_CONTROL_SOCKET.into())
+}
+
+static ATTACHMENT: Mutex<Option<(u64, Rdsd)>> = Mutex::new(None);
+static WARNED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn after_fork_in_child() {
+    FORK_GEN.fetch_add(1, Ordering::Relaxed);
+}
+
+/// This process's attachment to rdsd, made on first use (and again in a forked child, which
+/// must not share its parent's control connection). If rdsd can't be reached, says so on
+/// stderr once and answers EAFNOSUPPORT, the errno of a kernel without RDS.
+pub fn rdsd() -> Result<Rdsd, i32> {
+    static ATFORK: std::sync::Once = std::sync::Once::new();
+    ATFORK.call_once(|| {
+        // SAFETY: registers a handler that only bumps an atomic (async-signal-safe).
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    });
+    let mut a = ATTACHMENT.lock().unwrap_or_else(|p| p.into_inner());
+    let generation = fork_generation();
+    if let Some((g, r)) = a.as_ref() {
+        if *g == generation {
+            return Ok(r.clone());
+        }
+    }
+    // The parent's attachment (if inherited) is only forgotten: dropping it would close
+    // nothing of the parent's, but its sockets may still reference it.
+    if let Some(old) = a.take() {
+        std::mem::forget(old);
+    }
+    match Rdsd::attach() {
+        Ok(r) => {
+            *a = Some((generation, r.clone()));
+            Ok(r)
+        }
+        Err(e) => {
+            if !WARNED.swap(true, Ordering::Relaxed) {
+                let path = control_path().display().to_string();
+                eprintln!(
+                    "librdsd: rdsd is not reachable at {path} ({}); AF_RDS sockets fail with \
+                     EAFNOSUPPORT (start rdsd, or set RDSD_SOCKET to its control socket)",
+                    shm_api::explain(&e)
+                );
+            }
+            Err(libc::EAFNOSUPPORT)
+        }
+    }
+}

@@ -1,0 +1,168 @@
+/* fd-level behaviour of AF_RDS sockets under rdsd-run (tests/tests/preload.rs): flags from
+ * socket(), fcntl O_NONBLOCK, connect + write/read, writev/readv, FIONREAD, MSG_TRUNC, dup and
+ * dup2 and close, SO_RCVTIMEO, a receiver blocked in another thread, epoll on a mixed set, and
+ * exec closing FD_CLOEXEC sockets only. Plain socket API; prints "FDOPS OK". */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHECK(cond)                                                                      \
+	do {                                                                             \
+		if (!(cond)) {                                                           \
+			printf("FAIL line %d: %s (errno %d %s)\n", __LINE__, #cond, errno, \
+			       strerror(errno));                                          \
+			exit(1);                                                         \
+		}                                                                        \
+	} while (0)
+
+static struct sockaddr_in bound(int fd)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
+	socklen_t l = sizeof a;
+	CHECK(getsockname(fd, (struct sockaddr *)&a, &l) == 0);
+	return a;
+}
+
+static int wait_in(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	return poll(&p, 1, 10000) == 1 && (p.revents & POLLIN);
+}
+
+static void *blocked_recv(void *arg)
+{
+	int fd = *(int *)arg;
+	char buf[64];
+	ssize_t n = recv(fd, buf, sizeof buf, 0);
+	return (void *)(long)(n == 6 && memcmp(buf, "thread", 6) == 0);
+}
+
+static int fd_in_exec_child(int fd)
+{
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "[ -e /proc/$$/fd/%d ]", fd);
+	pid_t pid = fork();
+	if (pid == 0) {
+		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	int st;
+	waitpid(pid, &st, 0);
+	return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+int main(void)
+{
+	int a = socket(AF_RDS, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	int b = socket(AF_RDS, SOCK_SEQPACKET, 0);
+	CHECK(a >= 0 && b >= 0);
+	CHECK(fcntl(a, F_GETFL) & O_NONBLOCK);
+	CHECK(fcntl(a, F_GETFD) & FD_CLOEXEC);
+	CHECK(!(fcntl(b, F_GETFD) & FD_CLOEXEC));
+	struct sockaddr_in aa = bound(a), ba = bound(b);
+	char buf[256];
+	CHECK(recv(a, buf, sizeof buf, 0) == -1 && errno == EAGAIN);
+	CHECK(write(a, "x", 1) == -1 && errno == ENOTCONN);
+
+	/* connect + write, FIONREAD, read */
+	CHECK(connect(a, (struct sockaddr *)&ba, sizeof ba) == 0);
+	CHECK(write(a, "written", 7) == 7);
+	CHECK(wait_in(b));
+	int avail = -1;
+	CHECK(ioctl(b, FIONREAD, &avail) == 0 && avail == 7);
+	CHECK(read(b, buf, sizeof buf) == 7 && memcmp(buf, "written", 7) == 0);
+
+	/* writev / readv, MSG_TRUNC */
+	struct iovec wv[2] = { { "gath", 4 }, { "ered", 4 } };
+	CHECK(writev(a, wv, 2) == 8);
+	CHECK(wait_in(b));
+	char p1[3], p2[16];
+	struct iovec rv[2] = { { p1, 3 }, { p2, sizeof p2 } };
+	CHECK(readv(b, rv, 2) == 8 && memcmp(p1, "gat", 3) == 0 && memcmp(p2, "hered", 5) == 0);
+	CHECK(sendto(a, "0123456789", 10, 0, (struct sockaddr *)&ba, sizeof ba) == 10);
+	CHECK(wait_in(b));
+	CHECK(recv(b, buf, 4, MSG_TRUNC) == 10);
+
+	/* dup, close of the original, dup2 onto another number */
+	int c = dup(b);
+	CHECK(c >= 0);
+	CHECK(close(b) == 0);
+	CHECK(send(a, "dup", 3, 0) == 3);
+	CHECK(wait_in(c));
+	CHECK(recv(c, buf, sizeof buf, 0) == 3);
+	int d = dup2(c, 100);
+	CHECK(d == 100);
+	CHECK(close(c) == 0);
+	CHECK(recv(c, buf, sizeof buf, MSG_DONTWAIT) == -1 && errno == EBADF);
+	struct sockaddr_in da;
+	socklen_t dl = sizeof da;
+	CHECK(getsockname(d, (struct sockaddr *)&da, &dl) == 0 && da.sin_port == ba.sin_port);
+
+	/* fcntl O_NONBLOCK on and off; SO_RCVTIMEO runs out with EAGAIN */
+	CHECK(fcntl(d, F_SETFL, fcntl(d, F_GETFL) | O_NONBLOCK) == 0);
+	CHECK(recv(d, buf, sizeof buf, 0) == -1 && errno == EAGAIN);
+	CHECK(fcntl(d, F_SETFL, fcntl(d, F_GETFL) & ~O_NONBLOCK) == 0);
+	struct timeval tv = { 0, 50000 };
+	CHECK(setsockopt(d, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0);
+	CHECK(recv(d, buf, sizeof buf, 0) == -1 && errno == EAGAIN);
+	tv.tv_usec = 0;
+	CHECK(setsockopt(d, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0);
+
+	/* a receiver blocked in another thread */
+	pthread_t t;
+	CHECK(pthread_create(&t, NULL, blocked_recv, &d) == 0);
+	usleep(100000);
+	CHECK(send(a, "thread", 6, 0) == 6);
+	void *ok;
+	CHECK(pthread_join(t, &ok) == 0 && ok);
+
+	/* epoll on a mixed set: an eventfd and the rdsd socket */
+	int ep = epoll_create1(0), ev = eventfd(0, 0);
+	struct epoll_event e = { .events = EPOLLIN, .data.fd = ev };
+	CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, ev, &e) == 0);
+	e.data.fd = d;
+	CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, d, &e) == 0);
+	uint64_t one = 1;
+	CHECK(write(ev, &one, 8) == 8);
+	CHECK(send(a, "epoll", 5, 0) == 5);
+	int seen_ev = 0, seen_d = 0;
+	/* The eventfd keeps epoll_wait returning at once and rdsd delivers asynchronously: loop
+	 * on time, not on a count. */
+	time_t deadline = time(NULL) + 10;
+	while (!(seen_ev && seen_d) && time(NULL) < deadline) {
+		struct epoll_event out[4];
+		int n = epoll_wait(ep, out, 4, 100);
+		for (int k = 0; k < n; k++) {
+			seen_ev |= out[k].data.fd == ev;
+			seen_d |= out[k].data.fd == d;
+		}
+	}
+	CHECK(seen_ev && seen_d);
+	CHECK(recv(d, buf, sizeof buf, 0) == 5);
+
+	/* exec: the FD_CLOEXEC socket is gone in the new image, the other one stays */
+	CHECK(!fd_in_exec_child(a));
+	CHECK(fd_in_exec_child(d));
+
+	CHECK(shutdown(d, SHUT_RDWR) == -1 && errno == EOPNOTSUPP);
+	CHECK(close(a) == 0 && close(d) == 0);
+	(void)aa;
+	printf("FDOPS OK\n");
+	return 0;
+}

@@ -1,0 +1,393 @@
+//! Programs nobody here wrote for rdsd, run unmodified on it: CPython's `socket` module and
+//! the VM lab's AF_RDS C program (`tests/vmlab/rdsguest.c`, which the VM lab runs against the
+//! Linux kernel) under `rdsd-run` (librdsd-preload.so), and a C program built against the C
+//! ABI with `pkg-config --cflags --libs rdsd` after `shm-api/capi/install.sh`; and a C program
+//! of our own for the fd-level calls (dup, fcntl, read/write, threads, epoll, exec).
+//!
+//! Needs `cargo build --workspace` (the cdylibs and rdsd-run), cc, pkg-config and python3
+//! (tests/run.sh installs them).
+
+use rdsd_tests::*;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+fn stat_now(d: &Daemon, name: &str) -> u64 {
+    stat_from(&shm_api::stats_at(&d.socket).expect("stats"), name)
+}
+
+/// Reads the child's stdout up to a line containing `what`; returns the reader for the rest.
+fn read_until(child: &mut Child, what: &str) -> BufReader<std::process::ChildStdout> {
+    let mut r = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = r.read_line(&mut line).unwrap();
+        assert!(n > 0, "no line with {what:?} before EOF");
+        if line.contains(what) {
+            return r;
+        }
+    }
+}
+
+/// The rest of the child's output (after [`read_until`]) and its status, as an Output.
+fn finish(mut child: Child, mut r: BufReader<std::process::ChildStdout>) -> Output {
+    let mut stdout = Vec::new();
+    r.read_to_end(&mut stdout).unwrap();
+    let status = child.wait().unwrap();
+    Output {
+        status,
+        stdout,
+        stderr: Vec::new(),
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn artifact(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} missing: run `cargo build --workspace` first (it builds the C ABI and preload libraries)",
+        p.display()
+    );
+    p
+}
+
+fn rdsd_run() -> PathBuf {
+    artifact("librdsd_preload.so");
+    artifact("rdsd-run")
+}
+
+/// Debian's python3 (not a pyenv shim, which would be a shell script).
+fn python3() -> PathBuf {
+    let p = PathBuf::from("/usr/bin/python3");
+    assert!(
+        p.exists(),
+        "/usr/bin/python3 missing: apt-get install python3"
+    );
+    p
+}
+
+fn tool(name: &str, package: &str) {
+    let ok = Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "{name} not found: apt-get install {package}");
+}
+
+fn tmpdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("rdsd-preload-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// `rdsd-run PROGRAM ARGS` on `d`, killed after 60 s.
+fn under_rdsd(d: &Daemon, program: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new("timeout");
+    c.arg("60").arg(rdsd_run()).arg(program).args(args);
+    c.env("RDSD_SOCKET", &d.socket).env("RDS_RECV_SPIN_US", "0");
+    c
+}
+
+fn cc(args: &[&str]) {
+    tool("cc", "build-essential");
+    let o = Command::new("cc").args(args).output().expect("run cc");
+    assert!(o.status.success(), "cc {args:?} failed:\n{}", text(&o));
+}
+
+#[test]
+fn python_socket_module_runs_on_rdsd() {
+    let d = Daemon::start(&[]);
+    let script = workspace_root().join("tests/preload/rds_socket.py");
+    let o = under_rdsd(&d, &python3(), &[script.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("PYOK"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        stat_now(&d, "loop_delivered") >= 6,
+        "the messages went through rdsd"
+    );
+}
+
+/// Lines of `rdsguest` output without the "RDSG <tag> " prefix.
+fn rdsg_lines(o: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("RDSG ? ").map(str::to_string))
+        .collect()
+}
+
+fn has_line(o: &Output, prefix: &str) -> bool {
+    rdsg_lines(o).iter().any(|l| l.starts_with(prefix))
+}
+
+#[test]
+fn vmlab_rdsguest_built_dynamically_runs_on_rdsd() {
+    let dir = tmpdir("rdsguest");
+    let bin = dir.join("rdsguest");
+    let src = workspace_root().join("tests/vmlab/rdsguest.c");
+    // Fortified, as distributions build: poll becomes __poll_chk.
+    cc(&[
+        "-O2",
+        "-D_FORTIFY_SOURCE=2",
+        "-o",
+        bin.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ]);
+    let d = Daemon::start(&[]);
+
+    // recv: two sockets, two senders (one blocking with mixed sizes, one non-blocking).
+    let mut recv = under_rdsd(
+        &d,
+        &bin,
+        &["recv", "127.0.0.1:7100", "200", "20000", "nsock=2"],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let recv_out = read_until(&mut recv, "bound");
+    let s1 = under_rdsd(
+        &d,
+        &bin,
+        &[
+            "send",
+            "127.0.0.1:7200",
+            "127.0.0.1:7100",
+            "100",
+            "300",
+            "sizes=0,1,64,1000,9000",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(has_line(&s1, "sent n=100"), "{}", text(&s1));
+    let s2 = under_rdsd(
+        &d,
+        &bin,
+        &[
+            "send",
+            "127.0.0.1:7300",
+            "127.0.0.1:7101",
+            "100",
+            "300",
+            "nonblock=1",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(has_line(&s2, "sent n=100"), "{}", text(&s2));
+    let r = finish(recv, recv_out);
+    assert!(has_line(&r, "done got=200 sources=2 bad=0"), "{}", text(&r));
+
+    // ping: 0-byte messages to port 0, answered from port 0.
+    let p = under_rdsd(&d, &bin, &["ping", "127.0.0.1:7400", "127.0.0.1:0", "3"])
+        .output()
+        .unwrap();
+    assert!(has_line(&p, "pings ok=3"), "{}", text(&p));
+
+    // cong: ENOBUFS on a congested port, RDS_CONG_MONITOR's update (bit 7500 % 64), recovery.
+    let mut hold = under_rdsd(
+        &d,
+        &bin,
+        &[
+            "recv",
+            "127.0.0.1:7500",
+            "100000",
+            "15000",
+            "hold_ms=1500",
+            "idle_ms=1000",
+            "rcvbuf=65536",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let hold_out = read_until(&mut hold, "bound");
+    let c = under_rdsd(&d, &bin, &["cong", "127.0.0.1:7600", "127.0.0.1:7500"])
+        .output()
+        .unwrap();
+    assert!(
+        has_line(&c, "enobufs n=")
+            && has_line(&c, &format!("cong_update mask={}", 1u64 << (7500 % 64)))
+            && has_line(&c, "recovered n="),
+        "{}",
+        text(&c)
+    );
+    let h = finish(hold, hold_out);
+    assert!(has_line(&h, "done got="), "{}", text(&h));
+
+    // counters-all: RDS_INFO_COUNTERS read with the kernel's ENOSPC protocol.
+    let k = under_rdsd(&d, &bin, &["counters-all"]).output().unwrap();
+    assert!(has_line(&k, "counter loop_delivered "), "{}", text(&k));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn fd_operations_of_a_c_program() {
+    let dir = tmpdir("fdops");
+    let bin = dir.join("fdops");
+    let src = workspace_root().join("tests/preload/fdops.c");
+    cc(&[
+        "-O2",
+        "-D_FORTIFY_SOURCE=2",
+        "-Wall",
+        "-Werror",
+        "-o",
+        bin.to_str().unwrap(),
+        src.to_str().unwrap(),
+        "-lpthread",
+    ]);
+    let d = Daemon::start(&[]);
+    let o = under_rdsd(&d, &bin, &[]).output().unwrap();
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("FDOPS OK"),
+        "{}",
+        text(&o)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn rdsd_run_refuses_static_programs() {
+    let dir = tmpdir("static");
+    let src = dir.join("hello.c");
+    std::fs::write(&src, "int main(void) { return 0; }\n").unwrap();
+    let bin = dir.join("hello");
+    cc(&[
+        "-static",
+        "-o",
+        bin.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ]);
+    let o = Command::new(rdsd_run()).arg(&bin).output().unwrap();
+    assert_eq!(o.status.code(), Some(126), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("statically linked"),
+        "{}",
+        text(&o)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn preload_is_inert_and_says_once_when_rdsd_is_down() {
+    let script = r#"
+import errno, os, socket
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.bind(("127.0.0.1", 0))
+u.sendto(b"x", u.getsockname())
+assert u.recv(10) == b"x"
+r, w = os.pipe(); os.write(w, b"p"); assert os.read(r, 1) == b"p"
+assert len(os.listdir("/proc/self/task")) == 1, "the preload started a thread"
+assert "memfd:" not in open("/proc/self/maps").read(), "attached to rdsd (a region is mapped)"
+for _ in range(2):
+    try:
+        socket.socket(socket.AF_RDS, socket.SOCK_SEQPACKET)
+        raise SystemExit("AF_RDS socket without rdsd")
+    except OSError as e:
+        assert e.errno == errno.EAFNOSUPPORT, e
+print("INERT OK")
+"#;
+    let o = Command::new(rdsd_run())
+        .arg(python3())
+        .args(["-c", script])
+        .env("RDSD_SOCKET", "/nonexistent/rdsd.sock")
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("INERT OK"),
+        "{}",
+        text(&o)
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        err.matches("rdsd is not reachable").count(),
+        1,
+        "said once: {err}"
+    );
+}
+
+#[test]
+fn c_program_built_with_pkg_config_uses_the_c_abi() {
+    tool("pkg-config", "pkg-config");
+    artifact("librdsd.so");
+    let prefix = tmpdir("prefix");
+    let install = workspace_root().join("shm-api/capi/install.sh");
+    let o = Command::new("bash")
+        .arg(&install)
+        .arg("--prefix")
+        .arg(&prefix)
+        .arg("--from")
+        .arg(bin_dir())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "install.sh:\n{}", text(&o));
+    let libdir = prefix.join("lib");
+    let pc = Command::new("pkg-config")
+        .args(["--cflags", "--libs", "rdsd"])
+        .env("PKG_CONFIG_PATH", libdir.join("pkgconfig"))
+        .output()
+        .unwrap();
+    assert!(pc.status.success(), "pkg-config:\n{}", text(&pc));
+    let flags = String::from_utf8(pc.stdout).unwrap();
+    let bin = prefix.join("capi_demo");
+    let src = workspace_root().join("tests/preload/capi_demo.c");
+    let mut args = vec![
+        "-Wall",
+        "-Werror",
+        "-o",
+        bin.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ];
+    args.extend(flags.split_whitespace());
+    cc(&args);
+
+    // The versioned soname, and the program linked against it.
+    let ld = Command::new("sh")
+        .args([
+            "-c",
+            &format!("LD_LIBRARY_PATH={} ldd {}", libdir.display(), bin.display()),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&ld.stdout).contains("librdsd.so.0 =>"),
+        "{}",
+        text(&ld)
+    );
+
+    let d = Daemon::start(&[]);
+    let o = Command::new("timeout")
+        .arg("60")
+        .arg(&bin)
+        .env("LD_LIBRARY_PATH", &libdir)
+        .env("RDSD_SOCKET", &d.socket)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("CAPI OK"),
+        "{}",
+        text(&o)
+    );
+    let _ = std::fs::remove_dir_all(prefix);
+}
