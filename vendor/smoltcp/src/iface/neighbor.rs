@@ -50,7 +50,8 @@ pub struct Cache {
 
 impl Cache {
     /// Minimum delay between discovery requests, in milliseconds.
-    pub(crate) const SILENT_TIME: Duration = Duration::from_millis(1_000);
+    // rdsd patch (vendor/smoltcp/PATCHES.md): 100 ms, not 1 s, between ARP requests.
+    pub(crate) const SILENT_TIME: Duration = Duration::from_millis(100);
 
     /// Neighbor entry lifetime, in milliseconds.
     pub(crate) const ENTRY_LIFETIME: Duration = Duration::from_millis(60_000);
@@ -305,9 +306,10 @@ mod test {
             Answer::NotFound
         );
 
+        // rdsd patch: within the 100 ms SILENT_TIME.
         cache.limit_rate(Instant::from_millis(0));
         assert_eq!(
-            cache.lookup(&MOCK_IP_ADDR_1.into(), Instant::from_millis(100)),
+            cache.lookup(&MOCK_IP_ADDR_1.into(), Instant::from_millis(50)),
             Answer::RateLimited
         );
         assert_eq!(

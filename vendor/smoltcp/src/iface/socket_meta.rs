@@ -43,7 +43,8 @@ impl Meta {
     /// socket, in milliseconds.
     ///
     /// See also `iface::NeighborCache::SILENT_TIME`.
-    pub(crate) const DISCOVERY_SILENT_TIME: Duration = Duration::from_millis(1_000);
+    // rdsd patch (vendor/smoltcp/PATCHES.md): 100 ms, not 1 s, as the neighbour cache's.
+    pub(crate) const DISCOVERY_SILENT_TIME: Duration = Duration::from_millis(100);
 
     pub(crate) fn poll_at<F>(
         &self,
@@ -162,7 +163,7 @@ mod tests {
         m.neighbor_missing(t0, NEIGHBOR);
         let silent_until = t0 + Meta::DISCOVERY_SILENT_TIME;
 
-        let t_before = Instant::from_millis(1500);
+        let t_before = Instant::from_millis(1050); // rdsd patch: within 100 ms
         assert!(t_before < silent_until);
 
         assert_eq!(
@@ -217,7 +218,7 @@ mod tests {
         m.neighbor_missing(t0, NEIGHBOR);
         let silent_until = t0 + Meta::DISCOVERY_SILENT_TIME;
 
-        let t_before = Instant::from_millis(1500);
+        let t_before = Instant::from_millis(1050); // rdsd patch: within 100 ms
         assert!(!m.egress_permitted(t_before, |_| false));
         assert_eq!(
             m.poll_at(PollAt::Ingress, |_| false, t_before),

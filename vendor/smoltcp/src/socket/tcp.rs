@@ -173,23 +173,42 @@ struct RttEstimator {
     timestamp: Option<(Instant, TcpSeqNumber)>,
     max_seq_sent: Option<TcpSeqNumber>,
     rto_count: u8,
+    // rdsd patch (vendor/smoltcp/PATCHES.md): the RTO bounds, settable per socket.
+    /// RTO before the first measurement, in ms.
+    initial_rto: u32,
+    /// Lower bound of a computed RTO, in ms.
+    min_rto: u32,
+    /// Upper bound of the RTO and of its backoff, in ms.
+    max_rto: u32,
 }
 
 impl Default for RttEstimator {
     fn default() -> Self {
-        Self {
-            have_measurement: false,
-            srtt: 0,   // ignored, will be overwritten on first measurement.
-            rttvar: 0, // ignored, will be overwritten on first measurement.
-            rto: RTTE_INITIAL_RTO,
-            timestamp: None,
-            max_seq_sent: None,
-            rto_count: 0,
-        }
+        Self::with_bounds(RTTE_INITIAL_RTO, RTTE_MIN_RTO, RTTE_MAX_RTO)
     }
 }
 
 impl RttEstimator {
+    fn with_bounds(initial_rto: u32, min_rto: u32, max_rto: u32) -> Self {
+        Self {
+            have_measurement: false,
+            srtt: 0,   // ignored, will be overwritten on first measurement.
+            rttvar: 0, // ignored, will be overwritten on first measurement.
+            rto: initial_rto,
+            timestamp: None,
+            max_seq_sent: None,
+            rto_count: 0,
+            initial_rto,
+            min_rto,
+            max_rto,
+        }
+    }
+
+    /// A fresh estimator with the same bounds (a socket reset keeps its settings).
+    fn reset(&self) -> Self {
+        Self::with_bounds(self.initial_rto, self.min_rto, self.max_rto)
+    }
+
     fn retransmission_timeout(&self) -> Duration {
         Duration::from_millis(self.rto as _)
     }
@@ -203,8 +222,11 @@ impl RttEstimator {
         if self.have_measurement {
             // RFC 6298 (2.3) When a subsequent RTT measurement R' is made, a host MUST set (...)
             let diff = (self.srtt as i32 - new_rtt as i32).unsigned_abs();
-            self.rttvar = (self.rttvar * 3 + diff).div_ceil(4);
-            self.srtt = (self.srtt * 7 + new_rtt).div_ceil(8);
+            // rdsd patch: rounded down, not up. Samples are whole milliseconds, and rounding
+            // up never lets srtt fall below 7 ms nor rttvar below 3 ms once there, so on a
+            // sub-millisecond wire the RTO stuck near 20-40 ms instead of the floor.
+            self.rttvar = (self.rttvar * 3 + diff) / 4;
+            self.srtt = (self.srtt * 7 + new_rtt) / 8;
         } else {
             // RFC 6298 (2.2) When the first RTT measurement R is made, the host MUST set (...)
             self.have_measurement = true;
@@ -214,7 +236,7 @@ impl RttEstimator {
 
         // RFC 6298 (2.2), (2.3)
         let margin = RTTE_MIN_MARGIN.max(self.rttvar * RTTE_K);
-        self.rto = (self.srtt + margin).clamp(RTTE_MIN_RTO, RTTE_MAX_RTO);
+        self.rto = (self.srtt + margin).clamp(self.min_rto, self.max_rto);
 
         self.rto_count = 0;
 
@@ -254,7 +276,7 @@ impl RttEstimator {
         // RFC 6298 (5.5) The host MUST set RTO <- RTO * 2 ("back off the timer").  The
         // maximum value discussed in (2.5) above may be used to provide
         // an upper bound to this doubling operation.
-        self.rto = (self.rto * 2).min(RTTE_MAX_RTO);
+        self.rto = (self.rto * 2).min(self.max_rto);
         tcp_trace!("rtte: doubling rto to {:?}", self.rto);
 
         // RFC 6298: a TCP implementation MAY clear SRTT and RTTVAR after
@@ -637,6 +659,33 @@ impl<'a> Socket<'a> {
         self.tsval_generator = generator;
     }
 
+    /// Set the retransmission timeout's bounds (rdsd patch, vendor/smoltcp/PATCHES.md): the
+    /// RTO before the first RTT sample (RFC 6298 2.1: 1 s), the floor of a computed RTO
+    /// (RFC 6298 2.4: 1 s) and the ceiling of the RTO and its backoff (RFC 6298 2.5: at
+    /// least 60 s). The defaults are RFC 6298's; a datacenter wire with RTTs in microseconds
+    /// wants milliseconds. Millisecond resolution; `min <= initial <= max` is enforced by
+    /// raising `initial` and `max` as needed. Survives `abort`, `close` and reconnection.
+    pub fn set_rto_bounds(&mut self, initial: Duration, min: Duration, max: Duration) {
+        let ms = |d: Duration| u32::try_from(d.total_millis()).unwrap_or(u32::MAX).max(1);
+        let min = ms(min);
+        let max = ms(max).max(min);
+        let initial = ms(initial).clamp(min, max);
+        let fresh = !self.rtte.have_measurement;
+        self.rtte.initial_rto = initial;
+        self.rtte.min_rto = min;
+        self.rtte.max_rto = max;
+        self.rtte.rto = if fresh {
+            initial
+        } else {
+            self.rtte.rto.clamp(min, max)
+        };
+    }
+
+    /// Return the retransmission timeout now in effect.
+    pub fn retransmission_timeout(&self) -> Duration {
+        self.rtte.retransmission_timeout()
+    }
+
     /// Return whether TCP Timestamp is enabled.
     pub fn timestamp_enabled(&self) -> bool {
         self.tsval_generator.is_some()
@@ -907,7 +956,7 @@ impl<'a> Socket<'a> {
 
         self.state = State::Closed;
         self.timer = Timer::new();
-        self.rtte = RttEstimator::default();
+        self.rtte = self.rtte.reset();
         self.assembler = Assembler::new();
         self.tx_buffer.clear();
         self.rx_buffer.clear();
@@ -9573,15 +9622,44 @@ mod test {
     fn test_rtt_estimator() {
         let mut r = RttEstimator::default();
 
+        // rdsd patch: smoothing rounds down (upstream: 4252, 3692, 3272, ... 2012).
         let rtos = &[
-            6000, 5000, 4252, 3692, 3272, 2956, 2720, 2540, 2408, 2308, 2232, 2176, 2132, 2100,
-            2076, 2060, 2048, 2036, 2028, 2024, 2020, 2016, 2012, 2012,
+            6000, 5000, 4248, 3684, 3260, 2944, 2708, 2528, 2396, 2296, 2220, 2164, 2120, 2088,
+            2064, 2048, 2036, 2024, 2016, 2012, 2008, 2005, 2005, 2005,
         ];
 
         for &rto in rtos {
             r.sample(2000);
             assert_eq!(r.retransmission_timeout(), Duration::from_millis(rto));
         }
+    }
+
+    #[test]
+    fn test_rto_bounds_settable() {
+        // rdsd patch: a sub-millisecond wire settles at the configured floor.
+        let mut s = socket_established();
+        s.set_rto_bounds(
+            Duration::from_millis(100),
+            Duration::from_millis(5),
+            Duration::from_secs(1),
+        );
+        for _ in 0..20 {
+            s.rtte.sample(0);
+        }
+        assert_eq!(s.retransmission_timeout(), Duration::from_millis(5));
+        for _ in 0..20 {
+            s.rtte.on_rto();
+        }
+        assert_eq!(s.retransmission_timeout(), Duration::from_secs(1));
+        // What listen() and connect() do to a reused socket.
+        s.reset();
+        assert_eq!(s.retransmission_timeout(), Duration::from_millis(100));
+        // One slow sample no longer holds the estimate up once the wire is fast again.
+        s.rtte.sample(40);
+        for _ in 0..60 {
+            s.rtte.sample(0);
+        }
+        assert_eq!(s.retransmission_timeout(), Duration::from_millis(5));
     }
 
     #[test]
