@@ -26,6 +26,12 @@ use smoltcp::time::Instant;
 pub const BURST: usize = 32;
 /// Most frames queued for transmission before a burst goes out.
 pub const TX_QUEUE: usize = 64;
+/// First and longest wait between attempts to start a port whose peer is not there yet.
+const START_RETRY_MIN_MS: u64 = 25;
+const START_RETRY_MAX_MS: u64 = 250;
+/// How often a reconnecting port's link status is read, and how long it may stay down.
+const LINK_CHECK_MS: u64 = 50;
+const RECONNECT_AFTER_MS: u64 = 300;
 
 /// The device's counters (plain integers: only the poll thread touches them; the transport
 /// copies them into the daemon's stats when counters are published).
@@ -45,6 +51,10 @@ pub struct PortCounters {
     pub tx_drops: u64,
     /// Received frames dropped unread (more than one segment).
     pub rx_drops: u64,
+    /// Attempts to start a port that was not started (a memif client waiting for its server).
+    pub start_attempts: u64,
+    /// Restarts of a port whose link stayed down (a memif client reconnecting).
+    pub reconnects: u64,
     /// TCP, inferred from the wire.
     pub tcp: TcpCounters,
 }
@@ -74,6 +84,17 @@ pub struct DpdkDevice {
     tx: TxSide,
     counters: PortCounters,
     flows: Flows,
+    /// False while the port waits to be started (a memif client whose server was not there
+    /// yet): no bursts then (DPDK's are not callable on a stopped port).
+    started: bool,
+    /// When to try `rte_eth_dev_start` again, and the wait after that.
+    next_start: Instant,
+    start_backoff: u64,
+    /// Restart the port when its link stays down ([`DpdkDevice::reconnect_when_down`]).
+    reconnect: bool,
+    /// When to read the link status next, and since when it has been down.
+    next_link_check: Instant,
+    down_since: Option<Instant>,
 }
 
 // SAFETY: the raw pointers are the mempool (thread-safe in DPDK) and mbufs this device owns
@@ -107,7 +128,88 @@ impl DpdkDevice {
             },
             counters: PortCounters::default(),
             flows: Flows::default(),
+            started: true,
+            next_start: Instant::ZERO,
+            start_backoff: START_RETRY_MIN_MS,
+            reconnect: false,
+            next_link_check: Instant::ZERO,
+            down_since: None,
         }
+    }
+
+    /// A memif client: DPDK's memif connects a client once, when the port starts, and never
+    /// again. A connection its server refused (the server's port was not started yet) or lost
+    /// (the server restarted) would leave the link down for good; so a link down for
+    /// [`RECONNECT_AFTER_MS`] is stopped and started again (a new connection).
+    pub fn reconnect_when_down(&mut self) {
+        self.reconnect = true;
+    }
+
+    /// Reads the link status every [`LINK_CHECK_MS`] and restarts a port whose link stayed
+    /// down (memif clients only, see [`DpdkDevice::reconnect_when_down`]).
+    fn watch_link(&mut self, now: Instant) {
+        if now < self.next_link_check {
+            return;
+        }
+        self.next_link_check = now + smoltcp::time::Duration::from_millis(LINK_CHECK_MS);
+        let mut link = sys::rte_eth_link::default();
+        // SAFETY: a valid port; the out-pointer is ours. Nowait: reads the driver's state.
+        let rc = unsafe { sys::rte_eth_link_get_nowait(self.port, &mut link) };
+        if rc != 0 || link.link_status() == sys::RTE_ETH_LINK_UP as u16 {
+            self.down_since = None;
+            return;
+        }
+        let since = *self.down_since.get_or_insert(now);
+        if now - since >= smoltcp::time::Duration::from_millis(RECONNECT_AFTER_MS) {
+            tracing::info!(
+                port = self.port,
+                "DPDK port link down: restarting it to reconnect"
+            );
+            self.counters.reconnects += 1;
+            // SAFETY: the port is started and only this thread uses it; the mbufs we hold
+            // (unread rx, queued tx) stay ours and valid across a stop.
+            unsafe { sys::rte_eth_dev_stop(self.port) };
+            self.started = false;
+            self.down_since = None;
+            self.next_start = now;
+            self.start_backoff = START_RETRY_MIN_MS;
+        }
+    }
+
+    /// The port is not started yet: try `rte_eth_dev_start` from the poll thread, every
+    /// 25 ms at first, backing off to every 250 ms, until it succeeds.
+    pub fn start_later(&mut self) {
+        self.started = false;
+    }
+
+    /// Whether the port runs (false while a memif client waits for its server).
+    pub fn started(&self) -> bool {
+        self.started
+    }
+
+    /// Tries to start a port that is not started yet, at most every `start_backoff` ms.
+    fn try_start(&mut self, now: Instant) -> bool {
+        if self.started {
+            return true;
+        }
+        if now < self.next_start {
+            return false;
+        }
+        self.counters.start_attempts += 1;
+        // SAFETY: a configured port whose queues are set up (DpdkDevice::new's contract); the
+        // poll thread is the only user of the port.
+        let rc = unsafe { sys::rte_eth_dev_start(self.port) };
+        if rc == 0 {
+            tracing::info!(
+                port = self.port,
+                "DPDK port started (its memif peer is there)"
+            );
+            self.started = true;
+        } else {
+            self.next_start = now + smoltcp::time::Duration::from_millis(self.start_backoff);
+            self.start_backoff = (self.start_backoff * 2).min(START_RETRY_MAX_MS);
+        }
+        self.started
     }
 
     /// The counters so far.
@@ -287,7 +389,13 @@ impl Device for DpdkDevice {
     type RxToken<'a> = RxToken;
     type TxToken<'a> = TxToken<'a>;
 
-    fn receive(&mut self, _now: Instant) -> Option<(RxToken, TxToken<'_>)> {
+    fn receive(&mut self, now: Instant) -> Option<(RxToken, TxToken<'_>)> {
+        if self.reconnect && self.started {
+            self.watch_link(now);
+        }
+        if !self.try_start(now) {
+            return None;
+        }
         let m = self.next_rx()?;
         let (port, queue) = (self.port, self.queue);
         Some((
@@ -301,6 +409,9 @@ impl Device for DpdkDevice {
     }
 
     fn transmit(&mut self, _now: Instant) -> Option<TxToken<'_>> {
+        if !self.started {
+            return None;
+        }
         Some(TxToken {
             tx: &mut self.tx,
             port: self.port,

@@ -105,7 +105,13 @@ pub fn build(cfg: &Config, stats: &Arc<Stats>) -> anyhow::Result<Option<DpdkTran
     );
     // SAFETY: the port's queue pair 0 is started, the pool outlives it (never freed while rdsd
     // runs), and only this device uses the queue pair.
-    let dev = unsafe { DpdkDevice::new(port.id, 0, port.pool, usize::from(port.mtu)) };
+    let mut dev = unsafe { DpdkDevice::new(port.id, 0, port.pool, usize::from(port.mtu)) };
+    if !port.started {
+        dev.start_later();
+    }
+    if d.memif_client() {
+        dev.reconnect_when_down();
+    }
     let mut ucfg = UtcpConfig::new(port.mac, d.addr, d.prefix_len);
     ucfg.gateway = d.gateway;
     ucfg.port = cfg.tcp_port;
