@@ -40,6 +40,8 @@ pub struct RawDpdk {
     park_us: u64,
     #[serde(default = "d_mtu")]
     mtu: u16,
+    #[serde(default = "d_rto_min_ms")]
+    rto_min_ms: u64,
     #[serde(default = "d_true")]
     check_kernel_addr: bool,
 }
@@ -61,6 +63,9 @@ fn d_buf_kib() -> u32 {
 }
 fn d_mtu() -> u16 {
     9000
+}
+fn d_rto_min_ms() -> u64 {
+    5
 }
 fn d_park_us() -> u64 {
     1000
@@ -116,6 +121,8 @@ pub struct DpdkConfig {
     /// IP MTU asked of the port; it gets the largest it supports up to this (jumbo frames
     /// where the port allows).
     pub mtu: u16,
+    /// Floor of TCP's retransmission timeout (smoltcp's, patched: `vendor/smoltcp`).
+    pub rto_min: std::time::Duration,
 }
 
 /// EAL options of DPDK 22.11 (`dpdk-app --help`), to name a bad one in `eal_args` before EAL
@@ -246,6 +253,9 @@ impl DpdkConfig {
                 r.mtu
             );
         }
+        if !(1..=1000).contains(&r.rto_min_ms) {
+            bail!("dpdk.rto_min_ms must be 1..=1000 (got {})", r.rto_min_ms);
+        }
         if !(1..=100_000).contains(&r.park_us) {
             bail!("dpdk.park_us must be 1..=100000 (got {})", r.park_us);
         }
@@ -289,6 +299,7 @@ impl DpdkConfig {
             park: std::time::Duration::from_micros(r.park_us),
             check_kernel_addr: r.check_kernel_addr,
             mtu: r.mtu,
+            rto_min: std::time::Duration::from_millis(r.rto_min_ms),
         })
     }
 
@@ -391,6 +402,7 @@ mod tests {
         assert!(e("huge_dir = \"/x\"").contains("dpdk.huge_dir"));
         assert!(e("colour = 1").contains("colour"));
         assert!(e("mtu = 100").contains("dpdk.mtu"));
+        assert!(e("rto_min_ms = 0").contains("dpdk.rto_min_ms"));
         assert!(e("mtu = 65000").contains("dpdk.mtu"));
         let r: RawDpdk = toml::from_str("vdev = \"eth0\"\naddr = \"10.0.0.1/24\"").unwrap();
         assert!(format!("{:#}", DpdkConfig::from_raw(r).unwrap_err()).contains("dpdk.vdev"));

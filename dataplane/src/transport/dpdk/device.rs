@@ -11,7 +11,16 @@
 //!   registers itself with EAL, `rte_thread_register`, for that cache), the burst arrays are
 //!   fixed. When the pool is empty a frame is written into a scratch buffer and dropped
 //!   (`mbuf_alloc_failures`, `tx_drops`): smoltcp's tokens must run their closure.
-//! * TCP counters that smoltcp 0.12 does not expose are inferred from the wire
+//! * Bursts: at most one `rx_burst` of [`BURST`] (32) frames per pass, and `tx_burst`s of up
+//!   to [`TX_QUEUE`] (32) frames: one per pass unless the pass sends more; `Interface::poll` takes the whole rx burst in before it sends, so a burst of
+//!   segments draws one ACK. Counted: `dpdk_rx_bursts`/`dpdk_rx_packets`,
+//!   `dpdk_tx_bursts`/`dpdk_tx_packets` (frames per burst = packets / bursts).
+//! * A port that is not started (a memif client whose server's socket is not there yet) is
+//!   started from the poll thread, every 25 ms backing off to 250 ms; no burst is called on it
+//!   meanwhile. DPDK's memif connects a client once, at start, so a memif client whose link
+//!   stays down for 300 ms (its connection refused by a server whose port was not started yet,
+//!   or its server restarted) is stopped and started again.
+//! * TCP counters that smoltcp does not expose are inferred from the wire
 //!   ([`wire::Flows`]): retransmitted segments (split into fast retransmits, after three
 //!   duplicate ACKs, and timeouts), out-of-order and duplicate segments received, and zero
 //!   windows advertised by the peer (window stalls) or by us.
@@ -25,7 +34,7 @@ use smoltcp::time::Instant;
 /// Most frames taken from the port per pass.
 pub const BURST: usize = 32;
 /// Most frames queued for transmission before a burst goes out.
-pub const TX_QUEUE: usize = 64;
+pub const TX_QUEUE: usize = 32;
 /// First and longest wait between attempts to start a port whose peer is not there yet.
 const START_RETRY_MIN_MS: u64 = 25;
 const START_RETRY_MAX_MS: u64 = 250;
@@ -68,6 +77,11 @@ struct TxSide {
     scratch: Vec<u8>,
     alloc_failures: u64,
     dropped: u64,
+    /// Frames the driver took, and `tx_burst` calls.
+    sent: u64,
+    bursts: u64,
+    /// TCP as seen on the wire (both directions; here so that every burst records its frames).
+    flows: Flows,
 }
 
 /// One DPDK port's queue pair as a smoltcp device.
@@ -83,7 +97,6 @@ pub struct DpdkDevice {
     rx_done: bool,
     tx: TxSide,
     counters: PortCounters,
-    flows: Flows,
     /// False while the port waits to be started (a memif client whose server was not there
     /// yet): no bursts then (DPDK's are not callable on a stopped port).
     started: bool,
@@ -125,9 +138,11 @@ impl DpdkDevice {
                 scratch: vec![0u8; mtu + 14],
                 alloc_failures: 0,
                 dropped: 0,
+                sent: 0,
+                bursts: 0,
+                flows: Flows::default(),
             },
             counters: PortCounters::default(),
-            flows: Flows::default(),
             started: true,
             next_start: Instant::ZERO,
             start_backoff: START_RETRY_MIN_MS,
@@ -217,7 +232,9 @@ impl DpdkDevice {
         let mut c = self.counters;
         c.mbuf_alloc_failures = self.tx.alloc_failures;
         c.tx_drops += self.tx.dropped;
-        c.tcp = self.flows.counters();
+        c.tx_packets = self.tx.sent;
+        c.tx_bursts = self.tx.bursts;
+        c.tcp = self.tx.flows.counters();
         c
     }
 
@@ -252,7 +269,7 @@ impl DpdkDevice {
             }
             // SAFETY: a single-segment mbuf: `data_len` bytes at `mtod` are the frame.
             let frame = unsafe { mbuf_bytes(m) };
-            self.flows.received(frame);
+            self.tx.flows.received(frame);
             return Some(m);
         }
     }
@@ -273,10 +290,14 @@ unsafe fn mbuf_bytes<'a>(m: *mut sys::rte_mbuf) -> &'a [u8] {
 }
 
 impl TxSide {
-    /// Sends the queue; returns (sent, refused).
-    fn burst(&mut self, port: u16, queue: u16) -> (u64, u64) {
+    /// Sends the queue, counting what the driver took and what it refused (freed: TCP resends).
+    fn burst(&mut self, port: u16, queue: u16) {
         if self.n == 0 {
-            return (0, 0);
+            return;
+        }
+        for &m in &self.queue[..self.n] {
+            // SAFETY: queued mbufs are single-segment frames we built and still own.
+            self.flows.sent(unsafe { mbuf_bytes(m) });
         }
         let (mbufs, n) = (self.queue.as_mut_ptr(), self.n as u16);
         // SAFETY: the first `n` entries are mbufs we own; the driver takes the first `sent`.
@@ -290,24 +311,16 @@ impl TxSide {
             };
         }
         self.n = 0;
-        (sent as u64, refused as u64)
+        self.bursts += 1;
+        self.sent += sent as u64;
+        self.dropped += refused as u64;
     }
 }
 
 impl Flush for DpdkDevice {
     fn flush(&mut self) {
         self.rx_done = false;
-        if self.tx.n == 0 {
-            return;
-        }
-        for &m in &self.tx.queue[..self.tx.n] {
-            // SAFETY: queued mbufs are single-segment frames we built and still own.
-            self.flows.sent(unsafe { mbuf_bytes(m) });
-        }
-        let (sent, refused) = self.tx.burst(self.port, self.queue);
-        self.counters.tx_bursts += 1;
-        self.counters.tx_packets += sent;
-        self.counters.tx_drops += refused;
+        self.tx.burst(self.port, self.queue);
     }
 }
 
@@ -353,8 +366,7 @@ impl phy::TxToken for TxToken<'_> {
     fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
         let tx = self.tx;
         if tx.n == TX_QUEUE {
-            let (_, refused) = tx.burst(self.port, self.queue);
-            tx.dropped += refused;
+            tx.burst(self.port, self.queue);
         }
         // SAFETY: the pool outlives the device (new()).
         let m = unsafe { sys::rte_pktmbuf_alloc(tx.pool) };
