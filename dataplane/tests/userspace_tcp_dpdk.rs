@@ -6,8 +6,8 @@
 //! are `userspace_tcp.rs`'s, on the in-memory wire.
 //!
 //! One test in its own binary: EAL starts once per process. Needs root (EAL) and DPDK's memif
-//! PMD (`librte-net-memif23`, installed by `dataplane/install-build-deps.sh`); in CI (`CI`
-//! set) their absence fails the test.
+//! PMD (`librte-net-memif23`, pulled in by `libdpdk-dev`, which
+//! `dataplane/install-build-deps.sh` installs); in CI (`CI` set) their absence fails the test.
 
 mod suite;
 
