@@ -18,6 +18,10 @@ use std::time::{Duration, Instant};
 /// How long after both daemons serve the first ping must be answered.
 const BUDGET: Duration = Duration::from_secs(2);
 
+/// One start-up loop at a time: two pairs of DPDK rdsd starting together on 2 cores would
+/// measure the machine, not the start-up.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn loops() -> usize {
     std::env::var("RDSD_STARTUP_LOOPS")
         .ok()
@@ -102,6 +106,7 @@ fn first_pong(d: &Daemon, from: Ipv4Addr, to: Ipv4Addr, give_up: Duration) -> Op
 /// Runs `loops()` starts with `start`, cycling through the orders; every one must see a pong
 /// within [`BUDGET`] of both daemons serving.
 fn loop_starts(kind: &str, pair: &VethPair, start: impl Fn(usize) -> Daemon + Sync) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let n = loops();
     let mut late = Vec::new();
     let mut worst = Duration::ZERO;
