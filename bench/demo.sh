@@ -47,7 +47,7 @@ if ! command -v cargo >/dev/null 2>&1; then
 demo.sh: error: cargo (the Rust toolchain) is not installed. Install it with rustup:
     curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y
     . "$HOME/.cargo/env"
-then run this script again (rdsd needs Rust 1.88 or newer, see README.md).
+then run this script again (rdsd needs Rust 1.91 or newer, see README.md).
 EOF
     exit 1
 fi

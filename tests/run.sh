@@ -35,7 +35,7 @@ else
     echo "all present"
 fi
 if ! command -v cargo >/dev/null; then
-    echo "cargo not found: install Rust (>= 1.88) with rustup, then rerun" >&2
+    echo "cargo not found: install Rust (>= 1.91) with rustup, then rerun" >&2
     exit 1
 fi
 

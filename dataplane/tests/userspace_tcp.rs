@@ -79,7 +79,7 @@ const LOSSY: Faults = Faults {
     reorder_ppm: 50, // 0.5%
 };
 
-fn report(tag: &str, hubs: &[Hub], elapsed: Duration) {
+fn report(tag: &str, hubs: &[Hub], elapsed: Duration) -> WireStats {
     let mut all = WireStats::default();
     for h in hubs {
         let s = h.stats();
@@ -88,6 +88,9 @@ fn report(tag: &str, hubs: &[Hub], elapsed: Duration) {
         all.duplicated += s.duplicated;
         all.reordered += s.reordered;
         all.retransmit_delays.extend(s.retransmit_delays);
+        all.largest_frame = all.largest_frame.max(s.largest_frame);
+        all.data_segments += s.data_segments;
+        all.timestamped_data_segments += s.timestamped_data_segments;
     }
     let d = &mut all.retransmit_delays;
     d.sort();
@@ -120,10 +123,15 @@ fn report(tag: &str, hubs: &[Hub], elapsed: Duration) {
         lo = b;
     }
     eprintln!("{tag}: resend delay histogram:{line}");
+    eprintln!(
+        "{tag}: largest frame {} B; data segments {}, with timestamps {}",
+        all.largest_frame, all.data_segments, all.timestamped_data_segments
+    );
+    all
 }
 
 /// Runs the suite with labs built by `make`, then reports what the wires did.
-fn suite_with(tag: &str, make: impl Fn() -> Lab) {
+fn suite_with(tag: &str, make: impl Fn() -> Lab) -> WireStats {
     let hubs = Arc::new(Mutex::new(Vec::new()));
     let t = Instant::now();
     let h2 = hubs.clone();
@@ -135,13 +143,42 @@ fn suite_with(tag: &str, make: impl Fn() -> Lab) {
         },
         tag,
     );
-    report(tag, &hubs.lock().unwrap(), t.elapsed());
+    let hubs = hubs.lock().unwrap().clone();
+    report(tag, &hubs, t.elapsed())
 }
 
+/// Also proves that smoltcp 0.14 sizes segments with the 12-byte timestamp option right:
+/// every data segment carries timestamps and the largest frames are exactly the MTU (with
+/// 0.12 such segments exceeded the MTU, were not sent, and the stream stalled).
 #[test]
 fn utcp_passes_the_exactly_once_suite() {
     let _serial = serial();
-    suite_with("utcp-clean", || Lab::new(Faults::default(), 1, Cut::Abort));
+    let w = suite_with("utcp-clean", || Lab::new(Faults::default(), 1, Cut::Abort));
+    assert!(w.data_segments > 0);
+    assert_eq!(
+        w.timestamped_data_segments, w.data_segments,
+        "every data segment carries TCP timestamps"
+    );
+    assert_eq!(
+        w.largest_frame, 1514,
+        "full-size segments fill the 1500 B MTU"
+    );
+}
+
+/// Jumbo frames (a 9000 B MTU, as on memif or a veth): segments fill it, timestamps included.
+#[test]
+fn utcp_passes_the_suite_with_jumbo_frames() {
+    let _serial = serial();
+    let w = suite_with("utcp-jumbo", || {
+        let lab = Lab::new(Faults::default(), 21, Cut::Abort);
+        lab.hub.set_mtu(9000);
+        lab
+    });
+    assert_eq!(w.timestamped_data_segments, w.data_segments);
+    assert_eq!(
+        w.largest_frame, 9014,
+        "full-size segments fill the 9000 B MTU"
+    );
 }
 
 #[test]
@@ -184,6 +221,72 @@ fn utcp_survives_a_blackout() {
     );
 }
 
+/// A 1 MiB RDS message (and its header) fits the default buffers and window (window scaling):
+/// the receiver holds all of it before reading a byte. And acknowledgements are per pass,
+/// not per segment: smoltcp 0.14 takes a pass's whole burst in, then sends one ACK per socket
+/// (0.12 with no ACK delay answered every segment with its own ACK frame).
+#[test]
+fn utcp_window_holds_a_mib_and_acks_are_per_pass() {
+    let _serial = serial();
+    use rdsd::protocol::{ConnectPoll, Link, Read, Write};
+    let mut lab = Lab::new(Faults::default(), 6, Cut::Abort);
+    let mut a = lab.make(suite::A);
+    let mut b = lab.make(suite::B);
+    let mut pa = a.connect(suite::A, suite::B, 0).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut pb = loop {
+        a.poll_aux();
+        b.poll_aux();
+        if a.poll_connect(&mut pa) == ConnectPoll::Up {
+            if let Some(acc) = b.accept() {
+                break acc.path;
+            }
+        }
+        assert!(Instant::now() < deadline, "handshake");
+    };
+    let msg = vec![0x5au8; (1 << 20) + 48];
+    assert_eq!(
+        a.write(&mut pa, &[&msg]),
+        Write::Wrote(msg.len()),
+        "the send buffer takes a whole 1 MiB message"
+    );
+    let before = lab.hub.stats();
+    let mut b_passes = 0u64;
+    let queued = |b: &UtcpLink<Port>| b.socket_states().iter().map(|s| s.4).max().unwrap_or(0);
+    while queued(&b) < msg.len() {
+        a.poll_aux();
+        b.poll_aux();
+        b_passes += 1;
+        assert!(
+            b_passes < 100_000,
+            "the whole message reaches b's window unread"
+        );
+    }
+    let w = lab.hub.stats();
+    let (segs, acks) = (
+        w.data_segments - before.data_segments,
+        w.pure_acks - before.pure_acks,
+    );
+    eprintln!(
+        "1 MiB + 48 B: {segs} data segments, {acks} pure ACKs, {b_passes} receiver passes, \
+         {:.1} segments per ACK",
+        segs as f64 / acks.max(1) as f64
+    );
+    assert!(acks <= b_passes, "at most one ACK per receiver pass");
+    assert!(
+        segs >= 4 * acks,
+        "ACKs coalesced: {segs} segments, {acks} ACKs"
+    );
+    let mut buf = vec![0u8; 1 << 16];
+    let mut got = 0;
+    while got < msg.len() {
+        match b.read(&mut pb, &mut buf) {
+            Read::Data(d) => got += d.len(),
+            _ => panic!("the queued message reads back"),
+        }
+    }
+}
+
 /// How long smoltcp takes to resend a lost segment when nothing follows it (no duplicate
 /// ACKs, so no fast retransmit: the RTO), on a fresh path and after the RTT estimate has
 /// converged on this wire (microseconds). The numbers go to the module doc of `utcp`.
@@ -207,6 +310,14 @@ fn utcp_rto_after_a_single_tail_loss() {
         assert!(Instant::now() < deadline, "handshake");
         std::thread::sleep(Duration::from_micros(100));
     };
+    let cfg = UtcpConfig::new([2, 0, 0, 0, 0, 1], Ipv4Addr::new(10, 0, 0, 1), 8);
+    let rto = a.retransmission_timeout(&pa);
+    eprintln!("utcp RTO after the handshake's RTT sample: {rto:?}");
+    assert!(
+        rto >= cfg.rto_min && rto < Duration::from_secs(1),
+        "the handshake's sample sets an RTO above the configured floor and under RFC 6298's \
+         1 s (smoltcp 0.14 unpatched): {rto:?}"
+    );
     let msg = [7u8; 1000];
     let mut buf = vec![0u8; 4096];
     // One message from a to b; `lose` drops its first transmission. Returns the time until b
@@ -248,6 +359,12 @@ fn utcp_rto_after_a_single_tail_loss() {
     }
     clean.sort();
     warm.sort();
+    let rto = a.retransmission_timeout(&pa);
+    eprintln!("utcp RTO after warm-up: {rto:?}");
+    assert!(
+        rto < Duration::from_secs(1),
+        "on a microsecond wire the RTO is below RFC 6298's 1 s floor (smoltcp 0.14 unpatched): {rto:?}"
+    );
     eprintln!(
         "utcp RTO: first data segment lost on a fresh path: resent and delivered after {fresh:?}; \
          lossless delivery median {:?}; single tail loss after warm-up (20 runs): min {:?}, \

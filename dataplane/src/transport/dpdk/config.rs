@@ -38,6 +38,10 @@ pub struct RawDpdk {
     buf_kib: u32,
     #[serde(default = "d_park_us")]
     park_us: u64,
+    #[serde(default = "d_mtu")]
+    mtu: u16,
+    #[serde(default = "d_rto_min_ms")]
+    rto_min_ms: u64,
     #[serde(default = "d_true")]
     check_kernel_addr: bool,
 }
@@ -46,7 +50,7 @@ fn d_lcores() -> String {
     "0".into()
 }
 fn d_memory_mb() -> u32 {
-    128
+    256
 }
 fn d_mbufs() -> u32 {
     8191
@@ -55,7 +59,13 @@ fn d_desc() -> u16 {
     1024
 }
 fn d_buf_kib() -> u32 {
-    256
+    1280
+}
+fn d_mtu() -> u16 {
+    9000
+}
+fn d_rto_min_ms() -> u64 {
+    5
 }
 fn d_park_us() -> u64 {
     1000
@@ -63,6 +73,11 @@ fn d_park_us() -> u64 {
 fn d_true() -> bool {
     true
 }
+
+/// Smallest IP MTU `dpdk.mtu` accepts (IPv4's minimum datagram).
+pub const MIN_MTU: u16 = 576;
+/// Largest IP MTU `dpdk.mtu` accepts (a 9216-byte jumbo frame with VLAN tag and CRC).
+pub const MAX_MTU: u16 = 9194;
 
 /// The validated `[dpdk]` section.
 #[derive(Clone, Debug)]
@@ -103,6 +118,11 @@ pub struct DpdkConfig {
     pub park: std::time::Duration,
     /// Refuse to start if the port's address is also on a kernel interface.
     pub check_kernel_addr: bool,
+    /// IP MTU asked of the port; it gets the largest it supports up to this (jumbo frames
+    /// where the port allows).
+    pub mtu: u16,
+    /// Floor of TCP's retransmission timeout (smoltcp's, patched: `dataplane/vendor/smoltcp`).
+    pub rto_min: std::time::Duration,
 }
 
 /// EAL options of DPDK 22.11 (`dpdk-app --help`), to name a bad one in `eal_args` before EAL
@@ -226,6 +246,16 @@ impl DpdkConfig {
         if !(16..=16384).contains(&r.buf_kib) {
             bail!("dpdk.buf_kib must be 16..=16384 (got {})", r.buf_kib);
         }
+        if !(MIN_MTU..=MAX_MTU).contains(&r.mtu) {
+            bail!(
+                "dpdk.mtu must be {MIN_MTU}..={MAX_MTU} (got {}; 1500 for standard frames, \
+                 9000 for jumbo frames)",
+                r.mtu
+            );
+        }
+        if !(1..=1000).contains(&r.rto_min_ms) {
+            bail!("dpdk.rto_min_ms must be 1..=1000 (got {})", r.rto_min_ms);
+        }
         if !(1..=100_000).contains(&r.park_us) {
             bail!("dpdk.park_us must be 1..=100000 (got {})", r.park_us);
         }
@@ -268,7 +298,19 @@ impl DpdkConfig {
             buf_bytes: r.buf_kib as usize * 1024,
             park: std::time::Duration::from_micros(r.park_us),
             check_kernel_addr: r.check_kernel_addr,
+            mtu: r.mtu,
+            rto_min: std::time::Duration::from_millis(r.rto_min_ms),
         })
+    }
+
+    /// Whether the port is a memif client (memif's default role), which connects to its
+    /// server's socket.
+    pub fn memif_client(&self) -> bool {
+        self.port_name.starts_with("net_memif")
+            && !self
+                .vdev
+                .split(',')
+                .any(|kv| kv.trim().replace(' ', "") == "role=server")
     }
 
     /// The port's address as an RDS local prefix (/32).
@@ -326,6 +368,11 @@ mod tests {
     fn defaults_and_eal_arguments() {
         let c = raw("").unwrap();
         assert_eq!(c.port_name, "net_af_packet0");
+        assert_eq!(c.mtu, 9000, "jumbo frames asked for by default");
+        assert!(
+            c.buf_bytes > 1 << 20,
+            "a 1 MiB message fits a path's buffers"
+        );
         assert_eq!(c.routes, vec!["10.9.0.0/24".parse::<Prefix>().unwrap()]);
         let a = c.eal_argv();
         for want in [
@@ -354,6 +401,9 @@ mod tests {
         assert!(e("gateway = \"10.8.0.1\"").contains("dpdk.gateway"));
         assert!(e("huge_dir = \"/x\"").contains("dpdk.huge_dir"));
         assert!(e("colour = 1").contains("colour"));
+        assert!(e("mtu = 100").contains("dpdk.mtu"));
+        assert!(e("rto_min_ms = 0").contains("dpdk.rto_min_ms"));
+        assert!(e("mtu = 65000").contains("dpdk.mtu"));
         let r: RawDpdk = toml::from_str("vdev = \"eth0\"\naddr = \"10.0.0.1/24\"").unwrap();
         assert!(format!("{:#}", DpdkConfig::from_raw(r).unwrap_err()).contains("dpdk.vdev"));
         let r: RawDpdk = toml::from_str("vdev = \"net_null0\"\naddr = \"10.0.0.1\"").unwrap();

@@ -11,7 +11,16 @@
 //!   registers itself with EAL, `rte_thread_register`, for that cache), the burst arrays are
 //!   fixed. When the pool is empty a frame is written into a scratch buffer and dropped
 //!   (`mbuf_alloc_failures`, `tx_drops`): smoltcp's tokens must run their closure.
-//! * TCP counters that smoltcp 0.12 does not expose are inferred from the wire
+//! * Bursts: at most one `rx_burst` of [`BURST`] (32) frames per pass, and `tx_burst`s of up
+//!   to [`TX_QUEUE`] (32) frames: one per pass unless the pass sends more; `Interface::poll` takes the whole rx burst in before it sends, so a burst of
+//!   segments draws one ACK. Counted: `dpdk_rx_bursts`/`dpdk_rx_packets`,
+//!   `dpdk_tx_bursts`/`dpdk_tx_packets` (frames per burst = packets / bursts).
+//! * A port that is not started (a memif client whose server's socket is not there yet) is
+//!   started from the poll thread, every 25 ms backing off to 250 ms; no burst is called on it
+//!   meanwhile. DPDK's memif connects a client once, at start, so a memif client whose link
+//!   stays down for 300 ms (its connection refused by a server whose port was not started yet,
+//!   or its server restarted) is stopped and started again.
+//! * TCP counters that smoltcp does not expose are inferred from the wire
 //!   ([`wire::Flows`]): retransmitted segments (split into fast retransmits, after three
 //!   duplicate ACKs, and timeouts), out-of-order and duplicate segments received, and zero
 //!   windows advertised by the peer (window stalls) or by us.
@@ -25,7 +34,13 @@ use smoltcp::time::Instant;
 /// Most frames taken from the port per pass.
 pub const BURST: usize = 32;
 /// Most frames queued for transmission before a burst goes out.
-pub const TX_QUEUE: usize = 64;
+pub const TX_QUEUE: usize = 32;
+/// First and longest wait between attempts to start a port whose peer is not there yet.
+const START_RETRY_MIN_MS: u64 = 25;
+const START_RETRY_MAX_MS: u64 = 250;
+/// How often a reconnecting port's link status is read, and how long it may stay down.
+const LINK_CHECK_MS: u64 = 50;
+const RECONNECT_AFTER_MS: u64 = 300;
 
 /// The device's counters (plain integers: only the poll thread touches them; the transport
 /// copies them into the daemon's stats when counters are published).
@@ -45,6 +60,10 @@ pub struct PortCounters {
     pub tx_drops: u64,
     /// Received frames dropped unread (more than one segment).
     pub rx_drops: u64,
+    /// Attempts to start a port that was not started (a memif client waiting for its server).
+    pub start_attempts: u64,
+    /// Restarts of a port whose link stayed down (a memif client reconnecting).
+    pub reconnects: u64,
     /// TCP, inferred from the wire.
     pub tcp: TcpCounters,
 }
@@ -58,6 +77,11 @@ struct TxSide {
     scratch: Vec<u8>,
     alloc_failures: u64,
     dropped: u64,
+    /// Frames the driver took, and `tx_burst` calls.
+    sent: u64,
+    bursts: u64,
+    /// TCP as seen on the wire (both directions; here so that every burst records its frames).
+    flows: Flows,
 }
 
 /// One DPDK port's queue pair as a smoltcp device.
@@ -73,7 +97,17 @@ pub struct DpdkDevice {
     rx_done: bool,
     tx: TxSide,
     counters: PortCounters,
-    flows: Flows,
+    /// False while the port waits to be started (a memif client whose server was not there
+    /// yet): no bursts then (DPDK's are not callable on a stopped port).
+    started: bool,
+    /// When to try `rte_eth_dev_start` again, and the wait after that.
+    next_start: Instant,
+    start_backoff: u64,
+    /// Restart the port when its link stays down ([`DpdkDevice::reconnect_when_down`]).
+    reconnect: bool,
+    /// When to read the link status next, and since when it has been down.
+    next_link_check: Instant,
+    down_since: Option<Instant>,
 }
 
 // SAFETY: the raw pointers are the mempool (thread-safe in DPDK) and mbufs this device owns
@@ -104,10 +138,93 @@ impl DpdkDevice {
                 scratch: vec![0u8; mtu + 14],
                 alloc_failures: 0,
                 dropped: 0,
+                sent: 0,
+                bursts: 0,
+                flows: Flows::default(),
             },
             counters: PortCounters::default(),
-            flows: Flows::default(),
+            started: true,
+            next_start: Instant::ZERO,
+            start_backoff: START_RETRY_MIN_MS,
+            reconnect: false,
+            next_link_check: Instant::ZERO,
+            down_since: None,
         }
+    }
+
+    /// A memif client: DPDK's memif connects a client once, when the port starts, and never
+    /// again. A connection its server refused (the server's port was not started yet) or lost
+    /// (the server restarted) would leave the link down for good; so a link down for
+    /// [`RECONNECT_AFTER_MS`] is stopped and started again (a new connection).
+    pub fn reconnect_when_down(&mut self) {
+        self.reconnect = true;
+    }
+
+    /// Reads the link status every [`LINK_CHECK_MS`] and restarts a port whose link stayed
+    /// down (memif clients only, see [`DpdkDevice::reconnect_when_down`]).
+    fn watch_link(&mut self, now: Instant) {
+        if now < self.next_link_check {
+            return;
+        }
+        self.next_link_check = now + smoltcp::time::Duration::from_millis(LINK_CHECK_MS);
+        let mut link = sys::rte_eth_link::default();
+        // SAFETY: a valid port; the out-pointer is ours. Nowait: reads the driver's state.
+        let rc = unsafe { sys::rte_eth_link_get_nowait(self.port, &mut link) };
+        if rc != 0 || link.link_status() == sys::RTE_ETH_LINK_UP as u16 {
+            self.down_since = None;
+            return;
+        }
+        let since = *self.down_since.get_or_insert(now);
+        if now - since >= smoltcp::time::Duration::from_millis(RECONNECT_AFTER_MS) {
+            tracing::info!(
+                port = self.port,
+                "DPDK port link down: restarting it to reconnect"
+            );
+            self.counters.reconnects += 1;
+            // SAFETY: the port is started and only this thread uses it; the mbufs we hold
+            // (unread rx, queued tx) stay ours and valid across a stop.
+            unsafe { sys::rte_eth_dev_stop(self.port) };
+            self.started = false;
+            self.down_since = None;
+            self.next_start = now;
+            self.start_backoff = START_RETRY_MIN_MS;
+        }
+    }
+
+    /// The port is not started yet: try `rte_eth_dev_start` from the poll thread, every
+    /// 25 ms at first, backing off to every 250 ms, until it succeeds.
+    pub fn start_later(&mut self) {
+        self.started = false;
+    }
+
+    /// Whether the port runs (false while a memif client waits for its server).
+    pub fn started(&self) -> bool {
+        self.started
+    }
+
+    /// Tries to start a port that is not started yet, at most every `start_backoff` ms.
+    fn try_start(&mut self, now: Instant) -> bool {
+        if self.started {
+            return true;
+        }
+        if now < self.next_start {
+            return false;
+        }
+        self.counters.start_attempts += 1;
+        // SAFETY: a configured port whose queues are set up (DpdkDevice::new's contract); the
+        // poll thread is the only user of the port.
+        let rc = unsafe { sys::rte_eth_dev_start(self.port) };
+        if rc == 0 {
+            tracing::info!(
+                port = self.port,
+                "DPDK port started (its memif peer is there)"
+            );
+            self.started = true;
+        } else {
+            self.next_start = now + smoltcp::time::Duration::from_millis(self.start_backoff);
+            self.start_backoff = (self.start_backoff * 2).min(START_RETRY_MAX_MS);
+        }
+        self.started
     }
 
     /// The counters so far.
@@ -115,7 +232,9 @@ impl DpdkDevice {
         let mut c = self.counters;
         c.mbuf_alloc_failures = self.tx.alloc_failures;
         c.tx_drops += self.tx.dropped;
-        c.tcp = self.flows.counters();
+        c.tx_packets = self.tx.sent;
+        c.tx_bursts = self.tx.bursts;
+        c.tcp = self.tx.flows.counters();
         c
     }
 
@@ -150,7 +269,7 @@ impl DpdkDevice {
             }
             // SAFETY: a single-segment mbuf: `data_len` bytes at `mtod` are the frame.
             let frame = unsafe { mbuf_bytes(m) };
-            self.flows.received(frame);
+            self.tx.flows.received(frame);
             return Some(m);
         }
     }
@@ -171,10 +290,14 @@ unsafe fn mbuf_bytes<'a>(m: *mut sys::rte_mbuf) -> &'a [u8] {
 }
 
 impl TxSide {
-    /// Sends the queue; returns (sent, refused).
-    fn burst(&mut self, port: u16, queue: u16) -> (u64, u64) {
+    /// Sends the queue, counting what the driver took and what it refused (freed: TCP resends).
+    fn burst(&mut self, port: u16, queue: u16) {
         if self.n == 0 {
-            return (0, 0);
+            return;
+        }
+        for &m in &self.queue[..self.n] {
+            // SAFETY: queued mbufs are single-segment frames we built and still own.
+            self.flows.sent(unsafe { mbuf_bytes(m) });
         }
         let (mbufs, n) = (self.queue.as_mut_ptr(), self.n as u16);
         // SAFETY: the first `n` entries are mbufs we own; the driver takes the first `sent`.
@@ -188,24 +311,16 @@ impl TxSide {
             };
         }
         self.n = 0;
-        (sent as u64, refused as u64)
+        self.bursts += 1;
+        self.sent += sent as u64;
+        self.dropped += refused as u64;
     }
 }
 
 impl Flush for DpdkDevice {
     fn flush(&mut self) {
         self.rx_done = false;
-        if self.tx.n == 0 {
-            return;
-        }
-        for &m in &self.tx.queue[..self.tx.n] {
-            // SAFETY: queued mbufs are single-segment frames we built and still own.
-            self.flows.sent(unsafe { mbuf_bytes(m) });
-        }
-        let (sent, refused) = self.tx.burst(self.port, self.queue);
-        self.counters.tx_bursts += 1;
-        self.counters.tx_packets += sent;
-        self.counters.tx_drops += refused;
+        self.tx.burst(self.port, self.queue);
     }
 }
 
@@ -251,8 +366,7 @@ impl phy::TxToken for TxToken<'_> {
     fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
         let tx = self.tx;
         if tx.n == TX_QUEUE {
-            let (_, refused) = tx.burst(self.port, self.queue);
-            tx.dropped += refused;
+            tx.burst(self.port, self.queue);
         }
         // SAFETY: the pool outlives the device (new()).
         let m = unsafe { sys::rte_pktmbuf_alloc(tx.pool) };
@@ -287,7 +401,13 @@ impl Device for DpdkDevice {
     type RxToken<'a> = RxToken;
     type TxToken<'a> = TxToken<'a>;
 
-    fn receive(&mut self, _now: Instant) -> Option<(RxToken, TxToken<'_>)> {
+    fn receive(&mut self, now: Instant) -> Option<(RxToken, TxToken<'_>)> {
+        if self.reconnect && self.started {
+            self.watch_link(now);
+        }
+        if !self.try_start(now) {
+            return None;
+        }
         let m = self.next_rx()?;
         let (port, queue) = (self.port, self.queue);
         Some((
@@ -301,6 +421,9 @@ impl Device for DpdkDevice {
     }
 
     fn transmit(&mut self, _now: Instant) -> Option<TxToken<'_>> {
+        if !self.started {
+            return None;
+        }
         Some(TxToken {
             tx: &mut self.tx,
             port: self.port,

@@ -92,6 +92,8 @@ pub struct Port {
     pub mac: [u8; 6],
     /// IP MTU.
     pub mtu: u16,
+    /// Whether `rte_eth_dev_start` succeeded (a memif client may wait for its server).
+    pub started: bool,
 }
 
 fn check(rc: i32, what: &str, cfg: &DpdkConfig) -> Result<()> {
@@ -103,6 +105,30 @@ fn check(rc: i32, what: &str, cfg: &DpdkConfig) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Ethernet header and CRC: what a frame adds to the IP MTU in DPDK's `max_rx_pktlen`.
+const FRAME_OVERHEAD: usize = 14 + 4;
+
+/// The MTU to ask of a port: the configured one, within what the port says it takes
+/// (`max_mtu`, and `max_rx_pktlen` for the whole frame); 1500 if it says nothing usable.
+fn mtu_to_ask(configured: u16, info: &sys::rte_eth_dev_info) -> u16 {
+    let mut m = configured;
+    if info.max_mtu >= 576 {
+        m = m.min(info.max_mtu);
+    }
+    if info.max_rx_pktlen as usize >= 576 + FRAME_OVERHEAD {
+        m = m.min((info.max_rx_pktlen as usize - FRAME_OVERHEAD).min(usize::from(u16::MAX)) as u16);
+    }
+    m.max(info.min_mtu).max(576)
+}
+
+/// The mbuf data room for frames of IP MTU `mtu` in one segment, with room for a VLAN tag
+/// (DPDK's default room for standard frames).
+fn data_room(mtu: u16) -> u16 {
+    let need = sys::RTE_PKTMBUF_HEADROOM as usize + usize::from(mtu) + FRAME_OVERHEAD;
+    need.next_multiple_of(64)
+        .max(sys::RTE_MBUF_DEFAULT_BUF_SIZE as usize) as u16
 }
 
 /// Configures and starts `cfg`'s port with one rx/tx queue pair (one poll core).
@@ -117,15 +143,29 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
             cfg.vdev
         );
     }
+    let mut info = sys::rte_eth_dev_info::default();
+    // SAFETY: a valid port; the out-pointer is ours.
+    check(
+        unsafe { sys::rte_eth_dev_info_get(id, &mut info) },
+        "device info",
+        cfg,
+    )?;
+    let want = mtu_to_ask(cfg.mtu, &info);
+    tracing::info!(
+        port = %cfg.port_name, min_mtu = info.min_mtu, max_mtu = info.max_mtu,
+        max_rx_pktlen = info.max_rx_pktlen, asked = cfg.mtu, trying = want,
+        "DPDK port limits"
+    );
     let pool_name = CString::new(format!("rdsd_pool_{id}"))?;
-    // SAFETY: EAL is running; valid name; sizes within DPDK's limits (cache <= 512).
+    // SAFETY: EAL is running; valid name; sizes within DPDK's limits (cache <= 512; a data
+    // room of at most 9216 + headroom fits u16).
     let pool = unsafe {
         sys::rte_pktmbuf_pool_create(
             pool_name.as_ptr(),
             cfg.mbufs,
             256,
             0,
-            sys::RTE_MBUF_DEFAULT_BUF_SIZE as u16,
+            data_room(want),
             sys::rte_eth_dev_socket_id(id),
         )
     };
@@ -138,18 +178,35 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
             sys::strerror(e)
         );
     }
-    let conf = sys::rte_eth_conf::default();
+    let mut conf = sys::rte_eth_conf::default();
+    conf.rxmode.mtu = u32::from(want);
     let (mut nrx, mut ntx) = (cfg.rx_desc, cfg.tx_desc);
     let mut mac = sys::rte_ether_addr::default();
     let mut mtu = 0u16;
+    let mut started = true;
     // SAFETY: a valid port; out-pointers are ours; the pool outlives the queues (never freed
     // while the port runs).
     unsafe {
-        check(
-            sys::rte_eth_dev_configure(id, 1, 1, &conf),
-            "configure",
-            cfg,
-        )?;
+        if sys::rte_eth_dev_configure(id, 1, 1, &conf) < 0 {
+            tracing::warn!(port = %cfg.port_name, mtu = want, "the port refused the MTU; 1500");
+            conf.rxmode.mtu = 0;
+            check(
+                sys::rte_eth_dev_configure(id, 1, 1, &conf),
+                "configure",
+                cfg,
+            )?;
+        }
+        // The driver's own MTU (af_packet: the kernel interface's). Drivers without one
+        // (memif, null) keep the configured MTU.
+        let rc = sys::rte_eth_dev_set_mtu(id, want);
+        if rc < 0 && rc != -libc::ENOTSUP {
+            tracing::warn!(
+                port = %cfg.port_name, mtu = want, error = %sys::strerror(-rc),
+                "the port refused the MTU; using 1500 (af_packet: framesz in dpdk.vdev must \
+                 hold the frame, and the peer veth needs the MTU too)"
+            );
+            let _ = sys::rte_eth_dev_set_mtu(id, 1500);
+        }
         check(
             sys::rte_eth_dev_adjust_nb_rx_tx_desc(id, &mut nrx, &mut ntx),
             "descriptor counts",
@@ -166,20 +223,32 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
             "tx queue",
             cfg,
         )?;
-        check(sys::rte_eth_dev_start(id), "start", cfg)?;
+        let rc = sys::rte_eth_dev_start(id);
+        if rc < 0 && cfg.port_name.starts_with("net_memif") {
+            // A memif client connects to its server's socket when started; a server that is
+            // not there yet is no error: the device starts the port once it is.
+            tracing::warn!(
+                port = %cfg.port_name, error = %sys::strerror(-rc),
+                "memif peer not there yet; starting the port when it is"
+            );
+            started = false;
+        } else {
+            check(rc, "start", cfg)?;
+        }
         check(sys::rte_eth_macaddr_get(id, &mut mac), "MAC address", cfg)?;
         if sys::rte_eth_dev_get_mtu(id, &mut mtu) != 0 || mtu < 576 {
             mtu = 1500;
         }
     }
     // The pool's data room bounds a single-segment frame.
-    let room = sys::RTE_MBUF_DEFAULT_BUF_SIZE as usize - sys::RTE_PKTMBUF_HEADROOM as usize;
+    let room = usize::from(data_room(want)) - sys::RTE_PKTMBUF_HEADROOM as usize;
     let mtu = mtu.min((room - 14) as u16);
     Ok(Port {
         id,
         pool,
         mac: mac.addr_bytes,
         mtu,
+        started,
     })
 }
 

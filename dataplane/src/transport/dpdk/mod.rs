@@ -10,8 +10,19 @@
 //!   `-l <lcores> --no-pci --file-prefix=<unique> --in-memory --no-telemetry -m <MiB>`,
 //!   `--no-huge` or hugepages (`--huge-dir`), `--vdev=<vdev>` and any `eal_args`; EAL's
 //!   affinity change of the main thread is undone. One rx/tx queue pair (one poll core), a
-//!   mempool of `mbufs` mbufs, the MAC from the port, the MTU from the port (1500 if it has
-//!   none).
+//!   mempool of `mbufs` mbufs, the MAC from the port. The MTU: `mtu` (9000 by default, jumbo
+//!   frames) capped by what the port says it takes (`rte_eth_dev_info`: `max_mtu`, and
+//!   `max_rx_pktlen` for the whole frame), set with `rte_eth_conf.rxmode.mtu` and
+//!   `rte_eth_dev_set_mtu` (af_packet: the kernel interface's MTU); the mbufs' data room is
+//!   sized so a frame fits one mbuf; 1500 if the port refuses. DPDK 22.11's memif and
+//!   af_packet both report `max_rx_pktlen` 1518, so on them the MTU stays 1500.
+//! * **Start-up order.** Either rdsd may start first. A memif client whose server is not
+//!   there yet starts its port later, from the poll thread, and a memif client whose link
+//!   stays down is restarted (memif connects only when a port starts); see `device.rs`.
+//!   `tests/tests/dpdk_startup.rs` starts two rdsd in every order and requires an RDS ping
+//!   answered within 2 s (before: a client started first made rdsd exit with "start:
+//!   Operation not permitted", and a connection refused by a server not yet started left the
+//!   link down for good).
 //! * **No kernel address.** The port's address must not be on any kernel interface of the
 //!   namespace: the kernel would see the port's TCP segments (af_packet and af_xdp share the
 //!   interface with it), know no such connection, and reset it. rdsd checks at start-up
@@ -43,9 +54,8 @@
 //!
 //! # Known gaps
 //!
-//! * smoltcp 0.12 does not restart its retransmission timer on a partial ACK: a path with a
-//!   continuous flow resends its window every RTO although nothing was lost (see
-//!   `transport::utcp`; counted as `dpdk_tcp_rto_retransmits`).
+//! * No jumbo frames on DPDK 22.11's memif and af_packet (they report a 1518-byte
+//!   `max_rx_pktlen`); rdsd asks for 9000 and gets it only on ports that take it.
 //! * While the peer still holds a dead incarnation's path, the restarted side's connects for
 //!   that path are refused and retried at once (the engine resets the backoff when TCP comes
 //!   up): hundreds to thousands of refused connects a second for up to the 1 s keep-alive
@@ -62,6 +72,9 @@ mod wire;
 pub use config::{DpdkConfig, RawDpdk};
 pub use device::{DpdkDevice, PortCounters};
 pub use eal::kernel_interface_with;
+/// EAL and a started port without the rest of the transport: for tests that run the
+/// userspace-TCP link over a real DPDK device (`dataplane/tests/userspace_tcp_dpdk.rs`).
+pub use eal::{init as start_eal, open_port, Port};
 pub use wire::TcpCounters;
 
 use crate::config::Config;
@@ -105,12 +118,20 @@ pub fn build(cfg: &Config, stats: &Arc<Stats>) -> anyhow::Result<Option<DpdkTran
     );
     // SAFETY: the port's queue pair 0 is started, the pool outlives it (never freed while rdsd
     // runs), and only this device uses the queue pair.
-    let dev = unsafe { DpdkDevice::new(port.id, 0, port.pool, usize::from(port.mtu)) };
+    let mut dev = unsafe { DpdkDevice::new(port.id, 0, port.pool, usize::from(port.mtu)) };
+    if !port.started {
+        dev.start_later();
+    }
+    if d.memif_client() {
+        dev.reconnect_when_down();
+    }
     let mut ucfg = UtcpConfig::new(port.mac, d.addr, d.prefix_len);
     ucfg.gateway = d.gateway;
     ucfg.port = cfg.tcp_port;
     ucfg.rx_buf = d.buf_bytes;
     ucfg.tx_buf = d.buf_bytes;
+    ucfg.rto_min = d.rto_min;
+    ucfg.rto_initial = ucfg.rto_initial.max(d.rto_min);
     // One listener per concurrent inbound handshake: all paths of a few peers at once.
     ucfg.listeners = usize::from(cfg.paths) * 2;
     let link = UtcpLink::new(dev, ucfg);

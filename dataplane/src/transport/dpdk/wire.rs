@@ -1,6 +1,6 @@
 //! TCP counters inferred from the frames the device sends and receives.
 //!
-//! smoltcp 0.12 keeps its retransmission, reordering and window state private, so the device
+//! smoltcp keeps its retransmission, reordering and window state private, so the device
 //! reads the TCP headers going by: per flow the highest sequence sent and received, the last
 //! acknowledgement received and a duplicate-ACK count. A fixed table (no allocation); a flow
 //! that loses its slot to another starts over, which can miss an event, never invent one that

@@ -46,6 +46,11 @@ struct HubInner {
     dropped: u64,
     duplicated: u64,
     reordered: u64,
+    largest_frame: usize,
+    data_segments: u64,
+    timestamped_data_segments: u64,
+    pure_acks: u64,
+    mtu: Option<usize>,
 }
 
 impl HubInner {
@@ -63,8 +68,17 @@ impl HubInner {
 
     fn put(&mut self, from: u64, frame: &[u8]) {
         self.frames += 1;
+        self.largest_frame = self.largest_frame.max(frame.len());
         let now = std::time::Instant::now();
         let seg = data_segment(frame);
+        if seg.is_some() {
+            self.data_segments += 1;
+            if has_timestamp(frame) {
+                self.timestamped_data_segments += 1;
+            }
+        } else if is_pure_ack(frame) {
+            self.pure_acks += 1;
+        }
         if let Some(k) = seg {
             if let Some(t) = self.dropped_data.remove(&k) {
                 self.retransmit_delays.push(now - t);
@@ -129,11 +143,48 @@ fn data_segment(f: &[u8]) -> Option<SegKey> {
     Some((src, sport, seq))
 }
 
+/// Whether an Ethernet/IPv4 frame is a TCP segment with only the ACK flag and no payload.
+fn is_pure_ack(f: &[u8]) -> bool {
+    if f.len() < 14 + 20 + 20 || f[12..14] != [0x08, 0x00] {
+        return false;
+    }
+    let ip = &f[14..];
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    if ip[9] != 6 || ip.len() < ihl + 20 {
+        return false;
+    }
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    let tcp = &ip[ihl..];
+    // ACK only (PSH, URG, ECE, CWR ignored); no SYN, FIN or RST.
+    total == ihl + usize::from(tcp[12] >> 4) * 4 && tcp[13] & 0x17 == 0x10
+}
+
+/// Whether a TCP segment in an Ethernet/IPv4 frame (already checked by [`data_segment`])
+/// carries the timestamp option (kind 8).
+fn has_timestamp(f: &[u8]) -> bool {
+    let ip = &f[14..];
+    let tcp = &ip[usize::from(ip[0] & 0x0f) * 4..];
+    let opts = &tcp[20..(usize::from(tcp[12] >> 4) * 4).min(tcp.len())];
+    let mut i = 0;
+    while i < opts.len() {
+        match opts[i] {
+            0 => return false,
+            1 => i += 1,
+            8 => return true,
+            _ => i += usize::from(opts.get(i + 1).copied().unwrap_or(0)).max(2),
+        }
+    }
+    false
+}
+
 /// One Ethernet segment shared by every [`Port`] attached to it.
 #[derive(Clone, Default)]
 pub struct Hub {
     inner: Arc<Mutex<HubInner>>,
 }
+
+/// The IP MTU a [`Port`] reports unless [`Hub::set_mtu`] says otherwise.
+pub const DEFAULT_MTU: usize = 1500;
 
 /// What the wire did, for reports.
 #[derive(Clone, Debug, Default)]
@@ -148,6 +199,14 @@ pub struct WireStats {
     pub reordered: u64,
     /// For each dropped data segment that was sent again: how long that took.
     pub retransmit_delays: Vec<Duration>,
+    /// Longest frame put on the wire (Ethernet header included).
+    pub largest_frame: usize,
+    /// TCP segments with payload put on the wire.
+    pub data_segments: u64,
+    /// Of those, segments carrying the timestamp option.
+    pub timestamped_data_segments: u64,
+    /// TCP segments that only acknowledge (no payload, no SYN/FIN/RST).
+    pub pure_acks: u64,
 }
 
 impl Hub {
@@ -161,6 +220,11 @@ impl Hub {
         let mut h = self.inner.lock().unwrap();
         h.faults = faults;
         h.rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    }
+
+    /// The IP MTU of ports attached from now on (9000: jumbo frames).
+    pub fn set_mtu(&self, mtu: usize) {
+        self.inner.lock().unwrap().mtu = Some(mtu);
     }
 
     /// Drops every frame for `d` from now.
@@ -182,6 +246,7 @@ impl Hub {
         Port {
             hub: self.clone(),
             id,
+            mtu: h.mtu.unwrap_or(DEFAULT_MTU),
         }
     }
 
@@ -194,6 +259,10 @@ impl Hub {
             duplicated: h.duplicated,
             reordered: h.reordered,
             retransmit_delays: h.retransmit_delays.clone(),
+            largest_frame: h.largest_frame,
+            data_segments: h.data_segments,
+            timestamped_data_segments: h.timestamped_data_segments,
+            pure_acks: h.pure_acks,
         }
     }
 }
@@ -202,6 +271,7 @@ impl Hub {
 pub struct Port {
     hub: Hub,
     id: u64,
+    mtu: usize,
 }
 
 impl Drop for Port {
@@ -258,7 +328,7 @@ impl Device for Port {
     fn capabilities(&self) -> DeviceCapabilities {
         let mut c = DeviceCapabilities::default();
         c.medium = Medium::Ethernet;
-        c.max_transmission_unit = 1514;
+        c.max_transmission_unit = self.mtu + 14;
         c.max_burst_size = Some(32);
         c
     }

@@ -40,52 +40,78 @@
 //!
 //! # smoltcp settings, and why
 //!
-//! * smoltcp 0.12 (0.13+ need Rust 1.91), features `medium-ethernet`, `proto-ipv4`,
-//!   `socket-tcp`, `socket-tcp-cubic` (congestion control, for a real NIC), `std` (clock),
-//!   64 neighbour-cache entries (one per peer host, not per path) and 8 interface addresses.
+//! * smoltcp 0.14.0 (MSRV 1.91), **patched** (`dataplane/vendor/smoltcp`, `[patch.crates-io]`; the patch
+//!   and its reasons are in `dataplane/vendor/smoltcp/PATCHES.md`): settable RTO bounds, and RTT
+//!   smoothing that rounds down. Features `medium-ethernet`, `proto-ipv4`, `socket-tcp`,
+//!   `socket-tcp-cubic` (congestion control, for a real NIC), `std` (clock), 64
+//!   neighbour-cache entries (one per peer host, not per path) and 8 interface addresses.
 //! * Nagle off: RDS writes whole frames and wants them out now (kernel RDS sets
 //!   `TCP_NODELAY`).
 //! * ACK delay off by default ([`UtcpConfig::ack_delay`]): the sender's `acked` releases send
-//!   buffer space, so a delayed ACK delays the app.
-//! * Window scaling: smoltcp derives the shift from the receive buffer size (256 KiB: shift 3)
-//!   and always offers it. Timestamps **off**: smoltcp 0.12 sizes a full segment without the
-//!   12-byte timestamp option, so with timestamps on every full-size segment exceeds the MTU,
-//!   is not sent, and the stream stalls (seen in the suite; upstream bug, not worked around).
-//!   SACK is not implemented by smoltcp 0.12.
-//! * 256 KiB receive and send buffers per path (allocated when a path's socket is first
-//!   created, then recycled), keep-alive 1 s and a 10 s idle timeout so a dead peer is noticed
-//!   (kernel TCP would retransmit for ~15 minutes).
+//!   buffer space, so a delayed ACK delays the app. ACKs are nevertheless **per pass, not per
+//!   segment**: 0.14 acknowledges in-order data from its egress half, and `Interface::poll`
+//!   takes the pass's whole burst in (up to 32 frames from a DPDK port) before it sends, so a
+//!   burst of segments draws one ACK (or rides on the data going back). Out-of-order segments
+//!   are still answered at once (RFC 5681 duplicate ACKs, for fast retransmit). Measured:
+//!   a 1 MiB message, 741 segments, 38 ACKs, one per receiver pass
+//!   (`utcp_window_holds_a_mib_and_acks_are_per_pass`; 0.12 sent one ACK per segment).
+//! * Buffers: 1.25 MiB receive and send per path ([`DEFAULT_BUF`]; DPDK: `[dpdk] buf_kib`),
+//!   so a whole 1 MiB message with its header is in flight at once; window scaling is derived
+//!   from the receive buffer (shift 5) and always offered. Allocated when a path's socket is
+//!   first created, then recycled.
+//! * **Timestamps on** (RFC 7323, a millisecond clock): 0.14 sizes a segment with the
+//!   12-byte option inside the MTU (0.12 did not, and full segments with timestamps were never
+//!   sent). Proved by the suite: every data segment carries them and the largest frames are
+//!   exactly 1514 B (9014 B with a 9000 B MTU) (`utcp_passes_the_exactly_once_suite`,
+//!   `utcp_passes_the_suite_with_jumbo_frames`). smoltcp itself only echoes the peer's value
+//!   (no PAWS, and its RTT samples come from its own clock); they serve a peer that uses them
+//!   (kernel TCP in interop: RTT per segment, PAWS), at 12 bytes a segment.
+//! * SACK: smoltcp offers SACK blocks as a receiver when the peer permits them, but as a
+//!   sender ignores the peer's (it retransmits from the first unacknowledged byte).
+//! * Keep-alive 1 s and a 10 s idle timeout, so a dead peer is noticed (kernel TCP would
+//!   retransmit for ~15 minutes).
+//! * MSS from the device's MTU: 1500, or up to 9000 on a DPDK port that takes jumbo frames
+//!   (`[dpdk] mtu`, `transport::dpdk`).
 //!
 //! # Retransmission timeout (measured)
 //!
-//! smoltcp 0.12's RTO is `srtt + max(5 ms, 4 * rttvar)` clamped to 10 ms .. 10 s (constants
-//! `RTTE_MIN_RTO`/`RTTE_MAX_RTO`; no knob, so no way to set a minimum RTO without forking);
-//! the first estimate is 300 ms + 4 * 100 ms = 700 ms until samples arrive; after 3 timeouts
-//! without a sample the estimate doubles. Fast retransmit on 3 duplicate ACKs. Samples are
-//! whole milliseconds and the smoothing rounds up, so on a sub-millisecond wire srtt settles
-//! at 7 ms and rttvar near 10 ms: the effective RTO floor is ~40 ms, not 10 ms. Measured
-//! (debug build, in-memory wire, `dataplane/tests/userspace_tcp.rs`):
+//! Unpatched 0.14 follows RFC 6298 to the letter: 1 s initial RTO, **1 s floor**, 60 s
+//! ceiling, constants without a knob. RFC 6298's floor is for the Internet; on a datacenter
+//! wire with RTTs of tens of microseconds it turns every tail loss (a message's last segment
+//! lost: no duplicate ACKs, no fast retransmit) into a 1 s stall. Measured with unpatched
+//! 0.14 (debug build, in-memory wire, `dataplane/tests/userspace_tcp.rs`, 2-core shared VM):
+//! a single tail loss after warm-up resent after 1.000 s in 20 of 20 runs; the lossy suite
+//! (2% loss, 1% duplication, 0.5% reordering) took 26.3 s, 23 of its 59 resends after 1-2 s;
+//! a 300 ms blackout healed after 1 s.
+//!
+//! So the vendored smoltcp takes per-socket bounds ([`UtcpConfig::rto_initial`] 100 ms,
+//! [`UtcpConfig::rto_min`] 5 ms, [`UtcpConfig::rto_max`] 1 s): 5 ms is far above a
+//! datacenter RTT and above a poll core's scheduling hiccups on a shared host (a spurious
+//! retransmission only costs a duplicate the peer drops); 100 ms for a SYN or a fresh path's
+//! first segment (no sample yet); a 1 s ceiling so that backoff never leaves a healed wire
+//! idle for long (the 10 s idle timeout bounds a dead peer anyway). RTT samples are whole
+//! milliseconds; the RTO is `srtt + max(5 ms, 4 * rttvar)` clamped to the bounds, so on a
+//! sub-millisecond wire it settles at 5 ms (0.14's round-up smoothing held it at 20-40 ms;
+//! the patch rounds down). Fast retransmit on 3 duplicate ACKs. Measured with the patch (same
+//! runs):
 //!
 //! * a single tail loss after warm-up (`utcp_rto_after_a_single_tail_loss`): delivered after
-//!   35–74 ms, median 39–47 ms over runs (lossless delivery: 0.2 ms);
-//! * the first data segment of a fresh path lost: 827 ms (the 700 ms initial RTO);
-//! * 2% loss, 1% duplication, 0.5% reordering through the suite: a dropped data segment is
-//!   sent again after 0.2 ms–0.9 s, median 70–115 ms, p90 115–815 ms over runs (fast
-//!   retransmits under 5 ms; the rest RTOs, some with backoff; the 0.7–0.9 s ones on fresh
-//!   paths, before any RTT sample); a lossy path cut takes up to ~3 s to heal when SYNs are
-//!   lost (700 ms initial RTO, then backoff);
-//! * a 300 ms blackout: consecutive resends 20–75 ms apart (backoff from the ~40 ms floor),
-//!   no path lost, nothing lost or doubled; that run took ~420 ms against ~130 ms without it.
+//!   5.2-13 ms, median 5.3 ms over runs (lossless delivery: 0.2 ms); the RTO is 5 ms after
+//!   the handshake's sample and after warm-up (the test asserts it is under 1 s);
+//! * the first data segment of a fresh path lost: 5-8 ms (the handshake gave a sample);
+//! * the lossy suite: 0.5 s (26 s unpatched); resends after 0.2-10 ms, median 1.2 ms, p90
+//!   5.8 ms (fast retransmits under 5 ms, the rest RTOs);
+//! * a 300 ms blackout: consecutive resends 5-160 ms apart (backoff from 5 ms), no path lost,
+//!   nothing lost or doubled; the run took ~0.5 s;
+//! * over DPDK af_packet on a veth (`tests/tests/dpdk.rs`, 11 MB each way in messages up to
+//!   1 MiB, debug build on the shared 2-core VM): 1 path, 32 timeouts, all spurious (the peer
+//!   saw 32 duplicates), against 444 with 0.12; 8 paths, 91, about as many duplicates. Such a
+//!   host deschedules a poll core for longer than 5 ms; a dedicated core does not. The floor
+//!   is `[dpdk] rto_min_ms` for hosts that need more.
 //!
-//! * **Spurious timeouts under a continuous flow** (smoltcp 0.12 bug, smoltcp issue #949, fixed
-//!   upstream by PR #1018 in 0.13, which needs Rust 1.91): an ACK that does not acknowledge
-//!   everything in flight leaves a running retransmission timer alone instead of restarting it
-//!   (RFC 6298 §5.3), so one path that always has unacknowledged data times out every RTO and
-//!   resends its window although nothing was lost. Measured over DPDK (`tests/tests/dpdk.rs`,
-//!   one path, 11 MB each way in messages up to 1 MiB): 444 segments resent, all of them seen
-//!   by the peer as duplicates (`dpdk_tcp_rto_retransmits`, `dpdk_tcp_rx_duplicates`); with 8
-//!   paths the same traffic saw none. Correctness is unaffected (TCP drops the duplicates);
-//!   bandwidth is. Carrying the fix means a patched smoltcp (`[patch.crates-io]`) or 0.13+.
+//! 0.13 fixed the spurious timeouts of 0.12 under a continuous flow (an ACK that did not
+//! acknowledge everything in flight did not restart the timer, smoltcp issue #949, PR #1018)
+//! and aligned backoff to RFC 6298 (PR #1023); 0.14 reworked fast retransmit and CUBIC.
 //!
 //! # Missing
 //!
@@ -116,6 +142,20 @@ use std::time::Duration;
 /// The RDS/TCP port.
 pub const RDS_PORT: u16 = 16385;
 
+/// Default per-path receive and send buffer: a whole 1 MiB RDS message (plus its header) in
+/// flight, with room to spare so the window does not close while the app drains it.
+pub const DEFAULT_BUF: usize = 1024 * 1024 + 256 * 1024;
+
+/// TCP timestamp clock (RFC 7323 wants 1 ms to 1 s per tick): milliseconds since the first
+/// call in this process. A plain `fn`, as smoltcp's generator type requires.
+fn tsval() -> u32 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u32
+}
+
 /// How a [`UtcpLink`] is set up.
 #[derive(Clone, Debug)]
 pub struct UtcpConfig {
@@ -143,6 +183,14 @@ pub struct UtcpConfig {
     pub linger: Duration,
     /// Seed for smoltcp's initial sequence numbers and our ephemeral ports.
     pub seed: u64,
+    /// Retransmission timeout before the first RTT sample (SYNs, a fresh path's first data).
+    pub rto_initial: Duration,
+    /// Floor of the computed retransmission timeout.
+    pub rto_min: Duration,
+    /// Ceiling of the retransmission timeout and of its exponential backoff.
+    pub rto_max: Duration,
+    /// TCP timestamps (RFC 7323) on the paths we open and accept.
+    pub timestamps: bool,
 }
 
 impl UtcpConfig {
@@ -154,8 +202,8 @@ impl UtcpConfig {
             gateway: None,
             port: RDS_PORT,
             listeners: 8,
-            rx_buf: 256 * 1024,
-            tx_buf: 256 * 1024,
+            rx_buf: DEFAULT_BUF,
+            tx_buf: DEFAULT_BUF,
             ack_delay: None,
             keep_alive: Some(Duration::from_secs(1)),
             idle_timeout: Some(Duration::from_secs(10)),
@@ -164,6 +212,10 @@ impl UtcpConfig {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(1, |d| d.as_nanos() as u64)
                 ^ u64::from(addr.to_bits()),
+            rto_initial: Duration::from_millis(100),
+            rto_min: Duration::from_millis(5),
+            rto_max: Duration::from_secs(1),
+            timestamps: true,
         }
     }
 }
@@ -292,6 +344,15 @@ impl<D: Device + Flush> UtcpLink<D> {
             .collect()
     }
 
+    /// The retransmission timeout a path's socket would use now (RTT estimate and bounds).
+    pub fn retransmission_timeout(&self, p: &UtcpPath) -> Duration {
+        let rto = self
+            .sockets
+            .get::<tcp::Socket>(p.handle)
+            .retransmission_timeout();
+        Duration::from_micros(rto.total_micros())
+    }
+
     fn new_socket(&mut self) -> tcp::Socket<'static> {
         if let Some(s) = self.spare.pop() {
             return s;
@@ -302,10 +363,13 @@ impl<D: Device + Flush> UtcpLink<D> {
         );
         s.set_nagle_enabled(false);
         s.set_ack_delay(self.cfg.ack_delay.map(sdur));
-        // No timestamps: smoltcp 0.12 sizes full segments without the 12-byte option, so they
-        // exceed the MTU and the interface drops them (the stream stalls at the first full
-        // segment). See the module doc.
-        s.set_tsval_generator(None);
+        s.set_tsval_generator(self.cfg.timestamps.then_some(tsval as fn() -> u32));
+        // RFC 6298's 1 s floor is for the Internet; see the module doc.
+        s.set_rto_bounds(
+            sdur(self.cfg.rto_initial),
+            sdur(self.cfg.rto_min),
+            sdur(self.cfg.rto_max),
+        );
         s.set_keep_alive(self.cfg.keep_alive.map(sdur));
         s.set_timeout(self.cfg.idle_timeout.map(sdur));
         s

@@ -1,0 +1,161 @@
+//! The exactly-once suite (`suite/mod.rs`) over the userspace-TCP link on a real DPDK device
+//! instead of the in-memory wire: two `net_memif` ports in this process (one memif server,
+//! one client, joined by a socket file), each under a `UtcpLink<DpdkDevice>`, so the frames
+//! go through DPDK's memif driver, mbufs and bursts. Plus path cuts (every socket of one side
+//! aborted). No fault injection here (memif loses nothing); loss, duplication and reordering
+//! are `userspace_tcp.rs`'s, on the in-memory wire.
+//!
+//! One test in its own binary: EAL starts once per process. Needs root (EAL) and DPDK's memif
+//! PMD (`librte-net-memif23`, pulled in by `libdpdk-dev`, which
+//! `dataplane/install-build-deps.sh` installs); in CI (`CI` set) their absence fails the test.
+
+mod suite;
+
+use rdsd::transport::dpdk::{open_port, start_eal, DpdkConfig, DpdkDevice, Port, RawDpdk};
+use rdsd::transport::utcp::{AbortSwitch, UtcpConfig, UtcpLink};
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use suite::{run, suite, MakeLink, Run};
+
+fn config(vdev: &str) -> DpdkConfig {
+    let raw: RawDpdk = toml::from_str(&format!(
+        "vdev = \"{vdev}\"\naddr = \"10.93.0.1/24\"\ncheck_kernel_addr = false\n\
+         file_prefix = \"rdsd-utcp-dpdk-{}\"\n",
+        std::process::id()
+    ))
+    .unwrap();
+    DpdkConfig::from_raw(raw).unwrap()
+}
+
+/// Both sides' ports, opened once; a link is made on a port whenever the suite asks.
+struct DpdkLab {
+    ports: HashMap<u32, (u16, *mut dpdk_sys::rte_mempool, [u8; 6], u16)>,
+    switches: HashMap<u32, AbortSwitch>,
+}
+
+impl MakeLink for DpdkLab {
+    type L = UtcpLink<DpdkDevice>;
+    fn make(&mut self, addr: u32) -> UtcpLink<DpdkDevice> {
+        let (id, pool, mac, mtu) = self.ports[&addr];
+        // SAFETY: the port's queue pair 0 is started and its pool lives for the process; the
+        // suite drops a side's link before it makes that side's next one, so one device at a
+        // time uses the queue pair.
+        let dev = unsafe { DpdkDevice::new(id, 0, pool, usize::from(mtu)) };
+        let link = UtcpLink::new(dev, UtcpConfig::new(mac, Ipv4Addr::from(addr), 8));
+        self.switches.insert(addr, link.abort_switch());
+        link
+    }
+    fn cut(&mut self, addr: u32) {
+        if let Some(s) = self.switches.get(&addr) {
+            s.trip();
+        }
+    }
+}
+
+fn prerequisites() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "the suite over DPDK memif needs root (EAL): run tests/run.sh as root"
+    );
+    eprintln!("\n*** not run: the suite over DPDK memif needs root (EAL) ***\n");
+    false
+}
+
+#[test]
+fn utcp_passes_the_exactly_once_suite_over_dpdk_memif() {
+    if !prerequisites() {
+        return;
+    }
+    let sock = std::env::temp_dir().join(format!("rdsd-utcp-memif-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&sock);
+    let vdev = |n: u8, role: &str| {
+        format!(
+            "net_memif{n},role={role},id=0,socket={},socket-abstract=no",
+            sock.display()
+        )
+    };
+    let server = config(&vdev(0, "server"));
+    let client = config(&vdev(1, "client"));
+    let mut eal = server.clone();
+    eal.eal_args.push(format!("--vdev={}", client.vdev));
+    start_eal(&eal).unwrap_or_else(|e| {
+        panic!("EAL with two memif ports: {e:#} (install DPDK's memif PMD: dataplane/install-build-deps.sh)")
+    });
+    let mut ports = HashMap::new();
+    for (addr, cfg) in [(suite::A, &server), (suite::B, &client)] {
+        let p: Port = open_port(cfg).unwrap_or_else(|e| panic!("{}: {e:#}", cfg.port_name));
+        eprintln!(
+            "{}: port {} mtu {} started {}",
+            cfg.port_name, p.id, p.mtu, p.started
+        );
+        ports.insert(addr, (p.id, p.pool, p.mac, p.mtu));
+    }
+    let new_lab = || DpdkLab {
+        ports: ports.clone(),
+        switches: HashMap::new(),
+    };
+    suite(new_lab, "utcp-memif");
+    let o = run(&mut new_lab(), Run::path_cut(), "utcp-memif-cut");
+    assert_eq!(o.gaps, 0, "no gap after a path cut over memif");
+    bursts_of_a_mib(&mut new_lab());
+    let _ = std::fs::remove_file(&sock);
+}
+
+/// One 1 MiB message from A to B over one path, counted in bursts: at most 32 frames per
+/// receive burst, the sender's frames leave in bursts, and the receiver sends about one ACK
+/// per receive burst (per pass), not one per segment.
+fn bursts_of_a_mib(lab: &mut DpdkLab) {
+    use rdsd::protocol::{ConnectPoll, Link, Read, Write};
+    let mut a = lab.make(suite::A);
+    let mut b = lab.make(suite::B);
+    let mut pa = a.connect(suite::A, suite::B, 0).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut pb = loop {
+        a.poll_aux();
+        b.poll_aux();
+        if a.poll_connect(&mut pa) == ConnectPoll::Up {
+            if let Some(acc) = b.accept() {
+                break acc.path;
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "handshake over memif");
+    };
+    let (a0, b0) = (a.device().counters(), b.device().counters());
+    let msg = vec![0xa5u8; 1 << 20];
+    let mut written = 0;
+    let mut got = 0;
+    let mut buf = vec![0u8; 1 << 16];
+    while got < msg.len() {
+        if written < msg.len() {
+            if let Write::Wrote(n) = a.write(&mut pa, &[&msg[written..]]) {
+                written += n;
+            }
+        }
+        a.poll_aux();
+        b.poll_aux();
+        while let Read::Data(d) = b.read(&mut pb, &mut buf) {
+            got += d.len();
+        }
+        assert!(std::time::Instant::now() < deadline, "1 MiB over memif");
+    }
+    let (a1, b1) = (a.device().counters(), b.device().counters());
+    let (a_tx, a_txb) = (a1.tx_packets - a0.tx_packets, a1.tx_bursts - a0.tx_bursts);
+    let (b_rx, b_rxb) = (b1.rx_packets - b0.rx_packets, b1.rx_bursts - b0.rx_bursts);
+    let b_tx = b1.tx_packets - b0.tx_packets;
+    eprintln!(
+        "1 MiB over memif: sender {a_tx} frames in {a_txb} tx bursts ({:.1}/burst); receiver \
+         {b_rx} frames in {b_rxb} rx bursts ({:.1}/burst), {b_tx} frames back (ACKs)",
+        a_tx as f64 / a_txb.max(1) as f64,
+        b_rx as f64 / b_rxb.max(1) as f64,
+    );
+    assert!(b_rx <= 32 * b_rxb, "at most 32 frames per receive burst");
+    assert!(a_tx >= 2 * a_txb, "the sender's frames leave in bursts");
+    assert!(
+        b_tx <= b_rxb + 8,
+        "about one ACK per receive burst: {b_tx} ACK frames for {b_rxb} bursts of {b_rx} frames"
+    );
+}
