@@ -147,7 +147,13 @@ impl Seen {
                 }
             }
             if !gaps_allowed {
-                assert_eq!(got.len() as u64, n, "port {sport}: every message arrives");
+                assert_eq!(
+                    got.len() as u64,
+                    n,
+                    "port {sport}: every message arrives (got {:?} .. {:?})",
+                    &got[..got.len().min(3)],
+                    got.last()
+                );
             } else {
                 assert_eq!(
                     got.last().copied(),
