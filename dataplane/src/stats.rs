@@ -82,6 +82,9 @@ counters! {
     rx_paused,
     /// Paused paths that resumed once the receiver drained.
     rx_resumed,
+    /// Reads of bytes a dying path had received and acknowledged but rdsd had not read yet
+    /// (paused, or past a pass's read budget): kept and delivered, not lost with the socket.
+    rx_drained_at_path_down,
     /// Connections refused because max_apps connections were open (EUSERS).
     attach_refused_max_apps,
     /// Connections refused by the uid's max_apps_per_uid (EDQUOT).

@@ -20,6 +20,11 @@ use suite::{run, suite, MakeLink, Run};
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
+    // RUST_LOG=rdsd=debug shows the link's and the endpoint's events of a failing run.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 

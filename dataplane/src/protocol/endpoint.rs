@@ -261,6 +261,15 @@ impl<L: Link> Endpoint<L> {
                 continue;
             };
             let c = &mut self.conns[i];
+            if c.dead.iter().any(|&d| d) {
+                // A path of this connection died with received bytes still to process: the
+                // peer's new connection would start a new stream before the old one's tail is
+                // delivered (and its engine state reset under it). Refused; the peer retries.
+                tracing::debug!(peer_port, "accept refused: a dead path's bytes wait");
+                Stats::bump(&(self.group)(&self.stats).accepts_refused);
+                self.link.close(path, true);
+                continue;
+            }
             match c.engine.handle_accepted(now, peer_port) {
                 Ok(p) => {
                     Stats::bump(&(self.group)(&self.stats).accepts);
@@ -284,16 +293,38 @@ impl<L: Link> Endpoint<L> {
     /// Closes a path's I/O and tells the engine, unless received bytes must still be processed.
     fn path_down(&mut self, i: usize, path: usize, now: Instant) {
         let c = &mut self.conns[i];
-        if let Some(ps) = c.paths[path].take() {
+        if let Some(mut ps) = c.paths[path].take() {
             if !ps.connecting {
                 let written = c.engine.stream_offset(path);
                 if let Some(acked) = self.link.final_acked(&ps.io, written) {
                     c.engine.handle_acked(path, acked.min(written));
                 }
+                if c.engine.path_state(path) == PathState::Up {
+                    // The transport died (a failed write, a reset), not the protocol: what it
+                    // received and acknowledged but we had not read yet (a paused path, or a
+                    // read budget spent) was confirmed to the peer, which will not resend it.
+                    // Take it before closing, and deliver it from the stash below.
+                    let hold = &mut c.rx[path];
+                    while let Read::Data(d) = self.link.read(&mut ps.io, &mut self.rxbuf) {
+                        if hold.stash_pos == hold.stash.len() {
+                            hold.stash.clear();
+                            hold.stash_pos = 0;
+                        }
+                        hold.stash.extend_from_slice(d);
+                        Stats::bump(&self.stats.rx_drained_at_path_down);
+                    }
+                }
             }
             self.link.close(ps.io, false);
             Stats::bump(&(self.group)(&self.stats).path_down);
         }
+        tracing::debug!(
+            path,
+            state = ?c.engine.path_state(path),
+            stashed = c.rx[path].stash.len() - c.rx[path].stash_pos,
+            held = c.rx[path].held.is_some(),
+            "path down"
+        );
         if c.rx[path].stash_pos < c.rx[path].stash.len()
             && c.engine.path_state(path) == PathState::Up
         {
