@@ -155,6 +155,12 @@ counters! {
     path0_gate_timeouts,
     /// Connections whose receive sequence numbers were restored from the state file.
     rx_state_restored,
+    /// Passes of the poll core over this transport's connections.
+    passes,
+    /// Reads of a path (a `recv` for kernel TCP); only paths the link reports ready are read.
+    path_reads,
+    /// Queries of a path's acknowledged offset (a `SIOCOUTQ` ioctl for kernel TCP).
+    ack_queries,
 }
 }
 
