@@ -30,7 +30,7 @@ const GATHER_FRAMES: usize = 32;
 /// unacknowledged messages and no input asks again after this long, doubling while nothing new
 /// is acknowledged, up to [`ACK_POLL_MAX`]. Input on the path asks at once (a reply usually
 /// carries the ACK), and so does every pass while acknowledgements keep coming (a stream).
-const ACK_POLL_MIN: Duration = Duration::from_micros(50);
+const ACK_POLL_MIN: Duration = Duration::from_micros(100);
 /// The longest wait between two acknowledgement queries of a path with unacknowledged
 /// messages; a parked core wakes within it (`next_timeout`).
 const ACK_POLL_MAX: Duration = Duration::from_millis(1);
