@@ -26,7 +26,7 @@ const READ_BUDGET: usize = 256 * 1024;
 const RXBUF: usize = 64 * 1024;
 /// Frames gathered into one write on a stream link (one `sendmsg` for up to 32 messages).
 const GATHER_FRAMES: usize = 32;
-/// Links whose acknowledgement query is a syscall ([`Link::acks_need_polling`]): a path with
+/// Links whose acknowledgement query is a syscall ([`Link::ack_query_is_syscall`]): a path with
 /// unacknowledged messages and no input asks again after this long, doubling while nothing new
 /// is acknowledged, up to [`ACK_POLL_MAX`]. Input on the path asks at once (a reply usually
 /// carries the ACK), and so does every pass while acknowledgements keep coming (a stream).
@@ -115,6 +115,8 @@ pub struct Endpoint<L: Link> {
     restored: u32,
     /// What passes cost, published with the other counters (`NetStats::passes` ...).
     cost: PassCost,
+    /// This pass wrote on some path (for [`Link::end_pass`]).
+    wrote: bool,
 }
 
 /// Work counted per pass, kept here and published lazily (no atomic per event).
@@ -186,6 +188,7 @@ impl<L: Link> Endpoint<L> {
             persist,
             restored: 0,
             cost: PassCost::default(),
+            wrote: false,
         })
     }
 
@@ -518,6 +521,7 @@ impl<L: Link> Endpoint<L> {
                 Write::Wrote(n) => {
                     debug_assert!(L::FRAMING == Framing::Stream || n == t.bytes);
                     c.engine.advance_transmit(path, n);
+                    self.wrote = true;
                     work += 1;
                     if n < t.bytes {
                         break;
@@ -531,7 +535,7 @@ impl<L: Link> Endpoint<L> {
         if unacked == 0 {
             return Ok(work);
         }
-        let costly = self.link.acks_need_polling();
+        let costly = self.link.ack_query_is_syscall();
         let poll = &mut c.acks[path];
         if costly && !input && now < poll.at {
             return Ok(work);
@@ -735,6 +739,7 @@ impl<L: Link> Transport for Endpoint<L> {
         self.pass = self.pass.wrapping_add(1);
         self.cost.passes += 1;
         self.link.begin_pass();
+        self.wrote = false;
         if self.pass.is_multiple_of(16) || self.conns.is_empty() {
             work += self.accept(up, now);
         }
@@ -742,7 +747,7 @@ impl<L: Link> Transport for Endpoint<L> {
         for i in 0..self.conns.len() {
             work += self.poll_conn(up, i, now);
         }
-        self.link.end_pass();
+        self.link.end_pass(self.wrote);
         work
     }
 

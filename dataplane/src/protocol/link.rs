@@ -116,8 +116,8 @@ pub trait Link: Send {
     /// has one). A stream link may take any prefix.
     fn write(&mut self, p: &mut Self::Path, slices: &[&[u8]]) -> Write;
     /// Bytes of this path's connection the peer has acknowledged, out of `written`. Called
-    /// every pass while messages are unacknowledged, unless [`Link::acks_need_polling`] says
-    /// the query costs a syscall: then after input on the path, and otherwise with backoff.
+    /// every pass while messages are unacknowledged, unless [`Link::ack_query_is_syscall`]:
+    /// then after input on the path, and otherwise with backoff.
     fn acked(&mut self, p: &Self::Path, written: u64) -> Option<u64>;
     /// The last word on acknowledgement before the path is reported down.
     fn final_acked(&mut self, p: &Self::Path, written: u64) -> Option<u64> {
@@ -136,17 +136,23 @@ pub trait Link: Send {
     fn path_ready(&self, _p: &Self::Path) -> bool {
         true
     }
-    /// End of a pass: send what the pass queued on the link, if it batches.
-    fn end_pass(&mut self) {}
+    /// End of a pass (`wrote`: the pass wrote on some path): send what the pass queued on the
+    /// link, if it batches, so that it leaves in the pass that took it.
+    fn end_pass(&mut self, _wrote: bool) {}
     /// Link-level housekeeping once per pass (e.g. reaping doorbell connections).
     fn poll_aux(&mut self) -> usize {
         0
     }
     /// True when acknowledgements arrive without waking `park_fds` (kernel TCP's send queue
-    /// shrinks silently) and asking costs a syscall: the poll core then parks for at most 1 ms
-    /// while messages are unacknowledged, and the endpoint asks only after input on the path
-    /// or with backoff (`ACK_POLL_MIN`..`ACK_POLL_MAX` in the endpoint).
+    /// shrinks silently): the poll core then parks for at most 1 ms while messages are
+    /// unacknowledged.
     fn acks_need_polling(&self) -> bool {
+        false
+    }
+    /// True when [`Link::acked`] costs a syscall (kernel TCP's `SIOCOUTQ`): the endpoint then
+    /// asks after input on the path, every pass while acknowledgements keep coming, and
+    /// otherwise with backoff (`ACK_POLL_MIN`..`ACK_POLL_MAX` in the endpoint).
+    fn ack_query_is_syscall(&self) -> bool {
         false
     }
     /// Descriptors of the link itself (listener) that must wake a parked poll core.

@@ -393,6 +393,10 @@ impl Link for TcpLink {
         true
     }
 
+    fn ack_query_is_syscall(&self) -> bool {
+        true
+    }
+
     fn park_fds(&self, out: &mut Vec<libc::pollfd>) {
         // Readable while an event is queued for any path socket: one descriptor for all.
         out.push(libc::pollfd {
