@@ -433,4 +433,56 @@ mod tests {
         assert_eq!(s.keepalive_retries().unwrap(), 5);
         assert!(s.nodelay().unwrap());
     }
+
+    /// Polls `f` with a pass before each try (up to 5 s).
+    fn after_passes<T>(link: &mut TcpLink, mut f: impl FnMut(&mut TcpLink) -> Option<T>) -> T {
+        let limit = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            link.begin_pass();
+            if let Some(v) = f(link) {
+                return v;
+            }
+            assert!(std::time::Instant::now() < limit, "timed out");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_path_is_ready_only_while_input_waits() {
+        let port = 30000 + (std::process::id() % 20000) as u16;
+        let lo = u32::from(Ipv4Addr::LOCALHOST);
+        let mut link = TcpLink::listen(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)).unwrap();
+        let mut client = link.connect(lo, lo, 0).unwrap();
+        after_passes(&mut link, |l| {
+            (l.path_ready(&client) && l.poll_connect(&mut client) == ConnectPoll::Up).then_some(())
+        });
+        let mut server = after_passes(&mut link, |l| l.accept()).path;
+        let mut buf = [0u8; 64];
+        // Connected, nothing sent: neither side is ready once the events are taken.
+        for _ in 0..3 {
+            link.begin_pass();
+            if link.path_ready(&server) {
+                assert!(matches!(link.read(&mut server, &mut buf), Read::WouldBlock));
+            }
+            if link.path_ready(&client) {
+                assert!(matches!(link.read(&mut client, &mut buf), Read::WouldBlock));
+            }
+        }
+        link.begin_pass();
+        assert!(!link.path_ready(&server) && !link.path_ready(&client));
+        // Input makes the receiving path ready; a short read drains it without an EAGAIN read.
+        assert_eq!(link.write(&mut client, &[b"ping"]), Write::Wrote(4));
+        after_passes(&mut link, |l| l.path_ready(&server).then_some(()));
+        assert!(matches!(
+            link.read(&mut server, &mut buf),
+            Read::Data(b"ping")
+        ));
+        assert!(!link.path_ready(&server));
+        link.begin_pass();
+        assert!(!link.path_ready(&server));
+        // The peer's close is input too.
+        drop(client);
+        after_passes(&mut link, |l| l.path_ready(&server).then_some(()));
+        assert!(matches!(link.read(&mut server, &mut buf), Read::Closed));
+    }
 }
