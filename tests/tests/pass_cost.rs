@@ -3,7 +3,7 @@
 //!
 //! Two rdsd in network namespaces; one socket on each side plays ping-pong (64 B), which uses
 //! one path whatever the path count. Counted per round trip on each daemon: path reads
-//! (`tcp_path_reads`, a `recv` each) and acknowledgement queries (`tcp_ack_queries`, a
+//! (`tcp_path_reads`, a `recv` each), path visits (`tcp_path_visits`) and acknowledgement queries (`tcp_ack_queries`, a
 //! `SIOCOUTQ` ioctl each), and with `strace -c` on the active side's poll thread the
 //! `recvfrom` and `ioctl` calls themselves. Before readiness came from epoll, 8 paths cost a
 //! `recv` per path per pass: at least 16 reads per round trip per daemon.
@@ -18,7 +18,7 @@ const ROUND_TRIPS: u64 = 1000;
 const WARM_UP: u64 = 50;
 
 /// Counters of both daemons, read once the poll cores went idle (they publish before parking).
-fn counters(lab: &Lab) -> [[u64; 3]; 2] {
+fn counters(lab: &Lab) -> [[u64; 4]; 2] {
     std::thread::sleep(Duration::from_millis(300));
     let read = |i: usize| {
         let s = lab.hosts[i].d().attach().stats().expect("stats");
@@ -26,6 +26,7 @@ fn counters(lab: &Lab) -> [[u64; 3]; 2] {
             stat_from(&s, "tcp_passes"),
             stat_from(&s, "tcp_path_reads"),
             stat_from(&s, "tcp_ack_queries"),
+            stat_from(&s, "tcp_path_visits"),
         ]
     };
     [read(0), read(1)]
@@ -68,10 +69,10 @@ fn strace_available() -> bool {
     ok
 }
 
-/// Per round trip and daemon: (passes, path reads, ack queries); plus the active poll
+/// Per round trip and daemon: (passes, path reads, ack queries, path visits); plus the active poll
 /// thread's (recvfrom, ioctl) per round trip when strace is there.
 struct Cost {
-    per_rt: [[f64; 3]; 2],
+    per_rt: [[f64; 4]; 2],
     syscalls: Option<(f64, f64)>,
 }
 
@@ -134,7 +135,9 @@ fn ping_pong(paths: &str) -> Cost {
         // SAFETY: kill(2) on our own child's pid; SIGINT makes strace print its summary.
         unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
         child.wait_with_output().expect("strace ends");
-        let text = std::fs::read_to_string(&out).expect("strace output");
+        let text = std::fs::read_to_string(&out).unwrap_or_else(|e| {
+            panic!("no strace summary ({e}): could strace attach to rdsd-poll-0 (ptrace allowed)?")
+        });
         let _ = std::fs::remove_file(&out);
         let m = strace_counts(&text);
         let per = |k: &str| m.get(k).copied().unwrap_or(0) as f64 / ROUND_TRIPS as f64;
@@ -142,14 +145,14 @@ fn ping_pong(paths: &str) -> Cost {
         (per("recvfrom"), per("ioctl"))
     });
     echo.join().expect("echo side");
-    let mut per_rt = [[0.0; 3]; 2];
+    let mut per_rt = [[0.0; 4]; 2];
     for d in 0..2 {
-        for k in 0..3 {
+        for k in 0..4 {
             per_rt[d][k] = (after[d][k] - before[d][k]) as f64 / ROUND_TRIPS as f64;
         }
     }
     eprintln!(
-        "{paths} paths, per round trip [passes, path reads, ack queries]: active {:?}, passive {:?}; strace (recvfrom, ioctl): {syscalls:?}",
+        "{paths} paths, per round trip [passes, path reads, ack queries, path visits]: active {:?}, passive {:?}; strace (recvfrom, ioctl): {syscalls:?}",
         per_rt[0], per_rt[1]
     );
     Cost { per_rt, syscalls }
@@ -175,6 +178,17 @@ fn an_idle_path_costs_no_syscall() {
         assert!(
             q8 <= 8.0,
             "{side}, 8 paths: {q8} ack queries per round trip"
+        );
+        // A pass visits a path only for work: the read, the write, the ack queries. Visiting
+        // every path every pass would be 8 per pass.
+        let (v1, v8) = (one.per_rt[d][3], eight.per_rt[d][3]);
+        assert!(
+            v1 <= 12.0,
+            "{side}, 1 path: {v1} path visits per round trip"
+        );
+        assert!(
+            v8 <= v1 + 3.0 && v8 <= 12.0,
+            "{side}, 8 paths: {v8} path visits per round trip (1 path: {v1}): idle paths are visited"
         );
     }
     if let (Some((rv1, io1)), Some((rv8, io8))) = (one.syscalls, eight.syscalls) {

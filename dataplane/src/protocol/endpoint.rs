@@ -123,6 +123,7 @@ pub struct Endpoint<L: Link> {
 #[derive(Default)]
 struct PassCost {
     passes: u64,
+    path_visits: u64,
     reads: u64,
     ack_queries: u64,
 }
@@ -348,11 +349,26 @@ impl<L: Link> Endpoint<L> {
             work += 1;
         }
         work += self.drain_events(up, i, now);
+        let costly_acks = self.link.ack_query_is_syscall();
         for path in 0..MAX_PATHS {
             let c = &self.conns[i];
-            if c.paths[path].is_none() && !c.dead[path] && c.rx[path].held.is_none() {
+            let visit = match &c.paths[path] {
+                None => c.dead[path] || c.rx[path].held.is_some(),
+                // Only a path with work: input (or connect progress), a receiver to resume,
+                // frames to send, or acknowledgements worth asking for.
+                Some(ps) => {
+                    c.dead[path]
+                        || c.rx[path].is_paused()
+                        || self.link.path_ready(&ps.io)
+                        || c.engine.has_pending_transmit(path)
+                        || (c.engine.unacked_messages(path) > 0
+                            && (!costly_acks || now >= c.acks[path].at))
+                }
+            };
+            if !visit {
                 continue;
             }
+            self.cost.path_visits += 1;
             match self.poll_path(up, i, path, now) {
                 Ok(n) => work += n,
                 Err(()) => {
@@ -903,6 +919,8 @@ impl<L: Link> Transport for Endpoint<L> {
             counter.store(sum, Ordering::Relaxed);
         }
         n.passes.store(self.cost.passes, Ordering::Relaxed);
+        n.path_visits
+            .store(self.cost.path_visits, Ordering::Relaxed);
         n.path_reads.store(self.cost.reads, Ordering::Relaxed);
         n.ack_queries
             .store(self.cost.ack_queries, Ordering::Relaxed);
