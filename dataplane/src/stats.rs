@@ -158,6 +158,15 @@ counters! {
     path0_gate_timeouts,
     /// Connections whose receive sequence numbers were restored from the state file.
     rx_state_restored,
+    /// Passes of the poll core over this transport's connections.
+    passes,
+    /// Paths a pass visited (one with input, a receiver to resume, frames to send or
+    /// acknowledgements to ask for); an idle path is skipped.
+    path_visits,
+    /// Reads of a path (a `recv` for kernel TCP); only paths the link reports ready are read.
+    path_reads,
+    /// Queries of a path's acknowledged offset (a `SIOCOUTQ` ioctl for kernel TCP).
+    ack_queries,
 }
 }
 

@@ -26,6 +26,14 @@ const READ_BUDGET: usize = 256 * 1024;
 const RXBUF: usize = 64 * 1024;
 /// Frames gathered into one write on a stream link (one `sendmsg` for up to 32 messages).
 const GATHER_FRAMES: usize = 32;
+/// Links whose acknowledgement query is a syscall ([`Link::ack_query_is_syscall`]): a path with
+/// unacknowledged messages and no input asks again after this long, doubling while nothing new
+/// is acknowledged, up to [`ACK_POLL_MAX`]. Input on the path asks at once (a reply usually
+/// carries the ACK), and so does every pass while acknowledgements keep coming (a stream).
+const ACK_POLL_MIN: Duration = Duration::from_micros(100);
+/// The longest wait between two acknowledgement queries of a path with unacknowledged
+/// messages; a parked core wakes within it (`next_timeout`).
+const ACK_POLL_MAX: Duration = Duration::from_millis(1);
 
 /// What an endpoint is configured with.
 #[derive(Clone, Debug)]
@@ -69,6 +77,13 @@ struct PathSlot<P> {
     connecting: bool,
 }
 
+/// When a path's acknowledged offset is next worth a query (links with costly queries).
+#[derive(Clone, Copy, Debug, Default)]
+struct AckPoll {
+    at: Instant,
+    gap: Duration,
+}
+
 struct Conn<L: Link> {
     engine: Connection<L::Payload>,
     paths: [Option<PathSlot<L::Path>>; MAX_PATHS],
@@ -76,6 +91,7 @@ struct Conn<L: Link> {
     /// The transport died while received bytes still wait in `rx`: the engine keeps the path
     /// up (so they can be processed) and hears of the drop once they are.
     dead: [bool; MAX_PATHS],
+    acks: [AckPoll; MAX_PATHS],
     laddr: u32,
     faddr: u32,
     maps_seen: u64,
@@ -97,6 +113,19 @@ pub struct Endpoint<L: Link> {
     group: StatsGroup,
     persist: Option<RxStateFile>,
     restored: u32,
+    /// What passes cost, published with the other counters (`NetStats::passes` ...).
+    cost: PassCost,
+    /// This pass wrote on some path (for [`Link::end_pass`]).
+    wrote: bool,
+}
+
+/// Work counted per pass, kept here and published lazily (no atomic per event).
+#[derive(Default)]
+struct PassCost {
+    passes: u64,
+    path_visits: u64,
+    reads: u64,
+    ack_queries: u64,
 }
 
 fn ip(a: u32) -> Ipv4Addr {
@@ -159,6 +188,8 @@ impl<L: Link> Endpoint<L> {
             group,
             persist,
             restored: 0,
+            cost: PassCost::default(),
+            wrote: false,
         })
     }
 
@@ -230,6 +261,7 @@ impl<L: Link> Endpoint<L> {
             paths: Default::default(),
             rx: Default::default(),
             dead: [false; MAX_PATHS],
+            acks: Default::default(),
             laddr,
             faddr,
             maps_seen: 0,
@@ -348,11 +380,26 @@ impl<L: Link> Endpoint<L> {
             work += 1;
         }
         work += self.drain_events(up, i, now);
+        let costly_acks = self.link.ack_query_is_syscall();
         for path in 0..MAX_PATHS {
             let c = &self.conns[i];
-            if c.paths[path].is_none() && !c.dead[path] && c.rx[path].held.is_none() {
+            let visit = match &c.paths[path] {
+                None => c.dead[path] || c.rx[path].held.is_some(),
+                // Only a path with work: input (or connect progress), a receiver to resume,
+                // frames to send, or acknowledgements worth asking for.
+                Some(ps) => {
+                    c.dead[path]
+                        || c.rx[path].is_paused()
+                        || self.link.path_ready(&ps.io)
+                        || c.engine.has_pending_transmit(path)
+                        || (c.engine.unacked_messages(path) > 0
+                            && (!costly_acks || now >= c.acks[path].at))
+                }
+            };
+            if !visit {
                 continue;
             }
+            self.cost.path_visits += 1;
             match self.poll_path(up, i, path, now) {
                 Ok(n) => work += n,
                 Err(()) => {
@@ -417,7 +464,8 @@ impl<L: Link> Endpoint<L> {
         true
     }
 
-    /// One path's I/O: finish a connect, deliver what waits, read, write, read acknowledgements.
+    /// One path's I/O: finish a connect, deliver what waits, read (if the link says the path
+    /// is ready), write (if the engine has frames), read acknowledgements (when worth it).
     /// `Err` means the path's transport is gone.
     fn poll_path(
         &mut self,
@@ -429,6 +477,9 @@ impl<L: Link> Endpoint<L> {
         let mut work = 0;
         let c = &mut self.conns[i];
         if let Some(ps) = c.paths[path].as_mut().filter(|p| p.connecting) {
+            if !self.link.path_ready(&ps.io) {
+                return Ok(0);
+            }
             return match self.link.poll_connect(&mut ps.io) {
                 ConnectPoll::Pending => Ok(0),
                 ConnectPoll::Failed => Err(()),
@@ -445,7 +496,7 @@ impl<L: Link> Endpoint<L> {
         if c.rx[path].is_paused() {
             if !self.resume(up, i, path, now) {
                 // Still full: read nothing (the peer's window closes), but keep writing.
-                return self.transmit(up, i, path, now);
+                return self.transmit(up, i, path, now, false);
             }
             work += 1;
         }
@@ -454,12 +505,17 @@ impl<L: Link> Endpoint<L> {
             return Ok(work);
         };
         let mut budget = READ_BUDGET;
-        while budget > 0 {
+        let mut input = false;
+        // A path stays ready until a read finds it drained; one left ready by the budget is
+        // read again next pass.
+        while budget > 0 && self.link.path_ready(&ps.io) {
+            self.cost.reads += 1;
             let data = match self.link.read(&mut ps.io, &mut self.rxbuf) {
                 Read::Data(d) => d,
                 Read::WouldBlock => break,
                 Read::Closed => return Err(()),
             };
+            input = true;
             budget = budget.saturating_sub(data.len().max(1));
             work += 1;
             let cx = Ctx::new(now, path, self.persist.as_ref(), &self.stats, self.group);
@@ -477,15 +533,18 @@ impl<L: Link> Endpoint<L> {
                 return Ok(work);
             }
         }
-        Ok(work + self.transmit(up, i, path, now)?)
+        Ok(work + self.transmit(up, i, path, now, input)?)
     }
 
+    /// Writes what the engine has for `path`, then reads its acknowledgements if worth it
+    /// (`input`: the path received bytes this pass, which usually carry an ACK).
     fn transmit(
         &mut self,
         up: &mut dyn Upcalls,
         i: usize,
         path: usize,
         now: Instant,
+        input: bool,
     ) -> Result<usize, ()> {
         let c = &mut self.conns[i];
         let Some(ps) = c.paths[path].as_mut() else {
@@ -509,6 +568,7 @@ impl<L: Link> Endpoint<L> {
                 Write::Wrote(n) => {
                     debug_assert!(L::FRAMING == Framing::Stream || n == t.bytes);
                     c.engine.advance_transmit(path, n);
+                    self.wrote = true;
                     work += 1;
                     if n < t.bytes {
                         break;
@@ -518,10 +578,40 @@ impl<L: Link> Endpoint<L> {
                 Write::Closed => return Err(()),
             }
         }
-        if c.engine.unacked_messages(path) > 0 {
-            let written = c.engine.stream_offset(path);
-            if let Some(acked) = self.link.acked(&ps.io, written) {
-                c.engine.handle_acked(path, acked.min(written));
+        let unacked = c.engine.unacked_messages(path);
+        if unacked == 0 {
+            return Ok(work);
+        }
+        let costly = self.link.ack_query_is_syscall();
+        let poll = &mut c.acks[path];
+        if costly && !input && now < poll.at {
+            return Ok(work);
+        }
+        let written = c.engine.stream_offset(path);
+        self.cost.ack_queries += 1;
+        if let Some(acked) = self.link.acked(&ps.io, written) {
+            c.engine.handle_acked(path, acked.min(written));
+        }
+        if costly {
+            let left = c.engine.unacked_messages(path);
+            if left == 0 {
+                // All acknowledged: what is written next cannot be acknowledged at once.
+                *poll = AckPoll {
+                    at: now + ACK_POLL_MIN,
+                    gap: ACK_POLL_MIN,
+                };
+            } else if left < unacked {
+                // Acknowledgements are flowing (a stream): ask again next pass.
+                *poll = AckPoll {
+                    at: now,
+                    gap: ACK_POLL_MIN,
+                };
+            } else {
+                let gap = poll.gap.clamp(ACK_POLL_MIN, ACK_POLL_MAX);
+                *poll = AckPoll {
+                    at: now + gap,
+                    gap: (gap * 2).min(ACK_POLL_MAX),
+                };
             }
         }
         Ok(work)
@@ -694,6 +784,9 @@ impl<L: Link> Transport for Endpoint<L> {
         let now = self.now();
         let mut work = 0;
         self.pass = self.pass.wrapping_add(1);
+        self.cost.passes += 1;
+        self.link.begin_pass();
+        self.wrote = false;
         if self.pass.is_multiple_of(16) || self.conns.is_empty() {
             work += self.accept(up, now);
         }
@@ -701,6 +794,7 @@ impl<L: Link> Transport for Endpoint<L> {
         for i in 0..self.conns.len() {
             work += self.poll_conn(up, i, now);
         }
+        self.link.end_pass(self.wrote);
         work
     }
 
@@ -855,5 +949,11 @@ impl<L: Link> Transport for Endpoint<L> {
             let sum = self.conns.iter().map(|c| get(c.engine.counters())).sum();
             counter.store(sum, Ordering::Relaxed);
         }
+        n.passes.store(self.cost.passes, Ordering::Relaxed);
+        n.path_visits
+            .store(self.cost.path_visits, Ordering::Relaxed);
+        n.path_reads.store(self.cost.reads, Ordering::Relaxed);
+        n.ack_queries
+            .store(self.cost.ack_queries, Ordering::Relaxed);
     }
 }

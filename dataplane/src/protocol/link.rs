@@ -115,8 +115,9 @@ pub trait Link: Send {
     /// message link, exactly one whole frame: its header slice, then its payload slice if it
     /// has one). A stream link may take any prefix.
     fn write(&mut self, p: &mut Self::Path, slices: &[&[u8]]) -> Write;
-    /// Bytes of this path's connection the peer has acknowledged, out of `written`; cheap
-    /// enough to call every pass while messages are unacknowledged.
+    /// Bytes of this path's connection the peer has acknowledged, out of `written`. Called
+    /// every pass while messages are unacknowledged, unless [`Link::ack_query_is_syscall`]:
+    /// then after input on the path, and otherwise with backoff.
     fn acked(&mut self, p: &Self::Path, written: u64) -> Option<u64>;
     /// The last word on acknowledgement before the path is reported down.
     fn final_acked(&mut self, p: &Self::Path, written: u64) -> Option<u64> {
@@ -124,6 +125,20 @@ pub trait Link: Send {
     }
     /// Closes a path (`reset`: abortively, for refused connections).
     fn close(&mut self, p: Self::Path, reset: bool);
+    /// Start of a pass: learn which paths may have input, once for all of them (kernel TCP:
+    /// one `epoll_wait`). Links without a readiness source keep the default: every path is
+    /// read every pass.
+    fn begin_pass(&mut self) {}
+    /// True when `p` may have input (or connect progress) this pass. While it is true the
+    /// endpoint keeps reading the path (a link clears it when a read finds the socket
+    /// drained); a path that is not ready is not read, though the endpoint still writes on it
+    /// whatever the engine has to send.
+    fn path_ready(&self, _p: &Self::Path) -> bool {
+        true
+    }
+    /// End of a pass (`wrote`: the pass wrote on some path): send what the pass queued on the
+    /// link, if it batches, so that it leaves in the pass that took it.
+    fn end_pass(&mut self, _wrote: bool) {}
     /// Link-level housekeeping once per pass (e.g. reaping doorbell connections).
     fn poll_aux(&mut self) -> usize {
         0
@@ -132,6 +147,12 @@ pub trait Link: Send {
     /// shrinks silently): the poll core then parks for at most 1 ms while messages are
     /// unacknowledged.
     fn acks_need_polling(&self) -> bool {
+        false
+    }
+    /// True when [`Link::acked`] costs a syscall (kernel TCP's `SIOCOUTQ`): the endpoint then
+    /// asks after input on the path, every pass while acknowledgements keep coming, and
+    /// otherwise with backoff (`ACK_POLL_MIN`..`ACK_POLL_MAX` in the endpoint).
+    fn ack_query_is_syscall(&self) -> bool {
         false
     }
     /// Descriptors of the link itself (listener) that must wake a parked poll core.

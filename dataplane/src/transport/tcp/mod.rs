@@ -1,11 +1,13 @@
 //! The kernel-TCP transport: a [`Link`] over kernel sockets under the shared protocol layer.
 //!
 //! One non-blocking `TCP_NODELAY` socket per path, bound to the RDS source address (RDS
-//! addresses are implied by the TCP endpoints); a listener on 16385; `recv(MSG_DONTWAIT)`
-//! polling (no epoll); `sendmsg` of header + payload with partial writes; acknowledgement as
-//! bytes written minus `SIOCOUTQ`, and `TCP_INFO.tcpi_bytes_acked` one last time before a path
-//! is reported down. Only I/O lives here: connections, sequencing and congestion are the
-//! protocol layer's (`crate::protocol`).
+//! addresses are implied by the TCP endpoints); a listener on 16385; readiness from one
+//! edge-triggered `epoll` instance for every path socket, asked once per pass (`begin_pass`),
+//! so that an idle path costs no syscall; `recv(MSG_DONTWAIT)` of a ready path until it is
+//! drained; `sendmsg` of header + payload with partial writes; acknowledgement as bytes written
+//! minus `SIOCOUTQ` (asked by the endpoint after input or with backoff), and
+//! `TCP_INFO.tcpi_bytes_acked` one last time before a path is reported down. Only I/O lives
+//! here: connections, sequencing and congestion are the protocol layer's (`crate::protocol`).
 
 use crate::config::Config;
 use crate::protocol::{
@@ -15,7 +17,7 @@ use crate::seam::MsgBytes;
 use crate::stats::Stats;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +25,8 @@ use std::time::Duration;
 const MAX_IOV: usize = 64;
 /// How long a doorbell connection may stay open.
 const DOORBELL_TTL: Duration = Duration::from_secs(1);
+/// Readiness events taken by one `epoll_wait` (more are taken by a second call).
+const EVENTS: usize = 64;
 
 /// Builds the kernel-TCP transport when the configuration talks to the network.
 pub fn build(cfg: &Config, stats: &Arc<Stats>) -> std::io::Result<Option<Endpoint<TcpLink>>> {
@@ -53,6 +57,11 @@ pub struct TcpLink {
     /// core would be an `accept4` syscall every few passes, even with no TCP traffic at all.
     accepted: crate::transport::handoff::Handoff<Accepted<TcpPath>>,
     doorbells: Vec<(Socket, std::time::Instant)>,
+    /// Every path socket, edge-triggered (input, output, hang-up), keyed by descriptor.
+    epoll: OwnedFd,
+    /// Per descriptor: an event arrived and no read has found the socket drained since.
+    ready: Vec<bool>,
+    events: Vec<libc::epoll_event>,
 }
 
 /// Options of every data socket, as the kernel's rds_tcp sets them (spec §6.1): no Nagle, and
@@ -167,11 +176,53 @@ impl TcpLink {
                     push(a);
                 }
             })?;
+        // SAFETY: epoll_create1 takes no pointers; a non-negative result is a new descriptor
+        // that nothing else owns.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `ep` was just created and is owned by nobody else.
+        let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
         Ok(TcpLink {
             port: addr.port(),
             accepted,
             doorbells: Vec::new(),
+            epoll,
+            ready: Vec::new(),
+            events: vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS],
         })
+    }
+
+    /// Watches a new path socket. Edge-triggered: an event is queued on each arrival of data,
+    /// connect completion, freed send space, hang-up or error; adding a socket that is already
+    /// readable queues one at once. Closing the socket removes it (it is never duplicated).
+    fn watch(&mut self, sock: &Socket) -> std::io::Result<()> {
+        let fd = sock.as_raw_fd();
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: `ev` is a valid epoll_event for the call; both descriptors are open.
+        let r =
+            unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let i = fd as usize;
+        if self.ready.len() <= i {
+            self.ready.resize(i + 1, false);
+        }
+        // A stale mark of an earlier socket with this descriptor would cost one read at most;
+        // the kernel reports what this one has already.
+        self.ready[i] = false;
+        Ok(())
+    }
+
+    fn set_ready(&mut self, fd: RawFd, ready: bool) {
+        if let Some(r) = self.ready.get_mut(fd as usize) {
+            *r = ready;
+        }
     }
 }
 
@@ -185,17 +236,27 @@ impl Link for TcpLink {
     }
 
     fn accept(&mut self) -> Option<Accepted<TcpPath>> {
-        self.accepted.pop()
+        loop {
+            let a = self.accepted.pop()?;
+            match self.watch(&a.path.sock) {
+                Ok(()) => return Some(a),
+                Err(e) => tracing::warn!(error = %e, "cannot watch an accepted path; dropped"),
+            }
+        }
     }
 
     fn connect(&mut self, laddr: u32, faddr: u32, _path: usize) -> std::io::Result<TcpPath> {
-        connect_nonblocking(laddr, faddr, self.port).map(|sock| TcpPath { sock })
+        let sock = connect_nonblocking(laddr, faddr, self.port)?;
+        self.watch(&sock)?;
+        Ok(TcpPath { sock })
     }
 
     fn poll_connect(&mut self, p: &mut TcpPath) -> ConnectPoll {
-        let rev =
-            shm_api::sys::poll_one(p.sock.as_raw_fd(), libc::POLLOUT, 0).unwrap_or(libc::POLLERR);
+        let fd = p.sock.as_raw_fd();
+        let rev = shm_api::sys::poll_one(fd, libc::POLLOUT, 0).unwrap_or(libc::POLLERR);
         if rev == 0 {
+            // Not yet: the completion queues an event.
+            self.set_ready(fd, false);
             return ConnectPoll::Pending;
         }
         match p.sock.take_error() {
@@ -211,11 +272,43 @@ impl Link for TcpLink {
         }
     }
 
+    fn begin_pass(&mut self) {
+        loop {
+            // SAFETY: `events` holds EVENTS entries the kernel may fill; timeout 0 never blocks.
+            let n = unsafe {
+                libc::epoll_wait(
+                    self.epoll.as_raw_fd(),
+                    self.events.as_mut_ptr(),
+                    EVENTS as libc::c_int,
+                    0,
+                )
+            };
+            if n <= 0 {
+                return;
+            }
+            for i in 0..n as usize {
+                let fd = self.events[i].u64 as RawFd;
+                self.set_ready(fd, true);
+            }
+            if (n as usize) < EVENTS {
+                return;
+            }
+        }
+    }
+
+    fn path_ready(&self, p: &TcpPath) -> bool {
+        self.ready
+            .get(p.sock.as_raw_fd() as usize)
+            .copied()
+            .unwrap_or(true)
+    }
+
     fn read<'a>(&'a mut self, p: &mut TcpPath, buf: &'a mut [u8]) -> Read<'a> {
+        let fd = p.sock.as_raw_fd();
         // SAFETY: recv writes at most buf.len() bytes into our own buffer.
         let n = unsafe {
             libc::recv(
-                p.sock.as_raw_fd(),
+                fd,
                 buf.as_mut_ptr() as *mut _,
                 buf.len(),
                 libc::MSG_DONTWAIT,
@@ -223,8 +316,18 @@ impl Link for TcpLink {
         };
         match n {
             0 => Read::Closed,
-            n if n > 0 => Read::Data(&buf[..n as usize]),
-            _ if errno_is_transient() => Read::WouldBlock,
+            n if n > 0 => {
+                if (n as usize) < buf.len() {
+                    // A short read emptied the receive queue (backlog included); whatever
+                    // arrives from now on queues a new edge, so no EAGAIN read is needed.
+                    self.set_ready(fd, false);
+                }
+                Read::Data(&buf[..n as usize])
+            }
+            _ if errno_is_transient() => {
+                self.set_ready(fd, false);
+                Read::WouldBlock
+            }
             _ => Read::Closed,
         }
     }
@@ -290,7 +393,17 @@ impl Link for TcpLink {
         true
     }
 
+    fn ack_query_is_syscall(&self) -> bool {
+        true
+    }
+
     fn park_fds(&self, out: &mut Vec<libc::pollfd>) {
+        // Readable while an event is queued for any path socket: one descriptor for all.
+        out.push(libc::pollfd {
+            fd: self.epoll.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
         out.push(libc::pollfd {
             fd: self.accepted.fd(),
             events: libc::POLLIN,
@@ -304,18 +417,6 @@ impl Link for TcpLink {
                 revents: 0,
             });
         }
-    }
-
-    fn park_fd(&self, p: &TcpPath, connecting: bool, out: &mut Vec<libc::pollfd>) {
-        out.push(libc::pollfd {
-            fd: p.sock.as_raw_fd(),
-            events: if connecting {
-                libc::POLLOUT
-            } else {
-                libc::POLLIN
-            },
-            revents: 0,
-        });
     }
 }
 
@@ -331,5 +432,57 @@ mod tests {
         assert_eq!(s.keepalive_interval().unwrap(), Duration::from_secs(5));
         assert_eq!(s.keepalive_retries().unwrap(), 5);
         assert!(s.nodelay().unwrap());
+    }
+
+    /// Polls `f` with a pass before each try (up to 5 s).
+    fn after_passes<T>(link: &mut TcpLink, mut f: impl FnMut(&mut TcpLink) -> Option<T>) -> T {
+        let limit = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            link.begin_pass();
+            if let Some(v) = f(link) {
+                return v;
+            }
+            assert!(std::time::Instant::now() < limit, "timed out");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_path_is_ready_only_while_input_waits() {
+        let port = 30000 + (std::process::id() % 20000) as u16;
+        let lo = u32::from(Ipv4Addr::LOCALHOST);
+        let mut link = TcpLink::listen(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)).unwrap();
+        let mut client = link.connect(lo, lo, 0).unwrap();
+        after_passes(&mut link, |l| {
+            (l.path_ready(&client) && l.poll_connect(&mut client) == ConnectPoll::Up).then_some(())
+        });
+        let mut server = after_passes(&mut link, |l| l.accept()).path;
+        let mut buf = [0u8; 64];
+        // Connected, nothing sent: neither side is ready once the events are taken.
+        for _ in 0..3 {
+            link.begin_pass();
+            if link.path_ready(&server) {
+                assert!(matches!(link.read(&mut server, &mut buf), Read::WouldBlock));
+            }
+            if link.path_ready(&client) {
+                assert!(matches!(link.read(&mut client, &mut buf), Read::WouldBlock));
+            }
+        }
+        link.begin_pass();
+        assert!(!link.path_ready(&server) && !link.path_ready(&client));
+        // Input makes the receiving path ready; a short read drains it without an EAGAIN read.
+        assert_eq!(link.write(&mut client, &[b"ping"]), Write::Wrote(4));
+        after_passes(&mut link, |l| l.path_ready(&server).then_some(()));
+        assert!(matches!(
+            link.read(&mut server, &mut buf),
+            Read::Data(b"ping")
+        ));
+        assert!(!link.path_ready(&server));
+        link.begin_pass();
+        assert!(!link.path_ready(&server));
+        // The peer's close is input too.
+        drop(client);
+        after_passes(&mut link, |l| l.path_ready(&server).then_some(()));
+        assert!(matches!(link.read(&mut server, &mut buf), Read::Closed));
     }
 }

@@ -653,4 +653,13 @@ impl<D: Device + Flush + Send> Link for UtcpLink<D> {
     fn acks_need_polling(&self) -> bool {
         true
     }
+
+    fn end_pass(&mut self, wrote: bool) {
+        if wrote {
+            // What the pass wrote leaves now, not at the next pass's `poll_aux`.
+            self.iface
+                .poll_egress(now(), &mut self.device, &mut self.sockets);
+            self.device.flush();
+        }
+    }
 }

@@ -1,0 +1,205 @@
+//! What a round trip costs the poll core on the kernel-TCP transport, counted, never timed:
+//! an idle path must cost nothing, so 8 paths cost what 1 path costs.
+//!
+//! Two rdsd in network namespaces; one socket on each side plays ping-pong (64 B), which uses
+//! one path whatever the path count. Counted per round trip on each daemon: path reads
+//! (`tcp_path_reads`, a `recv` each), path visits (`tcp_path_visits`) and acknowledgement queries (`tcp_ack_queries`, a
+//! `SIOCOUTQ` ioctl each), and with `strace -c` on the active side's poll thread the
+//! `recvfrom` and `ioctl` calls themselves. Before readiness came from epoll, 8 paths cost a
+//! `recv` per path per pass: at least 16 reads per round trip per daemon.
+
+use rdsd_tests::netns::Lab;
+use rdsd_tests::*;
+use std::net::SocketAddrV4;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const ROUND_TRIPS: u64 = 1000;
+const WARM_UP: u64 = 50;
+
+/// Counters of both daemons, read once the poll cores went idle (they publish before parking).
+fn counters(lab: &Lab) -> [[u64; 4]; 2] {
+    std::thread::sleep(Duration::from_millis(300));
+    let read = |i: usize| {
+        let s = lab.hosts[i].d().attach().stats().expect("stats");
+        [
+            stat_from(&s, "tcp_passes"),
+            stat_from(&s, "tcp_path_reads"),
+            stat_from(&s, "tcp_ack_queries"),
+            stat_from(&s, "tcp_path_visits"),
+        ]
+    };
+    [read(0), read(1)]
+}
+
+/// The thread id of rdsd's poll thread (`rdsd-poll-0`).
+fn poll_thread(pid: u32) -> u32 {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("rdsd's tasks");
+    tasks
+        .filter_map(Result::ok)
+        .find(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "rdsd-poll-0")
+        })
+        .and_then(|t| t.file_name().to_str()?.parse().ok())
+        .expect("rdsd-poll-0 thread")
+}
+
+/// `strace -c` output: syscall name → calls.
+fn strace_counts(text: &str) -> std::collections::HashMap<String, u64> {
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // % time, seconds, usecs/call, calls, [errors,] syscall
+            let name = *f.last()?;
+            let calls: u64 = f.get(3)?.parse().ok()?;
+            (name != "total" && name != "syscall").then(|| (name.to_string(), calls))
+        })
+        .collect()
+}
+
+fn strace_available() -> bool {
+    let ok = Command::new("strace")
+        .arg("-V")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok && std::env::var_os("CI").is_some() {
+        panic!("strace is missing: apt-get install strace (tests/run.sh installs it)");
+    }
+    ok
+}
+
+/// Per round trip and daemon: (passes, path reads, ack queries, path visits); plus the active poll
+/// thread's (recvfrom, ioctl) per round trip when strace is there.
+struct Cost {
+    per_rt: [[f64; 4]; 2],
+    syscalls: Option<(f64, f64)>,
+}
+
+fn ping_pong(paths: &str) -> Cost {
+    let lab = Lab::new(2, 2, &["--paths", paths]);
+    let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
+    let (a0, a1): (SocketAddrV4, SocketAddrV4) =
+        (h0.at(7300).parse().unwrap(), h1.at(7300).parse().unwrap());
+    let r0 = h0.d().attach();
+    let r1 = h1.d().attach();
+    let s0 = r0.socket().unwrap();
+    let s1 = r1.socket().unwrap();
+    s0.bind(a0).unwrap();
+    s1.bind(a1).unwrap();
+    for s in [&s0, &s1] {
+        s.set_recv_timeout(Some(Duration::from_secs(10))).unwrap();
+    }
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        for _ in 0..WARM_UP + ROUND_TRIPS {
+            let (n, from) = s1.recv_from(&mut buf).expect("request");
+            s1.send_to(&buf[..n], from).expect("reply");
+        }
+        (r1, s1)
+    });
+    let mut buf = [0u8; 64];
+    let mut rt = |seq: u64| {
+        s0.send_to(&seq_payload(seq, 64), a1).expect("request");
+        let (n, _) = s0.recv_from(&mut buf).expect("reply");
+        assert_eq!(
+            payload_seq(&buf[..n]),
+            seq,
+            "replies in order, exactly once"
+        );
+    };
+    for seq in 0..WARM_UP {
+        rt(seq);
+    }
+    let want: u64 = paths.parse().unwrap();
+    assert_eq!(h0.d().stat("tcp_path_up"), want, "{want} paths up");
+    let strace = strace_available().then(|| {
+        let out =
+            std::env::temp_dir().join(format!("pass-cost-{}-{paths}.txt", std::process::id()));
+        let child = Command::new("strace")
+            .args(["-c", "-o"])
+            .arg(&out)
+            .args(["-p", &poll_thread(h0.d().pid()).to_string()])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("strace");
+        std::thread::sleep(Duration::from_millis(500));
+        (child, out)
+    });
+    let before = counters(&lab);
+    for seq in WARM_UP..WARM_UP + ROUND_TRIPS {
+        rt(seq);
+    }
+    let after = counters(&lab);
+    let syscalls = strace.map(|(child, out)| {
+        // SAFETY: kill(2) on our own child's pid; SIGINT makes strace print its summary.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        child.wait_with_output().expect("strace ends");
+        let text = std::fs::read_to_string(&out).unwrap_or_else(|e| {
+            panic!("no strace summary ({e}): could strace attach to rdsd-poll-0 (ptrace allowed)?")
+        });
+        let _ = std::fs::remove_file(&out);
+        let m = strace_counts(&text);
+        let per = |k: &str| m.get(k).copied().unwrap_or(0) as f64 / ROUND_TRIPS as f64;
+        eprintln!("{paths} paths, active poll thread:\n{text}");
+        (per("recvfrom"), per("ioctl"))
+    });
+    echo.join().expect("echo side");
+    let mut per_rt = [[0.0; 4]; 2];
+    for d in 0..2 {
+        for k in 0..4 {
+            per_rt[d][k] = (after[d][k] - before[d][k]) as f64 / ROUND_TRIPS as f64;
+        }
+    }
+    eprintln!(
+        "{paths} paths, per round trip [passes, path reads, ack queries, path visits]: active {:?}, passive {:?}; strace (recvfrom, ioctl): {syscalls:?}",
+        per_rt[0], per_rt[1]
+    );
+    Cost { per_rt, syscalls }
+}
+
+#[test]
+fn an_idle_path_costs_no_syscall() {
+    let one = ping_pong("1");
+    let eight = ping_pong("8");
+    for (d, side) in ["active", "passive"].iter().enumerate() {
+        let (r1, r8) = (one.per_rt[d][1], eight.per_rt[d][1]);
+        let (q1, q8) = (one.per_rt[d][2], eight.per_rt[d][2]);
+        // One message in per round trip: read once (a short read empties the socket), more
+        // when a message arrives in two segments or an event only says the send queue emptied.
+        assert!(r1 <= 3.0, "{side}, 1 path: {r1} path reads per round trip");
+        assert!(
+            r8 <= r1 + 1.0 && r8 <= 3.0,
+            "{side}, 8 paths: {r8} path reads per round trip (1 path: {r1}): an idle path is read again"
+        );
+        // One query after each input; the backoff adds about log2(RTT / 100 µs) more while a
+        // reply is late. Queried every pass, it would be one per pass.
+        assert!(q1 <= 8.0, "{side}, 1 path: {q1} ack queries per round trip");
+        assert!(
+            q8 <= 8.0,
+            "{side}, 8 paths: {q8} ack queries per round trip"
+        );
+        // A pass visits a path only for work: the read, the write, the ack queries. Visiting
+        // every path every pass would be 8 per pass.
+        let (v1, v8) = (one.per_rt[d][3], eight.per_rt[d][3]);
+        assert!(
+            v1 <= 12.0,
+            "{side}, 1 path: {v1} path visits per round trip"
+        );
+        assert!(
+            v8 <= v1 + 3.0 && v8 <= 12.0,
+            "{side}, 8 paths: {v8} path visits per round trip (1 path: {v1}): idle paths are visited"
+        );
+    }
+    if let (Some((rv1, io1)), Some((rv8, io8))) = (one.syscalls, eight.syscalls) {
+        assert!(rv1 <= 3.0, "1 path: {rv1} recvfrom per round trip");
+        assert!(
+            rv8 <= rv1 + 1.0 && rv8 <= 3.0,
+            "8 paths: {rv8} recvfrom per round trip (1 path: {rv1})"
+        );
+        assert!(
+            io1 <= 8.0 && io8 <= 8.0,
+            "ioctl per round trip: {io1}, {io8}"
+        );
+    }
+}
