@@ -232,6 +232,9 @@ pub trait Flush {
 #[derive(Debug)]
 pub struct UtcpPath {
     handle: SocketHandle,
+    /// Established and reported so (`poll_connect` said Up, or accepted): from then on the
+    /// path is ready only with input, instead of every pass for connect progress.
+    up: bool,
 }
 
 /// A shared switch that makes the link abort every path at its next pass (a link cut, or an
@@ -518,7 +521,10 @@ impl<D: Device + Flush + Send> Link for UtcpLink<D> {
         self.live.push(h);
         tracing::debug!(peer = %remote.addr, port = remote.port, "utcp: accepted");
         Some(Accepted {
-            path: UtcpPath { handle: h },
+            path: UtcpPath {
+                handle: h,
+                up: true,
+            },
             laddr: v4(local.addr),
             faddr: v4(remote.addr),
             peer_port: remote.port,
@@ -542,12 +548,18 @@ impl<D: Device + Flush + Send> Link for UtcpLink<D> {
         self.iface
             .poll_egress(now(), &mut self.device, &mut self.sockets);
         self.device.flush();
-        Ok(UtcpPath { handle: h })
+        Ok(UtcpPath {
+            handle: h,
+            up: false,
+        })
     }
 
     fn poll_connect(&mut self, p: &mut UtcpPath) -> ConnectPoll {
         match self.sock(p.handle).state() {
-            tcp::State::Established => ConnectPoll::Up,
+            tcp::State::Established => {
+                p.up = true;
+                ConnectPoll::Up
+            }
             tcp::State::SynSent | tcp::State::SynReceived => ConnectPoll::Pending,
             _ => ConnectPoll::Failed,
         }
@@ -652,6 +664,14 @@ impl<D: Device + Flush + Send> Link for UtcpLink<D> {
 
     fn acks_need_polling(&self) -> bool {
         true
+    }
+
+    /// Memory reads only (the interface's ingress ran in `poll_aux`): a connecting path, bytes
+    /// to read, or a socket that can receive no more (its close is input). An idle
+    /// established path is not visited.
+    fn path_ready(&self, p: &UtcpPath) -> bool {
+        let s = self.sockets.get::<tcp::Socket>(p.handle);
+        !p.up || s.can_recv() || !s.may_recv()
     }
 
     fn end_pass(&mut self, wrote: bool) {
