@@ -211,6 +211,82 @@ fn utcp_survives_path_cuts() {
     }
 }
 
+/// A cut while the receiver is full: B's paused path reads nothing, so it does not notice
+/// that its socket was aborted. A reconnects that path and sends on the new connection, and
+/// B's TCP acknowledges those bytes before B's endpoint accepts it. B used to refuse the
+/// connection (its path looked busy) with a reset; A took the acknowledged bytes as delivered
+/// and released their messages: lost. Deterministic: while B's receiver stays full, every
+/// reconnect of A was refused, and B's endpoint accepts within 16 passes of a connection being established.
+#[test]
+fn utcp_reconnect_while_the_receiver_is_full_loses_nothing() {
+    let _serial = serial();
+    use rdsd::seam::{MsgBytes, OutMsg, SendOutcome, Transport};
+    use suite::{endpoint, payload, Seen, Table, A, B};
+    let mut lab = Lab::new(Faults::default(), 8, Cut::Abort);
+    let mut ea = endpoint(lab.make(A), A, 1, None);
+    let mut eb = endpoint(lab.make(B), B, 1, None);
+    let (mut ta, mut tb) = (Table::new(1 << 20), Table::new(2));
+    let mut seen = Seen::default();
+    let sport = 1000;
+    let send = |ea: &mut rdsd::protocol::Endpoint<UtcpLink<Port>>, ta: &mut Table, seq: u64| {
+        let p = payload(sport, seq, 100);
+        let m = OutMsg {
+            laddr: A,
+            faddr: B,
+            sport,
+            dport: 7000,
+            payload: MsgBytes::from_slice(&p),
+            token: 1,
+            in_place: None,
+        };
+        assert_eq!(ea.send(ta, m), SendOutcome::Queued);
+    };
+    let a_idle = |ea: &rdsd::protocol::Endpoint<UtcpLink<Port>>| {
+        ea.connection(A, B)
+            .is_some_and(|c| c.unacked_messages(0) == 0 && c.queued_messages(0) == 0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // B's receiver takes 2 and holds the rest; B's TCP acknowledges all of it.
+    for seq in 0..10 {
+        send(&mut ea, &mut ta, seq);
+    }
+    while tb.full_answers == 0 || !a_idle(&ea) {
+        ea.poll(&mut ta);
+        eb.poll(&mut tb);
+        assert!(Instant::now() < deadline, "B full, A acknowledged");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    // The cut, and more messages while B's receiver stays full.
+    lab.cut(B);
+    for seq in 10..20 {
+        send(&mut ea, &mut ta, seq);
+    }
+    for _ in 0..5 {
+        ea.poll(&mut ta);
+        eb.poll(&mut tb);
+    }
+    while !a_idle(&ea) {
+        ea.poll(&mut ta);
+        eb.poll(&mut tb);
+        assert!(Instant::now() < deadline, "A's messages acknowledged");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    // A's new connection is up and its bytes are acknowledged; B's endpoint accepts it
+    // within 16 passes.
+    for _ in 0..64 {
+        ea.poll(&mut ta);
+        eb.poll(&mut tb);
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    // Now the receiver drains: every message arrives, once, in order.
+    let sent = HashMap::from([(sport, 20u64)]);
+    while seen.per_sport.get(&sport).map_or(0, Vec::len) < 20 && Instant::now() < deadline {
+        suite::pump(&mut ea, &mut eb, &mut ta, &mut tb, &mut seen, 64);
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    seen.check(&sent, false);
+}
+
 /// The wire goes dark for 300 ms mid-stream: smoltcp backs off and resends, the paths stay
 /// up, nothing is lost or doubled.
 #[test]

@@ -12,7 +12,7 @@ use crate::config::Prefix;
 use crate::seam::{Delivered, Incoming, MsgBytes, OutMsg, SendOutcome, Transport, Upcalls};
 use crate::stats::{NetStats, Stats};
 use rds_proto::wire::MAX_PATHS;
-use rds_proto::{Connection, Event, Instant, PathState};
+use rds_proto::{AcceptError, Connection, Event, Instant, PathState};
 use rustc_hash::FxHashMap;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -22,6 +22,8 @@ use std::time::Duration;
 
 /// Bytes read from one path per pass (fairness between paths).
 const READ_BUDGET: usize = 256 * 1024;
+/// Accepted connections that may wait for their path at once (beyond: refused).
+const MAX_PARKED: usize = 64;
 /// Size of the shared receive buffer of stream links.
 const RXBUF: usize = 64 * 1024;
 /// Frames gathered into one write on a stream link (one `sendmsg` for up to 32 messages).
@@ -117,6 +119,11 @@ pub struct Endpoint<L: Link> {
     cost: PassCost,
     /// This pass wrote on some path (for [`Link::end_pass`]).
     wrote: bool,
+    /// Accepted connections waiting for their path: the old connection of that path still has
+    /// received bytes to process. Never reset instead: the peer's TCP may already have had
+    /// bytes of the new connection acknowledged, and RDS/TCP takes a TCP acknowledgement as
+    /// delivery.
+    parked: Vec<Accepted<L::Path>>,
 }
 
 /// Work counted per pass, kept here and published lazily (no atomic per event).
@@ -190,6 +197,7 @@ impl<L: Link> Endpoint<L> {
             restored: 0,
             cost: PassCost::default(),
             wrote: false,
+            parked: Vec::new(),
         })
     }
 
@@ -274,52 +282,87 @@ impl<L: Link> Endpoint<L> {
 
     fn accept(&mut self, up: &mut dyn Upcalls, now: Instant) -> usize {
         let mut n = 0;
-        while let Some(Accepted {
-            path,
-            laddr,
-            faddr,
-            peer_port,
-        }) = self.link.accept()
-        {
-            n += 1;
+        // Parked connections first, in the order they came.
+        let mut parked = std::mem::take(&mut self.parked).into_iter();
+        loop {
+            let (accepted, waited) = match parked.next() {
+                Some(a) => (a, true),
+                None => match self.link.accept() {
+                    Some(a) => {
+                        n += 1;
+                        (a, false)
+                    }
+                    None => break,
+                },
+            };
+            let (laddr, faddr, peer_port) = (accepted.laddr, accepted.faddr, accepted.peer_port);
             if self.is_local(faddr) || !self.is_local(laddr) {
                 // Local traffic uses loopback (spec §6.2); refuse.
                 Stats::bump(&self.net().accepts_refused);
-                self.link.close(path, true);
+                self.link.close(accepted.path, true);
                 continue;
             }
             let Some(i) = self.conn_for(laddr, faddr) else {
-                self.link.close(path, true);
+                self.link.close(accepted.path, true);
                 continue;
             };
-            let c = &mut self.conns[i];
-            if c.dead.iter().any(|&d| d) {
+            if self.conns[i].dead.iter().any(|&d| d) {
                 // A path of this connection died with received bytes still to process: the
                 // peer's new connection would start a new stream before the old one's tail is
-                // delivered (and its engine state reset under it). Refused; the peer retries.
-                tracing::debug!(peer_port, "accept refused: a dead path's bytes wait");
-                Stats::bump(&(self.group)(&self.stats).accepts_refused);
-                self.link.close(path, true);
+                // delivered (and its engine state reset under it). It waits.
+                self.park(accepted, waited);
                 continue;
             }
-            match c.engine.handle_accepted(now, peer_port) {
+            let mut r = self.conns[i].engine.handle_accepted(now, peer_port);
+            if let Err(AcceptError::PathBusy(p)) = r {
+                // The peer opened a new connection for path `p` (SPORT_IDX): it gave the old
+                // one up, which we have not noticed yet (a paused path reads nothing, and a
+                // reset only shows when the socket is read or written). Take the old one down
+                // now; if it still holds bytes to process, the new one waits for them.
+                let c = &self.conns[i];
+                if c.paths[p].as_ref().is_some_and(|s| !s.connecting) {
+                    self.path_down(i, p, now);
+                }
+                if self.conns[i].dead[p] {
+                    self.park(accepted, waited);
+                    continue;
+                }
+                r = self.conns[i].engine.handle_accepted(now, peer_port);
+            }
+            let c = &mut self.conns[i];
+            match r {
                 Ok(p) => {
                     Stats::bump(&(self.group)(&self.stats).accepts);
                     c.paths[p] = Some(PathSlot {
-                        io: path,
+                        io: accepted.path,
                         connecting: false,
                     });
                     c.dead[p] = false;
                 }
+                Err(AcceptError::PathBusy(_)) => self.park(accepted, waited),
                 Err(_) => {
                     // Reset, as the kernel does for the side that must connect.
                     Stats::bump(&(self.group)(&self.stats).accepts_refused);
-                    self.link.close(path, true);
+                    self.link.close(accepted.path, true);
                 }
             }
             self.drain_events(up, i, now);
         }
         n
+    }
+
+    /// Keeps an accepted connection until its path is free (see `parked`); refuses it when too
+    /// many wait.
+    fn park(&mut self, accepted: Accepted<L::Path>, waited: bool) {
+        if self.parked.len() >= MAX_PARKED {
+            Stats::bump(&self.net().accepts_refused);
+            self.link.close(accepted.path, true);
+            return;
+        }
+        if !waited {
+            tracing::debug!(peer_port = accepted.peer_port, "accept waits for its path");
+        }
+        self.parked.push(accepted);
     }
 
     /// Closes a path's I/O and tells the engine, unless received bytes must still be processed.
@@ -787,7 +830,7 @@ impl<L: Link> Transport for Endpoint<L> {
         self.cost.passes += 1;
         self.link.begin_pass();
         self.wrote = false;
-        if self.pass.is_multiple_of(16) || self.conns.is_empty() {
+        if self.pass.is_multiple_of(16) || self.conns.is_empty() || !self.parked.is_empty() {
             work += self.accept(up, now);
         }
         work += self.link.poll_aux();

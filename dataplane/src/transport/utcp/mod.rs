@@ -23,6 +23,12 @@
 //!   paths in accept order, and with an arbitrary order a path cut lost messages in the suite
 //!   (a reconnected path's retransmissions were judged against another path's sequence
 //!   numbers). A SYN lost or reordered on the wire can still swap paths (as with kernel TCP).
+//! * smoltcp acknowledges what a listening socket receives before the endpoint accepts it,
+//!   and the sender releases messages on that acknowledgement. So the endpoint never resets
+//!   an accepted path it cannot map yet; it parks it (`Endpoint::accept`). After a cut the
+//!   receiver's paused path (full receiver) had not noticed its reset, the peer's new
+//!   connection for that path looked busy and was reset with acknowledged messages on it:
+//!   they were lost (`utcp_reconnect_while_the_receiver_is_full_loses_nothing`).
 //! * `read` is `recv_slice`; `Closed` once the socket is closed, reset or timed out and its
 //!   receive buffer is drained. `write` is `send_slice` of each slice in order, as much as
 //!   fits. `acked` is bytes written minus `send_queue()` (smoltcp's unacknowledged plus unsent
