@@ -61,6 +61,9 @@ pub struct TcpLink {
     epoll: OwnedFd,
     /// Per descriptor: an event arrived and no read has found the socket drained since.
     ready: Vec<bool>,
+    /// Path sockets in the epoll set (watched, not yet closed): with none, a pass makes no
+    /// `epoll_wait` (an rdsd whose traffic all goes over DPDK pays no syscall for kernel TCP).
+    watched: usize,
     events: Vec<libc::epoll_event>,
 }
 
@@ -190,6 +193,7 @@ impl TcpLink {
             doorbells: Vec::new(),
             epoll,
             ready: Vec::new(),
+            watched: 0,
             events: vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS],
         })
     }
@@ -216,6 +220,7 @@ impl TcpLink {
         // A stale mark of an earlier socket with this descriptor would cost one read at most;
         // the kernel reports what this one has already.
         self.ready[i] = false;
+        self.watched += 1;
         Ok(())
     }
 
@@ -273,6 +278,9 @@ impl Link for TcpLink {
     }
 
     fn begin_pass(&mut self) {
+        if self.watched == 0 {
+            return;
+        }
         loop {
             // SAFETY: `events` holds EVENTS entries the kernel may fill; timeout 0 never blocks.
             let n = unsafe {
@@ -371,6 +379,8 @@ impl Link for TcpLink {
     }
 
     fn close(&mut self, p: TcpPath, reset: bool) {
+        // Dropping the socket (below) takes it out of the epoll set.
+        self.watched = self.watched.saturating_sub(1);
         if reset {
             let _ = p.sock.set_linger(Some(Duration::ZERO));
         }
