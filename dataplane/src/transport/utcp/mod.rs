@@ -238,6 +238,9 @@ pub trait Flush {
 #[derive(Debug)]
 pub struct UtcpPath {
     handle: SocketHandle,
+    /// Established and reported so (`poll_connect` said Up, or accepted): from then on the
+    /// path is ready only with input, instead of every pass for connect progress.
+    up: bool,
 }
 
 /// A shared switch that makes the link abort every path at its next pass (a link cut, or an
@@ -262,8 +265,6 @@ pub struct UtcpLink<D: Device> {
     listeners: Vec<(SocketHandle, u64)>,
     /// `poll_aux` passes so far.
     passes: u64,
-    /// When smoltcp's egress last ran (see `poll_iface`).
-    last_egress: SInstant,
     /// Live path sockets (connected, connecting or accepted), for a cut.
     live: Vec<SocketHandle>,
     /// Closed sockets whose FIN or RST may still have to go out.
@@ -274,10 +275,6 @@ pub struct UtcpLink<D: Device> {
     next_port: u16,
     abort: AbortSwitch,
 }
-
-/// With no input and nothing written, smoltcp's egress runs this often for its timers
-/// (retransmission, keep-alive, closing): far below the smallest RTO (5 ms).
-const TIMER_EGRESS: SDuration = SDuration::from_micros(50);
 
 fn now() -> SInstant {
     SInstant::now()
@@ -308,7 +305,6 @@ impl<D: Device + Flush> UtcpLink<D> {
             sockets: SocketSet::new(Vec::with_capacity(64)),
             listeners: Vec::with_capacity(cfg.listeners),
             passes: 0,
-            last_egress: SInstant::from_micros(0),
             live: Vec::with_capacity(64),
             closing: Vec::with_capacity(16),
             doorbells: Vec::new(),
@@ -482,44 +478,11 @@ impl<D: Device + Flush> UtcpLink<D> {
         }
     }
 
-    /// Runs the interface once: frames in, then frames out if there is reason to. smoltcp's
-    /// egress walks every socket (each path's and each listener's `dispatch`), which was the
-    /// largest part of a pass with 8 paths; it runs after input (ACKs, replies), after a pass
-    /// that wrote (`end_pass`), and otherwise every [`TIMER_EGRESS`] for smoltcp's timers.
-    fn poll_iface(&mut self, force_egress: bool) -> bool {
-        use smoltcp::iface::PollIngressSingleResult as In;
-        let t = now();
-        self.iface.poll_maintenance(t);
-        let (mut input, mut changed) = (false, false);
-        loop {
-            match self
-                .iface
-                .poll_ingress_single(t, &mut self.device, &mut self.sockets)
-            {
-                In::None => break,
-                In::PacketProcessed => input = true,
-                In::SocketStateChanged => (input, changed) = (true, true),
-            }
-        }
-        if input || force_egress || t >= self.last_egress + TIMER_EGRESS {
-            changed |= self.egress(t);
-        }
+    /// Runs the interface once: frames in, timers, frames out.
+    fn poll_iface(&mut self) -> bool {
+        let r = self.iface.poll(now(), &mut self.device, &mut self.sockets);
         self.device.flush();
-        changed
-    }
-
-    /// smoltcp's egress until it has nothing more to send.
-    fn egress(&mut self, t: SInstant) -> bool {
-        self.last_egress = t;
-        let mut changed = false;
-        while self
-            .iface
-            .poll_egress(t, &mut self.device, &mut self.sockets)
-            == smoltcp::iface::PollResult::SocketStateChanged
-        {
-            changed = true;
-        }
-        changed
+        r == smoltcp::iface::PollResult::SocketStateChanged
     }
 }
 
@@ -564,7 +527,10 @@ impl<D: Device + Flush + Send> Link for UtcpLink<D> {
         self.live.push(h);
         tracing::debug!(peer = %remote.addr, port = remote.port, "utcp: accepted");
         Some(Accepted {
-            path: UtcpPath { handle: h },
+            path: UtcpPath {
+                handle: h,
+                up: true,
+            },
             laddr: v4(local.addr),
             faddr: v4(remote.addr),
             peer_port: remote.port,
@@ -588,12 +554,18 @@ impl<D: Device + Flush + Send> Link for UtcpLink<D> {
         self.iface
             .poll_egress(now(), &mut self.device, &mut self.sockets);
         self.device.flush();
-        Ok(UtcpPath { handle: h })
+        Ok(UtcpPath {
+            handle: h,
+            up: false,
+        })
     }
 
     fn poll_connect(&mut self, p: &mut UtcpPath) -> ConnectPoll {
         match self.sock(p.handle).state() {
-            tcp::State::Established => ConnectPoll::Up,
+            tcp::State::Established => {
+                p.up = true;
+                ConnectPoll::Up
+            }
             tcp::State::SynSent | tcp::State::SynReceived => ConnectPoll::Pending,
             _ => ConnectPoll::Failed,
         }
@@ -656,14 +628,13 @@ impl<D: Device + Flush + Send> Link for UtcpLink<D> {
     }
 
     fn poll_aux(&mut self) -> usize {
-        let aborting = self.abort.0.swap(false, Ordering::Relaxed);
-        if aborting {
+        if self.abort.0.swap(false, Ordering::Relaxed) {
             for k in 0..self.live.len() {
                 let h = self.live[k];
                 self.sock(h).abort();
             }
         }
-        let changed = self.poll_iface(aborting);
+        let changed = self.poll_iface();
         self.passes += 1;
         let mut k = 0;
         while k < self.listeners.len() {
@@ -701,10 +672,19 @@ impl<D: Device + Flush + Send> Link for UtcpLink<D> {
         true
     }
 
+    /// Memory reads only (the interface's ingress ran in `poll_aux`): a connecting path, bytes
+    /// to read, or a socket that can receive no more (its close is input). An idle
+    /// established path is not visited.
+    fn path_ready(&self, p: &UtcpPath) -> bool {
+        let s = self.sockets.get::<tcp::Socket>(p.handle);
+        !p.up || s.can_recv() || !s.may_recv()
+    }
+
     fn end_pass(&mut self, wrote: bool) {
         if wrote {
             // What the pass wrote leaves now, not at the next pass's `poll_aux`.
-            self.egress(now());
+            self.iface
+                .poll_egress(now(), &mut self.device, &mut self.sockets);
             self.device.flush();
         }
     }
