@@ -9,6 +9,8 @@
 //! when an app thread announced it sleeps, and readiness-fd updates for sockets whose app asked
 //! for a pollable fd (see `readiness`).
 
+#[cfg(any(test, fuzzing))]
+pub mod fuzzing;
 pub mod idle;
 mod inplace;
 #[cfg(test)]
