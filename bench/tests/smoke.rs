@@ -25,10 +25,14 @@ fn run(args: &[&str]) -> String {
 #[test]
 fn every_subcommand_runs() {
     let rdsd = Path::new(env!("CARGO_BIN_EXE_rds-bench")).with_file_name("rdsd");
-    if !rdsd.exists() {
-        eprintln!("skipping: {} is not built", rdsd.display());
-        return;
-    }
+    rdsd_tests::require!(
+        if rdsd.exists() {
+            Ok(())
+        } else {
+            Err(format!("{} is not built", rdsd.display()))
+        },
+        "cargo build --workspace --bins (tests/run.sh does it)"
+    );
     // Nothing pinned: tests share the machine.
     let out = run(&[
         "rtt",

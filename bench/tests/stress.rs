@@ -401,11 +401,7 @@ fn missing_rdsd_is_a_clear_error() {
 #[test]
 fn between_two_network_namespaces() {
     need_rdsd();
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipping: network namespaces need root (the test command runs as root)");
-        return;
-    }
+    rdsd_tests::require!(rdsd_tests::root(), rdsd_tests::AS_ROOT);
     let bin = Path::new(exe()).parent().unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("netns-bench.sh");
     let o = Command::new("bash")

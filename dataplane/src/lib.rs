@@ -8,11 +8,13 @@
 //! * `transport`: loopback and kernel TCP, and the registry that builds them from the config.
 //! * `shm`: creating and sealing shared regions.
 //! * `config`, `stats`: configuration and counters.
+//! * `fault`: test-only fault hooks (the `fault-injection` feature; inert without it).
 //!
 //! The RDS protocol engine itself is the sans-IO crate `rds-proto` (dataplane/proto).
 
 pub mod config;
 pub mod control;
+pub mod fault;
 pub mod poll;
 pub mod protocol;
 pub mod seam;

@@ -13,7 +13,8 @@ use std::path::Path;
 /// A locked file of exactly `len` bytes, mapped shared.
 pub struct LockedMap {
     pub map: MmapMut,
-    _file: File,
+    /// Holds the lock; `None` for an anonymous map (fuzzing and tests only).
+    _file: Option<File>,
     /// The file was created or had the wrong size (it is all zeros now).
     pub fresh: bool,
 }
@@ -50,8 +51,23 @@ impl LockedMap {
         let map = unsafe { MmapMut::map_mut(&file)? };
         Ok(LockedMap {
             map,
-            _file: file,
+            _file: Some(file),
             fresh,
+        })
+    }
+
+    /// An anonymous map of `len` bytes starting with `bytes` (the rest zero), as if a file
+    /// with that content had been opened: the parsers' view of a hostile state file, without
+    /// touching the file system (fuzz targets and tests).
+    #[cfg(any(test, fuzzing))]
+    pub fn from_bytes(bytes: &[u8], len: usize) -> io::Result<LockedMap> {
+        let mut map = MmapMut::map_anon(len)?;
+        let n = bytes.len().min(len);
+        map[..n].copy_from_slice(&bytes[..n]);
+        Ok(LockedMap {
+            map,
+            _file: None,
+            fresh: false,
         })
     }
 }

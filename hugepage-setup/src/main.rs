@@ -1294,10 +1294,15 @@ mod cli_tests {
     #[test]
     fn real_reserve_show_restore_as_root() {
         let nr = Path::new("/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages");
-        if !is_root() || !nr.exists() {
-            eprintln!("skipped: needs root and 2 MiB huge pages");
-            return;
-        }
+        rdsd_tests::require!(rdsd_tests::root(), rdsd_tests::AS_ROOT);
+        rdsd_tests::require!(
+            if nr.exists() {
+                Ok(())
+            } else {
+                Err("no 2 MiB huge pages in this kernel")
+            },
+            "a kernel with CONFIG_HUGETLBFS and 2 MiB pages"
+        );
         let prev = read_nr(nr);
         struct Restore<'a>(&'a Path, u64);
         impl Drop for Restore<'_> {
@@ -1312,8 +1317,10 @@ mod cli_tests {
         let (r, out) = run_to_string(&cli, &ctx(&cli));
         if let Err(e) = &r {
             if e.to_string().contains("the kernel granted") {
-                eprintln!("skipped: the kernel could not find 4 more pages: {e:#}");
-                return;
+                rdsd_tests::require!(
+                    Err::<(), _>(format!("the kernel could not find 4 more pages: {e:#}")),
+                    "free memory for 4 more 2 MiB pages (echo 3 > /proc/sys/vm/drop_caches)"
+                );
             }
         }
         r.unwrap();

@@ -37,6 +37,54 @@ pub fn rdsd_bin() -> PathBuf {
     workspace_bin("rdsd")
 }
 
+/// rdsd built with its `fault-injection` feature (the test-only `RDSD_TEST_*` hooks of
+/// `dataplane/src/fault.rs`), for the tests that stall the poll core or error RDMA QPs.
+///
+/// It is built into its own target directory, `target/fault-injection/`, by `cargo build
+/// --features fault-injection` (once per test process; a no-op when up to date), never by a
+/// dependency of this crate: a workspace member that enabled the feature would, through
+/// feature unification, put the hooks into the ordinary `rdsd` that `cargo build --workspace`
+/// ships.
+pub fn rdsd_fault_bin() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let profile_dir = bin_dir();
+            let profile = profile_dir.file_name().expect("profile").to_owned();
+            let target_dir = profile_dir
+                .parent()
+                .expect("target dir")
+                .join("fault-injection");
+            let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dataplane/Cargo.toml");
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let mut cmd = Command::new(cargo);
+            cmd.args([
+                "build",
+                "-q",
+                "--bin",
+                "rdsd",
+                "--features",
+                "fault-injection",
+            ])
+            .arg("--manifest-path")
+            .arg(&manifest)
+            .arg("--target-dir")
+            .arg(&target_dir);
+            if profile == "release" {
+                cmd.arg("--release");
+            }
+            let status = cmd.status().expect("run cargo");
+            assert!(
+                status.success(),
+                "cargo build --features fault-injection failed ({status})"
+            );
+            let bin = target_dir.join(profile).join("rdsd");
+            assert!(bin.exists(), "{} missing after the build", bin.display());
+            bin
+        })
+        .clone()
+}
+
 /// Path of the test app binary.
 pub fn testapp_bin() -> PathBuf {
     workspace_bin("rds-testapp")
@@ -51,6 +99,7 @@ pub struct Daemon {
     extra: Vec<String>,
     env: Vec<(String, String)>,
     netns: Option<String>,
+    bin: PathBuf,
 }
 
 impl Daemon {
@@ -64,12 +113,27 @@ impl Daemon {
         Daemon::start_full(netns, &[], extra)
     }
 
-    /// Starts rdsd with extra environment variables (e.g. test-only hooks) and `extra` flags.
+    /// Starts rdsd with extra environment variables and `extra` flags.
     pub fn start_env(env: &[(&str, &str)], extra: &[&str]) -> Daemon {
         Daemon::start_full(None, env, extra)
     }
 
+    /// Starts the fault-injection build of rdsd ([`rdsd_fault_bin`]) with `hooks`, its
+    /// `RDSD_TEST_*` variables, and `extra` flags.
+    pub fn start_with_faults(hooks: &[(&str, &str)], extra: &[&str]) -> Daemon {
+        Daemon::start_bin(rdsd_fault_bin(), None, hooks, extra)
+    }
+
     fn start_full(netns: Option<&str>, env: &[(&str, &str)], extra: &[&str]) -> Daemon {
+        Daemon::start_bin(rdsd_bin(), netns, env, extra)
+    }
+
+    fn start_bin(
+        bin: PathBuf,
+        netns: Option<&str>,
+        env: &[(&str, &str)],
+        extra: &[&str],
+    ) -> Daemon {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let socket =
             std::env::temp_dir().join(format!("rdsd-test-{}-{n}.sock", std::process::id()));
@@ -82,6 +146,7 @@ impl Daemon {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             netns: netns.map(str::to_string),
+            bin,
         };
         d.spawn();
         d
@@ -93,10 +158,10 @@ impl Daemon {
             // `ip netns exec` execs rdsd itself, so the child pid is rdsd's.
             Some(ns) => {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns]).arg(rdsd_bin());
+                c.args(["netns", "exec", ns]).arg(&self.bin);
                 c
             }
-            None => Command::new(rdsd_bin()),
+            None => Command::new(&self.bin),
         };
         cmd.arg("--control-socket").arg(&self.socket);
         // Tests share two cores: never pin, and let the poll core park when idle.
@@ -356,3 +421,150 @@ pub fn config_file(toml: &str) -> PathBuf {
 pub mod netns;
 pub mod raw;
 pub mod vmlab;
+
+/// True when the tests run in CI (`CI` set to anything but empty, `0` or `false`).
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
+}
+
+/// What to do about a missing prerequisite (see [`skip_or_fail`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Missing {
+    /// In CI: fail the test with this message (it names the install step).
+    Fail(String),
+    /// Elsewhere: report the skip with this message and return.
+    Skip(String),
+}
+
+/// The decision, apart from its effects (unit-tested below).
+pub fn missing(in_ci: bool, test: &str, why: &str, install: &str) -> Missing {
+    if in_ci {
+        Missing::Fail(format!(
+            "{test}: prerequisite missing in CI: {why}; install step: {install}"
+        ))
+    } else {
+        Missing::Skip(format!(
+            "SKIPPED {test}: {why} (NOT TESTED; to run it: {install})"
+        ))
+    }
+}
+
+/// File where skips are counted (one line each) for the summary `tests/run.sh` prints.
+pub fn skips_file() -> PathBuf {
+    bin_dir()
+        .parent()
+        .map_or_else(std::env::temp_dir, Path::to_path_buf)
+        .join("rdsd-test-skips.txt")
+}
+
+/// A test cannot run here because `why`; `install` is the step that provides what is missing.
+/// In CI ([`in_ci`]) the test fails with both; elsewhere the skip is printed loudly and added
+/// to [`skips_file`] (which `tests/run.sh` counts and prints at the end), and the caller must
+/// return at once: a skip never reads as a pass. Use it through [`require!`].
+pub fn skip_or_fail(why: &str, install: &str) {
+    let current = std::thread::current();
+    let test = current.name().unwrap_or("test");
+    match missing(in_ci(), test, why, install) {
+        Missing::Fail(msg) => panic!("{msg}"),
+        Missing::Skip(msg) => {
+            eprintln!("\n*** {msg} ***\n");
+            use std::io::Write;
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(skips_file())
+            {
+                let _ = writeln!(f, "{msg}");
+            }
+        }
+    }
+}
+
+/// `require!(check, install)`: `check` is a `Result<_, impl Display>`; on `Err(why)` the
+/// prerequisite is missing ([`skip_or_fail`]) and the enclosing function returns
+/// `Default::default()` (a test returns `()`, a lab builder `None`).
+#[macro_export]
+macro_rules! require {
+    ($check:expr, $install:expr $(,)?) => {
+        if let Err(why) = $check {
+            $crate::skip_or_fail(&why.to_string(), $install);
+            return Default::default();
+        }
+    };
+}
+
+/// `Ok` as root, else why not (for [`require!`]).
+pub fn root() -> Result<(), &'static str> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        Ok(())
+    } else {
+        Err("needs root")
+    }
+}
+
+/// Install step for tests that need root: the suite runs as root in CI.
+pub const AS_ROOT: &str = "run the suite as root: sudo -E bash tests/run.sh";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_prerequisite_fails_in_ci_and_is_a_reported_skip_elsewhere() {
+        let ci = missing(
+            true,
+            "t1",
+            "qemu missing",
+            "apt-get install qemu-system-x86",
+        );
+        assert_eq!(
+            ci,
+            Missing::Fail(
+                "t1: prerequisite missing in CI: qemu missing; install step: apt-get install \
+                 qemu-system-x86"
+                    .into()
+            )
+        );
+        match missing(
+            false,
+            "t1",
+            "qemu missing",
+            "apt-get install qemu-system-x86",
+        ) {
+            Missing::Skip(m) => {
+                assert!(m.starts_with("SKIPPED t1: qemu missing"), "{m}");
+                assert!(m.contains("apt-get install qemu-system-x86"), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn guarded(check: Result<(), &str>, ran: &mut bool) -> Option<u32> {
+        require!(check, "the install step");
+        *ran = true;
+        Some(1)
+    }
+
+    #[test]
+    fn require_returns_early_and_counts_the_skip_outside_ci() {
+        if in_ci() {
+            // The CI branch panics by design; `missing` covers its message above.
+            let r = std::panic::catch_unwind(|| guarded(Err("absent"), &mut false));
+            assert!(r.is_err(), "a missing prerequisite fails in CI");
+            return;
+        }
+        let file = skips_file();
+        let before = std::fs::read_to_string(&file).unwrap_or_default();
+        let mut ran = false;
+        assert_eq!(guarded(Err("absent"), &mut ran), None);
+        assert!(!ran, "the body after require! does not run");
+        let after = std::fs::read_to_string(&file).unwrap_or_default();
+        assert!(after.len() > before.len(), "the skip is counted");
+        assert!(after.contains("absent"), "{after}");
+        // Not a real skip: keep it out of the suite's summary.
+        let _ = std::fs::write(&file, before);
+        assert_eq!(guarded(Ok(()), &mut ran), Some(1));
+        assert!(ran);
+    }
+}

@@ -439,7 +439,11 @@ pub struct VmLab {
     tap_offload: bool,
 }
 
-/// Why the lab could not start qemu at all (the only reason a VM test may skip).
+/// The install step for what the VM lab needs (qemu, busybox, the kernel package's tools).
+pub const INSTALL: &str = "apt-get install qemu-system-x86 busybox-static kmod libc6-dev linux-libc-dev (tests/run.sh does it), and run as root";
+
+/// Why the lab could not start qemu at all (the only reason a VM test may skip; see
+/// `crate::skip_or_fail`).
 #[derive(Debug)]
 pub struct QemuUnavailable(pub String);
 
@@ -926,8 +930,8 @@ fn raise_fd_limit() {
     }
 }
 
-/// The shared lab, booted on first use; `None` (after printing why) only when qemu cannot
-/// start at all. Torn down at process exit. Each caller holds it exclusively until the guard
+/// The shared lab, booted on first use; `None` (after `crate::skip_or_fail`: a failure in CI,
+/// a counted skip elsewhere) only when qemu cannot start at all. Torn down at process exit. Each caller holds it exclusively until the guard
 /// drops; a previous test's leftover guest jobs are killed first.
 pub fn shared_lab() -> Option<LabGuard> {
     let mut g = SHARED.lock().unwrap_or_else(|e| e.into_inner());
@@ -938,7 +942,9 @@ pub fn shared_lab() -> Option<LabGuard> {
         *g = Some(VmLab::new(&[]).map_err(|e| e.0));
     }
     if let Some(Err(why)) = &*g {
-        eprintln!("SKIPPED: the VM lab cannot start qemu: {why}");
+        let why = format!("the VM lab cannot start qemu: {why}");
+        drop(g);
+        crate::skip_or_fail(&why, INSTALL);
         return None;
     }
     let mut lab = LabGuard(g);

@@ -3,8 +3,8 @@
 //! address: the DPDK port owns it), EAL with `--no-huge` and a unique `--file-prefix` per
 //! process. Every exchange checks exactly-once, in-order delivery and every payload byte.
 //!
-//! Needs root (namespaces, packet sockets). If EAL cannot start at all on this machine the
-//! tests say so loudly and return; every other failure fails.
+//! Needs root (namespaces, packet sockets) and DPDK's EAL. Without them a test fails in CI
+//! and is a counted skip elsewhere (`rdsd_tests::require!`); every other failure fails.
 
 use rdsd_tests::netns::VethPair;
 use rdsd_tests::*;
@@ -56,14 +56,17 @@ fn kernel_daemon_with(pair: &VethPair, i: usize, paths: u8, extra: &[&str]) -> D
     Daemon::start_in(Some(&pair.ns[i]), &args)
 }
 
-/// True when EAL starts here (checked once, with rdsd on a net_null port in a namespace of its
-/// own); otherwise prints why, loudly.
-fn eal_works() -> bool {
-    static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| {
+/// How to get what these tests need.
+const DPDK_INSTALL: &str =
+    "run as root with DPDK 22.11 installed: sudo -E bash tests/run.sh (dataplane/install-build-deps.sh)";
+
+/// `Ok` when EAL starts here (checked once, with rdsd on a net_null port in a namespace of its
+/// own); otherwise why not.
+fn eal_works() -> Result<(), String> {
+    static OK: OnceLock<Result<(), String>> = OnceLock::new();
+    OK.get_or_init(|| {
         if !netns::is_root() {
-            eprintln!("\n*** SKIPPED: the DPDK tests need root (namespaces, packet sockets) ***\n");
-            return false;
+            return Err("the DPDK tests need root (namespaces, packet sockets)".into());
         }
         let ns = format!("dpchk{}", std::process::id());
         let _ = std::process::Command::new("ip")
@@ -99,16 +102,18 @@ fn eal_works() -> bool {
         let _ = std::process::Command::new("ip")
             .args(["netns", "del", &ns])
             .status();
-        if !ok {
-            let err = std::fs::read_to_string(&out).unwrap_or_default();
-            eprintln!(
-                "\n*** SKIPPED: DPDK's EAL cannot start on this machine; rdsd said:\n{err}\n***\n"
-            );
-        }
+        let err = std::fs::read_to_string(&out).unwrap_or_default();
         let _ = std::fs::remove_file(&out);
         let _ = std::fs::remove_file(&sock);
-        ok
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "DPDK's EAL cannot start on this machine; rdsd said:\n{err}"
+            ))
+        }
     })
+    .clone()
 }
 
 /// The payload of message `seq` with `len` bytes: the sequence number, then a pattern that
@@ -216,9 +221,7 @@ fn exchange(da: &Daemon, a: Ipv4Addr, db: &Daemon, b: Ipv4Addr, port: u16) -> Du
 }
 
 fn dpdk_pair_exchange(paths: u8) {
-    if !eal_works() {
-        return;
-    }
+    require!(eal_works(), DPDK_INSTALL);
     let pair = VethPair::new();
     let d0 = dpdk_daemon(&pair, 0, paths);
     let d1 = dpdk_daemon(&pair, 1, paths);
@@ -268,9 +271,7 @@ fn dpdk_to_dpdk_eight_paths_both_ways_up_to_1mib() {
 /// rdsd on DPDK against rdsd on kernel TCP; `dpdk_host` picks which host (0 has the smaller
 /// address and connects) runs DPDK.
 fn interop(dpdk_host: usize) {
-    if !eal_works() {
-        return;
-    }
+    require!(eal_works(), DPDK_INSTALL);
     let pair = VethPair::new();
     let k = 1 - dpdk_host;
     pair.no_tx_offload(k);
@@ -304,9 +305,7 @@ fn kernel_tcp_rdsd_connects_to_dpdk() {
 /// no duplicate, no reordering, at most one gap (ARCHITECTURE.md, "Restart policy": a killed
 /// receiver loses what was in its rings, a killed sender what it had not yet had acknowledged).
 fn restart_mid_stream(victim: usize) {
-    if !eal_works() {
-        return;
-    }
+    require!(eal_works(), DPDK_INSTALL);
     let pair = VethPair::new();
     let mut d = [dpdk_daemon(&pair, 0, 8), dpdk_daemon(&pair, 1, 8)];
     let a0 = SocketAddrV4::new(pair.addr(0), 9201).to_string();
@@ -379,9 +378,7 @@ fn rdsd_fails(ns: &str, cfg: &std::path::Path) -> String {
 
 #[test]
 fn dpdk_address_on_a_kernel_interface_is_refused_and_bad_eal_args_are_named() {
-    if !eal_works() {
-        return;
-    }
+    require!(eal_works(), DPDK_INSTALL);
     let pair = VethPair::new();
     // The port's address is also the kernel's.
     pair.kernel_addr(0);
@@ -439,9 +436,7 @@ fn memif_daemon_with(
 
 #[test]
 fn memif_between_two_rdsd_both_ways_up_to_1mib() {
-    if !eal_works() {
-        return;
-    }
+    require!(eal_works(), DPDK_INSTALL);
     // The namespaces only keep the addresses away from the host's kernel; the frames go
     // through memif's shared memory, not the veth.
     let pair = VethPair::new();
@@ -469,9 +464,7 @@ fn memif_between_two_rdsd_both_ways_up_to_1mib() {
 #[test]
 #[ignore = "measurement, not a check: run on a release build (see the doc comment)"]
 fn rtt_dpdk_vs_kernel_tcp() {
-    if !eal_works() {
-        return;
-    }
+    require!(eal_works(), DPDK_INSTALL);
     let count: u64 = std::env::var("RTT_COUNT").map_or(20_000, |v| v.parse().unwrap());
     let idle = std::env::var("RTT_IDLE").unwrap_or_else(|_| "backoff".into());
     let extra = ["--idle", idle.as_str()];

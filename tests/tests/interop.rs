@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 const MIB: usize = 1 << 20;
 
+/// The shared lab; without qemu, `shared_lab` fails the test in CI and counts a skip elsewhere
+/// (`rdsd_tests::skip_or_fail`), and the test returns.
 macro_rules! lab_or_skip {
     () => {
         match shared_lab() {

@@ -56,17 +56,11 @@ fn recv(s: &Socket, count: u64, len: usize, limit: Duration) {
 
 #[test]
 fn dpdk_rdsd_and_kernel_rds_both_ways_both_address_orders() {
-    if !netns::is_root() {
-        eprintln!("\n*** SKIPPED: the VM lab needs root ***\n");
-        return;
-    }
-    let mut lab = match VmLab::new_with(&[], false) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("\n*** SKIPPED: the VM lab cannot start qemu: {} ***\n", e.0);
-            return;
-        }
-    };
+    rdsd_tests::require!(rdsd_tests::root(), rdsd_tests::vmlab::INSTALL);
+    let lab =
+        VmLab::new_with(&[], false).map_err(|e| format!("the VM lab cannot start qemu: {}", e.0));
+    rdsd_tests::require!(lab.as_ref().map(|_| ()), rdsd_tests::vmlab::INSTALL);
+    let mut lab = lab.expect("checked");
     // The lab's own rdsd (kernel TCP) would hold the RDS port in the namespace.
     lab.kill_rdsd();
     let iface = lab.add_bridged_port();

@@ -21,7 +21,9 @@
 //! test-only QP error hook in the sender) and `flap` (a netdev flap before rdsd starts).
 //!
 //! Needs root (namespace), qemu-system-x86, busybox-static, the cached kernel and rdma-core's
-//! packages (tests/run.sh installs them). Without qemu the tests print `SKIPPED` loudly.
+//! packages (tests/run.sh installs them). Without qemu a test fails in CI and is a counted
+//! skip elsewhere (`rdsd_tests::skip_or_fail`). The guests run the fault-injection build of
+//! rdsd (`rdsd_tests::rdsd_fault_bin`; its hooks are inert unless `qperr` sets one).
 
 use rdsd_tests::vmlab;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -430,7 +432,8 @@ fn is_root() -> bool {
 
 fn build_initrd(dir: &Path, k: &vmlab::Kernel) -> PathBuf {
     let me = std::env::current_exe().unwrap();
-    let rdsd = rdsd_tests::rdsd_bin();
+    // The qperr mode needs RDSD_TEST_RDMA_QP_ERROR_EVERY: the fault-injection build.
+    let rdsd = rdsd_tests::rdsd_fault_bin();
     assert!(
         rdsd.exists(),
         "{} missing: cargo build --workspace --bins",
@@ -524,7 +527,8 @@ fn two_guests(paths: u8, extra: &str) -> Option<Run> {
     );
     let qemu = std::env::var_os("RDSD_VMLAB_QEMU").unwrap_or("qemu-system-x86_64".into());
     if Command::new(&qemu).arg("--version").output().is_err() {
-        eprintln!("\n*** SKIPPED: the VM lab cannot start qemu ({qemu:?}); RDMA NOT TESTED ***\n");
+        let why = format!("the VM lab cannot start qemu ({qemu:?}); RDMA NOT TESTED");
+        rdsd_tests::skip_or_fail(&why, vmlab::INSTALL);
         return None;
     }
     let k = vmlab::kernel();
@@ -550,7 +554,7 @@ fn two_guests(paths: u8, extra: &str) -> Option<Run> {
     ) {
         Ok(g) => g,
         Err(e) => {
-            eprintln!("\n*** SKIPPED: {e:?}; RDMA NOT TESTED ***\n");
+            rdsd_tests::skip_or_fail(&format!("{e:?}; RDMA NOT TESTED"), vmlab::INSTALL);
             return None;
         }
     };

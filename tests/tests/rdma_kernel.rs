@@ -151,7 +151,7 @@ fn rdsd_rdma_against_the_kernels_rds_rdma() {
         match vmlab::BatchGuest::boot(&k, &ki, "", &wire.netdev(0, 1), Some(&wire.ns), 1024) {
             Ok(g) => g,
             Err(e) => {
-                eprintln!("\n*** SKIPPED: {e:?}; NOT TESTED ***\n");
+                rdsd_tests::skip_or_fail(&format!("{e:?}; NOT TESTED"), vmlab::INSTALL);
                 return;
             }
         };

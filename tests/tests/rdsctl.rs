@@ -5,7 +5,7 @@
 //! checked with a real parser (Python's prometheus_client), systemd's readiness message, the
 //! unit file checked with `systemd-analyze verify`, and `rdsd --print-default-config`.
 
-use rdsd_tests::netns::{is_root, Lab};
+use rdsd_tests::netns::Lab;
 use rdsd_tests::*;
 use serde_json::Value;
 use std::io::{Read, Write};
@@ -329,10 +329,7 @@ fn ping_a_local_address_is_answered_by_loopback() {
 
 #[test]
 fn ping_and_info_between_two_rdsd() {
-    if !is_root() {
-        eprintln!("SKIPPED ping_and_info_between_two_rdsd: needs root for network namespaces");
-        return;
-    }
+    require!(root(), AS_ROOT);
     let lab = Lab::new(2, 2, &[]);
     let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
     let (a0, a1) = (h0.addr.to_string(), h1.addr.to_string());
@@ -511,10 +508,7 @@ fn a_missing_rdsd_is_reported_clearly() {
 
 #[test]
 fn a_socket_we_may_not_use_is_permission_denied() {
-    if !is_root() {
-        eprintln!("SKIPPED a_socket_we_may_not_use_is_permission_denied: needs root to run rdsctl as another user");
-        return;
-    }
+    require!(root(), AS_ROOT);
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
     let dir = std::env::temp_dir().join(format!("rdsctl-perm-{}", std::process::id()));
@@ -919,7 +913,7 @@ fn print_default_config_is_the_documented_default() {
 fn info_waits_for_a_stalled_poll_core_but_counters_do_not() {
     // TEST hook: the poll core sleeps 1.5 s (longer than hello_timeout_ms, which an rdsctl
     // connection waiting for a snapshot must not trip) on a SetRcvBuf of TEST_STALL_RCVBUF.
-    let d = Daemon::start_env(&[("RDSD_TEST_STALL_POLL_MS", "1500")], &[]);
+    let d = Daemon::start_with_faults(&[("RDSD_TEST_STALL_POLL_MS", "1500")], &[]);
     let r = d.attach();
     let s = r.socket().unwrap();
     s.bind(lo(4400)).unwrap();

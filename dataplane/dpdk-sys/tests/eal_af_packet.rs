@@ -20,19 +20,24 @@ fn ip(args: &[&str]) {
 
 #[test]
 fn af_packet_veth_frames_cross() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || Command::new("ip").arg("-V").output().is_err() {
-        eprintln!("skipped: needs root and iproute2");
-        return;
-    }
+    rdsd_tests::require!(rdsd_tests::root(), rdsd_tests::AS_ROOT);
+    rdsd_tests::require!(
+        Command::new("ip").arg("-V").output().map(|_| ()),
+        "apt-get install iproute2 (tests/run.sh does it)"
+    );
     // SAFETY: unshare(CLONE_NEWNET) only moves this thread into a new network namespace.
-    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-        eprintln!(
-            "skipped: unshare(CLONE_NEWNET): {}",
-            std::io::Error::last_os_error()
-        );
-        return;
-    }
+    let unshared = unsafe { libc::unshare(libc::CLONE_NEWNET) } == 0;
+    rdsd_tests::require!(
+        if unshared {
+            Ok(())
+        } else {
+            Err(format!(
+                "unshare(CLONE_NEWNET): {}",
+                std::io::Error::last_os_error()
+            ))
+        },
+        rdsd_tests::AS_ROOT
+    );
     ip(&[
         "link", "add", "rdsdva", "type", "veth", "peer", "name", "rdsdvb",
     ]);

@@ -9,6 +9,8 @@
 //! when an app thread announced it sleeps, and readiness-fd updates for sockets whose app asked
 //! for a pollable fd (see `readiness`).
 
+#[cfg(any(test, fuzzing))]
+pub mod fuzzing;
 pub mod idle;
 mod inplace;
 #[cfg(test)]
@@ -151,7 +153,7 @@ pub struct PollCore {
     table: SocketTable,
     transports: Vec<Box<dyn Transport>>,
     passes: u32,
-    /// TEST ONLY: `RDSD_TEST_STALL_POLL_MS` (see `shm_api::ctrl::TEST_STALL_RCVBUF`).
+    /// TEST ONLY: `crate::fault::poll_stall` (`None` without the `fault-injection` feature).
     test_stall: Option<std::time::Duration>,
 }
 
@@ -183,7 +185,7 @@ impl PollCore {
             table: SocketTable::new(cfg, stats, daemon, chans, control_wake),
             transports,
             passes: 0,
-            test_stall: test_stall_from_env(),
+            test_stall: crate::fault::poll_stall(),
         }
     }
 
@@ -635,20 +637,6 @@ impl PollCore {
         }
         Err(libc::EADDRINUSE)
     }
-}
-
-/// TEST ONLY: a stall requested through the environment (integration tests of what a slow poll
-/// core does to the control protocol). Unset in production, where this returns `None`.
-fn test_stall_from_env() -> Option<std::time::Duration> {
-    let ms: u64 = std::env::var("RDSD_TEST_STALL_POLL_MS")
-        .ok()?
-        .parse()
-        .ok()?;
-    tracing::warn!(
-        ms,
-        "RDSD_TEST_STALL_POLL_MS is set: test-only stall hook armed"
-    );
-    Some(std::time::Duration::from_millis(ms))
 }
 
 /// Drops cancel markers the consumer has moved past; returns the new count.

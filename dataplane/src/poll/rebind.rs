@@ -32,18 +32,30 @@ fn bit(port: u16) -> (usize, u64) {
 impl BoundPorts {
     /// Opens the file, takes over the previous incarnation's ports, and starts recording ours.
     pub fn open(path: &Path, grace: Duration) -> io::Result<BoundPorts> {
-        let mut file = LockedMap::open(path, FILE_LEN)?;
+        Ok(BoundPorts::adopt(LockedMap::open(path, FILE_LEN)?, grace))
+    }
+
+    /// A ports file whose first bytes are `bytes` (fuzz targets and tests).
+    #[cfg(any(test, fuzzing))]
+    pub fn from_bytes(bytes: &[u8], grace: Duration) -> io::Result<BoundPorts> {
+        Ok(BoundPorts::adopt(
+            LockedMap::from_bytes(bytes, FILE_LEN)?,
+            grace,
+        ))
+    }
+
+    fn adopt(mut file: LockedMap, grace: Duration) -> BoundPorts {
         let mut before = Box::new([0u64; WORDS]);
         for (w, chunk) in before.iter_mut().zip(file.map.chunks_exact(8)) {
             *w = u64::from_ne_bytes(chunk.try_into().expect("8 bytes"));
         }
         file.map.fill(0);
         let waiting = before.iter().any(|&w| w != 0);
-        Ok(BoundPorts {
+        BoundPorts {
             file,
             before,
             until: (waiting && !grace.is_zero()).then(|| Instant::now() + grace),
-        })
+        }
     }
 
     /// Ports bound before the restart (for the log).

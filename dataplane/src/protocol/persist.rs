@@ -49,7 +49,18 @@ unsafe impl Send for RxStateFile {}
 impl RxStateFile {
     /// Opens (or creates) the file and locks it for this process.
     pub fn open(path: &Path) -> io::Result<RxStateFile> {
-        let mut file = LockedMap::open(path, FILE_LEN)?;
+        Ok(RxStateFile::adopt(LockedMap::open(path, FILE_LEN)?))
+    }
+
+    /// A state file whose first bytes are `bytes` (fuzz targets and tests).
+    #[cfg(any(test, fuzzing))]
+    pub fn from_bytes(bytes: &[u8]) -> io::Result<RxStateFile> {
+        Ok(RxStateFile::adopt(LockedMap::from_bytes(bytes, FILE_LEN)?))
+    }
+
+    /// Checks what `file` holds: a file of the wrong size, magic, version or slot count is
+    /// reinitialised, never trusted.
+    fn adopt(mut file: LockedMap) -> RxStateFile {
         let (fresh, map) = (file.fresh, &mut file.map);
         let valid = !fresh
             && map[..8] == MAGIC.to_le_bytes()
@@ -65,7 +76,12 @@ impl RxStateFile {
         f.used = (0..SLOTS)
             .take_while(|&i| f.slot(i).used.load(Ordering::Relaxed) != 0)
             .count();
-        Ok(f)
+        f
+    }
+
+    /// Connections with a slot.
+    pub fn used(&self) -> usize {
+        self.used
     }
 
     fn slot(&self, i: usize) -> &Slot {

@@ -10,16 +10,23 @@
 //! Hand-written pieces (`src/wrapper.c`): `ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq` and
 //! `ibv_req_notify_cq` are `static inline` in `verbs.h` (they dispatch through the provider's
 //! ops table), so they have no symbol; `rdsd_ibv_*` are real functions that call them.
-#![allow(
+
+/// The bindgen output (build.rs), with the lints that generated C names, layouts and bitfield
+/// accessors trip.
+#[allow(
     non_upper_case_globals,
     non_camel_case_types,
     non_snake_case,
-    dead_code
+    dead_code,
+    unsafe_op_in_unsafe_fn,
+    clippy::all,
+    clippy::undocumented_unsafe_blocks
 )]
-#![allow(clippy::all)]
-#![allow(unsafe_op_in_unsafe_fn)]
+mod bindings {
+    include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+}
 
-include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+pub use bindings::*;
 
 #[cfg(test)]
 mod tests {

@@ -653,7 +653,8 @@ pub unsafe fn getsockopt(
     if len.is_null() {
         return Err(libc::EFAULT);
     }
-    // SAFETY (every arm): forwarded contract of getsockopt(2).
+    // SAFETY: every arm writes through `val`/`len`, which the caller guarantees (getsockopt(2)'s
+    // contract, forwarded by this function's own safety contract).
     unsafe {
         match (level, name) {
             (libc::SOL_SOCKET, libc::SO_SNDBUF) => {

@@ -666,11 +666,11 @@ unsafe fn arm_fdsets(nfds: c_int, sets: [*mut fd_set; 3]) -> bool {
         if !table::is_ours(fd) {
             continue;
         }
-        // SAFETY: select's contract: each non-null set is a valid fd_set.
-        if sets
-            .iter()
-            .any(|s| !s.is_null() && unsafe { libc::FD_ISSET(fd, *s) })
-        {
+        let set_has = |s: &*mut libc::fd_set| {
+            // SAFETY: select's contract: each non-null set is a valid fd_set.
+            !s.is_null() && unsafe { libc::FD_ISSET(fd, *s) }
+        };
+        if sets.iter().any(set_has) {
             let _ = ops::enable_readiness(fd);
             any = true;
         }

@@ -565,10 +565,10 @@ fn attach_as(args: &[String]) {
     let uid: u32 = arg(args, 1, "uid");
     let n: u32 = arg(args, 2, "count");
     let silent: u32 = arg(args, 3, "silent");
-    // SAFETY: plain credential syscalls on this process.
-    if unsafe { libc::setresgid(uid, uid, uid) } != 0
-        || unsafe { libc::setresuid(uid, uid, uid) } != 0
-    {
+    // SAFETY: a credential syscall on this process; no memory is passed.
+    let gid_set = unsafe { libc::setresgid(uid, uid, uid) } == 0;
+    // SAFETY: as above (the uid after the gid, while we may still change the gid).
+    if !gid_set || unsafe { libc::setresuid(uid, uid, uid) } != 0 {
         fail(format!("setresuid: {}", std::io::Error::last_os_error()));
     }
     let path = std::env::var_os("RDSD_SOCKET").expect("RDSD_SOCKET");

@@ -145,11 +145,8 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
     }
     let mut info = sys::rte_eth_dev_info::default();
     // SAFETY: a valid port; the out-pointer is ours.
-    check(
-        unsafe { sys::rte_eth_dev_info_get(id, &mut info) },
-        "device info",
-        cfg,
-    )?;
+    let rc = unsafe { sys::rte_eth_dev_info_get(id, &mut info) };
+    check(rc, "device info", cfg)?;
     let want = mtu_to_ask(cfg.mtu, &info);
     tracing::info!(
         port = %cfg.port_name, min_mtu = info.min_mtu, max_mtu = info.max_mtu,

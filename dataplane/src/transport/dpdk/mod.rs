@@ -67,7 +67,7 @@
 pub mod config;
 mod device;
 mod eal;
-mod wire;
+pub mod wire;
 
 pub use config::{DpdkConfig, RawDpdk};
 pub use device::{DpdkDevice, PortCounters};

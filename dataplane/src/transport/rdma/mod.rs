@@ -258,8 +258,8 @@ pub struct RdmaLink {
     /// Completions polled while arming, before parking (see `park_fds`).
     early: std::cell::RefCell<Vec<(usize, verbs::Wc)>>,
     ready_fd: std::os::fd::OwnedFd,
-    /// TEST ONLY (`RDSD_TEST_RDMA_QP_ERROR_EVERY=N`): every N-th frame written moves its
-    /// path's QP to the error state, mid-stream. `None` in production.
+    /// TEST ONLY (`crate::fault::rdma_qp_error_every`): every N-th frame written moves its
+    /// path's QP to the error state, mid-stream. `None` without the `fault-injection` feature.
     qp_error_every: Option<u64>,
     frames_written: u64,
     /// Next candidate source port (see `source_port`).
@@ -308,7 +308,7 @@ impl RdmaLink {
             accepted: VecDeque::new(),
             early: Default::default(),
             ready_fd,
-            qp_error_every: test_qp_error_every(),
+            qp_error_every: crate::fault::rdma_qp_error_every(),
             frames_written: 0,
             // Spread restarts over the range, so a restarted rdsd does not reuse the ports
             // of its previous incarnation's QPs.
@@ -1254,20 +1254,6 @@ impl AsRef<[u8]> for RdmaPayload {
             RdmaPayload::InPlace(b) => unsafe { std::slice::from_raw_parts(b.ptr, b.len) },
         }
     }
-}
-
-/// TEST ONLY: the QP-error injection requested through the environment.
-fn test_qp_error_every() -> Option<u64> {
-    let n: u64 = std::env::var("RDSD_TEST_RDMA_QP_ERROR_EVERY")
-        .ok()?
-        .parse()
-        .ok()
-        .filter(|&n| n > 0)?;
-    tracing::warn!(
-        every = n,
-        "RDSD_TEST_RDMA_QP_ERROR_EVERY is set: test-only QP error injection armed"
-    );
-    Some(n)
 }
 
 #[cfg(test)]

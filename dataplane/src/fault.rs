@@ -1,0 +1,49 @@
+//! Test-only fault hooks, armed through `RDSD_TEST_*` environment variables in an rdsd built
+//! with the `fault-injection` cargo feature (the integration tests build one into
+//! `target/fault-injection/`, see `rdsd_tests::rdsd_fault_bin`). Without the feature, the
+//! default and release builds, every hook is `None` and no variable is read.
+
+use std::time::Duration;
+
+/// `RDSD_TEST_STALL_POLL_MS=N`: a `SetRcvBuf` of exactly `shm_api::ctrl::TEST_STALL_RCVBUF`
+/// bytes makes the poll core sleep N ms before answering (a slow poll core, on demand).
+#[cfg(feature = "fault-injection")]
+pub fn poll_stall() -> Option<Duration> {
+    let ms: u64 = std::env::var("RDSD_TEST_STALL_POLL_MS")
+        .ok()?
+        .parse()
+        .ok()?;
+    tracing::warn!(
+        ms,
+        "RDSD_TEST_STALL_POLL_MS is set: test-only stall hook armed"
+    );
+    Some(Duration::from_millis(ms))
+}
+
+/// Without the `fault-injection` feature: never armed.
+#[cfg(not(feature = "fault-injection"))]
+pub fn poll_stall() -> Option<Duration> {
+    None
+}
+
+/// `RDSD_TEST_RDMA_QP_ERROR_EVERY=N` (N > 0): every N-th new frame the RDMA link writes moves
+/// its path's QP to the error state, mid-stream.
+#[cfg(feature = "fault-injection")]
+pub fn rdma_qp_error_every() -> Option<u64> {
+    let n: u64 = std::env::var("RDSD_TEST_RDMA_QP_ERROR_EVERY")
+        .ok()?
+        .parse()
+        .ok()
+        .filter(|&n| n > 0)?;
+    tracing::warn!(
+        every = n,
+        "RDSD_TEST_RDMA_QP_ERROR_EVERY is set: test-only QP error injection armed"
+    );
+    Some(n)
+}
+
+/// Without the `fault-injection` feature: never armed.
+#[cfg(not(feature = "fault-injection"))]
+pub fn rdma_qp_error_every() -> Option<u64> {
+    None
+}
