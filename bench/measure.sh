@@ -103,8 +103,13 @@ first RDS/TCP figures) are in [RESULTS-history.md](RESULTS-history.md).
 $(rustc --version | cut -d' ' -f1-2)) that other engineers' builds and tests use at the same time
 (load average $LOAD0 at the start; each table gives it before and after). Each rdsd figure is compared with kernel baselines
 measured in the same invocation, a few seconds apart, under the same conditions; the
-absolute numbers move by a factor of two or more from run to run on this machine.
+absolute numbers move by a factor of two or more from run to run on this machine. The one
+section measured elsewhere, the pinned many-core comparison, is kept as written in
+\`bench/results/pinned-section.md\` (it comes from \`bench/pinned-bench.sh\`).
 
+EOF
+    cat bench/results/pinned-section.md
+    cat <<EOF
 ## What runs
 
 \`rds-bench\` in its default (rds-stress) mode: a passive side answers every request with an
