@@ -10,15 +10,10 @@ pub const STALL_LIMIT: Duration = Duration::from_secs(10);
 
 /// Nanoseconds of CLOCK_MONOTONIC (the same clock in every process of the host, and in every
 /// network namespace).
+/// The clock of the hop-trace stamps (`shm_api::hoptrace`), so the two always agree.
 #[inline]
 pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec into our struct.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    shm_api::hoptrace::now_ns()
 }
 
 /// Online CPUs on the machine (not just the ones this thread may use).
