@@ -309,22 +309,11 @@ fn utcp_survives_a_blackout() {
 #[test]
 fn utcp_window_holds_a_mib_and_acks_are_per_pass() {
     let _serial = serial();
-    use rdsd::protocol::{ConnectPoll, Link, Read, Write};
+    use rdsd::protocol::{Link, Read, Write};
     let mut lab = Lab::new(Faults::default(), 6, Cut::Abort);
     let mut a = lab.make(suite::A);
     let mut b = lab.make(suite::B);
-    let mut pa = a.connect(suite::A, suite::B, 0).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut pb = loop {
-        a.poll_aux();
-        b.poll_aux();
-        if a.poll_connect(&mut pa) == ConnectPoll::Up {
-            if let Some(acc) = b.accept() {
-                break acc.path;
-            }
-        }
-        assert!(Instant::now() < deadline, "handshake");
-    };
+    let (mut pa, mut pb) = suite::handshake(&mut a, &mut b, Duration::from_secs(5));
     let msg = vec![0x5au8; (1 << 20) + 48];
     assert_eq!(
         a.write(&mut pa, &[&msg]),
@@ -374,23 +363,11 @@ fn utcp_window_holds_a_mib_and_acks_are_per_pass() {
 #[test]
 fn utcp_rto_after_a_single_tail_loss() {
     let _serial = serial();
-    use rdsd::protocol::{ConnectPoll, Link, Read, Write};
+    use rdsd::protocol::{Link, Read, Write};
     let mut lab = Lab::new(Faults::default(), 5, Cut::Abort);
     let mut a = lab.make(suite::A);
     let mut b = lab.make(suite::B);
-    let mut pa = a.connect(suite::A, suite::B, 0).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut pb = loop {
-        a.poll_aux();
-        b.poll_aux();
-        if a.poll_connect(&mut pa) == ConnectPoll::Up {
-            if let Some(acc) = b.accept() {
-                break acc.path;
-            }
-        }
-        assert!(Instant::now() < deadline, "handshake");
-        std::thread::sleep(Duration::from_micros(100));
-    };
+    let (mut pa, mut pb) = suite::handshake(&mut a, &mut b, Duration::from_secs(5));
     let cfg = UtcpConfig::new([2, 0, 0, 0, 0, 1], Ipv4Addr::new(10, 0, 0, 1), 8);
     let rto = a.retransmission_timeout(&pa);
     eprintln!("utcp RTO after the handshake's RTT sample: {rto:?}");

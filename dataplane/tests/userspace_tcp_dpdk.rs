@@ -15,6 +15,7 @@ use rdsd::transport::dpdk::{open_port, start_eal, DpdkConfig, DpdkDevice, Port, 
 use rdsd::transport::utcp::{AbortSwitch, UtcpConfig, UtcpLink};
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
+use std::time::Duration;
 use suite::{run, suite, MakeLink, Run};
 
 fn config(vdev: &str) -> DpdkConfig {
@@ -109,21 +110,11 @@ fn utcp_passes_the_exactly_once_suite_over_dpdk_memif() {
 /// receive burst, the sender's frames leave in bursts, and the receiver sends about one ACK
 /// per receive burst (per pass), not one per segment.
 fn bursts_of_a_mib(lab: &mut DpdkLab) {
-    use rdsd::protocol::{ConnectPoll, Link, Read, Write};
+    use rdsd::protocol::{Link, Read, Write};
     let mut a = lab.make(suite::A);
     let mut b = lab.make(suite::B);
-    let mut pa = a.connect(suite::A, suite::B, 0).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let mut pb = loop {
-        a.poll_aux();
-        b.poll_aux();
-        if a.poll_connect(&mut pa) == ConnectPoll::Up {
-            if let Some(acc) = b.accept() {
-                break acc.path;
-            }
-        }
-        assert!(std::time::Instant::now() < deadline, "handshake over memif");
-    };
+    let (mut pa, mut pb) = suite::handshake(&mut a, &mut b, Duration::from_secs(10));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let (a0, b0) = (a.device().counters(), b.device().counters());
     let msg = vec![0xa5u8; 1 << 20];
     let mut written = 0;

@@ -356,3 +356,22 @@ pub fn suite<M: MakeLink>(mut new_lab: impl FnMut() -> M, name: &str) {
     assert_eq!(o.restored, 1, "{name}: the receive state was restored");
     assert!(o.gaps <= 4, "{name}: at most one gap per socket");
 }
+
+/// Connects path 0 from `a` to `b` and returns (a's path, b's accepted path), polling both
+/// links until the handshake is done or `limit` has passed.
+pub fn handshake<L: Link>(a: &mut L, b: &mut L, limit: Duration) -> (L::Path, L::Path) {
+    use rdsd::protocol::ConnectPoll;
+    let mut pa = a.connect(A, B, 0).unwrap();
+    let deadline = Instant::now() + limit;
+    loop {
+        a.poll_aux();
+        b.poll_aux();
+        if a.poll_connect(&mut pa) == ConnectPoll::Up {
+            if let Some(acc) = b.accept() {
+                return (pa, acc.path);
+            }
+        }
+        assert!(Instant::now() < deadline, "handshake within {limit:?}");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
