@@ -273,9 +273,10 @@ impl Config {
             .iter()
             .map(|&n| core(n, ncpu))
             .collect::<Result<Vec<_>>>()?;
-        if poll_cores.len() != 1 {
+        if poll_cores.is_empty() || poll_cores.len() > shm_api::layout::MAX_POLL_THREADS {
             bail!(
-                "this release runs exactly one poll thread (poll_cores has {})",
+                "poll_cores must name 1..={} poll threads (it has {})",
+                shm_api::layout::MAX_POLL_THREADS,
                 poll_cores.len()
             );
         }

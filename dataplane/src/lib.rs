@@ -46,51 +46,84 @@ pub fn run(cfg: Config, shutdown: Arc<AtomicBool>) -> Result<()> {
         shm::region::DaemonRegion::create(cfg.idle == config::IdleMode::Backoff)
             .context("creating the daemon region")?,
     );
-    let chans = Arc::new(poll::Channels::new(cfg.max_apps as usize));
-    // The control thread's doorbell to wake a parked poll core. rdsd's own: never passed to an
-    // app (each app gets a doorbell of its own at attach).
-    let doorbell = Arc::new(shm_api::sys::eventfd()?);
+    let shards = cfg.poll_cores.len();
+    let chans = Arc::new(poll::Channels::with_shards(cfg.max_apps as usize, shards));
+    // Per poll thread, the eventfd that wakes it when parked: rung by the control thread and
+    // by other poll threads. rdsd's own: never passed to an app (each app gets a doorbell of
+    // its own at attach).
+    let doorbells = (0..shards)
+        .map(|_| shm_api::sys::eventfd().map(Arc::new))
+        .collect::<std::io::Result<Vec<_>>>()?;
     let control_wake = Arc::new(shm_api::sys::eventfd()?);
     let listener = control::listen(&cfg.control_socket, cfg.control_group.as_deref())?;
     if let Some(addr) = cfg.metrics_listen {
         control::metrics::spawn(addr, stats.clone(), shutdown.clone())
             .with_context(|| format!("metrics_listen {addr}"))?;
     }
-    tracing::info!(socket = %cfg.control_socket.display(), idle = ?cfg.idle, local = ?cfg.local_addrs, "rdsd listening");
+    tracing::info!(socket = %cfg.control_socket.display(), idle = ?cfg.idle, local = ?cfg.local_addrs, poll_threads = shards, "rdsd listening");
 
     let poll_alive = Arc::new(AtomicBool::new(true));
-    let transports = transport::build(&cfg, &stats).context("starting the transports")?;
-    let core = poll::PollCore::new(
-        cfg.clone(),
-        stats.clone(),
-        daemon.clone(),
-        chans.clone(),
-        control_wake.clone(),
-        transports,
-    );
-    let idle = poll::idle::Idle::new(
-        cfg.idle,
-        cfg.spin,
-        cfg.yield_for,
-        cfg.park_timeout_ms,
-        doorbell.clone(),
-    );
-    let poll_core = cfg.poll_cores[0];
-    let (sd, alive) = (shutdown.clone(), poll_alive.clone());
-    let poll_thread = std::thread::Builder::new()
-        .name("rdsd-poll-0".into())
-        .spawn(move || {
-            pin(poll_core, "poll thread 0");
-            // If the poll core ever panics, the control thread stops too instead of hanging apps.
-            struct Alive(Arc<AtomicBool>);
-            impl Drop for Alive {
-                fn drop(&mut self) {
-                    self.0.store(false, Ordering::Relaxed);
-                }
+    let fabric = Arc::new(poll::shard::Fabric::new(
+        doorbells.clone(),
+        daemon.view(),
+        poll::shard::open_rebind(&cfg),
+    ));
+    // Shard 0 drives every transport; the others deliver locally and forward the rest to it.
+    let mut transports = Some(transport::build(&cfg, &stats).context("starting the transports")?);
+    let shard_stats: Vec<Arc<stats::Stats>> = (0..shards)
+        .map(|k| {
+            if k == 0 {
+                stats.clone()
+            } else {
+                Arc::new(stats::Stats::default())
             }
-            let _guard = Alive(alive);
-            poll::run(core, idle, sd);
-        })?;
+        })
+        .collect();
+    stats.count_others(shard_stats[1..].to_vec());
+    let mut poll_threads = Vec::with_capacity(shards);
+    for (k, sstats) in shard_stats.into_iter().enumerate() {
+        let list = match transports.take() {
+            Some(list) => list,
+            None => vec![Box::new(transport::loopback::Loopback::new(&cfg, &sstats))
+                as Box<dyn seam::Transport>],
+        };
+        let core = poll::PollCore::shard(
+            cfg.clone(),
+            sstats,
+            daemon.clone(),
+            chans.clone(),
+            control_wake.clone(),
+            list,
+            fabric.clone(),
+            k,
+        );
+        let idle = poll::idle::Idle::new(
+            cfg.idle,
+            cfg.spin,
+            cfg.yield_for,
+            cfg.park_timeout_ms,
+            doorbells[k].clone(),
+        );
+        let poll_core = cfg.poll_cores[k];
+        let (sd, alive) = (shutdown.clone(), poll_alive.clone());
+        poll_threads.push(
+            std::thread::Builder::new()
+                .name(format!("rdsd-poll-{k}"))
+                .spawn(move || {
+                    pin(poll_core, &format!("poll thread {k}"));
+                    // If a poll thread ever panics, the control thread stops too instead of
+                    // hanging apps.
+                    struct Alive(Arc<AtomicBool>);
+                    impl Drop for Alive {
+                        fn drop(&mut self) {
+                            self.0.store(false, Ordering::Relaxed);
+                        }
+                    }
+                    let _guard = Alive(alive);
+                    poll::run(core, idle, sd);
+                })?,
+        );
+    }
 
     pin(cfg.control_core, "control thread");
     let mut ctl = control::Control::new(
@@ -98,7 +131,7 @@ pub fn run(cfg: Config, shutdown: Arc<AtomicBool>) -> Result<()> {
         stats.clone(),
         daemon,
         chans,
-        doorbell.clone(),
+        doorbells.clone(),
         control_wake,
         listener,
         shutdown.clone(),
@@ -106,8 +139,13 @@ pub fn run(cfg: Config, shutdown: Arc<AtomicBool>) -> Result<()> {
     );
     ctl.run();
     shutdown.store(true, Ordering::Relaxed);
-    shm_api::sys::eventfd_signal(std::os::fd::AsRawFd::as_raw_fd(&*doorbell));
-    let panicked = poll_thread.join().is_err();
+    for d in &doorbells {
+        shm_api::sys::eventfd_signal(std::os::fd::AsRawFd::as_raw_fd(&**d));
+    }
+    let mut panicked = false;
+    for t in poll_threads {
+        panicked |= t.join().is_err();
+    }
     tracing::info!("rdsd stopped\n{}", stats.render());
     if panicked || !poll_alive.load(Ordering::Relaxed) && !shutdown.load(Ordering::Relaxed) {
         anyhow::bail!("poll thread died");

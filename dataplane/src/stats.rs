@@ -219,6 +219,9 @@ pub struct Stats {
     pub dpdk_port: DpdkPort,
     /// The RDMA transport (verbs, RC queue pairs).
     pub rdma: NetStats,
+    /// The counters of the other poll threads (each bumps its own, so no cache line is
+    /// shared on the fast path), added into this one's `snapshot`.
+    others: std::sync::OnceLock<Vec<std::sync::Arc<Stats>>>,
 }
 
 impl std::ops::Deref for Stats {
@@ -237,7 +240,17 @@ impl Stats {
         self.dpdk.each("dpdk_", &mut out);
         self.dpdk_port.each("dpdk_", &mut out);
         self.rdma.each("rdma_", &mut out);
+        for o in self.others.get().into_iter().flatten() {
+            for (sum, (_, v)) in out.iter_mut().zip(o.snapshot()) {
+                sum.1 += v;
+            }
+        }
         out
+    }
+
+    /// Counts `others` (the other poll threads' counters) in this one's snapshot. Once.
+    pub fn count_others(&self, others: Vec<std::sync::Arc<Stats>>) {
+        let _ = self.others.set(others);
     }
 
     /// `(name, value, description)` for every counter, in the order of [`Stats::snapshot`]

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 pub const SHM_MAGIC: u64 = u64::from_le_bytes(*b"RDSDSHM1");
 /// Version of this layout and of the control protocol (2: request ids in the control protocol,
 /// one doorbell socket per app instead of a shared eventfd).
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 /// Largest RDS payload (`RDS_MAX_MSG_SIZE`).
 pub const MAX_MSG_SIZE: usize = 1 << 20;
 /// Default `SO_SNDBUF` / `SO_RCVBUF` (half of Linux's usual `wmem_default`, as RDS uses).
@@ -50,6 +50,11 @@ pub struct AppRegionHeader {
     pub tx_ring_capacity: u32,
     /// Data bytes of each rx ring.
     pub rx_ring_capacity: u32,
+    /// The poll thread (shard) that serves this app's sockets: its sleep flag is
+    /// [`DaemonView::sleeping`]`(poll_shard)`.
+    pub poll_shard: u32,
+    /// Zero.
+    pub reserved: u32,
 }
 
 /// Offset of slot 0 in an app region.
@@ -163,15 +168,22 @@ pub struct DaemonHeader {
     pub version: u32,
     /// Non-zero when the poll core may park: apps then ring the doorbell after queueing work.
     pub may_sleep: AtomicU32,
-    /// Non-zero while the poll core is parked (or about to park).
-    pub poll_sleeping: AtomicU32,
+    /// Unused since layout 3 (each poll thread has its own flag, [`DaemonView::sleeping`]).
+    pub reserved: AtomicU32,
     /// Bumped on every congestion-map change.
     pub cong_seq: AtomicU32,
     _pad: [u8; 104],
 }
 
+/// Poll threads (shards) one rdsd runs at most: one sleep flag each, a cache line apart, between
+/// the header and the congestion table.
+pub const MAX_POLL_THREADS: usize = 31;
+/// Offset of shard 0's sleep flag in the daemon region.
+pub const SLEEP_FLAGS_OFFSET: usize = 128;
+
 /// Offset of the congestion table (entries) in the daemon region.
 pub const CONG_TABLE_OFFSET: usize = 4096;
+const _: () = assert!(SLEEP_FLAGS_OFFSET + MAX_POLL_THREADS * 128 <= CONG_TABLE_OFFSET);
 /// Offset of the first congestion map in the daemon region.
 pub const CONG_MAPS_OFFSET: usize = 8192;
 /// Bytes of the daemon region.
@@ -214,6 +226,15 @@ impl DaemonView {
     pub fn header(&self) -> &DaemonHeader {
         // SAFETY: offset 0, aligned, inside the mapping (see `new`); only atomics inside.
         unsafe { &*(self.base as *const DaemonHeader) }
+    }
+
+    /// Non-zero while poll thread `shard` is parked (or about to park): an app it serves rings
+    /// its doorbell after queueing work. Each flag has a cache line of its own, so one poll
+    /// thread parking does not disturb the apps of another.
+    pub fn sleeping(&self, shard: usize) -> &AtomicU32 {
+        assert!(shard < MAX_POLL_THREADS);
+        // SAFETY: in bounds (asserted: 128 + 31 * 128 <= CONG_TABLE_OFFSET), aligned, atomics.
+        unsafe { &*(self.base.add(SLEEP_FLAGS_OFFSET + shard * 128) as *const AtomicU32) }
     }
 
     /// Row `i` of the congestion table.

@@ -54,6 +54,8 @@ struct Client {
     region: Mapping,
     _daemon: Mapping,
     daemon_view: DaemonView,
+    /// The poll thread serving this app (index of its sleep flag in the daemon region).
+    poll_shard: usize,
     geometry: RegionGeometry,
     /// This app's own doorbell: one end of a datagram socketpair whose other end only rdsd
     /// holds (nothing here is shared with another app).
@@ -138,7 +140,12 @@ impl Client {
         }
         // Pairs with the poll core's fence between setting `poll_sleeping` and its last scan.
         fence(Ordering::SeqCst);
-        if h.poll_sleeping.load(Ordering::Relaxed) != 0 {
+        if self
+            .daemon_view
+            .sleeping(self.poll_shard)
+            .load(Ordering::Relaxed)
+            != 0
+        {
             // EAGAIN means a ring is already queued: rdsd wakes either way.
             let _ = sys::send_dontwait(self.doorbell.as_raw_fd(), &[1]);
         }
@@ -273,6 +280,12 @@ impl Rdsd {
         if hdr.magic != SHM_MAGIC || hdr.version != LAYOUT_VERSION {
             return Err(version_mismatch(hdr.version));
         }
+        if hdr.poll_shard as usize >= crate::layout::MAX_POLL_THREADS {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "region names a poll thread out of range",
+            ));
+        }
         let geometry = RegionGeometry {
             max_sockets: hdr.max_sockets,
             tx_ring_capacity: hdr.tx_ring_capacity,
@@ -301,6 +314,7 @@ impl Rdsd {
                 region,
                 _daemon: daemon,
                 daemon_view,
+                poll_shard: hdr.poll_shard as usize,
                 geometry,
                 doorbell,
                 dead: AtomicBool::new(false),
@@ -354,6 +368,11 @@ impl Rdsd {
     pub fn stats(&self) -> io::Result<String> {
         let (reply, _) = self.client.request(Request::Stats)?;
         Ok(String::from_utf8_lossy(&reply.body).into_owned())
+    }
+
+    /// The rdsd poll thread that serves this attachment (0 with one poll thread).
+    pub fn poll_thread(&self) -> usize {
+        self.client.poll_shard
     }
 
     /// True if this process's region is backed by hugetlbfs pages.

@@ -164,8 +164,15 @@ impl Daemon {
             None => Command::new(&self.bin),
         };
         cmd.arg("--control-socket").arg(&self.socket);
-        // Tests share two cores: never pin, and let the poll core park when idle.
-        cmd.args(["--poll-core", "-2", "--control-core", "-2", "--log", "warn"]);
+        // Tests share two cores: never pin, and let the poll threads park when idle.
+        // `RDSD_TESTS_POLL_THREADS=N` runs every test daemon with N poll threads (run.sh runs
+        // the socket, hostile and delivery suites again with 2).
+        if !self.extra.iter().any(|a| a == "--poll-core") {
+            for _ in 0..poll_threads() {
+                cmd.args(["--poll-core", "-2"]);
+            }
+        }
+        cmd.args(["--control-core", "-2", "--log", "warn"]);
         cmd.args(&self.extra);
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd.stdout(Stdio::null()).stderr(Stdio::inherit());
@@ -505,6 +512,14 @@ pub fn root() -> Result<(), &'static str> {
 
 /// Install step for tests that need root: the suite runs as root in CI.
 pub const AS_ROOT: &str = "run the suite as root: sudo -E bash tests/run.sh";
+
+/// Poll threads of every daemon a test starts: `RDSD_TESTS_POLL_THREADS`, 1 by default.
+pub fn poll_threads() -> usize {
+    std::env::var("RDSD_TESTS_POLL_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
 
 #[cfg(test)]
 mod tests {

@@ -118,8 +118,10 @@ pub struct Control {
     stats: Arc<Stats>,
     daemon: Arc<DaemonRegion>,
     chans: Arc<Channels>,
-    /// Wakes a parked poll core (rdsd's own eventfd, never passed to an app).
-    doorbell: Arc<OwnedFd>,
+    /// Per poll thread: wakes it when parked (rdsd's own eventfds, never passed to an app).
+    doorbells: Vec<Arc<OwnedFd>>,
+    /// Per app index: the poll thread (shard) serving that app.
+    app_shard: Vec<usize>,
     /// The poll core rings this when answers or evictions are queued (rdsd's own).
     wake: Arc<OwnedFd>,
     listener: OwnedFd,
@@ -245,7 +247,7 @@ impl Control {
         stats: Arc<Stats>,
         daemon: Arc<DaemonRegion>,
         chans: Arc<Channels>,
-        doorbell: Arc<OwnedFd>,
+        doorbells: Vec<Arc<OwnedFd>>,
         wake: Arc<OwnedFd>,
         listener: OwnedFd,
         shutdown: Arc<AtomicBool>,
@@ -258,7 +260,8 @@ impl Control {
             stats,
             daemon,
             chans,
-            doorbell,
+            doorbells,
+            app_shard: vec![0; n],
             wake,
             listener,
             path,
@@ -602,15 +605,20 @@ impl Control {
     }
 
     fn flush_backlog(&mut self) {
-        let mut pushed = false;
+        let mut pushed = 0u64;
         while self.outstanding < self.chans.replies.capacity() {
             let Some(item) = self.backlog.pop_front() else {
                 break;
             };
-            match self.chans.cmds.push(item) {
+            // Introspection goes to shard 0, which has the transports; the rest to the app's.
+            let shard = match item.1 {
+                Cmd::Snapshot { .. } => 0,
+                ref c => self.app_shard[c.app()],
+            };
+            match self.chans.cmds[shard].push(item) {
                 Ok(()) => {
                     self.outstanding += 1;
-                    pushed = true;
+                    pushed |= 1 << shard;
                 }
                 Err(back) => {
                     self.backlog.push_front(back);
@@ -618,9 +626,37 @@ impl Control {
                 }
             }
         }
-        if pushed {
-            sys::eventfd_signal(self.doorbell.as_raw_fd());
+        for (k, d) in self.doorbells.iter().enumerate() {
+            if pushed & (1 << k) != 0 {
+                sys::eventfd_signal(d.as_raw_fd());
+            }
         }
+    }
+
+    /// The poll thread for a new app: the one serving the fewest apps (ties: the lowest), so
+    /// that one rank per core spreads over the poll threads.
+    fn pick_shard(&self) -> usize {
+        let mut load = vec![0u32; self.doorbells.len()];
+        for (i, s) in self.slots.iter().enumerate() {
+            let counts = match s {
+                Slot::Conn(c) => {
+                    c.attached
+                        || matches!(
+                            c.pending,
+                            Some(Pending {
+                                what: Waiting::Attach { .. },
+                                ..
+                            })
+                        )
+                }
+                Slot::Detaching { .. } => true,
+                Slot::Free => false,
+            };
+            if counts {
+                load[self.app_shard[i]] += 1;
+            }
+        }
+        (0..load.len()).min_by_key(|&k| load[k]).unwrap_or(0)
     }
 
     fn next_seq(&mut self) -> u64 {
@@ -901,12 +937,17 @@ impl Control {
             r.value = self.cfg.max_regions_per_uid as u64;
             return self.send(i, r.encode(), Vec::new());
         }
+        let shard = self.pick_shard();
         let region = match AppRegion::create(
             &format!("rdsd-app-{pid}"),
             self.cfg.geometry(),
             self.cfg.hugepages,
         ) {
-            Ok(r) => r,
+            Ok(mut r) => {
+                r.set_poll_shard(shard as u32);
+                self.app_shard[i] = shard;
+                r
+            }
             Err(e) => {
                 tracing::error!(pid, error = %e, "cannot create app region");
                 Stats::bump(&self.stats.attach_refused);

@@ -101,7 +101,7 @@ impl AppSession {
             self.chans.arm(0, seq);
         }
         assert!(
-            self.chans.cmds.push((seq, cmd)).is_ok(),
+            self.chans.cmds[0].push((seq, cmd)).is_ok(),
             "command queue full"
         );
         self.core.run_once();

@@ -119,7 +119,7 @@ impl Rig {
         if !matches!(cmd, Cmd::Detach { .. }) {
             self.chans.arm(cmd.app(), seq);
         }
-        assert!(self.chans.cmds.push((seq, cmd)).is_ok());
+        assert!(self.chans.cmds[0].push((seq, cmd)).is_ok());
         self.core.run_once();
         let (s, _, reply) = self.chans.replies.pop().expect("an answer");
         assert_eq!(s, seq);

@@ -17,6 +17,7 @@ mod inplace;
 mod inplace_tests;
 pub mod readiness;
 pub mod rebind;
+pub mod shard;
 pub mod snapshot;
 mod table;
 
@@ -94,7 +95,7 @@ pub enum CmdReply {
     Snapshot(Box<snapshot::PollSnapshot>),
 }
 
-/// Queues between the control thread and the poll core.
+/// Queues between the control thread and the poll threads (one command queue per shard).
 ///
 /// Withdrawal: before queueing a withdrawable command the control thread *arms* its `seq` in
 /// the app's claim word. The poll core *takes* a command by swapping that word from `seq` to 0
@@ -102,9 +103,9 @@ pub enum CmdReply {
 /// swap. Exactly one of them wins, so a command is either done (and its answer awaited, however
 /// late) or provably not done (and its app told ETIMEDOUT).
 pub struct Channels {
-    /// Control → poll: (seq, command).
-    pub cmds: ArrayQueue<(u64, Cmd)>,
-    /// Poll → control: (seq, app, answer).
+    /// Control → poll thread `k`: `cmds[k]`, (seq, command).
+    pub cmds: Box<[ArrayQueue<(u64, Cmd)>]>,
+    /// Poll threads → control: (seq, app, answer).
     pub replies: ArrayQueue<(u64, usize, CmdReply)>,
     /// Apps the poll core evicted for breaking the ring protocol.
     pub evictions: ArrayQueue<usize>,
@@ -117,9 +118,14 @@ impl Channels {
     /// for withdrawn commands the poll core has yet to skip. The control thread never has more
     /// commands outstanding than `replies` holds, so no answer is ever lost.
     pub fn new(max_apps: usize) -> Channels {
+        Channels::with_shards(max_apps, 1)
+    }
+
+    /// Channels for `shards` poll threads.
+    pub fn with_shards(max_apps: usize, shards: usize) -> Channels {
         let cap = 2 * max_apps.max(1) + 16;
         Channels {
-            cmds: ArrayQueue::new(cap),
+            cmds: (0..shards.max(1)).map(|_| ArrayQueue::new(cap)).collect(),
             replies: ArrayQueue::new(cap),
             evictions: ArrayQueue::new(max_apps.max(1)),
             claims: (0..max_apps.max(1)).map(|_| AtomicU64::new(0)).collect(),
@@ -178,11 +184,41 @@ impl PollCore {
         control_wake: Arc<std::os::fd::OwnedFd>,
         transports: Vec<Box<dyn Transport>>,
     ) -> PollCore {
+        let fabric = Arc::new(shard::Fabric::new(
+            vec![Arc::new(shm_api::sys::eventfd().expect("eventfd"))],
+            daemon.view(),
+            shard::open_rebind(&cfg),
+        ));
+        PollCore::shard(
+            cfg,
+            stats,
+            daemon,
+            chans,
+            control_wake,
+            transports,
+            fabric,
+            0,
+        )
+    }
+
+    /// Poll thread `shard` of several sharing `fabric` (shard 0 drives the transports; the
+    /// others get loopback only).
+    #[allow(clippy::too_many_arguments)]
+    pub fn shard(
+        cfg: Arc<Config>,
+        stats: Arc<Stats>,
+        daemon: Arc<DaemonRegion>,
+        chans: Arc<Channels>,
+        control_wake: Arc<std::os::fd::OwnedFd>,
+        transports: Vec<Box<dyn Transport>>,
+        fabric: Arc<shard::Fabric>,
+        shard: usize,
+    ) -> PollCore {
         for t in &transports {
-            tracing::info!(transport = t.name(), "transport ready");
+            tracing::info!(transport = t.name(), shard, "transport ready");
         }
         PollCore {
-            table: SocketTable::new(cfg, stats, daemon, chans, control_wake),
+            table: SocketTable::new(cfg, stats, daemon, chans, control_wake, fabric, shard),
             transports,
             passes: 0,
             test_stall: crate::fault::poll_stall(),
@@ -197,8 +233,11 @@ impl PollCore {
     /// One pass over everything. Returns the amount of work done (0 = idle).
     pub fn run_once(&mut self) -> usize {
         let mut work = 0;
+        if self.table.link.is_some() {
+            work += self.drain_fabric();
+        }
         while work < CMDS_PER_PASS {
-            let Some((seq, cmd)) = self.table.chans().cmds.pop() else {
+            let Some((seq, cmd)) = self.table.chans().cmds[self.table.shard].pop() else {
                 break;
             };
             let app = cmd.app();
@@ -244,7 +283,132 @@ impl PollCore {
         if !self.table.readiness_socks.is_empty() {
             self.table.sync_readiness();
         }
+        if let Some(l) = self.table.link.as_mut() {
+            l.flush_stash();
+            l.publish();
+        }
         work
+    }
+
+    /// Takes what other shards sent: notes, then messages, in order per pair ring, stopping
+    /// at one whose destination cannot take it yet.
+    fn drain_fabric(&mut self) -> usize {
+        let Some(link) = self.table.link.as_mut() else {
+            return 0;
+        };
+        link.refresh();
+        let (me, n) = (link.shard, link.shards());
+        let mut work = 0;
+        for from in (0..n).filter(|&f| f != me) {
+            while let Some(note) = self.table.link.as_ref().and_then(|l| l.take_note(from)) {
+                work += 1;
+                self.apply_note(note);
+            }
+        }
+        let mut inp = std::mem::take(&mut self.table.link.as_mut().expect("link").inp);
+        let mut stalled = 0u64;
+        for (from, ring) in inp.iter_mut().enumerate().filter(|&(f, _)| f != me) {
+            let mut taken = 0;
+            while taken < TX_BATCH {
+                let rec = match ring.peek() {
+                    Ok(Some(r)) => r,
+                    Ok(None) => break,
+                    Err(e) => unreachable!("pair ring {from}->{me}: {}", e.0),
+                };
+                let (env, ptr, len) = shard::open_record(ring, &rec);
+                // SAFETY: `open_record` bounds the payload inside the ring's data area, which
+                // stays allocated (the fabric) and unwritten (not consumed yet) for this call.
+                let payload = unsafe { MsgBytes::from_shared(ptr, len) };
+                if !self.take_forwarded(from, env, payload) {
+                    stalled |= 1 << from;
+                    break;
+                }
+                ring.consume(&rec);
+                taken += 1;
+            }
+            if taken > 0 {
+                ring.release();
+                work += taken;
+            }
+        }
+        let link = self.table.link.as_mut().expect("link");
+        link.inp = inp;
+        link.stalled = stalled;
+        work
+    }
+
+    fn apply_note(&mut self, note: shard::Note) {
+        use crate::seam::Upcalls as _;
+        match note {
+            shard::Note::Release { token, len } => self.table.release(token, len),
+            shard::Note::Cancel { laddr, sport, dest } => {
+                for t in self.transports.iter_mut() {
+                    t.cancel(laddr, sport, dest);
+                }
+            }
+            shard::Note::CongBit { addr, port, on } => {
+                self.table.local_cong_changed(addr, port, on)
+            }
+            shard::Note::Uncongested { mask } => self.table.notify_uncongested(mask),
+        }
+    }
+
+    /// One message from shard `from`; false if it must wait (its destination is full).
+    fn take_forwarded(&mut self, from: usize, env: shard::Envelope, payload: MsgBytes<'_>) -> bool {
+        match env {
+            shard::Envelope::Deliver {
+                laddr,
+                faddr,
+                sport,
+                dport,
+            } => {
+                let d = self.table.deliver_forwarded(crate::seam::Incoming {
+                    laddr,
+                    faddr,
+                    sport,
+                    dport,
+                    payload,
+                });
+                d != crate::seam::Delivered::Full
+            }
+            shard::Envelope::Send {
+                laddr,
+                faddr,
+                sport,
+                dport,
+                token,
+            } => {
+                let len = payload.len() as u64;
+                let dest = Ipv4Addr::from(faddr);
+                let release = |table: &mut SocketTable| {
+                    if let Some(l) = table.link.as_mut() {
+                        l.note(from, shard::Note::Release { token, len });
+                    }
+                };
+                let Some(t) = self.transports.iter_mut().find(|t| t.routes_to(dest)) else {
+                    Stats::bump(&self.table.stats.drop_no_route);
+                    release(&mut self.table);
+                    return true;
+                };
+                let msg = OutMsg {
+                    laddr,
+                    faddr,
+                    sport,
+                    dport,
+                    payload,
+                    token: shard::forwarded_token(from, token),
+                    in_place: None,
+                };
+                match t.send(&mut self.table, msg) {
+                    SendOutcome::Queued | SendOutcome::QueuedInPlace => true,
+                    SendOutcome::Blocked => false,
+                    SendOutcome::Delivered | SendOutcome::Dropped => {
+                        release(&mut self.table);
+                        true
+                    }
+                }
+            }
+        }
     }
 
     fn publish_counters(&self) {
@@ -308,6 +472,9 @@ impl PollCore {
     fn route(&mut self, from: SockRef, src: (u32, u16), rec: &Record) -> Outcome {
         let dest = Ipv4Addr::from(rec.header.addr);
         let Some(t) = self.transports.iter_mut().find(|t| t.routes_to(dest)) else {
+            if self.table.shard != 0 {
+                return self.forward_send(from, src, rec);
+            }
             Stats::bump(&self.table.stats.drop_no_route);
             return Outcome::Done;
         };
@@ -372,6 +539,47 @@ impl PollCore {
                     _ => Outcome::Done,
                 }
             }
+        }
+    }
+
+    /// A send to a remote host from a shard without transports: to shard 0, whose transport
+    /// gives the bytes back (`Note::Release`) when the peer acknowledged them.
+    fn forward_send(&mut self, from: SockRef, src: (u32, u16), rec: &Record) -> Outcome {
+        let app = self.table.apps[from.app].as_ref().expect("sender app");
+        let ring = app.region.tx_ring(from.slot);
+        let gen = app.socks[from.slot as usize].as_ref().map_or(0, |s| s.gen);
+        // SAFETY: as in `route`: validated by the ring consumer, mapped for this whole call.
+        let payload = unsafe {
+            MsgBytes::from_shared(
+                ring.data_ptr().add(rec.payload_offset),
+                rec.header.len as usize,
+            )
+        };
+        let env = shard::Envelope::Send {
+            laddr: src.0,
+            faddr: rec.header.addr,
+            sport: src.1,
+            dport: rec.header.port,
+            token: token_of(from, gen),
+        };
+        let link = self
+            .table
+            .link
+            .as_mut()
+            .expect("shards other than 0 have a link");
+        match link.forward(0, env, &payload) {
+            Ok(()) => Outcome::Queued,
+            Err(()) => Outcome::Blocked,
+        }
+    }
+
+    /// RDS_CANCEL_SENT_TO (or a drain cancel) for every transport, shard 0's included.
+    fn cancel_everywhere(&mut self, laddr: u32, sport: u16, dest: Option<(u32, u16)>) {
+        for t in self.transports.iter_mut() {
+            t.cancel(laddr, sport, dest);
+        }
+        if let Some(l) = self.table.link.as_mut().filter(|l| l.shard != 0) {
+            l.note(0, shard::Note::Cancel { laddr, sport, dest });
         }
     }
 
@@ -446,9 +654,7 @@ impl PollCore {
                     if self.table.draining.len() >= inplace::MAX_DRAINING {
                         Stats::bump(&self.table.stats.drain_cancels);
                         for &(laddr, sport) in &a.pinned_binds {
-                            for t in self.transports.iter_mut() {
-                                t.cancel(laddr, sport, None);
-                            }
+                            self.cancel_everywhere(laddr, sport, None);
                         }
                     }
                     Stats::bump(&self.table.stats.regions_drained_late);
@@ -551,15 +757,27 @@ impl PollCore {
                 }
                 let a = u32::from(addr);
                 let explicit = port != 0;
-                let port = if port == 0 { self.free_port(a)? } else { port };
-                if self.table.binds.contains_key(&(a, port)) {
-                    return Err(libc::EADDRINUSE);
-                }
                 self.table.ref_cong_entry(a)?;
-                self.table.binds.insert((a, port), r);
-                if let Some(rb) = self.table.rebind.as_mut().filter(|_| explicit) {
+                // Every shard's bindings are in the directory: one owner per address and port.
+                let fabric = self.table.fabric.clone();
+                let mut dir = fabric.dir();
+                let port = if port == 0 {
+                    free_port(&dir.binds, a, self.table.next_rand())
+                } else {
+                    Some(port).filter(|p| !dir.binds.contains_key(&(a, *p)))
+                };
+                let Some(port) = port else {
+                    drop(dir);
+                    self.table.unref_cong_entry(a);
+                    return Err(libc::EADDRINUSE);
+                };
+                dir.binds.insert((a, port), self.table.shard as u8);
+                if let Some(rb) = dir.rebind.as_mut().filter(|_| explicit) {
                     rb.bound(port);
                 }
+                drop(dir);
+                fabric.binds_changed();
+                self.table.binds.insert((a, port), r);
                 self.table.sock(r).expect("live").bound = Some((a, port));
                 Ok(port as u64)
             }
@@ -602,9 +820,7 @@ impl PollCore {
                 s.cancels[n] = Cancel { dest, upto };
                 s.ncancels += 1;
                 let (laddr, sport) = s.bound.expect("checked");
-                for t in self.transports.iter_mut() {
-                    t.cancel(laddr, sport, dest);
-                }
+                self.cancel_everywhere(laddr, sport, dest);
                 Ok(0)
             }
             Request::EnableReadiness { slot } => {
@@ -626,17 +842,14 @@ impl PollCore {
             }
         }
     }
+}
 
-    fn free_port(&mut self, addr: u32) -> Result<u16, i32> {
-        let start = 2 + (self.table.next_rand() % 65534) as u32;
-        for i in 0..65534u32 {
-            let p = (2 + (start - 2 + i) % 65534) as u16;
-            if !self.table.binds.contains_key(&(addr, p)) {
-                return Ok(p);
-            }
-        }
-        Err(libc::EADDRINUSE)
-    }
+/// A port of `addr` nobody binds, searched from a random start (ports 2..=65535).
+fn free_port(binds: &rustc_hash::FxHashMap<(u32, u16), u8>, addr: u32, rand: u64) -> Option<u16> {
+    let start = 2 + (rand % 65534) as u32;
+    (0..65534u32)
+        .map(|i| (2 + (start - 2 + i) % 65534) as u16)
+        .find(|&p| !binds.contains_key(&(addr, p)))
 }
 
 /// Drops cancel markers the consumer has moved past; returns the new count.
@@ -659,8 +872,8 @@ pub fn run(mut core: PollCore, mut idle: idle::Idle, shutdown: Arc<AtomicBool>) 
         if idle.idle(work) {
             // About to park: announce it, then look once more so no doorbell is missed.
             let dview = core.dview();
-            let h = dview.header();
-            h.poll_sleeping.store(1, Ordering::Relaxed);
+            let sleeping = dview.sleeping(core.table.shard);
+            sleeping.store(1, Ordering::Relaxed);
             std::sync::atomic::fence(Ordering::SeqCst);
             let work = core.run_once();
             if work == 0 {
@@ -670,7 +883,13 @@ pub fn run(mut core: PollCore, mut idle: idle::Idle, shutdown: Arc<AtomicBool>) 
                 let napps = core.table.doorbell_fds(&mut fds);
                 // Counters are summed lazily; make them exact before sleeping.
                 core.publish_counters();
-                let mut timeout = None;
+                // Input stopped at a full receiver, or notes waiting for room: look again soon.
+                let mut timeout = core
+                    .table
+                    .link
+                    .as_ref()
+                    .filter(|l| l.needs_retry())
+                    .map(|_| std::time::Duration::from_millis(1));
                 for t in &core.transports {
                     t.park_fds(&mut fds);
                     timeout = match (timeout, t.next_timeout()) {
@@ -683,7 +902,7 @@ pub fn run(mut core: PollCore, mut idle: idle::Idle, shutdown: Arc<AtomicBool>) 
             } else {
                 idle.reset();
             }
-            h.poll_sleeping.store(0, Ordering::Relaxed);
+            sleeping.store(0, Ordering::Relaxed);
             // No reset after a park: a wake-up that finds no work (the park timeout, an app's
             // liveness check) parks again at once instead of spinning and yielding anew; the
             // next pass that does work restarts the backoff.

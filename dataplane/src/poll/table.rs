@@ -3,7 +3,7 @@
 
 use super::inplace::{hold_of_token, Hold, Holds, SOCK_HOLDS};
 use super::readiness::Readiness;
-use super::rebind::BoundPorts;
+use super::shard::{self, Envelope, Fabric, Note, ShardLink};
 use super::Channels;
 use crate::config::Config;
 use crate::seam::{Delivered, Incoming, Upcalls};
@@ -100,8 +100,15 @@ pub struct SocketTable {
     empty_map: CongMap,
     /// Local addresses whose map changed since the transports last heard.
     pub(super) cong_changed: Vec<u32>,
-    /// Ports bound before a restart, and the record of ours (`None`: no state file).
-    pub(super) rebind: Option<BoundPorts>,
+    /// What the poll threads share: the bind directory (with the rebind grace) and, with
+    /// several, the rings and notes between them (`shard.rs`).
+    pub(super) fabric: Arc<Fabric>,
+    /// This poll thread's index.
+    pub(super) shard: usize,
+    /// This shard's end of the fabric; `None` with one poll thread.
+    pub(super) link: Option<ShardLink>,
+    /// Set while delivering what another shard forwarded: never forwarded again.
+    from_fabric: bool,
     /// Messages offered in place (zero copy), see `inplace`.
     pub(super) holds: Holds,
     /// Apps gone while messages sent in place from their regions were still out: kept
@@ -120,30 +127,19 @@ impl SocketTable {
         daemon: Arc<DaemonRegion>,
         chans: Arc<Channels>,
         control_wake: Arc<std::os::fd::OwnedFd>,
+        fabric: Arc<Fabric>,
+        shard: usize,
     ) -> SocketTable {
         let max_apps = cfg.max_apps as usize;
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64);
-        let rebind =
-            match BoundPorts::open(&cfg.state_file.with_extension("ports"), cfg.rebind_grace) {
-                Ok(r) => {
-                    if r.expected() > 0 {
-                        tracing::info!(
-                            ports = r.expected(),
-                            grace = ?cfg.rebind_grace,
-                            "messages for ports bound before the restart wait for their apps"
-                        );
-                    }
-                    Some(r)
-                }
-                Err(e) => {
-                    tracing::warn!("no rebind grace: {e}");
-                    None
-                }
-            };
+            .map_or(1, |d| d.as_nanos() as u64)
+            ^ (shard as u64) << 48;
         SocketTable {
-            rebind,
+            link: (fabric.shards() > 1).then(|| fabric.link(shard)),
+            fabric,
+            shard,
+            from_fabric: false,
             dview: daemon.view(),
             _daemon: daemon,
             cfg,
@@ -244,10 +240,10 @@ impl SocketTable {
     }
 
     fn set_cong_bit(&mut self, addr: u32, port: u16, on: bool) {
-        let map = self.local_maps.entry(addr).or_default();
-        map.set_congested(port, on);
-        if !self.cong_changed.contains(&addr) {
-            self.cong_changed.push(addr);
+        match self.link.as_mut().filter(|l| l.shard != 0) {
+            // Shard 0 keeps the maps its transports send to peers.
+            Some(l) => l.note(0, Note::CongBit { addr, port, on }),
+            None => self.local_cong_changed(addr, port, on),
         }
         if let Some(&(idx, _)) = self.cong_entries.get(&addr) {
             let word = &self.dview.map(idx)[port as usize / 64];
@@ -257,6 +253,15 @@ impl SocketTable {
                 word.fetch_and(!(1 << (port % 64)), Ordering::AcqRel);
             }
             self.dview.header().cong_seq.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Shard 0: a local port's congestion changed; tell the transports (`cong_changed`).
+    pub(super) fn local_cong_changed(&mut self, addr: u32, port: u16, on: bool) {
+        let map = self.local_maps.entry(addr).or_default();
+        map.set_congested(port, on);
+        if !self.cong_changed.contains(&addr) {
+            self.cong_changed.push(addr);
         }
     }
 
@@ -300,11 +305,19 @@ impl SocketTable {
     fn uncongest(&mut self, addr: u32, port: u16) {
         self.set_cong_bit(addr, port, false);
         Stats::bump(&self.stats.cong_cleared);
-        self.notify_uncongested(cong_monitor_bit(port));
+        self.wake_uncongested(cong_monitor_bit(port));
+    }
+
+    /// Wakes blocked senders and monitors of `mask` on every shard (theirs may send here).
+    fn wake_uncongested(&mut self, mask: u64) {
+        self.notify_uncongested(mask);
+        if let Some(l) = self.link.as_mut() {
+            l.note_all(Note::Uncongested { mask });
+        }
     }
 
     /// Wakes every blocked app thread and posts `bit` to monitors that asked for it.
-    fn notify_uncongested(&mut self, bit: u64) {
+    pub(super) fn notify_uncongested(&mut self, bit: u64) {
         for a in self.apps.iter().flatten().filter(|a| !a.evicted) {
             for (slot, s) in a.socks.iter().enumerate() {
                 let Some(s) = s else { continue };
@@ -415,11 +428,16 @@ impl SocketTable {
         }
         if let Some(b) = s.bound {
             self.binds.remove(&b);
-            if let Some(r) = self.rebind.as_mut() {
-                if !self.binds.keys().any(|&(_, port)| port == b.1) {
-                    r.unbound(b.1);
+            {
+                let mut dir = self.fabric.dir();
+                dir.binds.remove(&b);
+                if !dir.binds.keys().any(|&(_, port)| port == b.1) {
+                    if let Some(r) = dir.rebind.as_mut() {
+                        r.unbound(b.1);
+                    }
                 }
             }
+            self.fabric.binds_changed();
             if s.congested {
                 self.uncongest(b.0, b.1);
             }
@@ -543,32 +561,85 @@ impl SocketTable {
         wake_slot(ctl);
     }
 
+    /// References `addr`'s congestion map in the daemon region (this shard's count; the
+    /// entry itself is shared by all shards, see `shard::Directory`).
     pub(super) fn ref_cong_entry(&mut self, addr: u32) -> Result<(), i32> {
         if let Some(e) = self.cong_entries.get_mut(&addr) {
             e.1 += 1;
             return Ok(());
         }
-        let idx = (0..CONG_ENTRIES)
-            .find(|i| !self.cong_entries.values().any(|e| e.0 == *i))
-            .ok_or(libc::ENOBUFS)?;
-        for w in self.dview.map(idx) {
-            w.store(0, Ordering::Relaxed);
-        }
-        self.dview.entry(idx).addr.store(addr, Ordering::Release);
+        let mut dir = self.fabric.dir();
+        let idx = match dir.cong.get_mut(&addr) {
+            Some(e) => {
+                e.1 += 1;
+                e.0
+            }
+            None => {
+                let idx = (0..CONG_ENTRIES)
+                    .find(|i| !dir.cong.values().any(|e| e.0 == *i))
+                    .ok_or(libc::ENOBUFS)?;
+                for w in self.dview.map(idx) {
+                    w.store(0, Ordering::Relaxed);
+                }
+                self.dview.entry(idx).addr.store(addr, Ordering::Release);
+                dir.cong.insert(addr, (idx, 1));
+                idx
+            }
+        };
         self.cong_entries.insert(addr, (idx, 1));
         Ok(())
     }
 
-    fn unref_cong_entry(&mut self, addr: u32) {
-        if let Some(e) = self.cong_entries.get_mut(&addr) {
-            e.1 -= 1;
-            if e.1 == 0 {
-                let idx = e.0;
-                self.cong_entries.remove(&addr);
-                self.local_maps.remove(&addr);
+    pub(super) fn unref_cong_entry(&mut self, addr: u32) {
+        let Some(e) = self.cong_entries.get_mut(&addr) else {
+            return;
+        };
+        e.1 -= 1;
+        if e.1 > 0 {
+            return;
+        }
+        self.cong_entries.remove(&addr);
+        if self.local_maps.get(&addr).is_some_and(|m| m.is_clear()) {
+            self.local_maps.remove(&addr);
+        }
+        let mut dir = self.fabric.dir();
+        if let Some(g) = dir.cong.get_mut(&addr) {
+            g.1 -= 1;
+            if g.1 == 0 {
+                let idx = g.0;
+                dir.cong.remove(&addr);
                 self.dview.entry(idx).addr.store(0, Ordering::Release);
             }
         }
+    }
+
+    /// A delivery to a socket of another shard goes there through the fabric: `Yes` once
+    /// queued, `Full` while the pair ring is full. `None`: not bound on another shard.
+    fn forward_delivery(&mut self, m: &Incoming<'_>) -> Option<Delivered> {
+        if self.from_fabric {
+            return None;
+        }
+        let l = self.link.as_mut()?;
+        let to = l.owner(m.laddr, m.dport)?;
+        let env = Envelope::Deliver {
+            laddr: m.laddr,
+            faddr: m.faddr,
+            sport: m.sport,
+            dport: m.dport,
+        };
+        Some(match l.forward(to, env, &m.payload) {
+            Ok(()) => Delivered::Yes,
+            Err(()) => Delivered::Full,
+        })
+    }
+
+    /// Delivers a message another shard forwarded (never forwarded again: a binding that
+    /// moved meanwhile drops it, as a close would).
+    pub(super) fn deliver_forwarded(&mut self, m: Incoming<'_>) -> Delivered {
+        self.from_fabric = true;
+        let d = self.deliver(m);
+        self.from_fabric = false;
+        d
     }
 
     pub(super) fn next_rand(&mut self) -> u64 {
@@ -583,7 +654,16 @@ impl SocketTable {
 impl Upcalls for SocketTable {
     fn deliver(&mut self, m: Incoming<'_>) -> Delivered {
         let Some(&to) = self.binds.get(&(m.laddr, m.dport)) else {
-            if self.rebind.as_mut().is_some_and(|r| r.holds(m.dport)) {
+            if let Some(d) = self.forward_delivery(&m) {
+                return d;
+            }
+            if self
+                .fabric
+                .dir()
+                .rebind
+                .as_mut()
+                .is_some_and(|r| r.holds(m.dport))
+            {
                 // Its app is re-attaching after our restart: wait (the path pauses).
                 Stats::bump(&self.stats.rx_held_for_rebind);
                 return Delivered::Full;
@@ -641,6 +721,12 @@ impl Upcalls for SocketTable {
     }
 
     fn release(&mut self, token: u64, len: u64) {
+        if let Some((from, t)) = shard::unforward(token) {
+            if let Some(l) = self.link.as_mut() {
+                l.note(from, Note::Release { token: t, len });
+            }
+            return;
+        }
         if let Some(h) = hold_of_token(token) {
             self.release_hold(h, len);
             return;
@@ -687,7 +773,7 @@ impl Upcalls for SocketTable {
     }
 
     fn uncongested(&mut self, mask: u64) {
-        self.notify_uncongested(mask);
+        self.wake_uncongested(mask);
     }
 }
 

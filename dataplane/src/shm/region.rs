@@ -101,6 +101,8 @@ impl AppRegion {
             slot_len: geometry.slot_len() as u64,
             tx_ring_capacity: geometry.tx_ring_capacity,
             rx_ring_capacity: geometry.rx_ring_capacity,
+            poll_shard: 0,
+            reserved: 0,
         };
         // SAFETY: offset 0 of a fresh mapping far larger than the header; nobody else has it yet.
         unsafe { std::ptr::write(map.as_ptr() as *mut AppRegionHeader, header) };
@@ -111,6 +113,15 @@ impl AppRegion {
             hugetlb,
             released: false,
         }
+    }
+
+    /// Names the poll thread that serves this app. Called before the region is sent to the app
+    /// (the header is written once, then only read).
+    pub fn set_poll_shard(&mut self, shard: u32) {
+        let hdr = self.map.as_ptr() as *mut AppRegionHeader;
+        // SAFETY: the header lies at offset 0 of our own mapping (see `init`); `&mut self` and
+        // "not sent yet" mean nobody reads it concurrently.
+        unsafe { std::ptr::addr_of_mut!((*hdr).poll_shard).write(shard) };
     }
 
     /// The memfd to pass to the app.

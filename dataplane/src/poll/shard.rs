@@ -1,0 +1,467 @@
+//! Shards: what several poll threads share, and how a message crosses from one to another.
+//!
+//! Each poll thread (`poll_cores`, shard `k`) owns the apps the control thread gave it: their
+//! sockets, rings, bindings and doorbells. Shard 0 also owns every network transport. Shards
+//! share no socket state; what crosses between them travels through the [`Fabric`]:
+//!
+//! - **Messages**, one single-producer ring per ordered pair of shards (`from → to`), on the
+//!   heap, with the same record format as the apps' rings: a delivery to a socket of another
+//!   shard ([`Envelope::Deliver`]: a local send, or a message shard 0 took from the network),
+//!   and a send from a socket of shard `k` to a remote host ([`Envelope::Send`], `k → 0`).
+//!   The payload is copied once into the pair ring, then once more into the receiver's rx ring.
+//!   A full pair ring is back-pressure: the sender's message stays on its tx ring
+//!   (`Blocked`), a network path pauses (`Full`). The receiving shard stops reading a pair ring
+//!   at a message its destination cannot take yet (its rx ring is full), so order holds.
+//! - **Notes** ([`Note`]), one bounded queue per pair, never dropped (a note that finds the
+//!   queue full waits in the sender's stash): the release of a forwarded send's bytes
+//!   (`0 → k`), a congestion bit of shard `k`'s port for the maps shard 0 sends to peers, an
+//!   uncongestion to wake blocked senders everywhere, a cancel for shard 0's transports.
+//! - **The bind directory** ([`Directory`]): every binding `(addr, port) → shard`, and the
+//!   congestion-table entries of the daemon region, under one mutex taken only by bind, close
+//!   and the first use of an address. Each shard routes from its own replica, refreshed when
+//!   the directory's version moved (one load per pass) and before it calls a destination
+//!   unbound.
+//!
+//! Producers publish once per pass and ring the doorbell of a shard that sleeps (its flag in
+//! the daemon region, `DaemonView::sleeping`), as apps do. One poll thread: no rings, no notes,
+//! the directory only for binds.
+
+use super::rebind::BoundPorts;
+use crossbeam_queue::ArrayQueue;
+use rustc_hash::FxHashMap;
+use shm_api::layout::DaemonView;
+use shm_api::ring::{Consumer, HeapRing, Producer, PushError, RawRing, Record, RecordHeader};
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Data bytes of each pair ring: one 1 MiB message and its envelope always fit.
+pub const PAIR_RING_BYTES: usize = 2 << 20;
+/// Notes queued per pair before the sender stashes them.
+const NOTES_PER_PAIR: usize = 1 << 14;
+/// Token bit of a send forwarded by another shard: its release goes back to that shard.
+pub(super) const FORWARDED: u64 = 1 << 62;
+const SHARD_SHIFT: u32 = 56;
+const SHARD_MASK: u64 = 0x3f << SHARD_SHIFT;
+/// Bytes of the envelope in front of each payload in a pair ring.
+const ENVELOPE_LEN: usize = 24;
+const KIND_DELIVER: u8 = 1;
+const KIND_SEND: u8 = 2;
+
+/// The token shard 0 carries for a send forwarded from `shard` (token `t` there).
+pub(super) fn forwarded_token(shard: usize, t: u64) -> u64 {
+    debug_assert!(t & (FORWARDED | SHARD_MASK) == 0);
+    FORWARDED | ((shard as u64) << SHARD_SHIFT) | t
+}
+
+/// `(shard, token there)` of a forwarded token.
+pub(super) fn unforward(token: u64) -> Option<(usize, u64)> {
+    (token & FORWARDED != 0 && token & super::inplace::IN_PLACE == 0).then_some({
+        (
+            ((token & SHARD_MASK) >> SHARD_SHIFT) as usize,
+            token & !(FORWARDED | SHARD_MASK),
+        )
+    })
+}
+
+/// A small message between shards (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Note {
+    /// `len` bytes of the send carrying `token` are released (acknowledged, dropped).
+    Release { token: u64, len: u64 },
+    /// RDS_CANCEL_SENT_TO for shard 0's transports.
+    Cancel {
+        laddr: u32,
+        sport: u16,
+        dest: Option<(u32, u16)>,
+    },
+    /// A local port's congestion bit changed (for the maps shard 0 sends to peers).
+    CongBit { addr: u32, port: u16, on: bool },
+    /// Ports (monitor mask) are uncongested: wake blocked senders and monitors.
+    Uncongested { mask: u64 },
+}
+
+/// What a pair ring carries, decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Envelope {
+    /// Deliver to the socket bound at `(laddr, dport)` on the receiving shard.
+    Deliver {
+        laddr: u32,
+        faddr: u32,
+        sport: u16,
+        dport: u16,
+    },
+    /// Send to a remote host through shard 0's transports; `token` names the sender there.
+    Send {
+        laddr: u32,
+        faddr: u32,
+        sport: u16,
+        dport: u16,
+        token: u64,
+    },
+}
+
+impl Envelope {
+    fn emit(&self) -> [u8; ENVELOPE_LEN] {
+        let (kind, laddr, faddr, sport, dport, token) = match *self {
+            Envelope::Deliver {
+                laddr,
+                faddr,
+                sport,
+                dport,
+            } => (KIND_DELIVER, laddr, faddr, sport, dport, 0),
+            Envelope::Send {
+                laddr,
+                faddr,
+                sport,
+                dport,
+                token,
+            } => (KIND_SEND, laddr, faddr, sport, dport, token),
+        };
+        let mut b = [0u8; ENVELOPE_LEN];
+        b[0] = kind;
+        b[4..8].copy_from_slice(&laddr.to_le_bytes());
+        b[8..12].copy_from_slice(&faddr.to_le_bytes());
+        b[12..14].copy_from_slice(&sport.to_le_bytes());
+        b[14..16].copy_from_slice(&dport.to_le_bytes());
+        b[16..24].copy_from_slice(&token.to_le_bytes());
+        b
+    }
+
+    /// Pair rings are written only by rdsd's own threads; a bad envelope is a bug, not input.
+    fn parse(b: &[u8; ENVELOPE_LEN]) -> Envelope {
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u16_at = |i: usize| u16::from_le_bytes(b[i..i + 2].try_into().expect("2 bytes"));
+        let (laddr, faddr, sport, dport) = (u32_at(4), u32_at(8), u16_at(12), u16_at(14));
+        match b[0] {
+            KIND_DELIVER => Envelope::Deliver {
+                laddr,
+                faddr,
+                sport,
+                dport,
+            },
+            KIND_SEND => Envelope::Send {
+                laddr,
+                faddr,
+                sport,
+                dport,
+                token: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
+            },
+            k => unreachable!("pair ring record of kind {k}"),
+        }
+    }
+}
+
+/// Every binding and congestion-table entry of the daemon (see the module docs).
+#[derive(Default)]
+pub struct Directory {
+    /// `(addr, port)` → the shard whose socket is bound there.
+    pub(super) binds: FxHashMap<(u32, u16), u8>,
+    /// Address → (congestion-table index in the daemon region, references from all shards).
+    pub(super) cong: FxHashMap<u32, (usize, u32)>,
+    /// Ports bound before a restart, and the record of ours (`None`: no state file).
+    pub(super) rebind: Option<BoundPorts>,
+}
+
+/// The ports bound before a restart (`<state_file>.ports`), for the rebind grace; `None`
+/// (logged) without a usable state file.
+pub fn open_rebind(cfg: &crate::config::Config) -> Option<BoundPorts> {
+    match BoundPorts::open(&cfg.state_file.with_extension("ports"), cfg.rebind_grace) {
+        Ok(r) => {
+            if r.expected() > 0 {
+                tracing::info!(
+                    ports = r.expected(),
+                    grace = ?cfg.rebind_grace,
+                    "messages for ports bound before the restart wait for their apps"
+                );
+            }
+            Some(r)
+        }
+        Err(e) => {
+            tracing::warn!("no rebind grace: {e}");
+            None
+        }
+    }
+}
+
+/// What the poll threads share (one per rdsd).
+pub struct Fabric {
+    n: usize,
+    /// `rings[from * n + to]`; empty with one shard.
+    rings: Vec<HeapRing>,
+    /// `notes[from * n + to]`; empty with one shard.
+    notes: Vec<ArrayQueue<Note>>,
+    /// Per shard: the eventfd that wakes it when parked (the control thread rings it too).
+    doorbells: Vec<Arc<OwnedFd>>,
+    dview: DaemonView,
+    dir: Mutex<Directory>,
+    dir_version: AtomicU64,
+}
+
+impl Fabric {
+    /// The fabric of `doorbells.len()` shards.
+    pub fn new(
+        doorbells: Vec<Arc<OwnedFd>>,
+        dview: DaemonView,
+        rebind: Option<BoundPorts>,
+    ) -> Fabric {
+        let n = doorbells.len();
+        let pairs = if n > 1 { n * n } else { 0 };
+        Fabric {
+            n,
+            // A ring to oneself stays empty (and untouched: its pages are never faulted in).
+            rings: (0..pairs).map(|_| HeapRing::new(PAIR_RING_BYTES)).collect(),
+            notes: (0..pairs)
+                .map(|_| ArrayQueue::new(NOTES_PER_PAIR))
+                .collect(),
+            doorbells,
+            dview,
+            dir: Mutex::new(Directory {
+                rebind,
+                ..Directory::default()
+            }),
+            dir_version: AtomicU64::new(0),
+        }
+    }
+
+    /// Number of shards.
+    pub fn shards(&self) -> usize {
+        self.n
+    }
+
+    /// The directory, for a bind, a close or a new congestion entry. Never on the fast path.
+    pub(super) fn dir(&self) -> MutexGuard<'_, Directory> {
+        // A poll thread that panicked holding it has taken rdsd down already.
+        self.dir.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Call after changing the directory's bindings.
+    pub(super) fn binds_changed(&self) {
+        self.dir_version.fetch_add(1, Ordering::Release);
+    }
+
+    /// Shard `k`'s end: its producers and consumers.
+    pub fn link(self: &Arc<Fabric>, k: usize) -> ShardLink {
+        let n = self.n;
+        let ring = |from: usize, to: usize| self.rings.get(from * n + to).map(|r| r.ring());
+        ShardLink {
+            shard: k,
+            out: (0..n)
+                .filter_map(|to| ring(k, to).map(Producer::new))
+                .collect(),
+            inp: (0..n)
+                .filter_map(|from| ring(from, k).map(Consumer::new))
+                .collect(),
+            stalled: 0,
+            dirty: 0,
+            stash: VecDeque::with_capacity(1024),
+            replica: FxHashMap::default(),
+            replica_version: u64::MAX,
+            fabric: self.clone(),
+        }
+    }
+}
+
+/// One shard's end of the fabric.
+pub struct ShardLink {
+    pub(super) shard: usize,
+    /// `out[to]` (an unused one for `to == shard`).
+    out: Vec<Producer<RawRing>>,
+    /// `inp[from]`.
+    pub(super) inp: Vec<Consumer<RawRing>>,
+    /// Bit per input ring stopped at a message its destination cannot take yet.
+    pub(super) stalled: u64,
+    /// Bit per shard this pass sent something to (publish and wake at the end of the pass).
+    dirty: u64,
+    /// Notes that found their queue full, oldest first, with their target.
+    stash: VecDeque<(usize, Note)>,
+    /// Bindings as last read from the directory.
+    replica: FxHashMap<(u32, u16), u8>,
+    replica_version: u64,
+    pub(super) fabric: Arc<Fabric>,
+}
+
+impl ShardLink {
+    /// Number of shards.
+    pub fn shards(&self) -> usize {
+        self.fabric.n
+    }
+
+    /// Refreshes the replica of the bindings if the directory changed. `force`: even if the
+    /// version was seen (it is a load either way; the copy happens only on change).
+    pub(super) fn refresh(&mut self) -> bool {
+        let v = self.fabric.dir_version.load(Ordering::Acquire);
+        if v == self.replica_version {
+            return false;
+        }
+        let dir = self.fabric.dir();
+        self.replica.clone_from(&dir.binds);
+        self.replica_version = self.fabric.dir_version.load(Ordering::Acquire);
+        true
+    }
+
+    /// The shard bound at `(addr, port)`, if another one.
+    pub(super) fn owner(&mut self, addr: u32, port: u16) -> Option<usize> {
+        let look = |r: &FxHashMap<(u32, u16), u8>| r.get(&(addr, port)).map(|&s| s as usize);
+        let mut found = look(&self.replica);
+        if found.is_none() && self.refresh() {
+            found = look(&self.replica);
+        }
+        found.filter(|&s| s != self.shard)
+    }
+
+    /// Queues a message for shard `to`: `Err(())` if its ring is full (try again later).
+    pub(super) fn forward(
+        &mut self,
+        to: usize,
+        env: Envelope,
+        payload: &crate::seam::MsgBytes<'_>,
+    ) -> Result<(), ()> {
+        let len = ENVELOPE_LEN + payload.len();
+        let head = env.emit();
+        let header = RecordHeader::data(len as u32, 0, 0);
+        let pushed = self.out[to].push_with(header, |mem, off| {
+            shm_api::ring::RingMemory::write(mem, off, &head);
+            // SAFETY: `off + ENVELOPE_LEN .. off + len` lies in the pair ring's data area,
+            // reserved for this record; the source is an app ring or a receive buffer, never
+            // this ring.
+            unsafe { payload.copy_to(mem.data_ptr().add(off + ENVELOPE_LEN)) };
+        });
+        match pushed {
+            Ok(()) => {
+                self.dirty |= 1 << to;
+                Ok(())
+            }
+            Err(PushError::Full) => {
+                self.dirty |= 1 << to;
+                Err(())
+            }
+            Err(PushError::TooLarge) => unreachable!("pair rings hold the largest message"),
+        }
+    }
+
+    /// Queues a note for shard `to`; never lost (stashed while its queue is full).
+    pub(super) fn note(&mut self, to: usize, note: Note) {
+        debug_assert!(to != self.shard);
+        self.dirty |= 1 << to;
+        if !self.stash.is_empty()
+            || self.fabric.notes[self.shard * self.fabric.n + to]
+                .push(note)
+                .is_err()
+        {
+            self.stash.push_back((to, note));
+        }
+    }
+
+    /// Queues a note for every other shard.
+    pub(super) fn note_all(&mut self, note: Note) {
+        let (n, me) = (self.fabric.n, self.shard);
+        for to in (0..n).filter(|&t| t != me) {
+            self.note(to, note);
+        }
+    }
+
+    /// The next note from shard `from`.
+    pub(super) fn take_note(&self, from: usize) -> Option<Note> {
+        self.fabric.notes[from * self.fabric.n + self.shard].pop()
+    }
+
+    /// Retries stashed notes; true if some are still waiting.
+    pub(super) fn flush_stash(&mut self) -> bool {
+        while let Some(&(to, note)) = self.stash.front() {
+            if self.fabric.notes[self.shard * self.fabric.n + to]
+                .push(note)
+                .is_err()
+            {
+                return true;
+            }
+            self.dirty |= 1 << to;
+            self.stash.pop_front();
+        }
+        false
+    }
+
+    /// End of a pass: publishes what this pass queued and wakes the shards that sleep.
+    pub(super) fn publish(&mut self) {
+        if self.dirty == 0 {
+            return;
+        }
+        for to in 0..self.fabric.n {
+            if self.dirty & (1 << to) != 0 {
+                self.out[to].publish();
+            }
+        }
+        // Pairs with the fence a parking shard makes between raising its flag and its last
+        // look at its inputs (the same protocol as an app's doorbell).
+        fence(Ordering::SeqCst);
+        for to in 0..self.fabric.n {
+            if self.dirty & (1 << to) != 0
+                && self.fabric.dview.sleeping(to).load(Ordering::Relaxed) != 0
+            {
+                shm_api::sys::eventfd_signal(self.fabric.doorbells[to].as_raw_fd());
+            }
+        }
+        self.dirty = 0;
+    }
+
+    /// Work that makes a parked shard wake on a timer: stalled input, stashed notes.
+    pub(super) fn needs_retry(&self) -> bool {
+        self.stalled != 0 || !self.stash.is_empty()
+    }
+}
+
+/// A record of a pair ring: its envelope and where its payload lies.
+pub(super) fn open_record(ring: &Consumer<RawRing>, rec: &Record) -> (Envelope, *const u8, usize) {
+    let mut head = [0u8; ENVELOPE_LEN];
+    let n = ring.read_payload(rec, &mut head);
+    assert_eq!(
+        n, ENVELOPE_LEN,
+        "pair ring record shorter than its envelope"
+    );
+    let len = rec.header.len as usize - ENVELOPE_LEN;
+    // SAFETY: the consumer validated `payload_offset + header.len` against the data area,
+    // which the fabric keeps allocated for as long as this shard's link exists.
+    let ptr = unsafe {
+        ring.memory()
+            .data_ptr()
+            .add(rec.payload_offset + ENVELOPE_LEN)
+            .cast_const()
+    };
+    (Envelope::parse(&head), ptr, len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelopes_round_trip() {
+        for e in [
+            Envelope::Deliver {
+                laddr: 0x7f00_0001,
+                faddr: 0x0a00_0002,
+                sport: 4000,
+                dport: 5000,
+            },
+            Envelope::Send {
+                laddr: 1,
+                faddr: 2,
+                sport: 3,
+                dport: 4,
+                token: 0x0123_4567_89ab,
+            },
+        ] {
+            assert_eq!(Envelope::parse(&e.emit()), e);
+        }
+    }
+
+    #[test]
+    fn forwarded_tokens_name_their_shard() {
+        let t = (1023u64 << 44) | (4095 << 32) | 0xffff_ffff;
+        let f = forwarded_token(30, t);
+        assert_eq!(unforward(f), Some((30, t)));
+        assert_eq!(unforward(t), None);
+        assert_eq!(unforward(super::super::inplace::IN_PLACE | 7), None);
+    }
+}

@@ -1,0 +1,205 @@
+//! Several poll threads: apps spread over them, and messages between sockets of different
+//! poll threads arrive exactly once and in order per (sender, destination), as within one.
+
+use proptest::prelude::*;
+use rdsd_tests::{lo, Daemon};
+use std::collections::{HashMap, VecDeque};
+use std::io::ErrorKind;
+use std::time::{Duration, Instant};
+
+const POLL_THREADS: usize = 3;
+
+fn daemon() -> Daemon {
+    let mut args = Vec::new();
+    for _ in 0..POLL_THREADS {
+        args.extend(["--poll-core", "-2"]);
+    }
+    Daemon::start(&args)
+}
+
+#[test]
+fn apps_spread_over_the_poll_threads() {
+    let d = daemon();
+    let apps: Vec<_> = (0..2 * POLL_THREADS).map(|_| d.attach()).collect();
+    let mut per_thread = [0usize; POLL_THREADS];
+    for a in &apps {
+        per_thread[a.poll_thread()] += 1;
+    }
+    // The least-loaded poll thread takes each new app.
+    assert_eq!(per_thread, [2; POLL_THREADS], "apps per poll thread");
+    // A detached app's place is taken again by the next.
+    let gone = apps[1].poll_thread();
+    drop(apps);
+    let again: Vec<_> = (0..POLL_THREADS).map(|_| d.attach()).collect();
+    let mut threads: Vec<_> = again.iter().map(|a| a.poll_thread()).collect();
+    threads.sort();
+    assert_eq!(
+        threads,
+        (0..POLL_THREADS).collect::<Vec<_>>(),
+        "after detach (was {gone})"
+    );
+}
+
+/// One socket of the model: which app (attachment) holds it and its address.
+struct Peer {
+    app: usize,
+    sock: shm_api::Socket,
+    port: u16,
+}
+
+/// Sends every planned message, draining receivers whenever a send would block, then checks
+/// that each receiver got, per sender, exactly the sequence that sender sent, in order.
+fn run_plan(
+    d: &Daemon,
+    apps: usize,
+    socks_per_app: usize,
+    plan: &[(usize, usize, usize)],
+    base_port: u16,
+) {
+    // The previous case's apps are gone (their detach is asynchronous).
+    // (`stats_at` asks without attaching.)
+    let attached = || {
+        let s = shm_api::stats_at(&d.socket).expect("stats");
+        rdsd_tests::stat_from(&s, "apps_attached") - rdsd_tests::stat_from(&s, "apps_detached")
+    };
+    rdsd_tests::wait_for(
+        || attached() == 0,
+        Duration::from_secs(20),
+        "earlier apps to detach",
+    );
+    let rdsds: Vec<_> = (0..apps).map(|_| d.attach()).collect();
+    let mut peers = Vec::new();
+    for (a, r) in rdsds.iter().enumerate() {
+        for s in 0..socks_per_app {
+            let sock = r.socket().expect("socket");
+            let port = base_port + (a * socks_per_app + s) as u16;
+            sock.bind(lo(port)).expect("bind");
+            sock.set_nonblocking(true).unwrap();
+            sock.set_recv_buffer_size(1 << 20).unwrap();
+            peers.push(Peer { app: a, sock, port });
+        }
+    }
+    let shards: Vec<usize> = rdsds.iter().map(|r| r.poll_thread()).collect();
+    // Nothing else is attached: the apps sit on min(apps, POLL_THREADS) threads.
+    let mut distinct = shards.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        apps.min(POLL_THREADS),
+        "threads of the apps: {shards:?}"
+    );
+    // expected[dst][src] = payload sequence numbers still to come, in order.
+    let mut expected: Vec<HashMap<usize, VecDeque<u64>>> = vec![HashMap::new(); peers.len()];
+    let mut got = vec![0usize; peers.len()];
+    let mut buf = vec![0u8; 70_000];
+    let mut drain = |peers: &[Peer],
+                     expected: &mut Vec<HashMap<usize, VecDeque<u64>>>,
+                     got: &mut Vec<usize>| {
+        for (dst, p) in peers.iter().enumerate() {
+            loop {
+                match p.sock.recv_from(&mut buf) {
+                    Ok((n, from)) => {
+                        let src = peers
+                            .iter()
+                            .position(|q| q.port == from.port())
+                            .expect("sender is one of ours");
+                        assert!(n >= 8, "message shorter than its sequence number");
+                        let seq = u64::from_le_bytes(buf[..8].try_into().unwrap());
+                        let want = expected[dst]
+                            .get_mut(&src)
+                            .and_then(|q| q.pop_front())
+                            .unwrap_or_else(|| {
+                                panic!("{src}->{dst}: unexpected message {seq} (duplicate?)")
+                            });
+                        assert_eq!(
+                            seq, want,
+                            "{src}(app {}, thread {})->{dst}(app {}, thread {}): out of order",
+                            peers[src].app, shards[peers[src].app], p.app, shards[p.app]
+                        );
+                        assert!(
+                            buf[8..n].iter().all(|&b| b == seq as u8),
+                            "payload corrupted"
+                        );
+                        got[dst] += 1;
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("recv: {e}"),
+                }
+            }
+        }
+    };
+    for (i, &(src, dst, len)) in plan.iter().enumerate() {
+        let (src, dst) = (src % peers.len(), dst % peers.len());
+        let seq = i as u64;
+        let mut msg = vec![seq as u8; len.max(8)];
+        msg[..8].copy_from_slice(&seq.to_le_bytes());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match peers[src].sock.send_to(&msg, lo(peers[dst].port)) {
+                Ok(_) => break,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::ENOBUFS)) => {
+                    assert!(Instant::now() < deadline, "send never got room");
+                    drain(&peers, &mut expected, &mut got);
+                    std::thread::yield_now();
+                }
+                Err(e) => panic!("send: {e}"),
+            }
+        }
+        expected[dst].entry(src).or_default().push_back(seq);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while expected.iter().any(|m| m.values().any(|q| !q.is_empty())) {
+        assert!(
+            Instant::now() < deadline,
+            "messages missing after 20 s: {:?}",
+            expected
+                .iter()
+                .map(|m| m.values().map(|q| q.len()).sum::<usize>())
+                .collect::<Vec<_>>()
+        );
+        drain(&peers, &mut expected, &mut got);
+        std::thread::yield_now();
+    }
+    assert_eq!(got.iter().sum::<usize>(), plan.len());
+}
+
+/// Random sockets on random poll threads, random sends (sizes from a sequence number alone to
+/// 64 KiB), checked against the model. One daemon for every case; each case's apps detach
+/// before the next attaches.
+#[test]
+fn cross_thread_delivery_is_exactly_once_and_in_order() {
+    let d = daemon();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 24,
+        ..ProptestConfig::default()
+    });
+    let plans = (
+        2usize..6,
+        1usize..4,
+        proptest::collection::vec(
+            (
+                0usize..64,
+                0usize..64,
+                prop_oneof![8usize..64, 64usize..65_536],
+            ),
+            1..300,
+        ),
+    );
+    let base = std::cell::Cell::new(20_000u16);
+    runner
+        .run(&plans, |(apps, socks, plan)| {
+            base.set(base.get() + 32);
+            run_plan(&d, apps, socks, &plan, base.get());
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn a_burst_between_two_poll_threads_keeps_its_order() {
+    // Many small messages fill the pair ring and the receiver's ring several times over.
+    let d = daemon();
+    let plan: Vec<_> = (0..20_000).map(|i| (0, 1, 8 + i % 200)).collect();
+    run_plan(&d, 2, 1, &plan, 30_000);
+}
