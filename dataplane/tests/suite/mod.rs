@@ -37,10 +37,6 @@ pub trait LabClock: Clock + Clone + 'static {
             v.advance(TICK);
         }
     }
-    /// Time since the clock's epoch.
-    fn elapsed(&self) -> Duration {
-        Duration::from_nanos(self.now().as_nanos())
-    }
 }
 
 impl LabClock for VirtualClock {
