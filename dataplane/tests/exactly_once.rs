@@ -10,10 +10,15 @@
 //! `Upcalls` side) and checks that every message sent is delivered exactly once and in order
 //! per (socket, destination), through full receive rings, path drops and a restart of the
 //! receiving endpoint with its persisted receive state.
+//!
+//! The mock runs on a virtual clock (passes, no sleeps, the same run every time); kernel TCP on
+//! the real one (waits on its descriptors, with deadlines).
 
 mod suite;
 
-use rdsd::protocol::{Accepted, ConnectPoll, Framing, Link, PoolBuf, Read, Write};
+use rdsd::protocol::{
+    Accepted, ConnectPoll, Framing, Link, MonotonicClock, PoolBuf, Read, VirtualClock, Write,
+};
 use rdsd::seam::MsgBytes;
 use rdsd::transport::tcp::TcpLink;
 use std::collections::{HashMap, VecDeque};
@@ -174,10 +179,28 @@ impl Link for MockMessageLink {
 struct MockLab {
     net: Arc<Mutex<Net>>,
     credits: usize,
+    clock: VirtualClock,
+}
+
+impl MockLab {
+    fn new(ack_every: u64, credits: usize) -> MockLab {
+        MockLab {
+            net: Arc::new(Mutex::new(Net {
+                ack_every,
+                ..Net::default()
+            })),
+            credits,
+            clock: VirtualClock::new(),
+        }
+    }
 }
 
 impl MakeLink for MockLab {
     type L = MockMessageLink;
+    type C = VirtualClock;
+    fn clock(&self) -> VirtualClock {
+        self.clock.clone()
+    }
     fn make(&mut self, addr: u32) -> MockMessageLink {
         MockMessageLink {
             net: self.net.clone(),
@@ -203,10 +226,15 @@ impl MakeLink for MockLab {
 
 struct TcpLab {
     port: u16,
+    clock: MonotonicClock,
 }
 
 impl MakeLink for TcpLab {
     type L = TcpLink;
+    type C = MonotonicClock;
+    fn clock(&self) -> MonotonicClock {
+        self.clock
+    }
     fn make(&mut self, addr: u32) -> TcpLink {
         TcpLink::listen(SocketAddrV4::new(Ipv4Addr::from(addr), self.port)).unwrap()
     }
@@ -214,16 +242,7 @@ impl MakeLink for TcpLab {
 
 #[test]
 fn mock_message_link_passes_the_exactly_once_suite() {
-    suite(
-        || MockLab {
-            net: Arc::new(Mutex::new(Net {
-                ack_every: 3,
-                ..Net::default()
-            })),
-            credits: 4,
-        },
-        "mock",
-    );
+    suite(|| MockLab::new(3, 4), "mock");
 }
 
 #[test]
@@ -233,6 +252,7 @@ fn tcp_link_passes_the_exactly_once_suite() {
             port: 20000
                 + (std::process::id() % 20000) as u16
                 + TCP_PORT.fetch_add(1, Ordering::Relaxed),
+            clock: MonotonicClock::new(),
         },
         "tcp",
     );
@@ -240,17 +260,7 @@ fn tcp_link_passes_the_exactly_once_suite() {
 
 #[test]
 fn mock_message_link_survives_path_cuts() {
-    let o = run(
-        &mut MockLab {
-            net: Arc::new(Mutex::new(Net {
-                ack_every: 5,
-                ..Net::default()
-            })),
-            credits: 4,
-        },
-        Run::path_cut(),
-        "mock-cut",
-    );
+    let o = run(&mut MockLab::new(5, 4), Run::path_cut(), "mock-cut");
     assert_eq!(o.gaps, 0);
 }
 
@@ -259,13 +269,7 @@ fn mock_message_link_survives_path_cuts() {
 /// without it the app sees them twice (shown below, so this test can fail).
 #[test]
 fn receiver_restart_with_persisted_state_sees_no_duplicate() {
-    let lab = || MockLab {
-        net: Arc::new(Mutex::new(Net {
-            ack_every: 8,
-            ..Net::default()
-        })),
-        credits: 16,
-    };
+    let lab = || MockLab::new(8, 16);
     let run_it = |persist: bool, tag: &str| {
         let r = Run {
             sockets: 4,

@@ -4,28 +4,32 @@
 //! blackout of the wire (retransmission timeouts, no path lost). The lossy runs also measure
 //! how long smoltcp takes to resend a lost data segment (its RTO and fast retransmit); run
 //! with `--nocapture` to see the numbers.
+//!
+//! Everything runs on a virtual clock shared by the wire, both links (smoltcp's timers) and
+//! both endpoints: a pass of the pair is 100 µs of virtual time, waits are bounded by passes,
+//! and no test sleeps. Delays measured here (RTOs, resends, a run's length) are virtual time:
+//! the same on a loaded machine as on an idle one, and the same every run.
 
 mod suite;
 
+use rdsd::protocol::{Clock, VirtualClock};
 use rdsd::transport::utcp::memwire::{Faults, Hub, Port, WireStats};
 use rdsd::transport::utcp::{AbortSwitch, UtcpConfig, UtcpLink};
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use suite::{run, suite, MakeLink, Run};
+use std::time::Duration;
+use suite::{run, suite, LabClock, MakeLink, Run, Wait};
 
-/// The tests measure timing (RTOs, stalls): one at a time, so a loaded 2-core machine running
-/// them in parallel threads does not turn retransmission delays into spurious stalls.
-static SERIAL: Mutex<()> = Mutex::new(());
+/// The link of these tests: smoltcp on the in-memory wire, on a virtual clock.
+type MemLink = UtcpLink<Port, VirtualClock>;
 
-fn serial() -> std::sync::MutexGuard<'static, ()> {
+fn init_tracing() {
     // RUST_LOG=rdsd=debug shows the link's and the endpoint's events of a failing run.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// How `cut` severs the paths.
@@ -39,30 +43,44 @@ enum Cut {
 
 struct Lab {
     hub: Hub,
+    clock: VirtualClock,
     switches: HashMap<u32, AbortSwitch>,
     cut: Cut,
+    /// Links made so far: each gets its own smoltcp seed (ISNs, ephemeral ports), the same in
+    /// every run.
+    made: u64,
 }
 
 impl Lab {
     fn new(faults: Faults, seed: u64, cut: Cut) -> Lab {
-        let hub = Hub::new();
+        init_tracing();
+        let clock = VirtualClock::new();
+        let hub = Hub::with_clock(clock.clone());
         hub.set_faults(faults, seed);
         Lab {
             hub,
+            clock,
             switches: HashMap::new(),
             cut,
+            made: 0,
         }
     }
 }
 
 impl MakeLink for Lab {
-    type L = UtcpLink<Port>;
-    fn make(&mut self, addr: u32) -> UtcpLink<Port> {
+    type L = MemLink;
+    type C = VirtualClock;
+    fn clock(&self) -> VirtualClock {
+        self.clock.clone()
+    }
+    fn make(&mut self, addr: u32) -> MemLink {
         let ip = Ipv4Addr::from(addr);
         let o = ip.octets();
         // A restarted side comes back with the same MAC (the peer's ARP cache stays right).
-        let cfg = UtcpConfig::new([0x02, 0, o[0], o[1], o[2], o[3]], ip, 8);
-        let link = UtcpLink::new(self.hub.port(), cfg);
+        let mut cfg = UtcpConfig::new([0x02, 0, o[0], o[1], o[2], o[3]], ip, 8);
+        self.made += 1;
+        cfg.seed = self.made.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(addr);
+        let link = UtcpLink::with_clock(self.hub.port(), cfg, self.clock.clone());
         self.switches.insert(addr, link.abort_switch());
         link
     }
@@ -84,6 +102,7 @@ const LOSSY: Faults = Faults {
     reorder_ppm: 50, // 0.5%
 };
 
+/// Prints what the wires did; `elapsed`: the virtual time the runs took.
 fn report(tag: &str, hubs: &[Hub], elapsed: Duration) -> WireStats {
     let mut all = WireStats::default();
     for h in hubs {
@@ -104,7 +123,7 @@ fn report(tag: &str, hubs: &[Hub], elapsed: Duration) -> WireStats {
             .copied()
     };
     eprintln!(
-        "{tag}: {elapsed:?}; frames {} dropped {} duplicated {} reordered {}; \
+        "{tag}: {elapsed:?} of virtual time; frames {} dropped {} duplicated {} reordered {}; \
          dropped data segments resent: {} (min {:?}, median {:?}, p90 {:?}, max {:?})",
         all.frames,
         all.dropped,
@@ -137,19 +156,22 @@ fn report(tag: &str, hubs: &[Hub], elapsed: Duration) -> WireStats {
 
 /// Runs the suite with labs built by `make`, then reports what the wires did.
 fn suite_with(tag: &str, make: impl Fn() -> Lab) -> WireStats {
-    let hubs = Arc::new(Mutex::new(Vec::new()));
-    let t = Instant::now();
-    let h2 = hubs.clone();
+    let labs = Arc::new(Mutex::new(Vec::new()));
+    let l2 = labs.clone();
     suite(
         move || {
             let lab = make();
-            h2.lock().unwrap().push(lab.hub.clone());
+            l2.lock()
+                .unwrap()
+                .push((lab.hub.clone(), lab.clock.clone()));
             lab
         },
         tag,
     );
-    let hubs = hubs.lock().unwrap().clone();
-    report(tag, &hubs, t.elapsed())
+    let labs = labs.lock().unwrap().clone();
+    let hubs: Vec<Hub> = labs.iter().map(|(h, _)| h.clone()).collect();
+    let elapsed = labs.iter().map(|(_, c)| c.elapsed()).sum();
+    report(tag, &hubs, elapsed)
 }
 
 /// Also proves that smoltcp 0.14 sizes segments with the 12-byte timestamp option right:
@@ -157,7 +179,6 @@ fn suite_with(tag: &str, make: impl Fn() -> Lab) -> WireStats {
 /// 0.12 such segments exceeded the MTU, were not sent, and the stream stalled).
 #[test]
 fn utcp_passes_the_exactly_once_suite() {
-    let _serial = serial();
     let w = suite_with("utcp-clean", || Lab::new(Faults::default(), 1, Cut::Abort));
     assert!(w.data_segments > 0);
     assert_eq!(
@@ -173,7 +194,6 @@ fn utcp_passes_the_exactly_once_suite() {
 /// Jumbo frames (a 9000 B MTU, as on memif or a veth): segments fill it, timestamps included.
 #[test]
 fn utcp_passes_the_suite_with_jumbo_frames() {
-    let _serial = serial();
     let w = suite_with("utcp-jumbo", || {
         let lab = Lab::new(Faults::default(), 21, Cut::Abort);
         lab.hub.set_mtu(9000);
@@ -188,20 +208,17 @@ fn utcp_passes_the_suite_with_jumbo_frames() {
 
 #[test]
 fn utcp_passes_the_suite_under_loss_duplication_and_reordering() {
-    let _serial = serial();
     suite_with("utcp-lossy", || Lab::new(LOSSY, 0x5eed, Cut::Abort));
 }
 
-fn cut_run(tag: &str, lab: &mut Lab) {
-    let t = Instant::now();
+fn cut_run(tag: &str, lab: &mut Lab) -> WireStats {
     let o = run(lab, Run::path_cut(), tag);
     assert_eq!(o.gaps, 0, "{tag}: no gap after a path cut");
-    report(tag, std::slice::from_ref(&lab.hub), t.elapsed());
+    report(tag, std::slice::from_ref(&lab.hub), lab.clock.elapsed())
 }
 
 #[test]
 fn utcp_survives_path_cuts() {
-    let _serial = serial();
     cut_run("utcp-cut", &mut Lab::new(Faults::default(), 2, Cut::Abort));
     for seed in 3..13 {
         cut_run(
@@ -219,16 +236,13 @@ fn utcp_survives_path_cuts() {
 /// reconnect of A was refused, and B's endpoint accepts within 16 passes of a connection being established.
 #[test]
 fn utcp_reconnect_while_the_receiver_is_full_loses_nothing() {
-    let _serial = serial();
+    use rdsd::protocol::Endpoint;
     use rdsd::seam::{MsgBytes, OutMsg, SendOutcome, Transport};
-    use suite::{endpoint, payload, Seen, Table, A, B};
+    use suite::{payload, Hosts, Table, A, B};
     let mut lab = Lab::new(Faults::default(), 8, Cut::Abort);
-    let mut ea = endpoint(lab.make(A), A, 1, None);
-    let mut eb = endpoint(lab.make(B), B, 1, None);
-    let (mut ta, mut tb) = (Table::new(1 << 20), Table::new(2));
-    let mut seen = Seen::default();
+    let mut h = Hosts::new(&mut lab, 1, 2, None);
     let sport = 1000;
-    let send = |ea: &mut rdsd::protocol::Endpoint<UtcpLink<Port>>, ta: &mut Table, seq: u64| {
+    let send = |ea: &mut Endpoint<MemLink, VirtualClock>, ta: &mut Table, seq: u64| {
         let p = payload(sport, seq, 100);
         let m = OutMsg {
             laddr: A,
@@ -241,57 +255,43 @@ fn utcp_reconnect_while_the_receiver_is_full_loses_nothing() {
         };
         assert_eq!(ea.send(ta, m), SendOutcome::Queued);
     };
-    let a_idle = |ea: &rdsd::protocol::Endpoint<UtcpLink<Port>>| {
-        ea.connection(A, B)
+    let a_idle = |h: &mut Hosts<MemLink, VirtualClock>| {
+        h.a.connection(A, B)
             .is_some_and(|c| c.unacked_messages(0) == 0 && c.queued_messages(0) == 0)
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let limit = Duration::from_secs(10);
     // B's receiver takes 2 and holds the rest; B's TCP acknowledges all of it.
     for seq in 0..10 {
-        send(&mut ea, &mut ta, seq);
+        send(&mut h.a, &mut h.ta, seq);
     }
-    while tb.full_answers == 0 || !a_idle(&ea) {
-        ea.poll(&mut ta);
-        eb.poll(&mut tb);
-        assert!(Instant::now() < deadline, "B full, A acknowledged");
-        std::thread::sleep(Duration::from_micros(200));
-    }
+    h.pump_until(0, limit, "B full, A acknowledged", |h| {
+        h.tb.full_answers > 0 && a_idle(h)
+    });
     // The cut, and more messages while B's receiver stays full.
     lab.cut(B);
     for seq in 10..20 {
-        send(&mut ea, &mut ta, seq);
+        send(&mut h.a, &mut h.ta, seq);
     }
     for _ in 0..5 {
-        ea.poll(&mut ta);
-        eb.poll(&mut tb);
+        h.pump(0);
     }
-    while !a_idle(&ea) {
-        ea.poll(&mut ta);
-        eb.poll(&mut tb);
-        assert!(Instant::now() < deadline, "A's messages acknowledged");
-        std::thread::sleep(Duration::from_micros(200));
-    }
+    h.pump_until(0, limit, "A's messages acknowledged", a_idle);
     // A's new connection is up and its bytes are acknowledged; B's endpoint accepts it
     // within 16 passes.
     for _ in 0..64 {
-        ea.poll(&mut ta);
-        eb.poll(&mut tb);
-        std::thread::sleep(Duration::from_micros(200));
+        h.pump(0);
     }
     // Now the receiver drains: every message arrives, once, in order.
-    let sent = HashMap::from([(sport, 20u64)]);
-    while seen.per_sport.get(&sport).map_or(0, Vec::len) < 20 && Instant::now() < deadline {
-        suite::pump(&mut ea, &mut eb, &mut ta, &mut tb, &mut seen, 64);
-        std::thread::sleep(Duration::from_micros(200));
-    }
-    seen.check(&sent, false);
+    h.pump_until(64, limit, "all 20 delivered", |h| {
+        h.seen.per_sport.get(&sport).map_or(0, Vec::len) >= 20
+    });
+    h.seen.check(&HashMap::from([(sport, 20u64)]), false);
 }
 
 /// The wire goes dark for 300 ms mid-stream: smoltcp backs off and resends, the paths stay
 /// up, nothing is lost or doubled.
 #[test]
 fn utcp_survives_a_blackout() {
-    let _serial = serial();
     cut_run(
         "utcp-blackout",
         &mut Lab::new(
@@ -308,12 +308,11 @@ fn utcp_survives_a_blackout() {
 /// (0.12 with no ACK delay answered every segment with its own ACK frame).
 #[test]
 fn utcp_window_holds_a_mib_and_acks_are_per_pass() {
-    let _serial = serial();
     use rdsd::protocol::{Link, Read, Write};
     let mut lab = Lab::new(Faults::default(), 6, Cut::Abort);
     let mut a = lab.make(suite::A);
     let mut b = lab.make(suite::B);
-    let (mut pa, mut pb) = suite::handshake(&mut a, &mut b, Duration::from_secs(5));
+    let (mut pa, mut pb) = suite::handshake(&mut a, &mut b, &lab.clock, Duration::from_secs(5));
     let msg = vec![0x5au8; (1 << 20) + 48];
     assert_eq!(
         a.write(&mut pa, &[&msg]),
@@ -322,7 +321,8 @@ fn utcp_window_holds_a_mib_and_acks_are_per_pass() {
     );
     let before = lab.hub.stats();
     let mut b_passes = 0u64;
-    let queued = |b: &UtcpLink<Port>| b.socket_states().iter().map(|s| s.4).max().unwrap_or(0);
+    // The clock stands still here: this counts passes and frames, no timer is wanted.
+    let queued = |b: &MemLink| b.socket_states().iter().map(|s| s.4).max().unwrap_or(0);
     while queued(&b) < msg.len() {
         a.poll_aux();
         b.poll_aux();
@@ -362,12 +362,11 @@ fn utcp_window_holds_a_mib_and_acks_are_per_pass() {
 /// converged on this wire (microseconds). The numbers go to the module doc of `utcp`.
 #[test]
 fn utcp_rto_after_a_single_tail_loss() {
-    let _serial = serial();
     use rdsd::protocol::{Link, Read, Write};
     let mut lab = Lab::new(Faults::default(), 5, Cut::Abort);
     let mut a = lab.make(suite::A);
     let mut b = lab.make(suite::B);
-    let (mut pa, mut pb) = suite::handshake(&mut a, &mut b, Duration::from_secs(5));
+    let (mut pa, mut pb) = suite::handshake(&mut a, &mut b, &lab.clock, Duration::from_secs(5));
     let cfg = UtcpConfig::new([2, 0, 0, 0, 0, 1], Ipv4Addr::new(10, 0, 0, 1), 8);
     let rto = a.retransmission_timeout(&pa);
     eprintln!("utcp RTO after the handshake's RTT sample: {rto:?}");
@@ -378,30 +377,36 @@ fn utcp_rto_after_a_single_tail_loss() {
     );
     let msg = [7u8; 1000];
     let mut buf = vec![0u8; 4096];
-    // One message from a to b; `lose` drops its first transmission. Returns the time until b
-    // has it all.
+    // One message from a to b; `lose` drops its first transmission. Returns the virtual time
+    // until b has it all (to a pass: 100 µs).
+    let clock = lab.clock.clone();
     let mut one = |lose: bool| {
         if lose {
             lab.hub.drop_next_data(1);
         }
-        let t = Instant::now();
+        let t = clock.now();
         assert_eq!(a.write(&mut pa, &[&msg]), Write::Wrote(msg.len()));
         let mut got = 0;
-        while got < msg.len() {
+        let mut wait = Wait::new(&clock, Duration::from_secs(5), "resent within 5 s");
+        loop {
             a.poll_aux();
             b.poll_aux();
             if let Read::Data(d) = b.read(&mut pb, &mut buf) {
                 got += d.len();
             }
-            assert!(t.elapsed() < Duration::from_secs(5), "resent within 5 s");
-            std::thread::sleep(Duration::from_micros(50));
+            if got == msg.len() {
+                break;
+            }
+            wait.pass();
         }
+        let took = clock.now().saturating_duration_since(t);
         // Let the ACK reach a before the next round.
         for _ in 0..3 {
             a.poll_aux();
             b.poll_aux();
+            clock.tick();
         }
-        t.elapsed()
+        took
     };
     let fresh = one(true);
     let mut clean = Vec::new();
@@ -433,4 +438,29 @@ fn utcp_rto_after_a_single_tail_loss() {
         warm[warm.len() - 1],
     );
     assert!(warm[warm.len() / 2] < Duration::from_millis(500));
+    // Virtual time makes the resend exact: the RTO expires, the segment goes again, b has it.
+    assert!(
+        warm.iter()
+            .all(|&d| d >= cfg.rto_min && d <= rto + suite::TICK),
+        "a lost tail is resent when the RTO expires, not before and not later: {warm:?}"
+    );
+}
+
+/// Two runs of the same lab (wire faults, seeds, virtual clock) are the same run: the same
+/// frames on the wire, the same losses, resent after the same delays, in the same virtual time.
+#[test]
+fn utcp_lossy_run_replays_exactly() {
+    let once = || {
+        let mut lab = Lab::new(LOSSY, 3, Cut::Abort);
+        let w = cut_run("utcp-replay", &mut lab);
+        (
+            w.frames,
+            w.dropped,
+            w.retransmit_delays,
+            lab.clock.elapsed(),
+        )
+    };
+    let first = once();
+    assert!(first.1 > 0, "the wire lost frames");
+    assert_eq!(once(), first);
 }

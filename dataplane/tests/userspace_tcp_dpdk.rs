@@ -3,7 +3,8 @@
 //! one client, joined by a socket file), each under a `UtcpLink<DpdkDevice>`, so the frames
 //! go through DPDK's memif driver, mbufs and bursts. Plus path cuts (every socket of one side
 //! aborted). No fault injection here (memif loses nothing); loss, duplication and reordering
-//! are `userspace_tcp.rs`'s, on the in-memory wire.
+//! are `userspace_tcp.rs`'s, on the in-memory wire. A real device runs on the real clock:
+//! waits poll until what they wait for is seen, with a wall-clock deadline, and never sleep.
 //!
 //! One test in its own binary: EAL starts once per process. Needs root (EAL) and DPDK's memif
 //! PMD (`librte-net-memif23`, pulled in by `libdpdk-dev`, which
@@ -11,6 +12,7 @@
 
 mod suite;
 
+use rdsd::protocol::MonotonicClock;
 use rdsd::transport::dpdk::{open_port, start_eal, DpdkConfig, DpdkDevice, Port, RawDpdk};
 use rdsd::transport::utcp::{AbortSwitch, UtcpConfig, UtcpLink};
 use std::collections::HashMap;
@@ -32,17 +34,23 @@ fn config(vdev: &str) -> DpdkConfig {
 struct DpdkLab {
     ports: HashMap<u32, (u16, *mut dpdk_sys::rte_mempool, [u8; 6], u16)>,
     switches: HashMap<u32, AbortSwitch>,
+    clock: MonotonicClock,
 }
 
 impl MakeLink for DpdkLab {
     type L = UtcpLink<DpdkDevice>;
+    type C = MonotonicClock;
+    fn clock(&self) -> MonotonicClock {
+        self.clock
+    }
     fn make(&mut self, addr: u32) -> UtcpLink<DpdkDevice> {
         let (id, pool, mac, mtu) = self.ports[&addr];
         // SAFETY: the port's queue pair 0 is started and its pool lives for the process; the
         // suite drops a side's link before it makes that side's next one, so one device at a
         // time uses the queue pair.
         let dev = unsafe { DpdkDevice::new(id, 0, pool, usize::from(mtu)) };
-        let link = UtcpLink::new(dev, UtcpConfig::new(mac, Ipv4Addr::from(addr), 8));
+        let cfg = UtcpConfig::new(mac, Ipv4Addr::from(addr), 8);
+        let link = UtcpLink::with_clock(dev, cfg, self.clock);
         self.switches.insert(addr, link.abort_switch());
         link
     }
@@ -98,6 +106,7 @@ fn utcp_passes_the_exactly_once_suite_over_dpdk_memif() {
     let new_lab = || DpdkLab {
         ports: ports.clone(),
         switches: HashMap::new(),
+        clock: MonotonicClock::new(),
     };
     suite(new_lab, "utcp-memif");
     let o = run(&mut new_lab(), Run::path_cut(), "utcp-memif-cut");
@@ -113,8 +122,9 @@ fn bursts_of_a_mib(lab: &mut DpdkLab) {
     use rdsd::protocol::{Link, Read, Write};
     let mut a = lab.make(suite::A);
     let mut b = lab.make(suite::B);
-    let (mut pa, mut pb) = suite::handshake(&mut a, &mut b, Duration::from_secs(10));
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let clock = lab.clock;
+    let (mut pa, mut pb) = suite::handshake(&mut a, &mut b, &clock, Duration::from_secs(10));
+    let mut wait = suite::Wait::new(&clock, Duration::from_secs(10), "1 MiB over memif");
     let (a0, b0) = (a.device().counters(), b.device().counters());
     let msg = vec![0xa5u8; 1 << 20];
     let mut written = 0;
@@ -131,7 +141,7 @@ fn bursts_of_a_mib(lab: &mut DpdkLab) {
         while let Read::Data(d) = b.read(&mut pb, &mut buf) {
             got += d.len();
         }
-        assert!(std::time::Instant::now() < deadline, "1 MiB over memif");
+        wait.check();
     }
     let (a1, b1) = (a.device().counters(), b.device().counters());
     let (a_tx, a_txb) = (a1.tx_packets - a0.tx_packets, a1.tx_bursts - a0.tx_bursts);

@@ -6,6 +6,7 @@
 //! and the rule that an accepted message is never dropped: when a receiver's rx ring is full
 //! the path stops reading (the message waits here; TCP's window or RDMA credits push back).
 
+use super::clock::{Clock, MonotonicClock};
 use super::link::{Accepted, ConnectPoll, Framing, Link, Read, Write};
 use super::persist::RxStateFile;
 use crate::config::Prefix;
@@ -100,8 +101,9 @@ struct Conn<L: Link> {
     persist: Option<usize>,
 }
 
-/// One transport's RDS connections over a [`Link`]; a [`Transport`] for the poll core.
-pub struct Endpoint<L: Link> {
+/// One transport's RDS connections over a [`Link`]; a [`Transport`] for the poll core. It reads
+/// the time from `C` (the monotonic clock in the daemon, a virtual one in tests).
+pub struct Endpoint<L: Link, C: Clock = MonotonicClock> {
     link: L,
     cfg: EndpointConfig,
     generation: u32,
@@ -109,7 +111,7 @@ pub struct Endpoint<L: Link> {
     conns: Vec<Conn<L>>,
     index: FxHashMap<(u32, u32), usize>,
     rxbuf: Vec<u8>,
-    epoch: std::time::Instant,
+    clock: C,
     pass: u32,
     stats: Arc<Stats>,
     group: StatsGroup,
@@ -158,14 +160,37 @@ fn random_seed() -> u64 {
 }
 
 impl<L: Link> Endpoint<L> {
-    /// An endpoint over `link`. Fails only if the state file cannot be opened.
+    /// An endpoint over `link` on the monotonic clock, with a random seed. Fails only if the
+    /// state file cannot be opened.
     pub fn new(
         link: L,
         cfg: EndpointConfig,
         stats: Arc<Stats>,
         group: StatsGroup,
     ) -> std::io::Result<Endpoint<L>> {
-        let seed = random_seed();
+        Endpoint::with_clock(
+            link,
+            cfg,
+            stats,
+            group,
+            MonotonicClock::new(),
+            random_seed(),
+        )
+    }
+}
+
+impl<L: Link, C: Clock> Endpoint<L, C> {
+    /// An endpoint over `link` that reads the time from `clock`. Our generation number and the
+    /// seeds of the connections' RNGs derive from `seed` (a test passes a fixed one to replay a
+    /// run; a restarted endpoint needs a new one, or its peer does not see the restart).
+    pub fn with_clock(
+        link: L,
+        cfg: EndpointConfig,
+        stats: Arc<Stats>,
+        group: StatsGroup,
+        clock: C,
+        seed: u64,
+    ) -> std::io::Result<Endpoint<L, C>> {
         let mut generation = (seed ^ (seed >> 29)) as u32;
         if generation == 0 {
             generation = 1;
@@ -189,7 +214,7 @@ impl<L: Link> Endpoint<L> {
             conns: Vec::with_capacity(64),
             index: FxHashMap::default(),
             rxbuf: vec![0u8; RXBUF],
-            epoch: std::time::Instant::now(),
+            clock,
             pass: 0,
             stats,
             group,
@@ -224,7 +249,7 @@ impl<L: Link> Endpoint<L> {
     }
 
     fn now(&self) -> Instant {
-        Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+        self.clock.now()
     }
 
     fn net(&self) -> &NetStats {
@@ -787,7 +812,7 @@ fn feed<P: AsRef<[u8]>>(
     off
 }
 
-impl<L: Link> Transport for Endpoint<L> {
+impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
     fn name(&self) -> &'static str {
         self.cfg.name
     }

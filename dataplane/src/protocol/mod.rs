@@ -4,17 +4,21 @@
 //!   (generation, event dispatch, congestion-map mirroring, counters, restart-safe receive
 //!   state, pause on a full rx ring). It is a [`crate::seam::Transport`].
 //! * [`Link`]: the path I/O a transport provides underneath (stream or message framing).
+//! * [`Clock`]: where the endpoint and its link read the time ([`MonotonicClock`] in the
+//!   daemon, [`VirtualClock`] in tests).
 //! * [`RxStateFile`]: the persisted receive sequence numbers.
 //! * [`PoolBuf`]: pooled payload copies for links that copy.
 //!
 //! A new network transport is a `Link` in its own folder under `transport/` plus one line in
 //! `transport::build`.
 
+mod clock;
 mod endpoint;
 mod link;
 mod persist;
 mod pool;
 
+pub use clock::{Clock, MonotonicClock, VirtualClock};
 pub use endpoint::{Endpoint, EndpointConfig, StatsGroup};
 pub use link::{Accepted, ConnectPoll, Framing, Link, Read, Write};
 pub use persist::RxStateFile;

@@ -2,26 +2,116 @@
 //! driven through `seam::Transport`, a fake socket table on the `Upcalls` side, and runs with
 //! full receive queues, path cuts and a restart of the receiving endpoint. Each link's test
 //! file provides a [`MakeLink`] lab and calls [`suite`] (or [`run`] for its own cases).
+//!
+//! Time: a lab whose links are in memory runs on a [`VirtualClock`] shared by the endpoints,
+//! the links and the wire. Every pass of the pair moves it one [`TICK`], and a wait is bounded
+//! by passes: no sleep, and the same run every time. A lab on real sockets or a real device
+//! runs on the [`MonotonicClock`]; its waits have a wall-clock deadline, and an idle pass parks
+//! on the endpoints' descriptors (as the poll core does) instead of sleeping.
 
 #![allow(dead_code)]
 
 use rds_proto::wire::CongMap;
 use rdsd::config::Prefix;
-use rdsd::protocol::{Endpoint, EndpointConfig, Link};
+use rdsd::protocol::{Clock, Endpoint, EndpointConfig, Link, MonotonicClock, VirtualClock};
 use rdsd::seam::{Delivered, Incoming, MsgBytes, OutMsg, SendOutcome, Transport, Upcalls};
 use rdsd::stats::Stats;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// ----- time ---------------------------------------------------------------------------------------
+
+/// Virtual time that passes between two passes of a pair on a virtual clock.
+pub const TICK: Duration = Duration::from_micros(100);
+
+/// The clock a lab runs on.
+pub trait LabClock: Clock + Clone + 'static {
+    /// The virtual clock, if this is one.
+    fn as_virtual(&self) -> Option<&VirtualClock>;
+    /// Between two passes: a virtual clock moves one [`TICK`]; real time passes by itself.
+    fn tick(&self) {
+        if let Some(v) = self.as_virtual() {
+            v.advance(TICK);
+        }
+    }
+}
+
+impl LabClock for VirtualClock {
+    fn as_virtual(&self) -> Option<&VirtualClock> {
+        Some(self)
+    }
+}
+
+impl LabClock for MonotonicClock {
+    fn as_virtual(&self) -> Option<&VirtualClock> {
+        None
+    }
+}
+
+/// A wait for an observable condition that fails the test once `limit` of the lab's time is
+/// spent: on a virtual clock `limit / TICK` passes, on the real clock a wall-clock deadline.
+pub struct Wait<C: LabClock> {
+    clock: C,
+    what: String,
+    limit: Duration,
+    passes: u64,
+    deadline: std::time::Instant,
+}
+
+impl<C: LabClock> Wait<C> {
+    pub fn new(clock: &C, limit: Duration, what: impl Into<String>) -> Wait<C> {
+        Wait {
+            clock: clock.clone(),
+            what: what.into(),
+            limit,
+            passes: 0,
+            deadline: std::time::Instant::now() + limit,
+        }
+    }
+
+    /// Counts one more pass that did not see the condition.
+    pub fn check(&mut self) {
+        self.passes += 1;
+        if self.clock.as_virtual().is_some() {
+            let max = (self.limit.as_nanos() / TICK.as_nanos()) as u64;
+            assert!(
+                self.passes <= max,
+                "{}: not within {max} passes ({:?} of virtual time)",
+                self.what,
+                self.limit
+            );
+        } else {
+            assert!(
+                std::time::Instant::now() < self.deadline,
+                "{}: not within {:?}",
+                self.what,
+                self.limit
+            );
+        }
+    }
+
+    /// [`Wait::check`], then lets time pass for a loop that polls links itself: one tick of a
+    /// virtual clock, or the CPU to other threads on the real one.
+    pub fn pass(&mut self) {
+        self.check();
+        if self.clock.as_virtual().is_some() {
+            self.clock.tick();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
 
 // ----- the socket-table side -------------------------------------------------------------------
 
 /// A fake socket table: every destination port has a receive queue of bounded length.
 pub struct Table {
     pub capacity: usize,
-    pub queues: HashMap<u16, VecDeque<(u32, u16, Vec<u8>)>>,
+    /// Ordered by port, so that a virtual-clock run drains in the same order every time.
+    pub queues: BTreeMap<u16, VecDeque<(u32, u16, Vec<u8>)>>,
     pub released: u64,
     pub full_answers: u64,
     pub map: CongMap,
@@ -31,7 +121,7 @@ impl Table {
     pub fn new(capacity: usize) -> Table {
         Table {
             capacity,
-            queues: HashMap::new(),
+            queues: BTreeMap::new(),
             released: 0,
             full_answers: 0,
             map: CongMap::new(),
@@ -80,6 +170,10 @@ pub const B: u32 = 0x7f00_0002; // 127.0.0.2
 
 pub trait MakeLink {
     type L: Link;
+    /// The clock of this lab's links and endpoints.
+    type C: LabClock;
+    fn clock(&self) -> Self::C;
+    /// A link for `addr` on [`MakeLink::clock`].
     fn make(&mut self, addr: u32) -> Self::L;
     /// Severs every path of `addr`'s endpoint from the outside (a link cut).
     fn cut(&mut self, _addr: u32) {}
@@ -93,7 +187,16 @@ pub fn state_file(tag: &str) -> PathBuf {
     d.join("rx.state")
 }
 
-pub fn endpoint<L: Link>(link: L, addr: u32, npaths: u8, state: Option<PathBuf>) -> Endpoint<L> {
+/// An endpoint for `addr` on `clock`; `seed` fixes its generation and RNGs (a restarted
+/// endpoint takes a new one).
+pub fn endpoint<L: Link, C: Clock>(
+    link: L,
+    addr: u32,
+    npaths: u8,
+    state: Option<PathBuf>,
+    clock: C,
+    seed: u64,
+) -> Endpoint<L, C> {
     let me = Prefix {
         addr: Ipv4Addr::from(addr),
         len: 32,
@@ -105,7 +208,8 @@ pub fn endpoint<L: Link>(link: L, addr: u32, npaths: u8, state: Option<PathBuf>)
         npaths,
         state_file: state,
     };
-    Endpoint::new(link, cfg, Arc::new(Stats::default()), |s| &s.tcp).unwrap()
+    let stats = Arc::new(Stats::default());
+    Endpoint::with_clock(link, cfg, stats, |s| &s.tcp, clock, seed).unwrap()
 }
 
 pub fn payload(sport: u16, seq: u64, len: usize) -> Vec<u8> {
@@ -203,27 +307,101 @@ pub struct Outcome {
     pub restored: u64,
 }
 
-pub fn pump<L: Link>(
-    a: &mut Endpoint<L>,
-    b: &mut Endpoint<L>,
-    ta: &mut Table,
-    tb: &mut Table,
-    seen: &mut Seen,
-    drain: usize,
-) {
-    a.poll(ta);
-    b.poll(tb);
-    let mut got = Vec::new();
-    tb.drain(drain, &mut got);
-    seen.take(got);
+/// The two endpoints, their apps' tables and what B's app received.
+pub struct Hosts<L: Link, C: LabClock> {
+    pub a: Endpoint<L, C>,
+    pub b: Endpoint<L, C>,
+    pub ta: Table,
+    pub tb: Table,
+    pub seen: Seen,
+    pub clock: C,
+}
+
+/// Seeds of the endpoints (generation numbers, connection RNGs): fixed, so that a run on a
+/// virtual clock is the same run every time. A restarted B takes the next one.
+pub const SEED_A: u64 = 0xa;
+pub const SEED_B: u64 = 0xb0;
+
+impl<L: Link, C: LabClock> Hosts<L, C> {
+    /// A and B on `lab`'s clock; B's app holds `capacity` messages per port, and B keeps its
+    /// receive state in `state`.
+    pub fn new<M: MakeLink<L = L, C = C>>(
+        lab: &mut M,
+        npaths: u8,
+        capacity: usize,
+        state: Option<PathBuf>,
+    ) -> Hosts<L, C> {
+        let clock = lab.clock();
+        Hosts {
+            a: endpoint(lab.make(A), A, npaths, None, clock.clone(), SEED_A),
+            b: endpoint(lab.make(B), B, npaths, state, clock.clone(), SEED_B),
+            ta: Table::new(1 << 20),
+            tb: Table::new(capacity),
+            seen: Seen::default(),
+            clock,
+        }
+    }
+
+    /// One pass of each endpoint, then B's app takes up to `drain` messages per port, then
+    /// the clock ticks. Returns the work done (the passes' work and the messages taken).
+    pub fn pump(&mut self, drain: usize) -> usize {
+        let mut work = self.a.poll(&mut self.ta) + self.b.poll(&mut self.tb);
+        let mut got = Vec::new();
+        self.tb.drain(drain, &mut got);
+        work += got.len();
+        self.seen.take(got);
+        self.clock.tick();
+        work
+    }
+
+    /// Pumps until `done` holds; fails the test once `limit` of the lab's time is spent.
+    pub fn pump_until(
+        &mut self,
+        drain: usize,
+        limit: Duration,
+        what: &str,
+        mut done: impl FnMut(&mut Self) -> bool,
+    ) {
+        let mut wait = Wait::new(&self.clock, limit, what);
+        while !done(self) {
+            let work = self.pump(drain);
+            wait.check();
+            if work == 0 && self.clock.as_virtual().is_none() {
+                self.park();
+            }
+        }
+    }
+
+    /// Real clock, nothing done: waits for input on either endpoint's descriptors or their
+    /// next timeout (at most 1 ms), as a parked poll core does. Links without descriptors (a
+    /// DPDK device) yield the CPU instead.
+    fn park(&self) {
+        let mut fds = Vec::new();
+        self.a.park_fds(&mut fds);
+        self.b.park_fds(&mut fds);
+        if fds.is_empty() {
+            std::thread::yield_now();
+            return;
+        }
+        let timeout = [self.a.next_timeout(), self.b.next_timeout()]
+            .into_iter()
+            .flatten()
+            .fold(Duration::from_millis(1), Duration::min);
+        // SAFETY: `fds` is a live, exclusively borrowed array of `fds.len()` pollfd entries.
+        unsafe {
+            libc::poll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                timeout.as_millis() as libc::c_int,
+            )
+        };
+    }
 }
 
 pub fn run<M: MakeLink>(lab: &mut M, r: Run, tag: &str) -> Outcome {
     let state = r.persist.then(|| state_file(tag));
-    let mut ea = endpoint(lab.make(A), A, r.npaths, None);
-    let mut eb = endpoint(lab.make(B), B, r.npaths, state.clone());
-    let (mut ta, mut tb) = (Table::new(1 << 20), Table::new(r.capacity));
-    let mut seen = Seen::default();
+    let mut h = Hosts::new(lab, r.npaths, r.capacity, state.clone());
+    let clock = h.clock.clone();
     let mut sent: HashMap<u16, u64> = HashMap::new();
     let total = u64::from(r.sockets) * r.per_socket;
     let mut full_answers = 0;
@@ -233,8 +411,8 @@ pub fn run<M: MakeLink>(lab: &mut M, r: Run, tag: &str) -> Outcome {
         let seq = sent.entry(sport).or_insert(0);
         let p = payload(sport, *seq, r.len);
         *seq += 1;
-        let out = ea.send(
-            &mut ta,
+        let out = h.a.send(
+            &mut h.ta,
             OutMsg {
                 laddr: A,
                 faddr: B,
@@ -247,51 +425,67 @@ pub fn run<M: MakeLink>(lab: &mut M, r: Run, tag: &str) -> Outcome {
         );
         assert_eq!(out, SendOutcome::Queued);
         // A slow receiver: it drains one message per port per pass while A sends.
-        pump(&mut ea, &mut eb, &mut ta, &mut tb, &mut seen, 1);
+        h.pump(1);
         if r.cut_at == Some(k) {
             lab.cut(B);
         }
         if r.restart_at == Some(k) {
             // The restart must find state to restore: wait until B delivered something (a
             // link may accept asynchronously, e.g. TCP's accept thread).
-            let until = Instant::now() + Duration::from_secs(10);
-            while seen.per_sport.is_empty() && Instant::now() < until {
-                pump(&mut ea, &mut eb, &mut ta, &mut tb, &mut seen, 1);
-                std::thread::sleep(Duration::from_micros(200));
-            }
-            full_answers += tb.full_answers;
-            drop(eb);
+            let limit = Duration::from_secs(10);
+            h.pump_until(1, limit, "B delivers before its restart", |h| {
+                !h.seen.per_sport.is_empty()
+            });
+            full_answers += h.tb.full_answers;
+            let Hosts { a, b, ta, seen, .. } = h;
+            drop(b);
             lab.cut(B);
             // The app's queue and anything rdsd held in memory die with it.
-            tb = Table::new(r.capacity);
-            eb = endpoint(lab.make(B), B, r.npaths, state.clone());
+            let b = endpoint(
+                lab.make(B),
+                B,
+                r.npaths,
+                state.clone(),
+                clock.clone(),
+                SEED_B + 1,
+            );
+            h = Hosts {
+                a,
+                b,
+                ta,
+                tb: Table::new(r.capacity),
+                seen,
+                clock: clock.clone(),
+            };
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        pump(&mut ea, &mut eb, &mut ta, &mut tb, &mut seen, 64);
-        lab.settle();
-        let done = sent.iter().all(|(s, &n)| {
-            seen.per_sport
-                .get(s)
-                .is_some_and(|v| v.last() == Some(&(n - 1)))
-        });
-        if done && ta.released == total * r.len.max(10) as u64 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{tag}: stalled");
-        std::thread::sleep(Duration::from_micros(200));
-    }
-    // Give retransmissions a moment to show up as duplicates, if any.
+    let released = total * r.len.max(10) as u64;
+    h.pump_until(
+        64,
+        Duration::from_secs(30),
+        &format!("{tag}: stalled"),
+        |h| {
+            lab.settle();
+            let delivered = sent.iter().all(|(s, &n)| {
+                h.seen
+                    .per_sport
+                    .get(s)
+                    .is_some_and(|v| v.last() == Some(&(n - 1)))
+            });
+            delivered && h.ta.released == released
+        },
+    );
+    // Give retransmissions a moment (50 passes; on a virtual clock 5 ms, the userspace TCP
+    // link's RTO floor) to show up as duplicates, if any.
     for _ in 0..50 {
-        pump(&mut ea, &mut eb, &mut ta, &mut tb, &mut seen, 64);
+        h.pump(64);
     }
-    full_answers += tb.full_answers;
-    if let Some(c) = eb.connection(B, A) {
+    full_answers += h.tb.full_answers;
+    if let Some(c) = h.b.connection(B, A) {
         dups += c.counters().rx_drop_dup_seq;
     }
-    restored += u64::from(eb.restored_connections());
-    let gaps = seen.check(&sent, r.restart_at.is_some());
+    restored += u64::from(h.b.restored_connections());
+    let gaps = h.seen.check(&sent, r.restart_at.is_some());
     Outcome {
         gaps,
         full_answers,
@@ -358,11 +552,16 @@ pub fn suite<M: MakeLink>(mut new_lab: impl FnMut() -> M, name: &str) {
 }
 
 /// Connects path 0 from `a` to `b` and returns (a's path, b's accepted path), polling both
-/// links until the handshake is done or `limit` has passed.
-pub fn handshake<L: Link>(a: &mut L, b: &mut L, limit: Duration) -> (L::Path, L::Path) {
+/// links until the handshake is done or `limit` of `clock`'s time has passed.
+pub fn handshake<L: Link, C: LabClock>(
+    a: &mut L,
+    b: &mut L,
+    clock: &C,
+    limit: Duration,
+) -> (L::Path, L::Path) {
     use rdsd::protocol::ConnectPoll;
     let mut pa = a.connect(A, B, 0).unwrap();
-    let deadline = Instant::now() + limit;
+    let mut wait = Wait::new(clock, limit, "handshake");
     loop {
         a.poll_aux();
         b.poll_aux();
@@ -371,7 +570,6 @@ pub fn handshake<L: Link>(a: &mut L, b: &mut L, limit: Duration) -> (L::Path, L:
                 return (pa, acc.path);
             }
         }
-        assert!(Instant::now() < deadline, "handshake within {limit:?}");
-        std::thread::sleep(Duration::from_micros(100));
+        wait.pass();
     }
 }

@@ -3,8 +3,14 @@
 //! reordering, a blackout), plus a record of how long dropped data segments took to be
 //! retransmitted (the measured RTO).
 //!
+//! The wire keeps time (blackouts, resend delays) on the clock it is given
+//! ([`Hub::with_clock`]): with a `VirtualClock` shared by the wire, the links and the
+//! endpoints, a test is a replayable run with no sleep in it.
+//!
 //! Not for production: frames are heap vectors behind a mutex. The DPDK device replaces it.
 
+use crate::protocol::{Clock, MonotonicClock};
+use rds_proto::Instant as Time;
 use smoltcp::phy::{self, Device, DeviceCapabilities, Medium};
 use smoltcp::time::Instant;
 use std::collections::{HashMap, VecDeque};
@@ -38,9 +44,9 @@ struct HubInner {
     next_id: u64,
     faults: Faults,
     rng: u64,
-    blackout_until: Option<std::time::Instant>,
+    blackout_until: Option<Time>,
     drop_next: u32,
-    dropped_data: HashMap<SegKey, std::time::Instant>,
+    dropped_data: HashMap<SegKey, Time>,
     retransmit_delays: Vec<Duration>,
     frames: u64,
     dropped: u64,
@@ -66,10 +72,9 @@ impl HubInner {
         (r >> 32) % 10_000 < u64::from(ppm)
     }
 
-    fn put(&mut self, from: u64, frame: &[u8]) {
+    fn put(&mut self, from: u64, frame: &[u8], now: Time) {
         self.frames += 1;
         self.largest_frame = self.largest_frame.max(frame.len());
-        let now = std::time::Instant::now();
         let seg = data_segment(frame);
         if seg.is_some() {
             self.data_segments += 1;
@@ -81,7 +86,8 @@ impl HubInner {
         }
         if let Some(k) = seg {
             if let Some(t) = self.dropped_data.remove(&k) {
-                self.retransmit_delays.push(now - t);
+                self.retransmit_delays
+                    .push(now.saturating_duration_since(t));
             }
         }
         let blackout = self.blackout_until.is_some_and(|t| now < t);
@@ -178,9 +184,16 @@ fn has_timestamp(f: &[u8]) -> bool {
 }
 
 /// One Ethernet segment shared by every [`Port`] attached to it.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Hub {
     inner: Arc<Mutex<HubInner>>,
+    clock: Arc<dyn Clock + Sync>,
+}
+
+impl Default for Hub {
+    fn default() -> Hub {
+        Hub::with_clock(MonotonicClock::new())
+    }
 }
 
 /// The IP MTU a [`Port`] reports unless [`Hub::set_mtu`] says otherwise.
@@ -210,9 +223,17 @@ pub struct WireStats {
 }
 
 impl Hub {
-    /// A clean wire.
+    /// A clean wire on the monotonic clock.
     pub fn new() -> Hub {
         Hub::default()
+    }
+
+    /// A clean wire whose blackouts and resend delays are timed by `clock`.
+    pub fn with_clock(clock: impl Clock + Sync + 'static) -> Hub {
+        Hub {
+            inner: Arc::default(),
+            clock: Arc::new(clock),
+        }
     }
 
     /// Sets the faults (and the seed of their random numbers).
@@ -229,7 +250,8 @@ impl Hub {
 
     /// Drops every frame for `d` from now.
     pub fn blackout(&self, d: Duration) {
-        self.inner.lock().unwrap().blackout_until = Some(std::time::Instant::now() + d);
+        let until = self.clock.now() + d;
+        self.inner.lock().unwrap().blackout_until = Some(until);
     }
 
     /// Drops the next `n` TCP data segments (whichever way they go).
@@ -296,7 +318,9 @@ impl phy::TxToken for TxToken<'_> {
     fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
         let mut buf = vec![0u8; len];
         let r = f(&mut buf);
-        self.0.hub.inner.lock().unwrap().put(self.0.id, &buf);
+        let hub = &self.0.hub;
+        let now = hub.clock.now();
+        hub.inner.lock().unwrap().put(self.0.id, &buf, now);
         r
     }
 }
