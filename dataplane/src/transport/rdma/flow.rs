@@ -14,6 +14,8 @@ use crate::protocol::Write;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+#[cfg(test)]
+mod tests;
 
 /// Tag on send work-request ids (receive ids are the slot index).
 pub const SEND_TAG: u64 = 1 << 63;
@@ -241,6 +243,12 @@ impl PathFlow {
     /// completed (a payload sent in place must stay put until both).
     pub fn acked(&self) -> u64 {
         self.acked.min(self.completed)
+    }
+
+    /// Frame bytes taken by [`PathFlow::write`].
+    #[cfg(test)]
+    pub fn written(&self) -> u64 {
+        self.written
     }
 
     pub fn snapshot(&self) -> FlowSnapshot {
