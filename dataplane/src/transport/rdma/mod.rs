@@ -9,9 +9,9 @@
 //!   registered once at attach (`region_attached`) for zero-copy sends. Each path owns one CQ
 //!   (sends and receives), a completion channel and one registered area cut into
 //!   `recv_buffers + send_slots` slots of 4144 bytes (`[48-byte header][4096 bytes]`). All
-//!   receive slots are posted at creation; a slot is re-posted only once the frame it carries
-//!   has been taken by the protocol layer, so a paused receiver stops granting credits and the
-//!   sender stalls (bounded memory).
+//!   receive slots are posted at creation; a slot is re-posted once its fragment is copied
+//!   out, and at most one frame is reassembled ahead of the protocol layer's read, so a paused
+//!   receiver stops granting credits and the sender stalls (bounded memory).
 //! * **Framing**: a frame from the engine (`[header][payload]`) goes out as
 //!   max(1, ceil(len/4096)) SENDs, each starting with a copy of the header (in a send slot)
 //!   whose `h_ack` and `h_credit` are stamped (and checksum refreshed) when the fragment is
@@ -34,6 +34,10 @@
 //!   poll set.
 //! * **Release**: `acked()` is min(frames the peer acknowledged, frames whose SENDs completed),
 //!   so a message sent in place is released (and its ring space reused) only after both.
+//!
+//! The data-path rules (framing, credits, acknowledgement, the stall timer) are `flow.rs`'s
+//! `PathFlow`, without I/O; this module is the shell that calls rdma_cm and verbs, reads the
+//! clock and feeds it.
 //!
 //! Not done (documented in ARCHITECTURE.md): SRQ, RDMA WRITE, inline sends, IPv6, the 4.x
 //! version negotiation, and a sender-side ack_seq in the private data (0 is sent: the engine's
