@@ -398,7 +398,9 @@ impl PathFlow {
 
     /// Applies a received header's ack and credits.
     fn on_header(&mut self, h: &FragHdr) {
-        self.credits += u32::from(h.credit);
+        // Saturating: a peer that keeps granting (with flow control off nothing spends them)
+        // must not wrap the count.
+        self.credits = self.credits.saturating_add(u32::from(h.credit));
         let mut end = None;
         while let Some(&(seq, e)) = self.sent.front() {
             if seq > h.ack {
