@@ -11,6 +11,7 @@
 
 use super::wire::{self, FragHdr, FRAG, HDR};
 use crate::protocol::Write;
+use rds_proto::wire::MAX_MSG_SIZE;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -447,6 +448,9 @@ impl PathFlow {
                 } else {
                     self.asm.extend_from_slice(data);
                 }
+            } else if h.len > MAX_MSG_SIZE {
+                // The engine refuses it anyway: do not buffer up to 4 GiB for a peer first.
+                bad = true;
             } else {
                 self.asm.clear();
                 self.asm.extend_from_slice(&buf[..len]);

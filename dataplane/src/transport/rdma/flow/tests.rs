@@ -709,6 +709,22 @@ fn a_fragment_of_another_message_takes_the_path_down() {
 }
 
 #[test]
+fn a_message_longer_than_rds_allows_takes_the_path_down_at_its_first_fragment() {
+    let mut p = Pair::new([RECV_N; 2], [false; 2]);
+    p.sides[0].submit(10);
+    p.sides[0].pump_writes();
+    let (_, first) = p.sides[0].qp.sq.front_mut().expect("posted");
+    HeaderPacket::new_unchecked(&mut first[..HDR]).set_len(u32::MAX);
+    p.transmit(0);
+    p.sides[1].poll(0, usize::MAX);
+    assert!(p.sides[1].dead());
+    assert!(
+        p.sides[1].flow.asm.capacity() < SLOT,
+        "nothing buffered for it"
+    );
+}
+
+#[test]
 fn an_ack_only_frame_between_two_fragments_counts_only_for_its_ack() {
     let mut p = Pair::new([RECV_N; 2], [false; 2]);
     p.sides[1].submit(1);
