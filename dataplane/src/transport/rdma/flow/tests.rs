@@ -967,3 +967,72 @@ proptest! {
         p.check_nothing_lost();
     }
 }
+
+/// A fragment a hostile peer might send: a header with chosen fields (from small ranges, so
+/// that fragments often match), then a size that is often consistent with `h_len`.
+fn hostile_fragment() -> impl Strategy<Value = Vec<u8>> {
+    (
+        any::<[u64; 2]>(),
+        prop_oneof![Just(0u32), 1u32..3 * FRAG as u32, any::<u32>()],
+        any::<[u16; 2]>(),
+        any::<[u8; 2]>(),
+        0u8..4,
+        0usize..SLOT + 1,
+    )
+        .prop_map(
+            |([seq, ack], len, [sport, dport], [credit, fl], size, any_size)| {
+                let total = match size {
+                    0 => HDR,
+                    1 => HDR + (len as usize).min(FRAG),
+                    2 => SLOT,
+                    _ => any_size,
+                };
+                let mut b = vec![0x5a; total.max(HDR)];
+                let mut h = HeaderPacket::new_unchecked(&mut b[..HDR]);
+                h.set_sequence(seq % 2);
+                h.set_ack(ack);
+                h.set_len(len);
+                h.set_sport(sport % 2);
+                h.set_dport(dport % 2);
+                h.set_credit(credit);
+                h.set_flags(fl);
+                b.truncate(total);
+                b
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Whatever a peer puts in the receive buffers, the flow does not panic, and every frame
+    /// it hands up is whole: its payload length is the header's, at most 1 MiB.
+    #[test]
+    fn hostile_fragments_never_panic_and_never_yield_a_partial_frame(
+        frags in prop::collection::vec((hostile_fragment(), any::<bool>()), 1..64),
+    ) {
+        let mut p = Pair::new([RECV_N; 2], [false; 2]);
+        p.sides[0].submit(10);
+        p.sides[0].pump_writes();
+        for (bytes, read) in frags {
+            let b = &mut p.sides[1];
+            if let Some(slot) = b.qp.posted_recv.pop_front() {
+                b.qp.recv[slot as usize][..bytes.len()].copy_from_slice(&bytes);
+                b.qp.recv_cq.push_back(Completion {
+                    wr_id: u64::from(slot),
+                    ok: true,
+                    status: 0,
+                    byte_len: bytes.len() as u32,
+                });
+            }
+            b.poll(0, usize::MAX);
+            if read {
+                if let Some(f) = b.flow.read(&mut b.qp) {
+                    let h = FragHdr::parse(f).expect("a whole header");
+                    prop_assert_eq!(f.len(), HDR + h.len as usize);
+                    prop_assert!(h.len <= MAX_MSG_SIZE);
+                }
+            }
+        }
+    }
+}
