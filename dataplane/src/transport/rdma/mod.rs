@@ -9,9 +9,9 @@
 //!   registered once at attach (`region_attached`) for zero-copy sends. Each path owns one CQ
 //!   (sends and receives), a completion channel and one registered area cut into
 //!   `recv_buffers + send_slots` slots of 4144 bytes (`[48-byte header][4096 bytes]`). All
-//!   receive slots are posted at creation; a slot is re-posted only once the frame it carries
-//!   has been taken by the protocol layer, so a paused receiver stops granting credits and the
-//!   sender stalls (bounded memory).
+//!   receive slots are posted at creation; a slot is re-posted once its fragment is copied
+//!   out, and at most one frame is reassembled ahead of the protocol layer's read, so a paused
+//!   receiver stops granting credits and the sender stalls (bounded memory).
 //! * **Framing**: a frame from the engine (`[header][payload]`) goes out as
 //!   max(1, ceil(len/4096)) SENDs, each starting with a copy of the header (in a send slot)
 //!   whose `h_ack` and `h_credit` are stamped (and checksum refreshed) when the fragment is
@@ -35,10 +35,15 @@
 //! * **Release**: `acked()` is min(frames the peer acknowledged, frames whose SENDs completed),
 //!   so a message sent in place is released (and its ring space reused) only after both.
 //!
+//! The data-path rules (framing, credits, acknowledgement, the stall timer) are `flow.rs`'s
+//! `PathFlow`, without I/O; this module is the shell that calls rdma_cm and verbs, reads the
+//! clock and feeds it.
+//!
 //! Not done (documented in ARCHITECTURE.md): SRQ, RDMA WRITE, inline sends, IPv6, the 4.x
 //! version negotiation, and a sender-side ack_seq in the private data (0 is sent: the engine's
 //! duplicate rule covers retransmissions).
 
+mod flow;
 mod verbs;
 pub mod wire;
 
@@ -48,11 +53,13 @@ use crate::protocol::{
 };
 use crate::seam::MsgBytes;
 use crate::stats::Stats;
+use flow::{PathFlow, PathState};
 use serde::Deserialize;
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Instant;
 use verbs::{Cm, CmEvent, CmEventKind, Device, Mr, Qp};
-use wire::{FragHdr, PrivData, FRAG, HDR};
+use wire::{PrivData, HDR};
 
 /// The `[rdma]` section as written.
 #[derive(Clone, Debug, Deserialize)]
@@ -136,17 +143,11 @@ pub fn build(cfg: &Config, stats: &Arc<Stats>) -> std::io::Result<Option<Endpoin
     Endpoint::new(link, ep, stats.clone(), |s| &s.rdma).map(Some)
 }
 
-/// Tag on send work-request ids (receive ids are the slot index).
-const SEND_TAG: u64 = 1 << 63;
 /// How long a doorbell connection may live.
 const DOORBELL_TTL: std::time::Duration = std::time::Duration::from_secs(5);
-/// A path with frames waiting for the peer and no completion for this long is declared dead.
-const STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// An outgoing connection that is not established after this long is given up (the protocol
 /// layer retries with backoff): rdma_cm's own REQ retries can take much longer.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-/// An inbound connect from a peer we hold paths to marks those paths stale after this long.
-const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 /// Timeout for address and route resolution (ms).
 const RESOLVE_MS: i32 = 2000;
 
@@ -162,67 +163,17 @@ enum Role {
     Passive,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
-    Connecting,
-    Up,
-    Dead,
-}
-
-/// One path: the connection handle and its QP's data-path state.
+/// One path: the connection handle, its QP and the QP's data-path rules.
 struct Conn {
     gen: u32,
     role: Role,
-    state: State,
     cm: verbs::CmId,
     qp: Option<Qp>,
     laddr: u32,
     faddr: u32,
     peer_port: u16,
-    born: std::time::Instant,
-    /// When the connection was established.
-    up_since: Option<std::time::Instant>,
-    /// Last time a completion arrived (for the stall check).
-    last_progress: std::time::Instant,
-    // --- send side ---
-    free_send: Vec<u32>,
-    /// Filled slots waiting for a credit, in order.
-    tx_pending: VecDeque<Pending>,
-    /// Frames (not fragments) in `tx_pending`.
-    frames_queued: u32,
-    /// Frames posted since one asked for an ack.
-    since_ack_req: u32,
-    /// Whether the frame being posted asks for an ack (decided at its first fragment).
-    ack_req_cur: bool,
-    /// Per send slot: the end offset of the frame whose last fragment it carries (0: not a
-    /// last fragment), so a send completion moves `completed`.
-    slot_end: Vec<u64>,
-    /// Frame bytes whose sends have completed (RC completes in order): with `acked`, what the
-    /// protocol layer may release (a payload sent in place must not be reused before both).
-    completed: u64,
-    /// Frames written: (sequence, frame end offset).
-    sent: VecDeque<(u64, u64)>,
-    written: u64,
-    acked: u64,
-    credits: u32,
-    /// Credit-based flow control: on unless the peer's private data offered 0 credits (the
-    /// kernel's RDS/IB default, sysctl `flow_control` off): then every SEND goes out and a
-    /// receiver without a posted buffer answers RNR, which the sender's QP retries.
-    flow_control: bool,
-    ack_inflight: bool,
-    // --- receive side ---
-    /// Completed receive slots not yet processed: (slot, bytes).
-    rx_done: VecDeque<(u32, u32)>,
-    /// Posted receive buffers not yet advertised.
-    posted_unadv: u32,
-    /// Sequence of the last frame read (our `h_ack`).
-    last_rx_seq: u64,
-    /// Frames read since `h_ack` was last sent.
-    rx_unacked: u32,
-    asm: Vec<u8>,
-    asm_first: Option<FragHdr>,
-    asm_ready: bool,
-    cur: Vec<u8>,
+    /// Credits, fragments, acks, the path's state and timers (`flow.rs`).
+    flow: PathFlow,
 }
 
 impl Drop for Conn {
@@ -256,7 +207,7 @@ pub struct RdmaLink {
     events: crate::transport::handoff::Handoff<CmEvent>,
     accepted: VecDeque<usize>,
     /// Completions polled while arming, before parking (see `park_fds`).
-    early: std::cell::RefCell<Vec<(usize, verbs::Wc)>>,
+    early: std::cell::RefCell<Vec<(usize, flow::Completion)>>,
     ready_fd: std::os::fd::OwnedFd,
     /// TEST ONLY (`crate::fault::rdma_qp_error_every`): every N-th frame written moves its
     /// path's QP to the error state, mid-stream. `None` without the `fault-injection` feature.
@@ -330,41 +281,24 @@ impl RdmaLink {
         }
     }
 
-    fn new_conn(&mut self, role: Role, cm: verbs::CmId, laddr: u32, faddr: u32) -> Conn {
+    fn new_conn(
+        &mut self,
+        role: Role,
+        cm: verbs::CmId,
+        laddr: u32,
+        faddr: u32,
+        now: Instant,
+    ) -> Conn {
         self.gen = self.gen.wrapping_add(1).max(1);
         Conn {
             gen: self.gen,
             role,
-            state: State::Connecting,
             cm,
             qp: None,
             laddr,
             faddr,
             peer_port: 0,
-            born: std::time::Instant::now(),
-            up_since: None,
-            last_progress: std::time::Instant::now(),
-            free_send: Vec::new(),
-            tx_pending: VecDeque::new(),
-            frames_queued: 0,
-            since_ack_req: 0,
-            ack_req_cur: false,
-            slot_end: Vec::new(),
-            completed: 0,
-            sent: VecDeque::new(),
-            written: 0,
-            acked: 0,
-            credits: 0,
-            flow_control: true,
-            ack_inflight: false,
-            rx_done: VecDeque::new(),
-            posted_unadv: 0,
-            last_rx_seq: 0,
-            rx_unacked: 0,
-            asm: Vec::new(),
-            asm_first: None,
-            asm_ready: false,
-            cur: Vec::new(),
+            flow: PathFlow::new(now),
         }
     }
 
@@ -382,7 +316,7 @@ impl RdmaLink {
         loop {
             let sport = path.map_or(0, |k| self.source_port(k));
             let id = self.cm.create_id()?;
-            let c = self.new_conn(role, id, laddr, faddr);
+            let c = self.new_conn(role, id, laddr, faddr, Instant::now());
             let i = self.insert(c);
             let c = self.conns[i].as_mut().expect("just inserted");
             c.cm.set_context(i, c.gen);
@@ -453,12 +387,8 @@ impl RdmaLink {
                 devices.last().expect("pushed")
             }
         };
-        let qp = Qp::new(&c.cm, dev, recv_n, send_n)?;
-        c.free_send = (0..send_n).rev().collect();
-        c.slot_end = vec![0; send_n as usize];
-        for s in 0..recv_n {
-            qp.post_recv(s)?;
-        }
+        let mut qp = Qp::new(&c.cm, dev, recv_n, send_n)?;
+        c.flow.attach(&mut qp, recv_n, send_n)?;
         c.qp = Some(qp);
         Ok(())
     }
@@ -490,7 +420,7 @@ impl RdmaLink {
         match ev.kind {
             CmEventKind::AddrResolved => {
                 if c.cm.resolve_route(RESOLVE_MS).is_err() {
-                    c.state = State::Dead;
+                    c.flow.kill();
                 }
             }
             CmEventKind::RouteResolved => {
@@ -501,31 +431,27 @@ impl RdmaLink {
                     });
                 if let Err(e) = ok {
                     tracing::info!(error = %e, "rdma: connect failed");
-                    c.state = State::Dead;
+                    c.flow.kill();
                 }
             }
             CmEventKind::Established => {
                 if c.role == Role::Active || c.role == Role::Doorbell {
                     match ev.private.as_deref().and_then(PrivData::decode) {
-                        Some(p) if p.compatible() => {
-                            c.credits = p.credit;
-                            c.flow_control = p.credit > 0;
-                        }
+                        Some(p) if p.compatible() => c.flow.peer_credits(Some(p.credit), recv_n),
                         // A peer that sends no private data: assume what we granted.
-                        None => c.credits = recv_n,
+                        None => c.flow.peer_credits(None, recv_n),
                         Some(p) => {
                             tracing::warn!(
                                 major = p.major,
                                 minor = p.minor,
                                 "rdma: incompatible peer version"
                             );
-                            c.state = State::Dead;
+                            c.flow.kill();
                             return;
                         }
                     }
                 }
-                c.state = State::Up;
-                c.up_since = Some(std::time::Instant::now());
+                c.flow.established(Instant::now());
                 if c.role == Role::PassivePending {
                     c.role = Role::Passive;
                     self.accepted.push_back(i);
@@ -549,7 +475,7 @@ impl RdmaLink {
             | CmEventKind::DeviceRemoval => {
                 tracing::info!(kind = ?ev.kind, status = ev.status, role = ?c.role, peer = %std::net::Ipv4Addr::from(c.faddr), "rdma: path event");
                 let doorbell = c.role == Role::Doorbell || c.role == Role::PassivePending;
-                c.state = State::Dead;
+                c.flow.kill();
                 if doorbell {
                     self.destroy(i);
                 }
@@ -574,15 +500,14 @@ impl RdmaLink {
         // accepts the peer's next try, and retransmits. A path established within the last
         // second is spared (a doorbell that crossed our connect). With several paths all of
         // them go: the request does not say which path it replaces.
+        let now = Instant::now();
         for c in self.conns.iter_mut().flatten() {
-            let stale = c.up_since.is_some_and(|t| t.elapsed() > STALE_AFTER);
             if matches!(c.role, Role::Active | Role::Passive)
-                && c.state == State::Up
-                && stale
+                && c.flow.stale(now)
                 && (c.laddr, c.faddr) == (pd.daddr, pd.saddr)
             {
                 tracing::info!(peer = %std::net::Ipv4Addr::from(c.faddr), "rdma: the peer reconnects: dropping our stale path");
-                c.state = State::Dead;
+                c.flow.kill();
             }
         }
         let peer_port = id.peer_port();
@@ -591,8 +516,8 @@ impl RdmaLink {
             // level (the peer gets no QP), and handed to the protocol layer as a dead accepted
             // path, whose refusal (we are the side that connects) starts our connect.
             id.reject(wire::REJ_DOORBELL);
-            let mut c = self.new_conn(Role::Passive, id, pd.daddr, pd.saddr);
-            c.state = State::Dead;
+            let mut c = self.new_conn(Role::Passive, id, pd.daddr, pd.saddr, now);
+            c.flow.kill();
             c.peer_port = peer_port;
             let i = self.insert(c);
             let c = self.conns[i].as_mut().expect("just inserted");
@@ -600,14 +525,13 @@ impl RdmaLink {
             self.accepted.push_back(i);
             return;
         }
-        let c = self.new_conn(Role::PassivePending, id, pd.daddr, pd.saddr);
+        let c = self.new_conn(Role::PassivePending, id, pd.daddr, pd.saddr, now);
         let i = self.insert(c);
         let (recv_n, send_n) = (self.recv_n, self.send_n);
         let c = self.conns[i].as_mut().expect("just inserted");
         c.cm.set_context(i, c.gen);
         c.peer_port = peer_port;
-        c.credits = pd.credit;
-        c.flow_control = pd.credit > 0;
+        c.flow.peer_credits(Some(pd.credit), recv_n);
         let ok = Self::setup_qp(c, &mut self.devices, &mut self.regions, recv_n, send_n).and_then(
             |()| {
                 let ours = PrivData::new(c.laddr, c.faddr, 0, recv_n).encode();
@@ -620,16 +544,16 @@ impl RdmaLink {
         }
     }
 
-    /// Polls `i`'s CQ, then moves its send and receive state forward.
+    /// Polls `i`'s CQ, hands the completions to its flow, then moves the flow forward.
     fn service(&mut self, i: usize) -> usize {
         let mut early = std::mem::take(&mut *self.early.borrow_mut());
         let Some(c) = self.conns.get_mut(i).and_then(|c| c.as_deref_mut()) else {
             return 0;
         };
-        if c.qp.is_none() {
+        let Some(qp) = c.qp.as_mut() else {
             return 0;
-        }
-        let mut wcs = [verbs::Wc::default(); 32];
+        };
+        let mut wcs = [flow::Completion::default(); 32];
         let mut n = 0;
         // Completions stashed while arming first (they precede whatever the CQ holds now).
         let mut mine = Vec::new();
@@ -644,197 +568,19 @@ impl RdmaLink {
         *self.early.borrow_mut() = early;
         for wc in mine {
             n += 1;
-            Self::on_wc(c, wc);
+            c.flow.on_completion(wc);
         }
         loop {
-            let got = c.qp.as_ref().map_or(0, |qp| qp.poll(&mut wcs));
+            let got = qp.poll(&mut wcs);
             for wc in &wcs[..got] {
-                Self::on_wc(c, *wc);
+                c.flow.on_completion(*wc);
             }
             n += got;
             if got < wcs.len() {
                 break;
             }
         }
-        n + Self::progress(c)
-    }
-
-    fn on_wc(c: &mut Conn, wc: verbs::Wc) {
-        if !wc.ok {
-            if c.state == State::Up {
-                tracing::info!(status = wc.status, "rdma: completion error: path down");
-            }
-            c.state = State::Dead;
-            return;
-        }
-        if wc.wr_id & SEND_TAG != 0 {
-            let slot = (wc.wr_id & !SEND_TAG) as u32;
-            if slot == u32::MAX {
-                c.ack_inflight = false;
-            } else {
-                let end = std::mem::take(&mut c.slot_end[slot as usize]);
-                c.completed = c.completed.max(end);
-                c.free_send.push(slot);
-            }
-        } else {
-            c.rx_done.push_back((wc.wr_id as u32, wc.byte_len));
-        }
-    }
-
-    /// Applies a received header's ack and credits.
-    fn on_header(c: &mut Conn, h: &FragHdr) {
-        c.credits += u32::from(h.credit);
-        let mut end = None;
-        while let Some(&(seq, e)) = c.sent.front() {
-            if seq > h.ack {
-                break;
-            }
-            end = Some(e);
-            c.sent.pop_front();
-        }
-        if let Some(e) = end {
-            c.acked = c.acked.max(e);
-        }
-    }
-
-    /// A SEND may go: the last credit only for a frame that carries a credit update, so that
-    /// the two sides can never both sit at zero credits holding each other's updates.
-    fn may_send(c: &Conn) -> bool {
-        !c.flow_control || c.credits >= 2 || (c.credits == 1 && c.posted_unadv > 0)
-    }
-
-    /// Processes received fragments (until a whole frame waits for `read`), posts what the
-    /// credits allow, and sends an ACK-only frame when needed. Returns work done.
-    fn progress(c: &mut Conn) -> usize {
-        let Some(mut qp) = c.qp.take() else { return 0 };
-        let work = Self::progress_with(c, &mut qp);
-        c.qp = Some(qp);
-        work
-    }
-
-    fn progress_with(c: &mut Conn, qp: &mut Qp) -> usize {
-        let mut work = 0;
-        while !c.asm_ready && c.state != State::Dead {
-            let Some((slot, len)) = c.rx_done.pop_front() else {
-                break;
-            };
-            work += 1;
-            let buf = qp.slot(slot);
-            let len = (len as usize).min(buf.len());
-            let Some(h) = FragHdr::parse(&buf[..len]) else {
-                c.state = State::Dead;
-                break;
-            };
-            let data = &buf[HDR..len];
-            let mut bad = false;
-            if h.is_ack_only() {
-                // May arrive between two fragments of a message (the peer sends its ACK while
-                // the rest of the message waits for credits): only its ack and credits count.
-                bad = !data.is_empty();
-            } else if let Some(first) = c.asm_first {
-                if !h.same_message(&first) {
-                    bad = true;
-                } else {
-                    c.asm.extend_from_slice(data);
-                }
-            } else {
-                c.asm.clear();
-                c.asm.extend_from_slice(&buf[..len]);
-                c.asm_first = Some(h);
-            }
-            if bad || data.len() > FRAG {
-                tracing::debug!("rdma: fragment does not match its message: path down");
-                c.state = State::Dead;
-                break;
-            }
-            Self::on_header(c, &h);
-            if let Some(first) = c.asm_first {
-                let need = HDR + first.len as usize;
-                if c.asm.len() > need {
-                    c.state = State::Dead;
-                    break;
-                }
-                if c.asm.len() == need {
-                    c.asm_ready = true;
-                }
-            }
-            if qp.post_recv(slot).is_err() {
-                c.state = State::Dead;
-                break;
-            }
-            c.posted_unadv += 1;
-        }
-        if c.state != State::Up {
-            return work;
-        }
-        // Sends: the last credit only for a frame that carries a credit update.
-        while let Some(&Pending {
-            slot,
-            bytes,
-            extra,
-            first,
-            last,
-        }) = c.tx_pending.front()
-        {
-            if !Self::may_send(c) {
-                break;
-            }
-            let adv = c.posted_unadv.min(255);
-            let buf = qp.slot_mut(slot);
-            if first {
-                // ACK_REQUIRED (spec §7): every MAX_UNACKED frames and on the last frame of a
-                // burst, so that a receiver that acks only when asked (the kernel's RDS/IB)
-                // never leaves us waiting. Never on a congestion map (flags exactly 0x01).
-                c.ack_req_cur = !wire::is_cong_map(buf)
-                    && (c.since_ack_req + 1 >= wire::MAX_UNACKED || c.frames_queued == 1);
-                c.since_ack_req = if c.ack_req_cur {
-                    0
-                } else {
-                    c.since_ack_req + 1
-                };
-            }
-            wire::stamp(&mut buf[..HDR], c.last_rx_seq, adv as u8, c.ack_req_cur);
-            if qp
-                .post_send(
-                    SEND_TAG | u64::from(slot),
-                    slot,
-                    bytes,
-                    extra.map(|e| (e.addr, e.len, e.lkey)),
-                )
-                .is_err()
-            {
-                c.state = State::Dead;
-                return work;
-            }
-            c.tx_pending.pop_front();
-            if last {
-                c.frames_queued -= 1;
-            }
-            if c.flow_control {
-                c.credits -= 1;
-            }
-            c.posted_unadv -= adv;
-            c.rx_unacked = 0;
-            work += 1;
-        }
-        let want_ack = c.rx_unacked > 0 || c.posted_unadv >= wire::CREDIT_ACK_THRESHOLD;
-        if want_ack && !c.ack_inflight && Self::may_send(c) {
-            let adv = c.posted_unadv.min(255);
-            let buf = qp.ack_slot_mut();
-            wire::ack_only(buf, c.last_rx_seq, adv as u8);
-            if qp.post_ack(SEND_TAG | u64::from(u32::MAX)).is_err() {
-                c.state = State::Dead;
-                return work;
-            }
-            c.ack_inflight = true;
-            if c.flow_control {
-                c.credits -= 1;
-            }
-            c.posted_unadv -= adv;
-            c.rx_unacked = 0;
-            work += 1;
-        }
-        work
+        n + c.flow.progress(qp)
     }
 }
 
@@ -904,9 +650,9 @@ impl Link for RdmaLink {
 
     fn poll_connect(&mut self, p: &mut RdmaPath) -> ConnectPoll {
         self.poll_cm();
-        match self.conn(p).map(|c| c.state) {
-            Some(State::Connecting) => ConnectPoll::Pending,
-            Some(State::Up) => ConnectPoll::Up,
+        match self.conn(p).map(|c| c.flow.state()) {
+            Some(PathState::Connecting) => ConnectPoll::Pending,
+            Some(PathState::Up) => ConnectPoll::Up,
             _ => ConnectPoll::Failed,
         }
     }
@@ -921,25 +667,12 @@ impl Link for RdmaLink {
         }
         self.service(p.idx);
         let c = self.conns[p.idx].as_deref_mut().expect("checked");
-        if !c.asm_ready {
-            return if c.state == State::Dead {
-                Read::Closed
-            } else {
-                Read::WouldBlock
-            };
+        let dead = c.flow.state() == PathState::Dead;
+        match c.qp.as_mut().and_then(|qp| c.flow.read(qp)) {
+            Some(frame) => Read::Data(frame),
+            None if dead => Read::Closed,
+            None => Read::WouldBlock,
         }
-        std::mem::swap(&mut c.cur, &mut c.asm);
-        c.asm.clear();
-        c.asm_ready = false;
-        if let Some(h) = c.asm_first.take() {
-            if h.seq != 0 {
-                c.last_rx_seq = h.seq;
-            }
-        }
-        c.rx_unacked += 1;
-        // Continue with the fragments behind it (and send the ack if one is due).
-        Self::progress(c);
-        Read::Data(&c.cur)
     }
 
     fn write(&mut self, p: &mut RdmaPath, slices: &[&[u8]]) -> Write {
@@ -952,7 +685,7 @@ impl Link for RdmaLink {
         else {
             return Write::Closed;
         };
-        if c.state == State::Dead {
+        if c.flow.state() == PathState::Dead {
             return Write::Closed;
         }
         let Some(qp) = c.qp.as_mut() else {
@@ -961,64 +694,16 @@ impl Link for RdmaLink {
         let hdr = slices[0];
         let payload: &[u8] = slices.get(1).copied().unwrap_or(&[]);
         debug_assert!(hdr.len() == HDR && slices.len() <= 2);
-        let nfrag = wire::fragments(payload.len());
-        if c.free_send.len() < nfrag {
-            return Write::WouldBlock;
-        }
-        let seq = FragHdr::parse(hdr).map_or(0, |h| h.seq);
         // In place when the payload lies in an app region registered on this QP's device.
         let ctx = qp.context();
         let lkey = regions
             .iter()
             .find(|r| r.contains(payload.as_ptr(), payload.len()))
             .and_then(|r| r.lkey(ctx));
-        let n = HDR + payload.len();
-        let end = c.written + n as u64;
-        let mut chunks = payload.chunks(FRAG);
-        for k in 0..nfrag {
-            let slot = c.free_send.pop().expect("counted");
-            let chunk = chunks.next().unwrap_or(&[]);
-            let buf = qp.slot_mut(slot);
-            buf[..HDR].copy_from_slice(hdr);
-            let extra = match lkey {
-                Some(lkey) => Some(InPlaceSge {
-                    addr: chunk.as_ptr() as u64,
-                    len: chunk.len() as u32,
-                    lkey,
-                }),
-                None => {
-                    // SAFETY: `chunk` is valid for reads for its length (a pooled copy, or
-                    // app memory kept mapped while the message is queued) and the slot has
-                    // room for FRAG bytes after the header; a raw copy forms no reference
-                    // to bytes an app may be writing.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            chunk.as_ptr(),
-                            buf[HDR..].as_mut_ptr(),
-                            chunk.len(),
-                        )
-                    };
-                    None
-                }
-            };
-            let in_slot = if extra.is_some() {
-                HDR
-            } else {
-                HDR + chunk.len()
-            };
-            c.slot_end[slot as usize] = if k + 1 == nfrag { end } else { 0 };
-            c.tx_pending.push_back(Pending {
-                slot,
-                bytes: in_slot as u32,
-                extra,
-                first: k == 0,
-                last: k + 1 == nfrag,
-            });
-        }
-        c.frames_queued += 1;
-        c.written += n as u64;
-        c.sent.push_back((seq, c.written));
-        Self::progress(c);
+        let n = match c.flow.write(qp, hdr, payload, lkey) {
+            Write::Wrote(n) => n,
+            other => return other,
+        };
         // Resends do not count: an error on every N-th resend would fail each new QP again
         // before anything is acknowledged.
         let resend = hdr.len() >= HDR
@@ -1051,7 +736,7 @@ impl Link for RdmaLink {
             .and_then(|c| c.as_deref())
             .filter(|c| c.gen == p.gen)
             // Released only once the peer has it and our send is complete (zero copy).
-            .map(|c| c.acked.min(c.completed))
+            .map(|c| c.flow.acked())
     }
 
     fn close(&mut self, p: RdmaPath, reset: bool) {
@@ -1065,56 +750,42 @@ impl Link for RdmaLink {
 
     fn poll_aux(&mut self) -> usize {
         let mut work = 0;
-        let now = std::time::Instant::now();
+        let now = Instant::now();
         work += self.poll_cm();
         for i in 0..self.conns.len() {
             let Some(c) = self.conns[i].as_ref() else {
                 continue;
             };
-            let age = now.duration_since(c.born);
+            let age = c.flow.age(now);
             if c.role == Role::Doorbell && age > DOORBELL_TTL {
                 self.destroy(i);
                 continue;
             }
-            if c.state == State::Connecting && age > CONNECT_TIMEOUT {
+            if c.flow.state() == PathState::Connecting && age > CONNECT_TIMEOUT {
                 tracing::info!(role = ?c.role, peer = %std::net::Ipv4Addr::from(c.faddr), "rdma: connection timed out");
                 if c.role == Role::PassivePending {
                     self.destroy(i);
                 } else if let Some(c) = self.conns[i].as_mut() {
-                    c.state = State::Dead;
+                    c.flow.kill();
                 }
                 continue;
             }
             // Keeps acks and credits flowing on paths the protocol layer does not read
             // (paused ones) and finishes sends.
-            if c.qp.is_some() && c.state == State::Up {
+            if c.qp.is_some() && c.flow.state() == PathState::Up {
                 let n = self.service(i);
                 work += n;
                 let Some(c) = self.conns[i].as_deref_mut() else {
                     continue;
                 };
-                // Keepalive in the manner of kernel TCP's: frames are waiting for the peer
-                // (unacknowledged, or held back for credits) and nothing at all has completed
-                // for STALL_TIMEOUT: the path is dead even if the QP has not said so (seen
-                // with Soft-RoCE after a link flap). The protocol layer reconnects and
+                // The keepalive (`PathFlow::check_stall`); the protocol layer reconnects and
                 // retransmits.
-                let waiting = !c.sent.is_empty() || !c.tx_pending.is_empty();
-                if n > 0 || !waiting {
-                    c.last_progress = now;
-                } else if now.duration_since(c.last_progress) > STALL_TIMEOUT {
+                if c.flow.check_stall(now, n > 0) {
                     tracing::info!(
                         peer = %std::net::Ipv4Addr::from(c.faddr),
-                        unacked = c.sent.len(),
-                        pending = c.tx_pending.len(),
-                        credits = c.credits,
-                        free_send = c.free_send.len(),
-                        ack_inflight = c.ack_inflight,
-                        posted_unadv = c.posted_unadv,
-                        rx_done = c.rx_done.len(),
-                        asm_ready = c.asm_ready,
+                        flow = ?c.flow.snapshot(),
                         "rdma: no progress: path down"
                     );
-                    c.state = State::Dead;
                 }
             }
         }
@@ -1135,7 +806,7 @@ impl Link for RdmaLink {
             // Consume the channel's events, re-arm, then catch what completed meanwhile.
             qp.drain_channel();
             qp.arm();
-            let mut wcs = [verbs::Wc::default(); 16];
+            let mut wcs = [flow::Completion::default(); 16];
             loop {
                 let got = qp.poll(&mut wcs);
                 early.extend(wcs[..got].iter().map(|w| (i, *w)));
@@ -1159,26 +830,6 @@ impl Link for RdmaLink {
             });
         }
     }
-}
-
-/// A filled send slot waiting for a credit.
-#[derive(Clone, Copy, Debug)]
-struct Pending {
-    slot: u32,
-    /// Bytes in the slot (the header, plus the payload chunk unless it is sent in place).
-    bytes: u32,
-    extra: Option<InPlaceSge>,
-    /// First and last fragment of its frame.
-    first: bool,
-    last: bool,
-}
-
-/// A payload fragment sent in place: the second scatter-gather entry of its SEND.
-#[derive(Clone, Copy, Debug)]
-struct InPlaceSge {
-    addr: u64,
-    len: u32,
-    lkey: u32,
 }
 
 /// An app region registered on every device (zero copy).

@@ -1,6 +1,7 @@
 //! Thin owning wrappers over `verbs-sys`: the rdma_cm event channel, cm ids, and one path's
 //! verbs resources (PD, completion channel, CQ, registered slots, the RC QP).
 
+use super::flow::{Completion, InPlaceSge, QueuePair};
 use super::wire::SLOT;
 use std::io;
 use std::ptr;
@@ -388,15 +389,6 @@ impl Drop for Mr {
     }
 }
 
-/// A work completion, copied out.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Wc {
-    pub wr_id: u64,
-    pub ok: bool,
-    pub status: u32,
-    pub byte_len: u32,
-}
-
 /// One path's verbs resources: completion channel, CQ, registered slots, RC QP (on its
 /// device's shared PD).
 ///
@@ -607,14 +599,14 @@ impl Qp {
     }
 
     /// Polls up to `out.len()` completions; no syscall.
-    pub fn poll(&self, out: &mut [Wc]) -> usize {
+    pub fn poll(&self, out: &mut [Completion]) -> usize {
         let mut raw: [v::ibv_wc; 32] = [v::ibv_wc::default(); 32];
         let n = out.len().min(raw.len());
         // SAFETY: `raw` has room for `n` completions.
         let got = unsafe { v::rdsd_ibv_poll_cq(self.cq, n as i32, raw.as_mut_ptr()) };
         let got = got.max(0) as usize;
         for (o, w) in out.iter_mut().zip(&raw[..got]) {
-            *o = Wc {
+            *o = Completion {
                 wr_id: w.wr_id,
                 ok: w.status == v::IBV_WC_SUCCESS,
                 status: w.status,
@@ -670,5 +662,43 @@ impl Drop for Qp {
                 self.mem, self.len,
             )));
         }
+    }
+}
+
+impl QueuePair for Qp {
+    fn recv_slot(&self, slot: u32) -> &[u8] {
+        self.slot(slot)
+    }
+
+    fn send_slot_mut(&mut self, slot: u32) -> &mut [u8] {
+        self.slot_mut(slot)
+    }
+
+    fn ack_slot_mut(&mut self) -> &mut [u8] {
+        Qp::ack_slot_mut(self)
+    }
+
+    fn post_recv(&mut self, slot: u32) -> io::Result<()> {
+        Qp::post_recv(self, slot)
+    }
+
+    fn post_send(
+        &mut self,
+        wr_id: u64,
+        slot: u32,
+        bytes: u32,
+        extra: Option<InPlaceSge>,
+    ) -> io::Result<()> {
+        Qp::post_send(
+            self,
+            wr_id,
+            slot,
+            bytes,
+            extra.map(|e| (e.addr, e.len, e.lkey)),
+        )
+    }
+
+    fn post_ack(&mut self, wr_id: u64) -> io::Result<()> {
+        Qp::post_ack(self, wr_id)
     }
 }
