@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use rds_proto::wire::CongMap;
-use rdsd::config::Prefix;
+use rdsd::prefix::Prefix;
 use rdsd::protocol::{Endpoint, EndpointConfig, Link};
 use rdsd::seam::{Delivered, Incoming, MsgBytes, OutMsg, SendOutcome, Transport, Upcalls};
 use rdsd::stats::Stats;
