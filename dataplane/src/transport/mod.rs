@@ -7,7 +7,7 @@
 //! * `dpdk`: `utcp` over a DPDK port (kernel bypass), when the config has a `[dpdk]` section.
 //! * `rdma`: RDS over RDMA RC queue pairs (verbs, rdma_cm), when the config has an `[rdma]` section.
 //!
-//! A transport is a folder here plus one registration line in [`register`]. A transport with a
+//! A transport is a folder here plus one registration line in `register`. A transport with a
 //! config section (`[dpdk]`, `[rdma]`) parses and checks it itself ([`Section`]): `config.rs`
 //! only keeps it as written. A transport talks to the poll core only through `crate::seam`.
 
