@@ -1,7 +1,7 @@
 //! Module import direction, checked from the sources: in every crate of the workspace, each
 //! top-level module (`src/x.rs` or `src/x/`) names only the modules its row of the table below
 //! allows (`crate::x`, `crate::{x, ..}`, `super::x` leaving the module), the table has no cycle,
-//! and every row is used. `lib.rs`/`main.rs`/`src/bin/` are the roots that wire the modules
+//! and every row is used; likewise rdsd's transports among themselves. `lib.rs`/`main.rs`/`src/bin/` are the roots that wire the modules
 //! together; a name that is not a module (an item of the root) is not counted.
 //!
 //! A plain scan instead of a tool such as `cargo modules dependencies --acyclic`: that builds
@@ -147,16 +147,17 @@ fn group_heads(group: &str) -> Vec<&str> {
     heads
 }
 
-/// The top-level modules a file names, outside comments: `crate::x`, `crate::{x, y::z}`, and
-/// `super::` chains that climb out of the file's top-level module.
-fn named_modules(text: &str, module_path: &[String]) -> BTreeSet<String> {
+/// The modules of one level a file names, outside comments: `{root}x`, `{root}{x, y::z}`
+/// (`root` is `crate::`, or `crate::transport::` for the modules of `transport/`), and `super::`
+/// chains that climb out of the file's module of that level.
+fn named_modules(text: &str, root: &str, module_path: &[String]) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for line in text.lines() {
         let code = line.split("//").next().unwrap_or("");
         let mut rest = code;
-        while let Some(i) = rest.find("crate::") {
+        while let Some(i) = rest.find(root) {
             let before = rest[..i].chars().next_back();
-            let after = &rest[i + "crate::".len()..];
+            let after = &rest[i + root.len()..];
             rest = after;
             if before.is_some_and(is_ident) {
                 continue; // `foo_crate::`, not our crate
@@ -188,8 +189,8 @@ fn named_modules(text: &str, module_path: &[String]) -> BTreeSet<String> {
     out
 }
 
-/// module → the other top-level modules of the crate it names, and the files that name them.
-fn graph(src: &Path) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+/// module → the other modules of `src`'s level it names, and the files that name them.
+fn graph(src: &Path, root: &str) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
     let mut files = Vec::new();
     rs_files(src, &mut files);
     let mut modules = BTreeSet::new();
@@ -197,7 +198,7 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
         let rel = f.strip_prefix(src).unwrap();
         let first = rel.iter().next().unwrap().to_string_lossy();
         let name = first.trim_end_matches(".rs").to_string();
-        if !["lib", "main", "bin"].contains(&name.as_str()) {
+        if !["lib", "main", "bin", "mod"].contains(&name.as_str()) {
             modules.insert(name);
         }
     }
@@ -219,7 +220,7 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
             path.pop();
         }
         let text = std::fs::read_to_string(f).unwrap();
-        for named in named_modules(&text, &path) {
+        for named in named_modules(&text, root, &path) {
             if named != path[0] && modules.contains(&named) {
                 g.get_mut(&path[0])
                     .unwrap()
@@ -264,9 +265,9 @@ fn cycle(table: Table) -> Option<Vec<&'static str>> {
         .find_map(|(m, _)| visit(m, table, &mut Vec::new(), &mut done))
 }
 
-/// What is wrong with `src` against `table`, one line each.
-fn check(src: &str, table: Table) -> Vec<String> {
-    let g = graph(&workspace().join(src));
+/// What is wrong with `src` (whose modules are named `{root}x`) against `table`, one line each.
+fn check(src: &str, root: &str, table: Table) -> Vec<String> {
+    let g = graph(&workspace().join(src), root);
     let mut errors = Vec::new();
     if let Some(c) = cycle(table) {
         errors.push(format!(
@@ -311,7 +312,23 @@ fn check(src: &str, table: Table) -> Vec<String> {
 
 #[test]
 fn rdsd_modules_import_in_one_direction() {
-    let errors = check("dataplane/src", RDSD);
+    let errors = check("dataplane/src", "crate::", RDSD);
+    assert!(errors.is_empty(), "\n{}", errors.join("\n"));
+}
+
+/// A transport is a folder of its own: transports name each other only where one is built on
+/// another (DPDK on the userspace TCP) or on a shared helper (`handoff`).
+#[test]
+fn transports_do_not_name_each_other() {
+    const TRANSPORTS: Table = &[
+        ("dpdk", &["utcp"]),
+        ("rdma", &["handoff"]),
+        ("tcp", &["handoff"]),
+        ("utcp", &[]),
+        ("loopback", &[]),
+        ("handoff", &[]),
+    ];
+    let errors = check("dataplane/src/transport", "crate::transport::", TRANSPORTS);
     assert!(errors.is_empty(), "\n{}", errors.join("\n"));
 }
 
@@ -319,7 +336,7 @@ fn rdsd_modules_import_in_one_direction() {
 fn every_crates_modules_import_in_one_direction() {
     let errors: Vec<String> = OTHERS
         .iter()
-        .flat_map(|(src, table)| check(src, table))
+        .flat_map(|(src, table)| check(src, "crate::", table))
         .collect();
     assert!(errors.is_empty(), "\n{}", errors.join("\n"));
 }
@@ -357,7 +374,7 @@ fn the_scan_sees_every_spelling() {
                 use super::super::protocol::Link;\n\
                 use super::utcp;\n\
                 let y = my_crate::shm::X;";
-    let got: Vec<String> = named_modules(text, &path).into_iter().collect();
+    let got: Vec<String> = named_modules(text, "crate::", &path).into_iter().collect();
     assert_eq!(
         got,
         ["config", "fault", "protocol", "seam", "stats"],
