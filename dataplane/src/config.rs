@@ -1,8 +1,15 @@
 //! Configuration: an embedded default (`default.toml`), an optional TOML file laid over it, and
 //! command-line flags laid over both. Unknown keys are errors, so typos don't pass silently.
+//!
+//! The top-level keys are the daemon's. A `[section]` belongs to a transport: this module keeps
+//! it as written ([`Sections`]) and knows none of them; `transport::configure` hands each to
+//! the transport registered for it, which parses and checks it (and refuses a section no
+//! transport claims).
 
+use crate::prefix::Prefix;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
@@ -29,44 +36,6 @@ pub enum HugepageMode {
     Require,
     /// Never use hugetlbfs.
     Off,
-}
-
-/// An IPv4 prefix such as `127.0.0.0/8`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Prefix {
-    /// Network address.
-    pub addr: Ipv4Addr,
-    /// Prefix length, 0..=32.
-    pub len: u8,
-}
-
-impl Prefix {
-    /// True if `ip` is inside the prefix.
-    pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        let mask = if self.len == 0 {
-            0
-        } else {
-            u32::MAX << (32 - self.len)
-        };
-        u32::from(ip) & mask == u32::from(self.addr) & mask
-    }
-}
-
-impl std::str::FromStr for Prefix {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Prefix> {
-        let (a, l) = s.split_once('/').unwrap_or((s, "32"));
-        let addr: Ipv4Addr = a
-            .parse()
-            .with_context(|| format!("bad address in prefix {s:?}"))?;
-        let len: u8 = l
-            .parse()
-            .with_context(|| format!("bad length in prefix {s:?}"))?;
-        if len > 32 {
-            bail!("prefix length above 32 in {s:?}");
-        }
-        Ok(Prefix { addr, len })
-    }
 }
 
 #[derive(Deserialize)]
@@ -98,10 +67,6 @@ struct RawConfig {
     max_regions_per_uid: u32,
     metrics_listen: String,
     trace_hops: bool,
-    /// Optional: no section, no DPDK transport.
-    dpdk: Option<crate::transport::dpdk::RawDpdk>,
-    /// Optional: no section, no RDMA transport.
-    rdma: Option<crate::transport::rdma::RawRdma>,
 }
 
 /// rdsd's validated configuration.
@@ -162,10 +127,59 @@ pub struct Config {
     /// Stamp traced messages at each hop of the poll core (`shm_api::hoptrace`): the latency
     /// breakdown of `rds-bench --breakdown`. Off: one flag test per message.
     pub trace_hops: bool,
-    /// The DPDK port (`[dpdk]`), if any; its address is one of `local_addrs`.
-    pub dpdk: Option<crate::transport::dpdk::DpdkConfig>,
-    /// The RDMA transport (`[rdma]`), if any.
-    pub rdma: Option<crate::transport::rdma::RdmaConfig>,
+    /// The transports' `[sections]`, as written (`[dpdk]`, `[rdma]`; none by default).
+    pub sections: Sections,
+}
+
+/// The `[name]` tables of the configuration, each as written: the transport registered under
+/// that name parses its own (`transport::configure`, then `transport::build`).
+#[derive(Clone, Debug, Default)]
+pub struct Sections {
+    tables: BTreeMap<String, toml::Table>,
+    configured: bool,
+}
+
+impl Sections {
+    /// The section `[name]`, if the configuration has one.
+    pub fn get(&self, name: &str) -> Option<&toml::Table> {
+        self.tables.get(name)
+    }
+
+    /// The names of every section, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tables.keys().map(String::as_str)
+    }
+
+    /// Whether `transport::configure` has checked the sections (and added what they own, such
+    /// as the DPDK port's address, to the configuration).
+    pub fn configured(&self) -> bool {
+        self.configured
+    }
+
+    /// Marks the sections as checked (`transport::configure`).
+    pub fn set_configured(&mut self) {
+        self.configured = true;
+    }
+
+    /// Takes the sections out of a configuration table: the tables whose key is not one of
+    /// the daemon's (the embedded default names every one of those).
+    fn split_from(table: &mut toml::Table, daemon_keys: &toml::Table) -> Sections {
+        let names: Vec<String> = table
+            .iter()
+            .filter(|(k, v)| v.is_table() && !daemon_keys.contains_key(*k))
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut tables = BTreeMap::new();
+        for name in names {
+            if let Some(toml::Value::Table(t)) = table.remove(&name) {
+                tables.insert(name, t);
+            }
+        }
+        Sections {
+            tables,
+            configured: false,
+        }
+    }
 }
 
 /// Command-line overrides (all optional).
@@ -235,7 +249,8 @@ fn core(n: i64, ncpu: usize) -> Result<Option<usize>> {
 impl Config {
     /// The embedded default, then `file` (if any), then `over`.
     pub fn load(file: Option<&std::path::Path>, over: &Overrides) -> Result<Config> {
-        let mut table: toml::Table = DEFAULT_TOML.parse().context("embedded default config")?;
+        let default: toml::Table = DEFAULT_TOML.parse().context("embedded default config")?;
+        let mut table = default.clone();
         if let Some(path) = file {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
@@ -244,11 +259,12 @@ impl Config {
                 .with_context(|| format!("parsing {}", path.display()))?;
             merge(&mut table, t);
         }
+        let sections = Sections::split_from(&mut table, &default);
         let raw: RawConfig = table.try_into().context("invalid configuration")?;
-        Config::from_raw(raw, over)
+        Config::from_raw(raw, sections, over)
     }
 
-    fn from_raw(raw: RawConfig, over: &Overrides) -> Result<Config> {
+    fn from_raw(raw: RawConfig, sections: Sections, over: &Overrides) -> Result<Config> {
         let ncpu = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
@@ -320,21 +336,9 @@ impl Config {
                 })?),
             },
             trace_hops: raw.trace_hops || over.trace_hops,
-            dpdk: None,
-            rdma: raw
-                .rdma
-                .map(crate::transport::rdma::RdmaConfig::from_raw)
-                .transpose()
-                .context("[rdma]")?,
+            sections,
         };
         let mut cfg = cfg;
-        if let Some(d) = raw.dpdk {
-            let d = crate::transport::dpdk::DpdkConfig::from_raw(d).context("[dpdk]")?;
-            if !cfg.is_local(d.addr) {
-                cfg.local_addrs.push(d.local_prefix());
-            }
-            cfg.dpdk = Some(d);
-        }
         cfg.state_file = match (&over.state_file, raw.state_file.as_str()) {
             (Some(p), _) => p.clone(),
             (None, "") => cfg.control_socket.with_extension("rxseq"),
@@ -435,15 +439,5 @@ mod tests {
                 .metrics_listen,
             None
         );
-    }
-
-    #[test]
-    fn prefixes() {
-        let p: Prefix = "192.168.0.0/16".parse().unwrap();
-        assert!(p.contains("192.168.7.1".parse().unwrap()));
-        assert!(!p.contains("192.169.0.1".parse().unwrap()));
-        assert!("1.2.3.4/33".parse::<Prefix>().is_err());
-        let all: Prefix = "0.0.0.0/0".parse().unwrap();
-        assert!(all.contains("8.8.8.8".parse().unwrap()));
     }
 }

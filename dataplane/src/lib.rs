@@ -5,9 +5,11 @@
 //! * `seam`: the transport seam (the `Transport` and `Upcalls` traits) between the two.
 //! * `protocol`: the protocol layer shared by network transports (connection table over the
 //!   sans-IO engine, pause on full rings, restart-safe receive state) and its `Link` trait.
-//! * `transport`: loopback and kernel TCP, and the registry that builds them from the config.
+//! * `transport`: loopback, kernel TCP, userspace TCP over DPDK, RDMA, and the registry that
+//!   parses their config sections and builds them.
 //! * `shm`: creating and sealing shared regions.
-//! * `config`, `stats`: configuration and counters.
+//! * `config`, `stats`: configuration (the daemon's keys; transports' sections kept as written)
+//!   and counters. `prefix`: value types shared by all (a leaf).
 //! * `fault`: test-only fault hooks (the `fault-injection` feature; inert without it).
 //!
 //! The RDS protocol engine itself is the sans-IO crate `rds-proto` (dataplane/proto).
@@ -16,6 +18,7 @@ pub mod config;
 pub mod control;
 pub mod fault;
 pub mod poll;
+pub mod prefix;
 pub mod protocol;
 pub mod seam;
 pub mod shm;
@@ -36,6 +39,14 @@ fn pin(core: Option<usize>, what: &str) {
             tracing::warn!(cpu = id, "could not pin {what}");
         }
     }
+}
+
+/// The configuration rdsd runs with: [`Config::load`], then each transport's section parsed and
+/// checked by that transport ([`transport::configure`]).
+pub fn load_config(file: Option<&std::path::Path>, over: &config::Overrides) -> Result<Config> {
+    let mut cfg = Config::load(file, over)?;
+    transport::configure(&mut cfg)?;
+    Ok(cfg)
 }
 
 /// Runs rdsd until `shutdown` is set (SIGINT/SIGTERM in the binary).

@@ -1,7 +1,7 @@
 //! `rdsd`: the daemon binary.
 
 use clap::Parser;
-use rdsd::config::{Config, Overrides, DEFAULT_TOML};
+use rdsd::config::{Overrides, DEFAULT_TOML};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -43,7 +43,7 @@ fn main() {
     } else {
         fmt.init();
     }
-    let cfg = match Config::load(cli.config.as_deref(), &cli.over) {
+    let cfg = match rdsd::load_config(cli.config.as_deref(), &cli.over) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("rdsd: {e:#}");

@@ -24,6 +24,7 @@
 //! Mounting is idempotent: an existing hugetlbfs mount of the right page size is kept and
 //! its owner/mode fixed if `--owner/--group/--mode` ask for others.
 
+mod exec;
 mod mount;
 mod persist;
 mod plan;
@@ -326,7 +327,7 @@ fn setup(cli: &Cli, ctx: &Ctx, bytes: u64, out: &mut dyn Write) -> Result<()> {
     let (set, rest): (Vec<Action>, Vec<Action>) = actions
         .into_iter()
         .partition(|a| matches!(a, Action::SetPages { .. }));
-    plan::apply(&set, ctx.dry_run, out)?;
+    exec::apply(&set, ctx.dry_run, out)?;
     #[cfg(test)]
     if let (Some(k), false) = (&ctx.fake_kernel, ctx.dry_run) {
         k(&ctx.sysfs);
@@ -341,8 +342,8 @@ fn setup(cli: &Cli, ctx: &Ctx, bytes: u64, out: &mut dyn Write) -> Result<()> {
             granted: after.total,
         })
     };
-    plan::apply(&rest, ctx.dry_run, out)?;
-    plan::apply(&persist_actions, ctx.dry_run, out)?;
+    exec::apply(&rest, ctx.dry_run, out)?;
+    exec::apply(&persist_actions, ctx.dry_run, out)?;
     if cli.persist && !ctx.dry_run {
         writeln!(
             out,
@@ -382,7 +383,7 @@ fn clear(cli: &Cli, ctx: &Ctx, out: &mut dyn Write) -> Result<()> {
         return Ok(());
     }
     ctx.need_root(&actions)?;
-    plan::apply(&actions, ctx.dry_run, out)?;
+    exec::apply(&actions, ctx.dry_run, out)?;
     if !ctx.dry_run {
         for k in &sizes {
             let c = ctx.sysfs.counts(scope, *k)?;
@@ -555,7 +556,7 @@ fn run_legacy(cli: &Cli, ctx: &Ctx, out: &mut dyn Write) -> Result<bool> {
     let mount_actions = mount::plan_mount(&spec, &mounts, default_kib)?;
     actions.extend(mount_actions);
     ctx.need_root(&actions)?;
-    plan::apply(&actions, ctx.dry_run, out)?;
+    exec::apply(&actions, ctx.dry_run, out)?;
     if ctx.dry_run {
         return Ok(true);
     }

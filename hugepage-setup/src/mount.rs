@@ -1,11 +1,11 @@
-//! hugetlbfs mounts: reading `/proc/mounts`, mounting with a page size, owner, group and
-//! mode, and fixing the owner/mode of an existing mount (idempotent).
+//! hugetlbfs mounts: reading `/proc/mounts`, and planning the [`Action`]s that mount one with
+//! a page size, owner, group and mode, or fix the owner/mode of an existing one (idempotent).
+//! Planning only: `exec` performs the actions.
 
 use crate::plan::Action;
 use crate::sysfs::{fmt_size, parse_size};
 use anyhow::{bail, Context, Result};
 use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -245,39 +245,6 @@ pub fn plan_mount(
             Ok(v)
         }
     }
-}
-
-/// mount -t hugetlbfs -o OPTIONS hugetlbfs TARGET
-pub fn mount_hugetlbfs(at: &Path, options: &str) -> Result<()> {
-    let target =
-        CString::new(at.as_os_str().as_bytes()).context("mount point contains a NUL byte")?;
-    let fstype = CString::new("hugetlbfs").expect("no NUL");
-    let data = CString::new(options).context("mount options contain a NUL byte")?;
-    // SAFETY: all four pointers are valid NUL-terminated strings that outlive the call; an
-    // empty `data` means default options (the default huge page size, root-owned, 0755).
-    let rc = unsafe {
-        libc::mount(
-            fstype.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            data.as_ptr().cast(),
-        )
-    };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        bail!(
-            "mount -t hugetlbfs -o '{options}' hugetlbfs {} failed: {e}",
-            at.display()
-        );
-    }
-    Ok(())
-}
-
-/// chown(2) with "leave unchanged" for None.
-pub fn chown(path: &Path, uid: Option<u32>, gid: Option<u32>) -> Result<()> {
-    std::os::unix::fs::chown(path, uid, gid)
-        .with_context(|| format!("cannot chown {}", path.display()))
 }
 
 /// `owner:group mode` of a path, for reports.

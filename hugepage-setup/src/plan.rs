@@ -1,10 +1,7 @@
-//! Every change hugepage-setup makes is an [`Action`]; `apply` prints each one and either
-//! performs it or, with `--dry-run`, only says what it would do.
+//! Every change hugepage-setup makes is an [`Action`]: plain data, which the planners
+//! (`mount::plan_mount`, `persist`, `main`) make and `exec::apply` performs. This module names
+//! nothing else of the crate.
 
-use crate::mount;
-use anyhow::{Context, Result};
-use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,47 +67,4 @@ impl Action {
             }
         }
     }
-
-    fn perform(&self) -> Result<()> {
-        match self {
-            Action::SetPages { file, to, .. } => std::fs::write(file, format!("{to}\n"))
-                .with_context(|| {
-                    format!(
-                        "cannot write {} (a container with a read-only /sys can't reserve huge \
-                         pages)",
-                        file.display()
-                    )
-                }),
-            Action::Mkdir(p) => {
-                std::fs::create_dir_all(p).with_context(|| format!("cannot create {}", p.display()))
-            }
-            Action::Mount { target, options } => mount::mount_hugetlbfs(target, options),
-            Action::Chown { path, uid, gid } => mount::chown(path, *uid, *gid),
-            Action::Chmod { path, mode } => {
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(*mode))
-                    .with_context(|| format!("cannot chmod {}", path.display()))
-            }
-            Action::WriteFile { path, content } => {
-                if let Some(d) = path.parent() {
-                    std::fs::create_dir_all(d)
-                        .with_context(|| format!("cannot create {}", d.display()))?;
-                }
-                std::fs::write(path, content)
-                    .with_context(|| format!("cannot write {}", path.display()))
-            }
-        }
-    }
-}
-
-/// Prints and performs (or, when `dry_run`, only prints) each action, in order.
-pub fn apply(actions: &[Action], dry_run: bool, out: &mut dyn Write) -> Result<()> {
-    for a in actions {
-        if dry_run {
-            writeln!(out, "would: {}", a.describe())?;
-        } else {
-            writeln!(out, "{}", a.describe())?;
-            a.perform()?;
-        }
-    }
-    Ok(())
 }

@@ -53,8 +53,12 @@ enum Waiting {
     Request { pollable: Option<OwnedFd> },
     /// Attach: the descriptors and body of the Hello reply.
     Attach { fds: [OwnedFd; 3], info: HelloInfo },
-    /// Info: a snapshot from the poll core, for these sections (`ctrl::INFO_*`).
-    Info { sections: u32 },
+    /// Info: a snapshot from each poll thread in turn (shard 0, with the transports, first),
+    /// for these sections (`ctrl::INFO_*`); `gathered` is what came so far.
+    Info {
+        sections: u32,
+        gathered: Option<Box<crate::poll::snapshot::PollSnapshot>>,
+    },
 }
 
 /// The one command of a connection in flight on the poll core.
@@ -460,7 +464,27 @@ impl Control {
                 };
                 self.send(i, r.with_id(p.id).encode(), fds);
             }
-            (Waiting::Info { sections }, CmdReply::Snapshot(snap)) => {
+            (Waiting::Info { sections, gathered }, CmdReply::Snapshot(snap)) => {
+                let snap = match gathered {
+                    None => snap,
+                    Some(mut g) => {
+                        g.shards_seen = snap.shards_seen;
+                        g.sockets.extend(snap.sockets);
+                        g
+                    }
+                };
+                let next = snap.shards_seen;
+                if next < self.doorbells.len() {
+                    let cmd = Cmd::Snapshot {
+                        app: i,
+                        shard: next,
+                    };
+                    let what = Waiting::Info {
+                        sections,
+                        gathered: Some(snap),
+                    };
+                    return self.submit(i, p.id, cmd, what);
+                }
                 // A client without Hello (rdsctl) gets a fresh hello_timeout from its answer
                 // (the wait for the poll core is not its silence).
                 let fresh = Instant::now() + self.cfg.hello_timeout;
@@ -610,9 +634,9 @@ impl Control {
             let Some(item) = self.backlog.pop_front() else {
                 break;
             };
-            // Introspection goes to shard 0, which has the transports; the rest to the app's.
+            // Introspection names its poll thread; the rest goes to the app's.
             let shard = match item.1 {
-                Cmd::Snapshot { .. } => 0,
+                Cmd::Snapshot { shard, .. } => shard,
                 ref c => self.app_shard[c.app()],
             };
             match self.chans.cmds[shard].push(item) {
@@ -839,7 +863,15 @@ impl Control {
                     let r = self.info_reply(sections, None).with_id(id);
                     self.send(i, r.encode(), Vec::new());
                 } else {
-                    self.submit(i, id, Cmd::Snapshot { app: i }, Waiting::Info { sections });
+                    self.submit(
+                        i,
+                        id,
+                        Cmd::Snapshot { app: i, shard: 0 },
+                        Waiting::Info {
+                            sections,
+                            gathered: None,
+                        },
+                    );
                 }
             }
             _ if !attached => self.send(

@@ -64,8 +64,8 @@ pub enum Cmd {
         readiness: Option<readiness::Readiness>,
     },
     /// Introspection for control connection `app` (attached or not): copy out sockets,
-    /// connections and paths (`snapshot.rs`). Withdrawable.
-    Snapshot { app: usize },
+    /// connections and paths (`snapshot.rs`) of poll thread `shard`. Withdrawable.
+    Snapshot { app: usize, shard: usize },
 }
 
 impl Cmd {
@@ -75,7 +75,7 @@ impl Cmd {
             Cmd::Attach { app, .. }
             | Cmd::Detach { app }
             | Cmd::Request { app, .. }
-            | Cmd::Snapshot { app } => app,
+            | Cmd::Snapshot { app, .. } => app,
         }
     }
 }
@@ -679,7 +679,7 @@ impl PollCore {
                     Err(e) => Reply::err(e),
                 })
             }
-            Cmd::Snapshot { app } => {
+            Cmd::Snapshot { app, .. } => {
                 if !self.table.chans().take(app, seq) {
                     return CmdReply::Withdrawn(None);
                 }

@@ -57,12 +57,17 @@ pub struct PollSnapshot {
     pub connections: Vec<ConnSnapshot>,
     /// Transports, in routing order.
     pub transports: Vec<&'static str>,
+    /// Poll threads whose sockets are in `sockets` (the control thread asks each in turn).
+    pub shards_seen: usize,
 }
 
 impl PollCore {
     /// Copies out sockets, connections and paths (slow path: on a Snapshot command only).
     pub(super) fn snapshot(&mut self) -> PollSnapshot {
-        let mut out = PollSnapshot::default();
+        let mut out = PollSnapshot {
+            shards_seen: self.table.shard + 1,
+            ..PollSnapshot::default()
+        };
         for (app, a) in self.table.apps.iter().enumerate() {
             let Some(a) = a.as_ref().filter(|a| !a.evicted) else {
                 continue;

@@ -9,7 +9,7 @@
 use super::clock::{Clock, MonotonicClock};
 use super::link::{Accepted, ConnectPoll, Framing, Link, Read, Write};
 use super::persist::RxStateFile;
-use crate::config::Prefix;
+use crate::prefix::Prefix;
 use crate::seam::{Delivered, Incoming, MsgBytes, OutMsg, SendOutcome, Transport, Upcalls};
 use crate::stats::{NetStats, Stats};
 use rds_proto::wire::MAX_PATHS;

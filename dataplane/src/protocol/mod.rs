@@ -10,7 +10,7 @@
 //! * [`PoolBuf`]: pooled payload copies for links that copy.
 //!
 //! A new network transport is a `Link` in its own folder under `transport/` plus one line in
-//! `transport::build`.
+//! `transport::register`.
 
 mod clock;
 mod endpoint;

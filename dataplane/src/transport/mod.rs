@@ -7,8 +7,9 @@
 //! * `dpdk`: `utcp` over a DPDK port (kernel bypass), when the config has a `[dpdk]` section.
 //! * `rdma`: RDS over RDMA RC queue pairs (verbs, rdma_cm), when the config has an `[rdma]` section.
 //!
-//! A transport is a folder here plus one registration line in [`build`]; it talks to the poll
-//! core only through `crate::seam`.
+//! A transport is a folder here plus one registration line in `register`. A transport with a
+//! config section (`[dpdk]`, `[rdma]`) parses and checks it itself ([`Section`]): `config.rs`
+//! only keeps it as written. A transport talks to the poll core only through `crate::seam`.
 
 pub mod dpdk;
 pub mod handoff;
@@ -18,24 +19,216 @@ pub mod tcp;
 pub mod utcp;
 
 use crate::config::Config;
+use crate::prefix::Prefix;
 use crate::seam::Transport;
 use crate::stats::Stats;
+use anyhow::{bail, Context, Result};
 use std::sync::Arc;
 
-/// The transports of this configuration, in routing order (the first that routes a
-/// destination carries it).
-pub fn build(cfg: &Config, stats: &Arc<Stats>) -> std::io::Result<Vec<Box<dyn Transport>>> {
-    let mut list: Vec<Box<dyn Transport>> = vec![Box::new(loopback::Loopback::new(cfg, stats))];
+/// Every transport, in routing order (the first that routes a destination carries it), one
+/// line each. [`configure`] runs it to parse and check the config sections, [`build`] to
+/// start the transports.
+fn register(r: &mut Registry<'_>) -> Result<()> {
+    r.always(loopback::build)?;
     // Before kernel TCP: the DPDK port's routes win.
-    if let Some(t) = dpdk::build(cfg, stats).map_err(|e| std::io::Error::other(format!("{e:#}")))? {
-        list.push(Box::new(t));
-    }
+    r.section("dpdk", dpdk::build)?;
     // Before kernel TCP: with an [rdma] section, its routes go over RDMA.
-    if let Some(t) = rdma::build(cfg, stats)? {
-        list.push(Box::new(t));
+    r.section("rdma", rdma::build)?;
+    r.always(tcp::build)?;
+    Ok(())
+}
+
+/// A transport's own config section (`[name]`), which it parses and checks itself.
+pub trait Section: Sized {
+    /// The section as written; errors name the key (`dpdk.mtu must be ...`).
+    fn parse(table: toml::Table) -> Result<Self>;
+
+    /// Addresses the section makes this host's own (the DPDK port's): they join
+    /// `local_addrs`, so apps can bind them and loopback delivers to them.
+    fn local_addrs(&self) -> Vec<Prefix> {
+        Vec::new()
     }
-    if let Some(t) = tcp::build(cfg, stats)? {
-        list.push(Box::new(t));
+}
+
+/// Parses and checks every transport's section of `cfg`, adds the addresses they own to
+/// `cfg.local_addrs`, and refuses a section that no transport claims. Run once, before the
+/// configuration is shared (the poll core and the control thread read `local_addrs`).
+pub fn configure(cfg: &mut Config) -> Result<()> {
+    let mut r = Registry(Mode::Configure {
+        cfg,
+        claimed: Vec::new(),
+    });
+    register(&mut r)?;
+    let Mode::Configure { cfg, claimed } = r.0 else {
+        unreachable!("configure's registry builds nothing")
+    };
+    if let Some(name) = cfg.sections.names().find(|n| !claimed.contains(n)) {
+        bail!(
+            "invalid configuration: unknown section [{name}] (sections: {})",
+            claimed
+                .iter()
+                .map(|c| format!("[{c}]"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
-    Ok(list)
+    cfg.sections.set_configured();
+    Ok(())
+}
+
+/// The transports of this configuration (after [`configure`]), in routing order.
+pub fn build(cfg: &Config, stats: &Arc<Stats>) -> Result<Vec<Box<dyn Transport>>> {
+    if !cfg.sections.configured() && cfg.sections.names().next().is_some() {
+        bail!("the transports' sections were not checked (transport::configure)");
+    }
+    let mut r = Registry(Mode::Build {
+        cfg,
+        stats,
+        list: Vec::new(),
+    });
+    register(&mut r)?;
+    match r.0 {
+        Mode::Build { list, .. } => Ok(list),
+        Mode::Configure { .. } => unreachable!("build's registry configures nothing"),
+    }
+}
+
+/// What [`register`]'s lines do: check sections, or start transports.
+struct Registry<'a>(Mode<'a>);
+
+enum Mode<'a> {
+    Configure {
+        cfg: &'a mut Config,
+        claimed: Vec<&'static str>,
+    },
+    Build {
+        cfg: &'a Config,
+        stats: &'a Arc<Stats>,
+        list: Vec<Box<dyn Transport>>,
+    },
+}
+
+impl Registry<'_> {
+    /// A transport without a section; `build` decides from the daemon's keys whether it runs.
+    fn always<T, E>(
+        &mut self,
+        build: fn(&Config, &Arc<Stats>) -> Result<Option<T>, E>,
+    ) -> Result<()>
+    where
+        T: Transport + 'static,
+        E: Into<anyhow::Error>,
+    {
+        if let Mode::Build { cfg, stats, list } = &mut self.0 {
+            if let Some(t) = build(cfg, stats).map_err(Into::into)? {
+                list.push(Box::new(t));
+            }
+        }
+        Ok(())
+    }
+
+    /// A transport that runs when the configuration has its section `[name]`.
+    fn section<S, T, E>(
+        &mut self,
+        name: &'static str,
+        build: fn(&Config, &S, &Arc<Stats>) -> Result<T, E>,
+    ) -> Result<()>
+    where
+        S: Section,
+        T: Transport + 'static,
+        E: Into<anyhow::Error>,
+    {
+        let parse = |cfg: &Config| -> Result<Option<S>> {
+            cfg.sections
+                .get(name)
+                .map(|t| S::parse(t.clone()).with_context(|| format!("[{name}]")))
+                .transpose()
+        };
+        match &mut self.0 {
+            Mode::Configure { cfg, claimed } => {
+                claimed.push(name);
+                if let Some(s) = parse(cfg)? {
+                    for p in s.local_addrs() {
+                        if !cfg.is_local(p.addr) {
+                            cfg.local_addrs.push(p);
+                        }
+                    }
+                }
+            }
+            Mode::Build { cfg, stats, list } => {
+                if let Some(s) = parse(cfg)? {
+                    list.push(Box::new(build(cfg, &s, stats).map_err(Into::into)?));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Overrides;
+
+    fn load(text: &str) -> Result<Config> {
+        let dir = std::env::temp_dir().join(format!("rdsd-sections-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let f = dir.join(format!("{}.toml", text.len()));
+        std::fs::write(&f, text)?;
+        let mut cfg = Config::load(Some(&f), &Overrides::default())?;
+        let _ = std::fs::remove_file(&f);
+        configure(&mut cfg)?;
+        Ok(cfg)
+    }
+
+    #[test]
+    fn each_transport_checks_its_own_section() {
+        let c = load("[dpdk]\nvdev = \"net_null0\"\naddr = \"10.254.0.1/24\"\n").unwrap();
+        assert!(c.sections.configured());
+        assert!(c.sections.get("dpdk").is_some());
+        assert!(
+            c.is_local("10.254.0.1".parse().unwrap()),
+            "the port's address is local"
+        );
+        assert!(
+            !c.is_local("10.254.0.2".parse().unwrap()),
+            "only the port's own"
+        );
+        let e = |t: &str| format!("{:#}", load(t).unwrap_err());
+        let bad = e("[dpdk]\nvdev = \"eth0\"\naddr = \"10.1.0.1/24\"\n");
+        assert!(
+            bad.starts_with("[dpdk]: ") && bad.contains("dpdk.vdev"),
+            "{bad}"
+        );
+        let bad = e("[rdma]\nsend_slots = 100\n");
+        assert!(
+            bad.starts_with("[rdma]: ") && bad.contains("send_slots"),
+            "{bad}"
+        );
+        let bad = e("[rdma]\ncolour = 1\n");
+        assert!(bad.contains("colour"), "{bad}");
+        let bad = e("[dpdkk]\nvdev = \"net_null0\"\n");
+        assert!(bad.contains("unknown section [dpdkk]"), "{bad}");
+        assert!(
+            bad.contains("[dpdk], [rdma]"),
+            "names the known ones: {bad}"
+        );
+        // A daemon key written as a table is still the daemon's: its type is wrong.
+        assert!(e("[idle]\nx = 1\n").contains("idle"));
+    }
+
+    #[test]
+    fn build_refuses_sections_nobody_checked() {
+        let dir = std::env::temp_dir().join(format!("rdsd-unchecked-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("c.toml");
+        std::fs::write(&f, "[rdma]\n").unwrap();
+        let cfg = Config::load(Some(&f), &Overrides::default()).unwrap();
+        let stats = Arc::new(Stats::default());
+        let e = build(&cfg, &stats).err().expect("unchecked sections");
+        assert!(format!("{e:#}").contains("transport::configure"));
+        let cfg = Config::load(None, &Overrides::default()).unwrap();
+        let list = build(&cfg, &stats).unwrap();
+        assert_eq!(list.len(), 1, "loopback only without network addresses");
+        assert_eq!(list[0].name(), "loopback");
+    }
 }

@@ -12,7 +12,7 @@
 #![allow(dead_code)]
 
 use rds_proto::wire::CongMap;
-use rdsd::config::Prefix;
+use rdsd::prefix::Prefix;
 use rdsd::protocol::{Clock, Endpoint, EndpointConfig, Link, MonotonicClock, VirtualClock};
 use rdsd::seam::{Delivered, Incoming, MsgBytes, OutMsg, SendOutcome, Transport, Upcalls};
 use rdsd::stats::Stats;

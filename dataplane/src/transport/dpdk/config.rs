@@ -1,6 +1,8 @@
-//! The `[dpdk]` section of rdsd's configuration (absent: no DPDK transport).
+//! The `[dpdk]` section of rdsd's configuration (absent: no DPDK transport), parsed and
+//! checked here, behind the transport's registration line (`transport::register`).
 
-use crate::config::Prefix;
+use crate::prefix::Prefix;
+use crate::transport::Section;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::net::Ipv4Addr;
@@ -177,6 +179,18 @@ const EAL_OPTIONS: &[&str] = &[
     "--vmware-tsc-map",
     "--huge-worker-stack",
 ];
+
+impl Section for DpdkConfig {
+    fn parse(table: toml::Table) -> Result<DpdkConfig> {
+        let raw: RawDpdk = table.try_into().context("invalid configuration")?;
+        DpdkConfig::from_raw(raw)
+    }
+
+    /// The port's address: apps bind it.
+    fn local_addrs(&self) -> Vec<Prefix> {
+        vec![self.local_prefix()]
+    }
+}
 
 impl DpdkConfig {
     /// Validates the section; every error names its key.

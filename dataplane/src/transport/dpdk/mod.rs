@@ -100,11 +100,8 @@ pub struct DpdkTransport {
     registered: bool,
 }
 
-/// Starts EAL and the port when the configuration has a `[dpdk]` section.
-pub fn build(cfg: &Config, stats: &Arc<Stats>) -> anyhow::Result<Option<DpdkTransport>> {
-    let Some(d) = &cfg.dpdk else {
-        return Ok(None);
-    };
+/// Starts EAL and the port (the configuration has a `[dpdk]` section, `d`).
+pub fn build(cfg: &Config, d: &DpdkConfig, stats: &Arc<Stats>) -> anyhow::Result<DpdkTransport> {
     if d.check_kernel_addr {
         eal::check_kernel_address(d)?;
     }
@@ -143,12 +140,12 @@ pub fn build(cfg: &Config, stats: &Arc<Stats>) -> anyhow::Result<Option<DpdkTran
         state_file: Some(cfg.state_file.with_extension("dpdk.rxseq")),
     };
     let ep = Endpoint::new(link, ep, stats.clone(), |s| &s.dpdk)?;
-    Ok(Some(DpdkTransport {
+    Ok(DpdkTransport {
         ep,
         stats: stats.clone(),
         park: d.park,
         registered: false,
-    }))
+    })
 }
 
 impl DpdkTransport {
