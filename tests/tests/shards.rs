@@ -203,3 +203,69 @@ fn a_burst_between_two_poll_threads_keeps_its_order() {
     let plan: Vec<_> = (0..20_000).map(|i| (0, 1, 8 + i % 200)).collect();
     run_plan(&d, 2, 1, &plan, 30_000);
 }
+
+#[test]
+fn a_closing_sender_loses_nothing_when_the_other_thread_is_backed_up() {
+    // The receiver (another app, so another poll thread) does not read and takes all it can
+    // (SO_RCVBUF at its maximum: no congestion), so its rx ring fills, then the pair ring
+    // between the threads, then the sender's own tx ring. The sender closes with messages
+    // still on its tx ring: they are kept for the pair ring, not dropped.
+    let d = daemon();
+    let (ra, rb) = (d.attach(), d.attach());
+    assert_ne!(ra.poll_thread(), rb.poll_thread());
+    let rx = rb.socket().unwrap();
+    rx.bind(lo(31_001)).unwrap();
+    rx.set_recv_buffer_size(1 << 30).unwrap();
+    rx.set_nonblocking(true).unwrap();
+    let tx = ra.socket().unwrap();
+    tx.bind(lo(31_000)).unwrap();
+    tx.set_nonblocking(true).unwrap();
+    let mut sent = 0u64;
+    let mut refused_in_a_row = 0;
+    // Until the send buffer stays full: everything downstream of it is full too.
+    while refused_in_a_row < 200 {
+        let mut msg = vec![sent as u8; 1000];
+        msg[..8].copy_from_slice(&sent.to_le_bytes());
+        match tx.send_to(&msg, lo(31_001)) {
+            Ok(_) => {
+                sent += 1;
+                refused_in_a_row = 0;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                refused_in_a_row += 1;
+                std::thread::sleep(Duration::from_millis(1)); // paces the retries only
+            }
+            Err(e) => panic!("send: {e}"),
+        }
+    }
+    eprintln!("{sent} messages sent before the send buffer stayed full");
+    // More than the rx ring (2 MiB: 2048 records of 1 KiB) and the pair ring (2 MiB: 2016
+    // records with their envelopes) hold: the rest were still on the tx ring.
+    assert!(sent > 2048 + 2016, "only {sent} sent");
+    let closed = d.stat("sockets_closed");
+    drop(tx);
+    // Read nothing until rdsd has closed the sender (its Close is asynchronous).
+    rdsd_tests::wait_for(
+        || d.stat("sockets_closed") > closed,
+        Duration::from_secs(20),
+        "the sender's close",
+    );
+    let mut buf = vec![0u8; 2000];
+    let mut got = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got < sent {
+        match rx.recv(&mut buf) {
+            Ok(n) => {
+                assert_eq!(n, 1000);
+                assert_eq!(u64::from_le_bytes(buf[..8].try_into().unwrap()), got);
+                got += 1;
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                assert!(Instant::now() < deadline, "{got} of {sent} arrived");
+                std::thread::yield_now();
+            }
+            Err(e) => panic!("recv: {e}"),
+        }
+    }
+    assert_eq!(d.stat("drop_socket_closed"), 0, "sent {sent}");
+}

@@ -256,6 +256,8 @@ impl Fabric {
             stalled: 0,
             dirty: 0,
             stash: VecDeque::with_capacity(1024),
+            kept: VecDeque::new(),
+            closing: false,
             replica: FxHashMap::default(),
             replica_version: u64::MAX,
             fabric: self.clone(),
@@ -276,6 +278,10 @@ pub struct ShardLink {
     dirty: u64,
     /// Notes that found their queue full, oldest first, with their target.
     stash: VecDeque<(usize, Note)>,
+    /// Messages of closing sockets that found their pair ring full, oldest first.
+    kept: VecDeque<(usize, Envelope, Vec<u8>)>,
+    /// See `set_closing`.
+    closing: bool,
     /// Bindings as last read from the directory.
     replica: FxHashMap<(u32, u16), u8>,
     replica_version: u64,
@@ -318,27 +324,45 @@ impl ShardLink {
         env: Envelope,
         payload: &crate::seam::MsgBytes<'_>,
     ) -> Result<(), ()> {
-        let len = ENVELOPE_LEN + payload.len();
-        let head = env.emit();
-        let header = RecordHeader::data(len as u32, 0, 0);
-        let pushed = self.out[to].push_with(header, |mem, off| {
-            shm_api::ring::RingMemory::write(mem, off, &head);
-            // SAFETY: `off + ENVELOPE_LEN .. off + len` lies in the pair ring's data area,
-            // reserved for this record; the source is an app ring or a receive buffer, never
-            // this ring.
-            unsafe { payload.copy_to(mem.data_ptr().add(off + ENVELOPE_LEN)) };
-        });
-        match pushed {
-            Ok(()) => {
-                self.dirty |= 1 << to;
-                Ok(())
+        self.dirty |= 1 << to;
+        // Behind kept messages to the same shard: wait (order), or keep this one too.
+        if self.kept.iter().any(|k| k.0 == to) || push(&mut self.out[to], env, payload).is_err() {
+            if !self.closing {
+                return Err(());
             }
-            Err(PushError::Full) => {
-                self.dirty |= 1 << to;
-                Err(())
-            }
-            Err(PushError::TooLarge) => unreachable!("pair rings hold the largest message"),
+            let mut bytes = Vec::new();
+            payload.copy_into(&mut bytes);
+            self.kept.push_back((to, env, bytes));
         }
+        Ok(())
+    }
+
+    /// While set, a message that finds its pair ring full is copied and kept (sent first, in
+    /// order, as soon as there is room) instead of refused: a closing socket's sent messages
+    /// are delivered, not dropped, whatever the other shard's backlog. Bounded by one tx ring
+    /// per closing socket; allocates only then.
+    pub(super) fn set_closing(&mut self, on: bool) {
+        self.closing = on;
+    }
+
+    /// Moves kept messages into their pair rings while there is room; true if some remain.
+    pub(super) fn flush_kept(&mut self) -> bool {
+        let mut blocked = 0u64;
+        let mut i = 0;
+        while i < self.kept.len() {
+            let (to, env, ref bytes) = self.kept[i];
+            if blocked & (1 << to) == 0 {
+                let payload = crate::seam::MsgBytes::from_slice(bytes);
+                if push(&mut self.out[to], env, &payload).is_ok() {
+                    self.dirty |= 1 << to;
+                    self.kept.remove(i);
+                    continue;
+                }
+                blocked |= 1 << to;
+            }
+            i += 1;
+        }
+        !self.kept.is_empty()
     }
 
     /// Queues a note for shard `to`; never lost (stashed while its queue is full).
@@ -383,6 +407,7 @@ impl ShardLink {
     }
 
     /// End of a pass: publishes what this pass queued and wakes the shards that sleep.
+    #[inline(never)]
     pub(super) fn publish(&mut self) {
         if self.dirty == 0 {
             return;
@@ -407,7 +432,30 @@ impl ShardLink {
 
     /// Work that makes a parked shard wake on a timer: stalled input, stashed notes.
     pub(super) fn needs_retry(&self) -> bool {
-        self.stalled != 0 || !self.stash.is_empty()
+        self.stalled != 0 || !self.stash.is_empty() || !self.kept.is_empty()
+    }
+}
+
+/// Appends one message to a pair ring (not yet published); `Err` if it is full.
+fn push(
+    out: &mut Producer<RawRing>,
+    env: Envelope,
+    payload: &crate::seam::MsgBytes<'_>,
+) -> Result<(), ()> {
+    let len = ENVELOPE_LEN + payload.len();
+    let head = env.emit();
+    let header = RecordHeader::data(len as u32, 0, 0);
+    let pushed = out.push_with(header, |mem, off| {
+        shm_api::ring::RingMemory::write(mem, off, &head);
+        // SAFETY: `off + ENVELOPE_LEN .. off + len` lies in the pair ring's data area, reserved
+        // for this record; the source is an app ring, a receive buffer or a kept copy, never
+        // this ring.
+        unsafe { payload.copy_to(mem.data_ptr().add(off + ENVELOPE_LEN)) };
+    });
+    match pushed {
+        Ok(()) => Ok(()),
+        Err(PushError::Full) => Err(()),
+        Err(PushError::TooLarge) => unreachable!("pair rings hold the largest message"),
     }
 }
 
