@@ -95,6 +95,7 @@ fn eal_works() -> Result<(), String> {
             if child.try_wait().unwrap().is_some() || start.elapsed() > Duration::from_secs(20) {
                 break false;
             }
+            // Poll interval of this wait for rdsd to serve (or exit).
             std::thread::sleep(Duration::from_millis(20));
         };
         let _ = child.kill();
