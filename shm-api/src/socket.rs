@@ -138,7 +138,7 @@ impl Client {
         if h.may_sleep.load(Ordering::Relaxed) == 0 {
             return;
         }
-        // Pairs with the poll core's fence between setting `poll_sleeping` and its last scan.
+        // Pairs with the poll core's fence between raising its sleep flag and its last scan.
         fence(Ordering::SeqCst);
         if self
             .daemon_view

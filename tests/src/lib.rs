@@ -211,10 +211,52 @@ impl Daemon {
         }
     }
 
-    /// Counter `name` from rdsd's stats.
+    /// rdsd's counters (`name value` lines), read over the control socket without attaching
+    /// (no region, no `apps_attached`/`apps_detached` of its own, no poll-core pass). The
+    /// transports' protocol counters in it are summed lazily (every 256 passes and before the
+    /// poll core parks); [`Daemon::exact_stats`] makes them exact first.
+    pub fn stats(&self) -> String {
+        shm_api::stats_at(&self.socket).expect("stats")
+    }
+
+    /// Counter `name` from [`Daemon::stats`].
     pub fn stat(&self, name: &str) -> u64 {
-        let s = self.attach().stats().expect("stats");
-        stat_from(&s, name)
+        stat_from(&self.stats(), name)
+    }
+
+    /// Like [`Daemon::stats`], but with every lazily summed counter exact as of one poll-core
+    /// pass: an `Info` request for the sockets section is answered by the poll core between two
+    /// passes, and it publishes the transports' counters before answering. Two calls always
+    /// have at least one whole pass between them (the poll core takes every queued command at
+    /// the start of a pass and answers only after taking them).
+    pub fn exact_stats(&self) -> String {
+        shm_api::info_at(&self.socket, shm_api::ctrl::INFO_SOCKETS).expect("info snapshot");
+        self.stats()
+    }
+
+    /// Counter `name` from [`Daemon::exact_stats`].
+    pub fn exact_stat(&self, name: &str) -> u64 {
+        stat_from(&self.exact_stats(), name)
+    }
+
+    /// Thread id of rdsd's poll thread (`rdsd-poll-0`).
+    pub fn poll_thread(&self) -> u32 {
+        let pid = self.pid();
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("rdsd's tasks");
+        tasks
+            .filter_map(Result::ok)
+            .find(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|c| c.trim() == "rdsd-poll-0")
+            })
+            .and_then(|t| t.file_name().to_str()?.parse().ok())
+            .expect("rdsd-poll-0 thread")
+    }
+
+    /// True while the poll thread sleeps in `nanosleep`: it does so only in the test-only stall
+    /// hook (`RDSD_TEST_STALL_POLL_MS`; idling yields and parks in `poll`).
+    pub fn poll_core_stalled(&self) -> bool {
+        wait_channel(self.pid(), self.poll_thread()).contains("nanosleep")
     }
 
     /// Starts a test app process: `rds-testapp <args>` attached to this daemon.
@@ -349,13 +391,46 @@ impl Drop for App {
     }
 }
 
-/// Polls `f` until it is true, or panics after `limit`.
-pub fn wait_for(mut f: impl FnMut() -> bool, limit: Duration, what: &str) {
+/// Waits for observable state instead of sleeping: reads `observe` (a counter, a flag, a
+/// process state) every 10 ms until `done` accepts the value, and returns that value. Panics
+/// after `limit` naming `what` and the last value read. Give `limit` room for a machine loaded
+/// by other builds: it only bounds a hang, a passing run never waits for it.
+pub fn wait_until<T: std::fmt::Debug>(
+    limit: Duration,
+    what: &str,
+    mut observe: impl FnMut() -> T,
+    mut done: impl FnMut(&T) -> bool,
+) -> T {
     let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+    loop {
+        let v = observe();
+        if done(&v) {
+            return v;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}; last observed: {v:?}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Polls `f` until it is true, or panics after `limit` ([`wait_until`] for a plain condition).
+pub fn wait_for(mut f: impl FnMut() -> bool, limit: Duration, what: &str) {
+    wait_until(limit, what, &mut f, |&ok| ok);
+}
+
+/// The kernel function thread `tid` of process `pid` sleeps in (`/proc/PID/task/TID/wchan`:
+/// `futex_do_wait`, `hrtimer_nanosleep`, ...), empty while it runs. Lets a test wait until a
+/// process really blocks where it should.
+pub fn wait_channel(pid: u32, tid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/wchan")).unwrap_or_default()
+}
+
+/// True while process `pid`'s main thread sleeps on a futex (a blocking `recv` of the library
+/// waits on the slot's futex).
+pub fn blocked_on_futex(pid: u32) -> bool {
+    wait_channel(pid, pid).contains("futex")
 }
 
 /// `127.0.0.1:port`.

@@ -81,6 +81,24 @@ impl Host {
         nft_in(&self.ns, ruleset);
     }
 
+    /// Counter `field` of the kernel's TCP in this namespace (`Tcp:` of `/proc/net/snmp`, read
+    /// through the host's rdsd, which lives in the namespace): `RetransSegs`, `OutRsts`, ...
+    pub fn kernel_tcp_stat(&self, field: &str) -> u64 {
+        let pid = self.d().pid();
+        let snmp = std::fs::read_to_string(format!("/proc/{pid}/net/snmp")).expect("net/snmp");
+        let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
+        let (names, values) = (
+            tcp.next().expect("Tcp names"),
+            tcp.next().expect("Tcp values"),
+        );
+        names
+            .split_whitespace()
+            .zip(values.split_whitespace())
+            .find(|(n, _)| *n == field)
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or_else(|| panic!("no TCP counter {field} in /proc/{pid}/net/snmp"))
+    }
+
     /// Takes the host's link down or up.
     pub fn link(&self, up: bool) {
         sh(&[

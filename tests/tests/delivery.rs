@@ -37,24 +37,41 @@ fn show(d: &Daemon, names: &[&str]) -> String {
         .join(" ")
 }
 
-/// Counters once rdsd has been idle long enough to publish them (the TCP transport's are
-/// summed lazily): reads until two reads 300 ms apart agree.
-fn settled(d: &Daemon, names: &[&str]) -> Vec<u64> {
-    let read = || -> Vec<u64> { names.iter().map(|n| d.stat(n)).collect() };
-    let start = Instant::now();
-    let mut a = read();
-    loop {
-        std::thread::sleep(Duration::from_millis(300));
-        let b = read();
-        if a == b {
-            return b;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "counters {names:?} never settled"
-        );
-        a = b;
-    }
+/// Host 1's `cong_marked`, `cong_cleared`, `tcp_cong_maps_sent`, `tcp_path_down` once its
+/// congestion traffic to host 0 is over: every mark is cleared, every map host 1 sent has
+/// reached host 0 (`tcp_cong_maps_received`), and no map is pending. Each read is exact
+/// ([`Daemon::exact_stats`]); two reads always have a whole poll-core pass between them, and a
+/// pending map goes out in the first pass after the change, so two equal reads that meet the
+/// conditions leave no map unsent.
+fn congestion_quiet(h1: &Daemon, h0: &Daemon) -> Vec<u64> {
+    let read = || {
+        let s = h1.exact_stats();
+        let ours: Vec<u64> = [
+            "cong_marked",
+            "cong_cleared",
+            "tcp_cong_maps_sent",
+            "tcp_path_down",
+        ]
+        .iter()
+        .map(|n| stat_from(&s, n))
+        .collect();
+        (ours, h0.exact_stat("tcp_cong_maps_received"))
+    };
+    let mut last = read();
+    let (_, (ours, _)) = wait_until(
+        Duration::from_secs(20),
+        "host 1's congestion maps to settle: (previous, latest) reads of ([marked, cleared, \
+         maps sent, path downs], host 0's maps received)",
+        || {
+            let now = read();
+            (std::mem::replace(&mut last, now.clone()), now)
+        },
+        |(prev, now)| {
+            let (ours, received) = now;
+            prev == now && ours[0] == ours[1] && ours[2] == *received
+        },
+    );
+    ours
 }
 
 /// The numbers of a recv-resilient-count report,
@@ -146,6 +163,7 @@ fn drain(s: &Socket, last: u64, idle: Duration, pause: Duration, len: Option<usi
     let mut t = Tally::default();
     loop {
         if !pause.is_zero() {
+            // A slow reader (load, not synchronisation).
             std::thread::sleep(pause);
         }
         let n = match s.recv_from(&mut buf) {
@@ -199,8 +217,13 @@ fn full_receiver_ring_loses_nothing() {
         "30000",
     ]);
     snd.expect_within("sending", Duration::from_secs(10));
-    // The receiver sleeps while the sender pushes all it can.
-    std::thread::sleep(Duration::from_secs(3));
+    // The receiver reads nothing until its full ring paused the path.
+    wait_until(
+        Duration::from_secs(30),
+        "host 1 to pause the path to the full ring",
+        || h1.d().stat("rx_paused"),
+        |&n| n >= 1,
+    );
     eprintln!(
         "before draining: host 1 {}",
         show(
@@ -318,10 +341,17 @@ fn receiver_restart_loop_no_duplicates() {
 
 /// Streams `count` messages from host 0 to host 1 while host 1's rdsd is SIGKILLed and
 /// restarted `restarts` times; with `lose_acks_first`, host 1's TCP acknowledgements are lost
-/// for 150 ms before each kill and the killed rdsd's sockets are destroyed (`ss -K`), so the
-/// sender resends what host 1 had delivered. Asserts exactly-once in order, one gap per restart.
+/// before each kill (until host 0 resends for want of them) and the killed rdsd's sockets are
+/// destroyed (`ss -K`), so the sender resends what host 1 had delivered. Asserts exactly-once
+/// in order, one gap per restart.
 fn restart_stream(count: u64, restarts: u64, port: u16, lose_acks_first: bool) {
     let mut lab = Lab::new(2, 2, &[]);
+    if lose_acks_first {
+        // The namespace's first nftables table takes long to load: load one before the stream,
+        // so that the ACKs are lost mid-stream.
+        lose_acks(&lab.hosts[1], true);
+        lose_acks(&lab.hosts[1], false);
+    }
     let (a0, a1) = (lab.hosts[0].at(port + 1), lab.hosts[1].at(port));
     let mut r = lab.hosts[1].d().app(&[
         "recv-resilient-count",
@@ -335,20 +365,63 @@ fn restart_stream(count: u64, restarts: u64, port: u16, lose_acks_first: bool) {
         .app(&["send-resilient", &a0, &a1, &count.to_string(), "20"]);
     s.expect_within("sending", Duration::from_secs(10));
     let start = Instant::now();
-    std::thread::sleep(Duration::from_millis(400));
     let (mut restored, mut dups_dropped) = (0, 0);
+    let mut this_incarnation = |d: &Daemon| {
+        // Exact: the duplicate count is summed lazily.
+        let counters = d.exact_stats();
+        restored += stat_from(&counters, "tcp_rx_state_restored");
+        dups_dropped += stat_from(&counters, "tcp_drop_dup_seq");
+    };
+    // Delivered by the incarnations killed so far.
+    let mut earlier = 0;
     for k in 0..restarts {
+        // The kills are spread over the stream by what host 1 delivered (kill k+1 at
+        // (k+1)/(restarts+2) of it), so each comes mid-stream however fast the stream runs.
+        let milestone = (k + 1) * count / (restarts + 2);
+        wait_delivered(lab.hosts[1].d(), milestone.saturating_sub(earlier));
         if lose_acks_first {
-            lose_acks(&lab.hosts[1], true);
-            std::thread::sleep(Duration::from_millis(150));
+            // The stream pauses while `nft` runs (slow on a loaded machine): the loss must
+            // start mid-stream.
+            s.signal(libc::SIGSTOP);
         }
-        let delivered = stat_opt(lab.hosts[1].d(), "tcp_delivered").unwrap_or(0);
+        if k > 0 {
+            this_incarnation(lab.hosts[1].d());
+        }
+        if lose_acks_first {
+            // Host 1 goes on reading and delivering while its ACKs are lost, until host 0's
+            // TCP, acknowledged nothing, times out and sends again: by then host 1 delivered
+            // all that host 0 could send unacknowledged.
+            let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
+            let resent = h0.kernel_tcp_stat("RetransSegs");
+            lose_acks(h1, true);
+            s.signal(libc::SIGCONT);
+            let base = h1.d().stat("tcp_delivered");
+            wait_until(
+                Duration::from_secs(10),
+                "host 0's TCP to resend for want of ACKs (RetransSegs)",
+                || h0.kernel_tcp_stat("RetransSegs"),
+                |&n| n > resent,
+            );
+            eprintln!(
+                "ACKs lost: host 1 delivered {} meanwhile",
+                h1.d().stat("tcp_delivered") - base,
+            );
+        }
+        let delivered = lab.hosts[1].d().stat("tcp_delivered");
+        let downs = lab.hosts[0].d().stat("tcp_path_down");
         lab.hosts[1].daemon.as_mut().unwrap().kill();
+        earlier += delivered;
         if lose_acks_first {
             lab.hosts[1].exec(&["ss", "-K", "-t", "-n", "sport = :16385"]);
             lose_acks(&lab.hosts[1], false);
         } else {
-            std::thread::sleep(Duration::from_millis(100));
+            // The killed rdsd's sockets closed: host 0 sees its paths go down.
+            wait_until(
+                Duration::from_secs(10),
+                "host 0 to see the killed receiver's paths go down",
+                || lab.hosts[0].d().stat("tcp_path_down"),
+                |&n| n > downs,
+            );
         }
         lab.hosts[1].daemon.as_mut().unwrap().spawn();
         eprintln!(
@@ -356,21 +429,13 @@ fn restart_stream(count: u64, restarts: u64, port: u16, lose_acks_first: bool) {
             k + 1,
             start.elapsed()
         );
-        std::thread::sleep(Duration::from_millis(if lose_acks_first {
-            700
-        } else {
-            400
-        }));
         // The sender reconnects within its backoff (up to 1 s on a loaded machine): the new
         // incarnation must have restored the state before it is killed in turn.
         wait_for(
-            || stat_opt(lab.hosts[1].d(), "tcp_rx_state_restored").unwrap_or(0) >= 1,
+            || lab.hosts[1].d().stat("tcp_rx_state_restored") >= 1,
             Duration::from_secs(10),
             "the restarted receiver's connection",
         );
-        // Counters of this incarnation, just before the next kill.
-        restored += stat_opt(lab.hosts[1].d(), "tcp_rx_state_restored").unwrap_or(0);
-        dups_dropped += stat_opt(lab.hosts[1].d(), "tcp_drop_dup_seq").unwrap_or(0);
     }
     let mut anomalies = Vec::new();
     let done = loop {
@@ -382,6 +447,7 @@ fn restart_stream(count: u64, restarts: u64, port: u16, lose_acks_first: bool) {
             anomalies.push(l);
         }
     };
+    this_incarnation(lab.hosts[1].d());
     eprintln!("receiver after {:?}: {done}", start.elapsed());
     for a in &anomalies {
         eprintln!("  {a}");
@@ -445,14 +511,7 @@ fn congestion_maps_are_coalesced_per_connection() {
         Duration::from_secs(10),
         "8 paths up",
     );
-    std::thread::sleep(Duration::from_secs(1));
-    let names = [
-        "cong_marked",
-        "cong_cleared",
-        "tcp_cong_maps_sent",
-        "tcp_path_down",
-    ];
-    let before = settled(h1.d(), &names);
+    let before = congestion_quiet(h1.d(), h0.d());
 
     // A receiver with a 4 KiB SO_RCVBUF that reads in bursts every 150 ms: the blocking sender,
     // one message per millisecond, fills it (congested), waits, the burst drains it (cleared),
@@ -481,6 +540,7 @@ fn congestion_maps_are_coalesced_per_connection() {
             start.elapsed() < Duration::from_secs(20),
             "received only {next} of {COUNT}"
         );
+        // Paces the reader's bursts (the load this test is about, not synchronisation).
         std::thread::sleep(Duration::from_millis(150));
         loop {
             match rcv.recv_from(&mut buf) {
@@ -495,7 +555,7 @@ fn congestion_maps_are_coalesced_per_connection() {
     }
     let sent = snd.expect_within("sent", Duration::from_secs(10));
     assert!(sent.starts_with(&COUNT.to_string()), "{sent}");
-    let after = settled(h1.d(), &names);
+    let after = congestion_quiet(h1.d(), h0.d());
     let d: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
     let changes = d[0] + d[1];
     eprintln!(
@@ -516,6 +576,16 @@ fn congestion_maps_are_coalesced_per_connection() {
     );
 }
 
+/// Waits until `d`'s transport delivered `at_least` messages (since it started).
+fn wait_delivered(d: &Daemon, at_least: u64) {
+    wait_until(
+        Duration::from_secs(30),
+        "the receiving host to deliver the stream",
+        || d.stat("tcp_delivered"),
+        |&n| n >= at_least,
+    );
+}
+
 /// Drops every segment host 1's RDS/TCP sockets send (ACKs included) while `on`.
 fn lose_acks(h: &netns::Host, on: bool) {
     if on {
@@ -533,8 +603,8 @@ fn lose_acks(h: &netns::Host, on: bool) {
 }
 
 /// The deterministic form of `receiver_restart_loop_no_duplicates`: before each SIGKILL, the
-/// receiving host's TCP acknowledgements are lost for 150 ms (while its rdsd goes on reading and
-/// delivering), and the orphaned TCP sockets of the killed rdsd are destroyed (`ss -K`) before
+/// receiving host's TCP acknowledgements are lost until host 0 resends (while its rdsd goes on
+/// reading and delivering), and the orphaned TCP sockets of the killed rdsd are destroyed (`ss -K`) before
 /// the loss ends, so the sender never learns that those messages arrived. It resends them with
 /// RETRANSMITTED to the restarted rdsd: the re-attached app must still not see them twice.
 #[test]

@@ -95,6 +95,7 @@ fn eal_works() -> Result<(), String> {
             if child.try_wait().unwrap().is_some() || start.elapsed() > Duration::from_secs(20) {
                 break false;
             }
+            // Poll interval of this wait for rdsd to serve (or exit).
             std::thread::sleep(Duration::from_millis(20));
         };
         let _ = child.kill();
@@ -164,7 +165,7 @@ fn receiver(sock: PathBuf, at: SocketAddrV4, from: SocketAddrV4, ready: mpsc::Se
             seq += 1;
         }
     }
-    // Nothing more: no duplicate after the last.
+    // Nothing more: no duplicate after the last (an absence: a short deadline is the check).
     s.set_recv_timeout(Some(Duration::from_millis(300)))
         .unwrap();
     assert!(
@@ -174,7 +175,9 @@ fn receiver(sock: PathBuf, at: SocketAddrV4, from: SocketAddrV4, ready: mpsc::Se
     seq
 }
 
-fn sender(sock: PathBuf, from: SocketAddrV4, to: SocketAddrV4) {
+/// Sends the [`PLAN`]; returns the attachment and socket, which the caller keeps until the
+/// peer received everything (closing drops what is unacknowledged).
+fn sender(sock: PathBuf, from: SocketAddrV4, to: SocketAddrV4) -> (shm_api::Rdsd, shm_api::Socket) {
     let r = shm_api::Rdsd::attach_at(&sock).expect("attach");
     let s = r.socket().unwrap();
     s.set_send_buffer_size(4 << 20).unwrap();
@@ -190,8 +193,7 @@ fn sender(sock: PathBuf, from: SocketAddrV4, to: SocketAddrV4) {
             seq += 1;
         }
     }
-    // Stay attached until the peer has everything: closing drops what is unacknowledged.
-    std::thread::sleep(Duration::from_secs(2));
+    (r, s)
 }
 
 /// Both directions at once between host addresses `a` and `b` served by `da` and `db`.
@@ -215,8 +217,9 @@ fn exchange(da: &Daemon, a: Ipv4Addr, db: &Daemon, b: Ipv4Addr, port: u16) -> Du
     let total: u64 = PLAN.iter().map(|p| p.1).sum();
     assert_eq!(rb.join().expect("receiver at b"), total);
     assert_eq!(ra.join().expect("receiver at a"), total);
-    s1.join().expect("sender a");
-    s2.join().expect("sender b");
+    // Both peers have everything: now the senders may detach.
+    drop(s1.join().expect("sender a"));
+    drop(s2.join().expect("sender b"));
     t.elapsed()
 }
 
@@ -234,7 +237,7 @@ fn dpdk_pair_exchange(paths: u8) {
         assert!(d.stat("dpdk_tx_bursts") > 0 && d.stat("dpdk_rx_bursts") > 0);
         assert_eq!(d.stat("dpdk_mbuf_alloc_failures"), 0);
         assert_eq!(d.stat("tcp_delivered"), 0, "nothing went over kernel TCP");
-        let st = d.attach().stats().expect("stats");
+        let st = d.stats();
         let tcp: Vec<String> = st
             .lines()
             .filter(|l| l.starts_with("dpdk_tcp_") || l.starts_with("dpdk_tx_drops"))
@@ -314,8 +317,17 @@ fn restart_mid_stream(victim: usize) {
     r.expect("bound");
     let mut s = d[0].app(&["send-resilient", &a0, &a1, "3000", "500"]);
     s.expect("sending");
-    std::thread::sleep(Duration::from_millis(500));
+    // Mid-stream: host 1 delivered part of it.
+    let delivered = wait_until(
+        Duration::from_secs(20),
+        "host 1 to deliver part of the stream",
+        || d[1].stat("dpdk_delivered"),
+        |&n| n >= 300,
+    );
     d[victim].kill();
+    assert!(delivered < 3000, "killed mid-stream: {delivered}");
+    // Down for a moment (the restart's shape, not synchronisation: a SIGKILLed userspace TCP
+    // sends no FIN, so the peer has nothing to notice until the restarted side shows up).
     std::thread::sleep(Duration::from_millis(300));
     let t = Instant::now();
     d[victim].spawn();
@@ -359,6 +371,7 @@ fn rdsd_fails(ns: &str, cfg: &std::path::Path) -> String {
         .spawn()
         .unwrap();
     let pid = child.id();
+    // A deadline for a hung rdsd, not synchronisation.
     let watchdog = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(20));
         // SAFETY: kill(2) on our own child's pid (harmless if it already exited and was reaped

@@ -105,11 +105,12 @@ fn slow_remote_receiver_congests_the_sender_which_recovers() {
     assert!(n >= 9, "ENOBUFS after {n}");
     assert!(h1.d().stat("cong_marked") >= 1);
     // At least one map when the paths came up (coalesced per connection), then at least one
-    // update (counters are published lazily).
-    wait_for(
-        || h0.d().stat("tcp_cong_maps_received") >= 2,
-        Duration::from_secs(5),
+    // update (exact reads: the counter is summed lazily).
+    wait_until(
+        Duration::from_secs(10),
         "a map update at the sender",
+        || h0.d().exact_stat("tcp_cong_maps_received"),
+        |&n| n >= 2,
     );
     let mut buf = [0u8; 1024];
     rcv.set_recv_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -175,8 +176,19 @@ fn link_down_for_two_seconds_mid_stream_loses_nothing() {
         .d()
         .app(&["send-resilient", &h0.at(9101), &h1.at(9100), "2000", "1500"]);
     s.expect("sending");
-    std::thread::sleep(Duration::from_millis(700));
+    // Mid-stream: host 1 delivered part of it.
+    let delivered = wait_until(
+        Duration::from_secs(20),
+        "host 1 to deliver part of the stream",
+        || h1.d().stat("tcp_delivered"),
+        |&n| n >= 200,
+    );
+    assert!(
+        delivered < 2000,
+        "the link goes down mid-stream: {delivered}"
+    );
     h0.link(false);
+    // The outage the test is named for (its length, not synchronisation).
     std::thread::sleep(Duration::from_secs(2));
     h0.link(true);
     let done = r.expect("done");
@@ -194,9 +206,24 @@ fn restart_mid_stream(victim: usize) -> String {
         .d()
         .app(&["send-resilient", &a0, &a1, "3000", "500"]);
     s.expect("sending");
-    std::thread::sleep(Duration::from_millis(500));
+    // Mid-stream: host 1 delivered part of it.
+    let delivered = wait_until(
+        Duration::from_secs(20),
+        "host 1 to deliver part of the stream",
+        || lab.hosts[1].d().stat("tcp_delivered"),
+        |&n| n >= 300,
+    );
+    let survivor = 1 - victim;
+    let downs = lab.hosts[survivor].d().stat("tcp_path_down");
     lab.hosts[victim].daemon.as_mut().unwrap().kill();
-    std::thread::sleep(Duration::from_millis(300));
+    assert!(delivered < 3000, "killed mid-stream: {delivered}");
+    // The killed rdsd's sockets closed: the other host sees its paths go down.
+    wait_until(
+        Duration::from_secs(10),
+        "the other host to see the killed rdsd's paths go down",
+        || lab.hosts[survivor].d().stat("tcp_path_down"),
+        |&n| n > downs,
+    );
     lab.hosts[victim].daemon.as_mut().unwrap().spawn();
     let t = Instant::now();
     let done = r.expect("done");

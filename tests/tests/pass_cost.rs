@@ -17,11 +17,12 @@ use std::time::Duration;
 const ROUND_TRIPS: u64 = 1000;
 const WARM_UP: u64 = 50;
 
-/// Counters of both daemons, read once the poll cores went idle (they publish before parking).
+/// Counters of both daemons, exact ([`Daemon::exact_stats`]: the transport sums them lazily).
+/// The reads cost each poll core a pass or two, without a path visit: nothing next to the
+/// 1000 round trips counted.
 fn counters(lab: &Lab) -> [[u64; 4]; 2] {
-    std::thread::sleep(Duration::from_millis(300));
     let read = |i: usize| {
-        let s = lab.hosts[i].d().attach().stats().expect("stats");
+        let s = lab.hosts[i].d().exact_stats();
         [
             stat_from(&s, "tcp_passes"),
             stat_from(&s, "tcp_path_reads"),
@@ -32,16 +33,14 @@ fn counters(lab: &Lab) -> [[u64; 4]; 2] {
     [read(0), read(1)]
 }
 
-/// The thread id of rdsd's poll thread (`rdsd-poll-0`).
-fn poll_thread(pid: u32) -> u32 {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("rdsd's tasks");
-    tasks
-        .filter_map(Result::ok)
-        .find(|t| {
-            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "rdsd-poll-0")
-        })
-        .and_then(|t| t.file_name().to_str()?.parse().ok())
-        .expect("rdsd-poll-0 thread")
+/// The pid tracing thread `tid` of process `pid` (0: none), from its `status`.
+fn tracer_of(pid: u32, tid: u32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// `strace -c` output: syscall name → calls.
@@ -116,14 +115,21 @@ fn ping_pong(paths: &str) -> Cost {
     let strace = strace_available().then(|| {
         let out =
             std::env::temp_dir().join(format!("pass-cost-{}-{paths}.txt", std::process::id()));
+        let (pid, tid) = (h0.d().pid(), h0.d().poll_thread());
         let child = Command::new("strace")
             .args(["-c", "-o"])
             .arg(&out)
-            .args(["-p", &poll_thread(h0.d().pid()).to_string()])
+            .args(["-p", &tid.to_string()])
             .stderr(Stdio::null())
             .spawn()
             .expect("strace");
-        std::thread::sleep(Duration::from_millis(500));
+        // Counting starts once strace has attached to the poll thread.
+        wait_until(
+            Duration::from_secs(10),
+            "strace to attach to rdsd-poll-0 (its TracerPid)",
+            || tracer_of(pid, tid),
+            |&tracer| tracer == child.id(),
+        );
         (child, out)
     });
     let before = counters(&lab);

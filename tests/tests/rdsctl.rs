@@ -345,10 +345,11 @@ fn ping_and_info_between_two_rdsd() {
         o.stdout
     );
     assert_eq!(ping_replies(&o.stdout).len(), 3, "{}", o.stdout);
-    wait_for(
-        || h1.d().stat("tcp_pings_received") >= 3,
-        Duration::from_secs(5),
-        "the peer's engine to count the pings",
+    wait_until(
+        Duration::from_secs(10),
+        "the peer's engine to count the pings (exact: summed lazily)",
+        || h1.d().exact_stat("tcp_pings_received"),
+        |&n| n >= 3,
     );
     // And back, with -I.
     let j = rdsctl(
@@ -922,17 +923,20 @@ fn info_waits_for_a_stalled_poll_core_but_counters_do_not() {
             .unwrap();
         s
     });
-    std::thread::sleep(Duration::from_millis(300));
-    let t = Instant::now();
+    wait_for(
+        || d.poll_core_stalled(),
+        Duration::from_secs(10),
+        "the poll core to stall",
+    );
     let c = rdsctl(&d.socket, &["--json", "info", "-c"]).ok().json();
     assert!(
-        t.elapsed() < Duration::from_millis(1000),
-        "counters need no snapshot"
+        d.poll_core_stalled() && !staller.is_finished(),
+        "counters need no snapshot: they came back while the poll core was stalled"
     );
     assert!(c.get("counters").is_some() && c.get("sockets").is_none());
     let k = rdsctl(&d.socket, &["--json", "info", "-k"]).ok().json();
     assert!(
-        t.elapsed() >= Duration::from_millis(900),
+        !d.poll_core_stalled(),
         "the snapshot waited for the poll core"
     );
     let socks = k["sockets"].as_array().unwrap();

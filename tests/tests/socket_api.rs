@@ -219,20 +219,27 @@ fn recv_timeout_gives_etimedout() {
 
 /// Fills `a`'s send buffer: `b` never reads and has a huge SO_RCVBUF (no congestion), so the
 /// rx ring fills, the poll core stops taking from `a`'s tx ring, and unreleased bytes pile up.
-fn fill_send_buffer(a: &Socket, dest: SocketAddrV4) -> u64 {
+/// Full is EAGAIN after the poll core found the receiver's ring full (`rx_ring_full` of `d`):
+/// from then on nothing leaves `a`'s send buffer until `b` reads.
+fn fill_send_buffer(d: &Daemon, a: &Socket, dest: SocketAddrV4) -> u64 {
     a.set_nonblocking(true).unwrap();
+    let ring_full_before = d.stat("rx_ring_full");
     let mut sent = 0u64;
     let start = Instant::now();
     loop {
         match a.send_to(&seq_payload(sent, 1024), dest) {
             Ok(_) => sent += 1,
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                // The poll core may still be moving messages; EAGAIN twice, 50 ms apart, is full.
-                std::thread::sleep(Duration::from_millis(50));
-                match a.send_to(&seq_payload(sent, 1024), dest) {
-                    Ok(_) => sent += 1,
-                    Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return sent,
-                    Err(e) => panic!("{e}"),
+                if d.stat("rx_ring_full") > ring_full_before {
+                    // The ring was full before this try: what the send buffer holds now stays.
+                    match a.send_to(&seq_payload(sent, 1024), dest) {
+                        Ok(_) => sent += 1,
+                        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return sent,
+                        Err(e) => panic!("{e}"),
+                    }
+                } else {
+                    // The poll core is still moving messages into the ring: try again.
+                    std::thread::yield_now();
                 }
             }
             Err(e) => panic!("unexpected {e}"),
@@ -253,7 +260,7 @@ fn full_send_buffer_gives_eagain_then_etimedout_then_recovers() {
     a.bind(lo(7501)).unwrap();
     b.bind(lo(7502)).unwrap();
     b.set_recv_buffer_size(1 << 30).unwrap();
-    let sent = fill_send_buffer(&a, lo(7502));
+    let sent = fill_send_buffer(&d, &a, lo(7502));
     // 2 MiB rx ring of ~1 KiB records, plus ~104 KiB of send buffer.
     assert!(sent > 1500, "only {sent} sends before EAGAIN");
     a.set_nonblocking(false).unwrap();
@@ -329,7 +336,7 @@ fn cancel_sent_to_drops_queued_messages_only_to_that_destination() {
     a.bind(lo(7801)).unwrap();
     b.bind(lo(7802)).unwrap();
     b.set_recv_buffer_size(1 << 30).unwrap();
-    let sent = fill_send_buffer(&a, lo(7802));
+    let sent = fill_send_buffer(&d, &a, lo(7802));
     a.cancel_sent_to(Some(lo(7802))).unwrap();
     // Sent after the cancel: must be delivered.
     a.set_nonblocking(false).unwrap();
@@ -416,7 +423,7 @@ fn pollable_fd_tracks_messages_and_send_room() {
     c.bind(lo(7903)).unwrap();
     c.set_recv_buffer_size(1 << 30).unwrap();
     let afd = a.as_raw_fd();
-    let sent = fill_send_buffer(&a, lo(7903));
+    let sent = fill_send_buffer(&d, &a, lo(7903));
     wait_for(
         || poll_events(afd, 0) & libc::POLLOUT == 0,
         Duration::from_secs(5),
