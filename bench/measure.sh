@@ -105,10 +105,12 @@ $(rustc --version | cut -d' ' -f1-2)) that other engineers' builds and tests use
 measured in the same invocation, a few seconds apart, under the same conditions; the
 absolute numbers move by a factor of two or more from run to run on this machine. The one
 section measured elsewhere, the pinned many-core comparison, is kept as written in
-\`bench/results/pinned-section.md\` (it comes from \`bench/pinned-bench.sh\`).
+\`bench/results/pinned-section.md\` (it comes from \`bench/pinned-bench.sh\`); the poll-thread
+instruction counts in \`bench/results/shards-section.md\` (\`bench/shards-callgrind.sh\`).
 
 EOF
     cat bench/results/pinned-section.md
+    cat bench/results/shards-section.md
     cat <<EOF
 ## What runs
 

@@ -208,7 +208,7 @@ fn a_burst_between_two_poll_threads_keeps_its_order() {
 fn a_closing_sender_loses_nothing_when_the_other_thread_is_backed_up() {
     // The receiver (another app, so another poll thread) does not read and takes all it can
     // (SO_RCVBUF at its maximum: no congestion), so its rx ring fills, then the pair ring
-    // between the threads, then the sender's own tx ring. The sender closes with messages
+    // between the threads, then (SO_SNDBUF larger than all of them) the sender's own tx ring. The sender closes with messages
     // still on its tx ring: they are kept for the pair ring, not dropped.
     let d = daemon();
     let (ra, rb) = (d.attach(), d.attach());
@@ -220,6 +220,8 @@ fn a_closing_sender_loses_nothing_when_the_other_thread_is_backed_up() {
     let tx = ra.socket().unwrap();
     tx.bind(lo(31_000)).unwrap();
     tx.set_nonblocking(true).unwrap();
+    // A send buffer larger than the rings: the tx ring itself fills last.
+    tx.set_send_buffer_size(64 << 20).unwrap();
     let mut sent = 0u64;
     let mut refused_in_a_row = 0;
     // Until the send buffer stays full: everything downstream of it is full too.
@@ -268,4 +270,46 @@ fn a_closing_sender_loses_nothing_when_the_other_thread_is_backed_up() {
         }
     }
     assert_eq!(d.stat("drop_socket_closed"), 0, "sent {sent}");
+}
+
+#[test]
+fn the_send_buffer_covers_messages_until_the_other_thread_delivers_them() {
+    // A receiver on another poll thread that does not read (and is never congested): the
+    // sender's SO_SNDBUF fills with what is in flight between the threads, as on one thread
+    // (loopback) or a network path, instead of the pair ring absorbing megabytes unseen.
+    let d = daemon();
+    let (ra, rb) = (d.attach(), d.attach());
+    assert_ne!(ra.poll_thread(), rb.poll_thread());
+    let rx = rb.socket().unwrap();
+    rx.bind(lo(32_001)).unwrap();
+    rx.set_recv_buffer_size(1 << 30).unwrap();
+    let tx = ra.socket().unwrap();
+    tx.bind(lo(32_000)).unwrap();
+    tx.set_nonblocking(true).unwrap();
+    let sndbuf = tx.send_buffer_size() as u64;
+    // Deliveries release the buffer as they happen; stop once it stays full.
+    let mut sent = 0u64;
+    let mut refused_in_a_row = 0;
+    while refused_in_a_row < 200 {
+        match tx.send_to(&[7u8; 1000], lo(32_001)) {
+            Ok(_) => {
+                sent += 1;
+                refused_in_a_row = 0;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                refused_in_a_row += 1;
+                std::thread::sleep(Duration::from_millis(1)); // paces the retries only
+            }
+            Err(e) => panic!("send: {e}"),
+        }
+    }
+    // The rx ring (2 MiB) took what it could; the rest is the send buffer's, not more.
+    assert!(
+        sent * 1000 <= (2 << 20) + sndbuf + 1000,
+        "{sent} messages of 1000 B went out with SO_SNDBUF {sndbuf}"
+    );
+    let mut buf = [0u8; 2000];
+    for _ in 0..sent {
+        assert_eq!(rx.recv(&mut buf).unwrap(), 1000);
+    }
 }

@@ -337,6 +337,7 @@ impl PollCore {
         let link = self.table.link.as_mut().expect("link");
         link.inp = inp;
         link.stalled = stalled;
+        link.flush_release();
         work
     }
 
@@ -364,7 +365,9 @@ impl PollCore {
                 faddr,
                 sport,
                 dport,
+                token,
             } => {
+                let len = payload.len() as u64;
                 let d = self.table.deliver_forwarded(crate::seam::Incoming {
                     laddr,
                     faddr,
@@ -372,7 +375,21 @@ impl PollCore {
                     dport,
                     payload,
                 });
-                d != crate::seam::Delivered::Full
+                if d == crate::seam::Delivered::Full {
+                    return false;
+                }
+                if d == crate::seam::Delivered::Yes {
+                    Stats::bump(&self.table.stats.loop_delivered);
+                    self.table
+                        .stats
+                        .loop_bytes
+                        .fetch_add(len, Ordering::Relaxed);
+                }
+                if token != 0 {
+                    let l = self.table.link.as_mut().expect("link");
+                    l.release(from, token, len);
+                }
+                true
             }
             shard::Envelope::Send {
                 laddr,
@@ -474,6 +491,11 @@ impl PollCore {
     /// Hands one message to the first transport that carries its destination.
     fn route(&mut self, from: SockRef, src: (u32, u16), rec: &Record) -> Outcome {
         let dest = Ipv4Addr::from(rec.header.addr);
+        if self.table.link.is_some() {
+            if let Some(o) = self.forward_local(from, src, rec) {
+                return o;
+            }
+        }
         let Some(t) = self.transports.iter_mut().find(|t| t.routes_to(dest)) else {
             if self.table.shard != 0 {
                 return self.forward_send(from, src, rec);
@@ -543,6 +565,50 @@ impl PollCore {
                 }
             }
         }
+    }
+
+    /// A send to a socket of this host that another shard owns: into the pair ring, with the
+    /// sender's token, so its send buffer is released only once the message is in the
+    /// receiver's rx ring (SO_SNDBUF covers the crossing, as it covers a network path).
+    /// `None`: not bound on another shard (loopback, or no socket: the transports decide).
+    fn forward_local(&mut self, from: SockRef, src: (u32, u16), rec: &Record) -> Option<Outcome> {
+        let (addr, port) = (rec.header.addr, rec.header.port);
+        if port == 0 || !self.table.cfg.is_local(Ipv4Addr::from(addr)) {
+            return None;
+        }
+        let to = self.table.link.as_mut()?.owner(addr, port)?;
+        let app = self.table.apps[from.app].as_ref().expect("sender app");
+        let ring = app.region.tx_ring(from.slot);
+        let gen = app.socks[from.slot as usize].as_ref().map_or(0, |s| s.gen);
+        if self.table.cfg.trace_hops {
+            // SAFETY: as in `route`: the sender's own published record in its mapped tx ring.
+            unsafe {
+                shm_api::hoptrace::stamp_shared(
+                    ring.data_ptr().add(rec.payload_offset),
+                    rec.header.len as usize,
+                    shm_api::hoptrace::Slot::Pickup,
+                )
+            };
+        }
+        // SAFETY: as in `route`: validated by the ring consumer, mapped for this whole call.
+        let payload = unsafe {
+            MsgBytes::from_shared(
+                ring.data_ptr().add(rec.payload_offset),
+                rec.header.len as usize,
+            )
+        };
+        let env = shard::Envelope::Deliver {
+            laddr: addr,
+            faddr: src.0,
+            sport: src.1,
+            dport: port,
+            token: token_of(from, gen),
+        };
+        let link = self.table.link.as_mut().expect("checked");
+        Some(match link.forward(to, env, &payload) {
+            Ok(()) => Outcome::Queued,
+            Err(()) => Outcome::Blocked,
+        })
     }
 
     /// A send to a remote host from a shard without transports: to shard 0, whose transport

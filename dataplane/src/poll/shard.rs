@@ -85,12 +85,14 @@ pub(super) enum Note {
 /// What a pair ring carries, decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Envelope {
-    /// Deliver to the socket bound at `(laddr, dport)` on the receiving shard.
+    /// Deliver to the socket bound at `(laddr, dport)` on the receiving shard; `token`
+    /// (non-zero for a local sender) gets the bytes back once they are in the rx ring.
     Deliver {
         laddr: u32,
         faddr: u32,
         sport: u16,
         dport: u16,
+        token: u64,
     },
     /// Send to a remote host through shard 0's transports; `token` names the sender there.
     Send {
@@ -110,7 +112,8 @@ impl Envelope {
                 faddr,
                 sport,
                 dport,
-            } => (KIND_DELIVER, laddr, faddr, sport, dport, 0),
+                token,
+            } => (KIND_DELIVER, laddr, faddr, sport, dport, token),
             Envelope::Send {
                 laddr,
                 faddr,
@@ -134,19 +137,21 @@ impl Envelope {
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u16_at = |i: usize| u16::from_le_bytes(b[i..i + 2].try_into().expect("2 bytes"));
         let (laddr, faddr, sport, dport) = (u32_at(4), u32_at(8), u16_at(12), u16_at(14));
+        let token = u64::from_le_bytes(b[16..24].try_into().expect("8 bytes"));
         match b[0] {
             KIND_DELIVER => Envelope::Deliver {
                 laddr,
                 faddr,
                 sport,
                 dport,
+                token,
             },
             KIND_SEND => Envelope::Send {
                 laddr,
                 faddr,
                 sport,
                 dport,
-                token: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
+                token,
             },
             k => unreachable!("pair ring record of kind {k}"),
         }
@@ -258,6 +263,7 @@ impl Fabric {
             stash: VecDeque::with_capacity(1024),
             kept: VecDeque::new(),
             closing: false,
+            release: None,
             replica: FxHashMap::default(),
             replica_version: u64::MAX,
             fabric: self.clone(),
@@ -282,6 +288,9 @@ pub struct ShardLink {
     kept: VecDeque<(usize, Envelope, Vec<u8>)>,
     /// See `set_closing`.
     closing: bool,
+    /// Releases for local senders of other shards, coalesced while they name the same socket
+    /// (one note per burst, not per message): (shard, token, bytes).
+    release: Option<(usize, u64, u64)>,
     /// Bindings as last read from the directory.
     replica: FxHashMap<(u32, u16), u8>,
     replica_version: u64,
@@ -375,6 +384,25 @@ impl ShardLink {
                 .is_err()
         {
             self.stash.push_back((to, note));
+        }
+    }
+
+    /// `len` bytes of the local sender `token` of shard `to` are delivered: release them (the
+    /// note goes out when the next release names another socket, or at `flush_release`).
+    pub(super) fn release(&mut self, to: usize, token: u64, len: u64) {
+        match self.release.as_mut() {
+            Some((t, k, n)) if *t == to && *k == token => *n += len,
+            _ => {
+                self.flush_release();
+                self.release = Some((to, token, len));
+            }
+        }
+    }
+
+    /// Sends the coalesced release, if any.
+    pub(super) fn flush_release(&mut self) {
+        if let Some((to, token, len)) = self.release.take() {
+            self.note(to, Note::Release { token, len });
         }
     }
 
@@ -491,6 +519,7 @@ mod tests {
                 faddr: 0x0a00_0002,
                 sport: 4000,
                 dport: 5000,
+                token: 0,
             },
             Envelope::Send {
                 laddr: 1,

@@ -626,6 +626,7 @@ impl SocketTable {
             faddr: m.faddr,
             sport: m.sport,
             dport: m.dport,
+            token: 0,
         };
         Some(match l.forward(to, env, &m.payload) {
             Ok(()) => Delivered::Yes,
