@@ -262,10 +262,12 @@ impl PollCore {
                 i += 1;
             }
         }
+        self.table.publish_rx();
         work += self.table.check_congested();
         for t in self.transports.iter_mut() {
             work += t.poll(&mut self.table);
         }
+        self.table.publish_rx();
         for addr in self.table.cong_changed.drain(..) {
             for t in self.transports.iter_mut() {
                 t.local_congestion_changed(addr);
@@ -338,6 +340,7 @@ impl PollCore {
         link.inp = inp;
         link.stalled = stalled;
         link.flush_release();
+        self.table.publish_rx();
         work
     }
 
@@ -805,6 +808,7 @@ impl PollCore {
                     monitor: false,
                     released: 0,
                     rx_produced: 0,
+                    rx_unpublished: false,
                     congested: false,
                     cancels: [Cancel {
                         dest: None,
