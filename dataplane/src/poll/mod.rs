@@ -855,8 +855,8 @@ impl PollCore {
                 if let Some(rb) = dir.rebind.as_mut().filter(|_| explicit) {
                     rb.bound(port);
                 }
+                fabric.binds_changed(&mut dir);
                 drop(dir);
-                fabric.binds_changed();
                 self.table.binds.insert((a, port), r);
                 self.table.sock(r).expect("live").bound = Some((a, port));
                 Ok(port as u64)

@@ -38,6 +38,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Data bytes of each pair ring: one 1 MiB message and its envelope always fit.
 pub const PAIR_RING_BYTES: usize = 2 << 20;
+/// Bytes of closing sockets' messages a shard keeps for full pair rings (`set_closing`):
+/// past it they are dropped, so apps that close sockets towards a receiver that never reads
+/// cannot grow rdsd's memory without bound.
+const MAX_KEPT_BYTES: usize = 64 << 20;
 /// Notes queued per pair before the sender stashes them.
 const NOTES_PER_PAIR: usize = 1 << 14;
 /// Token bit of a send forwarded by another shard: its release goes back to that shard.
@@ -167,6 +171,9 @@ pub struct Directory {
     pub(super) cong: FxHashMap<u32, (usize, u32)>,
     /// Ports bound before a restart, and the record of ours (`None`: no state file).
     pub(super) rebind: Option<BoundPorts>,
+    /// An immutable copy of `binds` for the shards' replicas (several shards only): taking it
+    /// is a reference count, so a bind storm costs the binding shard, not every shard.
+    published: Arc<FxHashMap<(u32, u16), u8>>,
 }
 
 /// The ports bound before a restart (`<state_file>.ports`), for the rebind grace; `None`
@@ -241,9 +248,12 @@ impl Fabric {
         self.dir.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Call after changing the directory's bindings.
-    pub(super) fn binds_changed(&self) {
-        self.dir_version.fetch_add(1, Ordering::Release);
+    /// Call after changing the directory's bindings, with the directory still locked.
+    pub(super) fn binds_changed(&self, dir: &mut Directory) {
+        if self.n > 1 {
+            dir.published = Arc::new(dir.binds.clone());
+            self.dir_version.fetch_add(1, Ordering::Release);
+        }
     }
 
     /// Shard `k`'s end: its producers and consumers.
@@ -263,8 +273,9 @@ impl Fabric {
             stash: VecDeque::with_capacity(1024),
             kept: VecDeque::new(),
             closing: false,
+            kept_bytes: 0,
             release: None,
-            replica: FxHashMap::default(),
+            replica: Arc::default(),
             replica_version: u64::MAX,
             fabric: self.clone(),
         }
@@ -288,11 +299,13 @@ pub struct ShardLink {
     kept: VecDeque<(usize, Envelope, Vec<u8>)>,
     /// See `set_closing`.
     closing: bool,
+    /// Payload bytes in `kept` (at most `MAX_KEPT_BYTES`).
+    kept_bytes: usize,
     /// Releases for local senders of other shards, coalesced while they name the same socket
     /// (one note per burst, not per message): (shard, token, bytes).
     release: Option<(usize, u64, u64)>,
     /// Bindings as last read from the directory.
-    replica: FxHashMap<(u32, u16), u8>,
+    replica: Arc<FxHashMap<(u32, u16), u8>>,
     replica_version: u64,
     pub(super) fabric: Arc<Fabric>,
 }
@@ -311,8 +324,9 @@ impl ShardLink {
             return false;
         }
         let dir = self.fabric.dir();
-        self.replica.clone_from(&dir.binds);
+        self.replica = dir.published.clone();
         self.replica_version = self.fabric.dir_version.load(Ordering::Acquire);
+        drop(dir);
         true
     }
 
@@ -339,8 +353,14 @@ impl ShardLink {
             if !self.closing {
                 return Err(());
             }
+            if self.kept_bytes + payload.len() > MAX_KEPT_BYTES {
+                // Closing sockets of apps whose receivers never read: stop keeping (their
+                // messages are dropped and counted, as without several shards).
+                return Err(());
+            }
             let mut bytes = Vec::new();
             payload.copy_into(&mut bytes);
+            self.kept_bytes += bytes.len();
             self.kept.push_back((to, env, bytes));
         }
         Ok(())
@@ -364,6 +384,7 @@ impl ShardLink {
                 let payload = crate::seam::MsgBytes::from_slice(bytes);
                 if push(&mut self.out[to], env, &payload).is_ok() {
                     self.dirty |= 1 << to;
+                    self.kept_bytes -= bytes.len();
                     self.kept.remove(i);
                     continue;
                 }

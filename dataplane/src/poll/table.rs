@@ -470,8 +470,8 @@ impl SocketTable {
                         r.unbound(b.1);
                     }
                 }
+                self.fabric.binds_changed(&mut dir);
             }
-            self.fabric.binds_changed();
             if s.congested {
                 self.uncongest(b.0, b.1);
             }
