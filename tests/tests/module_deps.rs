@@ -381,3 +381,23 @@ fn the_scan_sees_every_spelling() {
         "super::utcp stays inside transport; my_crate:: is another crate"
     );
 }
+
+/// Inside the poll thread: the socket table uses the zero-copy holds, never the other way
+/// round (their shared name, `SockRef`, lives in the leaf `poll/sock_ref.rs`).
+#[test]
+fn the_holds_do_not_import_the_socket_table() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dataplane/src/poll");
+    for (file, forbidden) in [
+        ("inplace.rs", "table"),
+        ("sock_ref.rs", "table"),
+        ("sock_ref.rs", "inplace"),
+    ] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        for line in text.lines().filter(|l| l.trim_start().starts_with("use ")) {
+            assert!(
+                !line.contains(&format!("super::{forbidden}")),
+                "poll/{file} imports poll/{forbidden}: {line}"
+            );
+        }
+    }
+}

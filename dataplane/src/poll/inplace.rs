@@ -10,7 +10,7 @@
 //! hold is released. Fixed capacities: when the slab or a socket's FIFO is full, the message is
 //! simply copied, as for transports without zero copy.
 
-use super::table::SockRef;
+use super::sock_ref::SockRef;
 
 /// Marks a token as a hold index rather than a socket reference (`token_of` never sets it).
 pub(super) const IN_PLACE: u64 = 1 << 63;

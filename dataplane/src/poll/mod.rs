@@ -19,6 +19,7 @@ pub mod readiness;
 pub mod rebind;
 pub mod shard;
 pub mod snapshot;
+mod sock_ref;
 mod table;
 
 use crate::config::Config;

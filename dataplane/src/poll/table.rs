@@ -20,14 +20,7 @@ use std::sync::Arc;
 /// Outstanding RDS_CANCEL_SENT_TO markers per socket.
 pub(super) const MAX_CANCELS: usize = 8;
 
-/// Where a socket lives: app index and slot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct SockRef {
-    /// Index in the app table.
-    pub app: usize,
-    /// Slot in that app's region.
-    pub slot: u32,
-}
+pub use super::sock_ref::SockRef;
 
 #[derive(Clone, Copy)]
 pub(super) struct Cancel {
