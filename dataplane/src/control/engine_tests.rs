@@ -709,3 +709,55 @@ fn socket_open_hands_the_pollable_fd_only_on_success() {
         assert_eq!(*sent, fds);
     }
 }
+
+#[test]
+fn a_second_hello_is_eisconn_and_a_taken_attach_is_detached_on_hang_up() {
+    let mut r = rig(2, 64, |_| {});
+    r.attach(0, USER);
+    let i = r.e.accept(r.at(0), PID, USER).unwrap();
+    r.request(
+        0,
+        i,
+        1,
+        Request::Hello {
+            version: LAYOUT_VERSION,
+        },
+    );
+    let (shard, seq, _) = r.queued();
+    assert_eq!(shard, 1);
+    // No second Hello while one is in flight (the connection is not read, but a
+    // misbehaving shell must not double-attach either).
+    r.request(
+        0,
+        i,
+        2,
+        Request::Hello {
+            version: LAYOUT_VERSION,
+        },
+    );
+    let again = r.reply(i);
+    assert_eq!((again.errno, again.id), (libc::EISCONN, 2));
+    // The poll thread took the Attach: hanging up cannot withdraw it, so a Detach follows
+    // on the same poll thread and the index stays reserved until it is answered.
+    assert!(r.e.host_mut().take(i, seq));
+    r.e.hung_up(i);
+    let acts = r.actions();
+    assert!(
+        matches!(
+            acts.as_slice(),
+            [
+                Seen::Close { .. },
+                Seen::Queue {
+                    shard: 1,
+                    kind: Kind::Detach,
+                    ..
+                }
+            ]
+        ),
+        "{acts:?}"
+    );
+    r.e.answer(r.at(1), seq, i, Answer::Attached);
+    assert!(r.actions().is_empty());
+    assert_eq!(count(&r.stats.ctrl_stale_replies), 1);
+    assert_ne!(r.e.accept(r.at(2), PID, USER), Ok(i));
+}
