@@ -17,20 +17,22 @@
 //! A reply is one datagram: lists that would not fit are cut (each `*_truncated` says by how
 //! many entries).
 
-use super::{Control, Slot};
+use crate::config::Config;
 use crate::poll::snapshot::PollSnapshot;
+use crate::stats::Stats;
 use serde_json::{json, Map, Value};
 use shm_api::ctrl::{self, Reply, MAX_DATAGRAM, REPLY_HEADER_LEN};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// When rdsd started.
-pub(super) struct Started {
+pub struct Started {
     at: Instant,
     unix: f64,
 }
 
 impl Started {
-    pub(super) fn now() -> Started {
+    /// Now, by the monotonic and the wall clock.
+    pub fn now() -> Started {
         Started {
             at: Instant::now(),
             unix: SystemTime::now()
@@ -90,136 +92,144 @@ fn fit(mut doc: Map<String, Value>, max: usize) -> Vec<u8> {
     }
 }
 
-impl Control {
-    /// The Info reply for `sections` (`snap` is `None` for counters only).
-    pub(super) fn info_reply(&self, sections: u32, snap: Option<PollSnapshot>) -> Reply {
-        let mut doc = Map::new();
-        doc.insert("schema".into(), json!(ctrl::INFO_SCHEMA));
-        let transports = snap.as_ref().map(|s| s.transports.clone());
+/// The Info reply for `sections` (`snap` is `None` for counters only) at `now`; `owner`
+/// gives the (pid, uid) of an app index, for the snapshot's sockets.
+pub(super) fn reply(
+    cfg: &Config,
+    stats: &Stats,
+    started: &Started,
+    now: Instant,
+    sections: u32,
+    snap: Option<PollSnapshot>,
+    owner: impl Fn(usize) -> Option<(i32, u32)>,
+) -> Reply {
+    let mut doc = Map::new();
+    doc.insert("schema".into(), json!(ctrl::INFO_SCHEMA));
+    let transports = snap.as_ref().map(|s| s.transports.clone());
+    let uptime = now.saturating_duration_since(started.at);
+    doc.insert(
+        "rdsd".into(),
+        json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "pid": std::process::id(),
+            "uptime_s": (uptime.as_millis() as f64) / 1000.0,
+            "start_time_unix": started.unix,
+            "control_socket": cfg.control_socket.display().to_string(),
+            "local_addrs": cfg.local_addrs.iter()
+                .map(|p| format!("{}/{}", p.addr, p.len)).collect::<Vec<_>>(),
+            "metrics_listen": cfg.metrics_listen.map(|a| a.to_string()),
+            "transports": transports,
+        }),
+    );
+    if sections & ctrl::INFO_COUNTERS != 0 {
+        let d = stats.described();
+        let mut values = Map::new();
+        let mut help = Map::new();
+        for (k, v, h) in d {
+            values.insert(k.clone(), json!(v));
+            help.insert(k, json!(h));
+        }
+        doc.insert("counters".into(), Value::Object(values));
+        doc.insert("counter_help".into(), Value::Object(help));
+    }
+    if let Some(mut snap) = snap {
+        for s in &mut snap.sockets {
+            if let Some((pid, uid)) = owner(s.app) {
+                s.pid = pid;
+                s.uid = uid;
+            }
+        }
+        add_sections(&mut doc, sections, snap);
+    }
+    let body = fit(doc, MAX_BODY);
+    let mut r = Reply::ok(0);
+    r.body = body;
+    r
+}
+
+fn add_sections(doc: &mut Map<String, Value>, sections: u32, snap: PollSnapshot) {
+    if sections & ctrl::INFO_RECV_QUEUE != 0 {
+        let q: Vec<_> = snap
+            .sockets
+            .iter()
+            .filter(|s| s.rx_queued_bytes > 0 || s.rx_pending)
+            .collect();
         doc.insert(
-            "rdsd".into(),
+            "recv_queue".into(),
             json!({
-                "version": env!("CARGO_PKG_VERSION"),
-                "pid": std::process::id(),
-                "uptime_s": (self.started.at.elapsed().as_millis() as f64) / 1000.0,
-                "start_time_unix": self.started.unix,
-                "control_socket": self.path.display().to_string(),
-                "local_addrs": self.cfg.local_addrs.iter()
-                    .map(|p| format!("{}/{}", p.addr, p.len)).collect::<Vec<_>>(),
-                "metrics_listen": self.cfg.metrics_listen.map(|a| a.to_string()),
-                "transports": transports,
+                "sockets": q.len(),
+                "bytes": q.iter().map(|s| s.rx_queued_bytes).sum::<u64>(),
+                "entries": q.iter().map(|s| json!({
+                    "addr": s.addr, "port": s.port, "pid": s.pid,
+                    "bytes": s.rx_queued_bytes, "congested": s.congested,
+                })).collect::<Vec<_>>(),
             }),
         );
-        if sections & ctrl::INFO_COUNTERS != 0 {
-            let d = self.stats.described();
-            let mut values = Map::new();
-            let mut help = Map::new();
-            for (k, v, h) in d {
-                values.insert(k.clone(), json!(v));
-                help.insert(k, json!(h));
-            }
-            doc.insert("counters".into(), Value::Object(values));
-            doc.insert("counter_help".into(), Value::Object(help));
-        }
-        if let Some(mut snap) = snap {
-            for s in &mut snap.sockets {
-                if let Some(Slot::Conn(c)) = self.slots.get(s.app) {
-                    s.pid = c.pid;
-                    s.uid = c.uid;
-                }
-            }
-            self.add_sections(&mut doc, sections, snap);
-        }
-        let body = fit(doc, MAX_BODY);
-        let mut r = Reply::ok(0);
-        r.body = body;
-        r
     }
-
-    fn add_sections(&self, doc: &mut Map<String, Value>, sections: u32, snap: PollSnapshot) {
-        if sections & ctrl::INFO_RECV_QUEUE != 0 {
-            let q: Vec<_> = snap
-                .sockets
+    let paths = || {
+        snap.connections.iter().flat_map(|c| {
+            c.paths
                 .iter()
-                .filter(|s| s.rx_queued_bytes > 0 || s.rx_pending)
-                .collect();
-            doc.insert(
-                "recv_queue".into(),
-                json!({
-                    "sockets": q.len(),
-                    "bytes": q.iter().map(|s| s.rx_queued_bytes).sum::<u64>(),
-                    "entries": q.iter().map(|s| json!({
-                        "addr": s.addr, "port": s.port, "pid": s.pid,
-                        "bytes": s.rx_queued_bytes, "congested": s.congested,
-                    })).collect::<Vec<_>>(),
-                }),
-            );
-        }
-        let paths = || {
-            snap.connections.iter().flat_map(|c| {
-                c.paths
-                    .iter()
-                    .map(move |p| (c.transport, c.laddr, c.faddr, p))
-            })
-        };
-        if sections & ctrl::INFO_SEND_QUEUE != 0 {
-            let socks: Vec<_> = snap
-                .sockets
-                .iter()
-                .filter(|s| s.tx_queued_bytes > 0)
-                .collect();
-            let ps: Vec<_> = paths().filter(|x| x.3.queued_msgs > 0).collect();
-            let mut entries: Vec<Value> = socks
-                .iter()
-                .map(|s| {
-                    json!({"socket": {"addr": s.addr, "port": s.port, "pid": s.pid},
+                .map(move |p| (c.transport, c.laddr, c.faddr, p))
+        })
+    };
+    if sections & ctrl::INFO_SEND_QUEUE != 0 {
+        let socks: Vec<_> = snap
+            .sockets
+            .iter()
+            .filter(|s| s.tx_queued_bytes > 0)
+            .collect();
+        let ps: Vec<_> = paths().filter(|x| x.3.queued_msgs > 0).collect();
+        let mut entries: Vec<Value> = socks
+            .iter()
+            .map(|s| {
+                json!({"socket": {"addr": s.addr, "port": s.port, "pid": s.pid},
                            "bytes": s.tx_queued_bytes})
-                })
-                .collect();
-            entries.extend(ps.iter().map(|(t, l, f, p)| {
-                json!({"path": {"transport": t, "laddr": l, "faddr": f, "index": p.index},
+            })
+            .collect();
+        entries.extend(ps.iter().map(|(t, l, f, p)| {
+            json!({"path": {"transport": t, "laddr": l, "faddr": f, "index": p.index},
                        "msgs": p.queued_msgs})
-            }));
-            doc.insert(
-                "send_queue".into(),
-                json!({
-                    "sockets": socks.len(),
-                    "socket_bytes": socks.iter().map(|s| s.tx_queued_bytes).sum::<u64>(),
-                    "paths": ps.len(),
-                    "msgs": ps.iter().map(|x| x.3.queued_msgs).sum::<usize>(),
-                    "entries": entries,
-                }),
-            );
-        }
-        if sections & ctrl::INFO_RETRANS_QUEUE != 0 {
-            let ps: Vec<_> = paths().filter(|x| x.3.unacked_msgs > 0).collect();
-            doc.insert(
-                "retransmit_queue".into(),
-                json!({
-                    "paths": ps.len(),
-                    "msgs": ps.iter().map(|x| x.3.unacked_msgs).sum::<usize>(),
-                    "bytes": ps.iter().filter_map(|x| x.3.unacked_bytes).sum::<u64>(),
-                    "entries": ps.iter().map(|(t, l, f, p)| json!({
-                        "transport": t, "laddr": l, "faddr": f, "index": p.index,
-                        "msgs": p.unacked_msgs, "bytes": p.unacked_bytes,
-                    })).collect::<Vec<_>>(),
-                }),
-            );
-        }
-        if sections & ctrl::INFO_SOCKETS != 0 {
-            doc.insert("sockets".into(), json!(snap.sockets));
-        }
-        if sections & (ctrl::INFO_CONNECTIONS | ctrl::INFO_PATHS) != 0 {
-            let mut conns = serde_json::to_value(&snap.connections).unwrap_or(json!([]));
-            if sections & ctrl::INFO_PATHS == 0 {
-                for c in conns.as_array_mut().into_iter().flatten() {
-                    if let Some(o) = c.as_object_mut() {
-                        o.remove("paths");
-                    }
+        }));
+        doc.insert(
+            "send_queue".into(),
+            json!({
+                "sockets": socks.len(),
+                "socket_bytes": socks.iter().map(|s| s.tx_queued_bytes).sum::<u64>(),
+                "paths": ps.len(),
+                "msgs": ps.iter().map(|x| x.3.queued_msgs).sum::<usize>(),
+                "entries": entries,
+            }),
+        );
+    }
+    if sections & ctrl::INFO_RETRANS_QUEUE != 0 {
+        let ps: Vec<_> = paths().filter(|x| x.3.unacked_msgs > 0).collect();
+        doc.insert(
+            "retransmit_queue".into(),
+            json!({
+                "paths": ps.len(),
+                "msgs": ps.iter().map(|x| x.3.unacked_msgs).sum::<usize>(),
+                "bytes": ps.iter().filter_map(|x| x.3.unacked_bytes).sum::<u64>(),
+                "entries": ps.iter().map(|(t, l, f, p)| json!({
+                    "transport": t, "laddr": l, "faddr": f, "index": p.index,
+                    "msgs": p.unacked_msgs, "bytes": p.unacked_bytes,
+                })).collect::<Vec<_>>(),
+            }),
+        );
+    }
+    if sections & ctrl::INFO_SOCKETS != 0 {
+        doc.insert("sockets".into(), json!(snap.sockets));
+    }
+    if sections & (ctrl::INFO_CONNECTIONS | ctrl::INFO_PATHS) != 0 {
+        let mut conns = serde_json::to_value(&snap.connections).unwrap_or(json!([]));
+        if sections & ctrl::INFO_PATHS == 0 {
+            for c in conns.as_array_mut().into_iter().flatten() {
+                if let Some(o) = c.as_object_mut() {
+                    o.remove("paths");
                 }
             }
-            doc.insert("connections".into(), conns);
         }
+        doc.insert("connections".into(), conns);
     }
 }
 
