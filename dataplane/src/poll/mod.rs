@@ -263,12 +263,10 @@ impl PollCore {
                 i += 1;
             }
         }
-        self.table.publish_rx();
         work += self.table.check_congested();
         for t in self.transports.iter_mut() {
             work += t.poll(&mut self.table);
         }
-        self.table.publish_rx();
         for addr in self.table.cong_changed.drain(..) {
             for t in self.transports.iter_mut() {
                 t.local_congestion_changed(addr);
@@ -341,7 +339,6 @@ impl PollCore {
         link.inp = inp;
         link.stalled = stalled;
         link.flush_release();
-        self.table.publish_rx();
         work
     }
 
@@ -809,7 +806,6 @@ impl PollCore {
                     monitor: false,
                     released: 0,
                     rx_produced: 0,
-                    rx_unpublished: false,
                     congested: false,
                     cancels: [Cancel {
                         dest: None,

@@ -39,8 +39,6 @@ pub(super) struct Sock {
     pub monitor: bool,
     pub released: u64,
     pub rx_produced: u64,
-    /// Records pushed on the rx ring since the last `publish_rx` (listed in `rx_pending`).
-    pub rx_unpublished: bool,
     pub congested: bool,
     pub cancels: [Cancel; MAX_CANCELS],
     pub ncancels: usize,
@@ -87,8 +85,6 @@ pub struct SocketTable {
     pub(super) readiness_socks: Vec<SockRef>,
     /// Every open socket, so a pass visits what exists instead of every slot of every app.
     pub(super) open_socks: Vec<SockRef>,
-    /// Sockets whose rx ring has records not yet published (see `publish_rx`).
-    rx_pending: Vec<SockRef>,
     chans: Arc<Channels>,
     control_wake: Arc<std::os::fd::OwnedFd>,
     rng: u64,
@@ -148,7 +144,6 @@ impl SocketTable {
             congested: Vec::with_capacity(1024),
             readiness_socks: Vec::with_capacity(1024),
             open_socks: Vec::with_capacity(1024),
-            rx_pending: Vec::with_capacity(1024),
             chans,
             control_wake,
             rng: seed | 1,
@@ -221,35 +216,6 @@ impl SocketTable {
         let ctl = self.ctl(r);
         ctl.tx_released_bytes.store(released, Ordering::Release);
         wake_slot(ctl);
-    }
-
-    /// Publishes every rx ring written since the last call: the records, the byte count, one
-    /// wake-up and one congestion check per socket, however many messages the burst held (a
-    /// fence and two stores on the app's cache lines per burst, not per message). Called after
-    /// each stage of a pass that delivers (tx rings, other shards, transports).
-    pub(super) fn publish_rx(&mut self) -> usize {
-        let n = self.rx_pending.len();
-        for i in 0..n {
-            let r = self.rx_pending[i];
-            let Some(app) = self.apps.get_mut(r.app).and_then(|a| a.as_mut()) else {
-                continue;
-            };
-            let Some(s) = app.socks[r.slot as usize].as_mut() else {
-                continue;
-            };
-            if !s.rx_unpublished {
-                continue;
-            }
-            s.rx_unpublished = false;
-            s.rx.publish();
-            let ctl = app.region.slot_control(r.slot);
-            ctl.rx_produced_bytes
-                .store(s.rx_produced, Ordering::Release);
-            wake_slot(ctl);
-            self.after_enqueue(r);
-        }
-        self.rx_pending.clear();
-        n
     }
 
     /// After a message was queued on `to`: mark its port congested above SO_RCVBUF.
@@ -727,12 +693,13 @@ impl Upcalls for SocketTable {
         });
         match pushed {
             Ok(()) => {
-                // Published (with the wake-up and the congestion check) once per burst.
+                sock.rx.publish();
                 sock.rx_produced += len as u64;
-                if !sock.rx_unpublished {
-                    sock.rx_unpublished = true;
-                    self.rx_pending.push(to);
-                }
+                let produced = sock.rx_produced;
+                let ctl = app.region.slot_control(to.slot);
+                ctl.rx_produced_bytes.store(produced, Ordering::Release);
+                wake_slot(ctl);
+                self.after_enqueue(to);
                 Delivered::Yes
             }
             Err(PushError::Full) => {
