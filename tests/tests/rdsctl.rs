@@ -914,7 +914,12 @@ fn print_default_config_is_the_documented_default() {
 fn info_waits_for_a_stalled_poll_core_but_counters_do_not() {
     // TEST hook: the poll core sleeps 1.5 s (longer than hello_timeout_ms, which an rdsctl
     // connection waiting for a snapshot must not trip) on a SetRcvBuf of TEST_STALL_RCVBUF.
-    let d = Daemon::start_with_faults(&[("RDSD_TEST_STALL_POLL_MS", "1500")], &[]);
+    // One poll thread whatever RDSD_TESTS_POLL_THREADS says: the stall is observed on
+    // rdsd-poll-0, and with two the app may sit on the other one.
+    let d = Daemon::start_with_faults(
+        &[("RDSD_TEST_STALL_POLL_MS", "1500")],
+        &["--poll-core", "-2"],
+    );
     let r = d.attach();
     let s = r.socket().unwrap();
     s.bind(lo(4400)).unwrap();
