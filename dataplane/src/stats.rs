@@ -143,6 +143,9 @@ counters! {
     drop_unknown,
     /// Paths dropped for protocol errors.
     path_errors,
+    /// Paths closed because the peer took the connection for another path (SPORT_IDX said so,
+    /// or a restarted peer sent its probe on it; `rds-proto`'s deviations).
+    path_mismaps,
     /// Reconnects scheduled.
     reconnects,
     /// Congestion maps sent (one per change per connection, plus one per path-up).

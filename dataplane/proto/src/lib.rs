@@ -142,6 +142,18 @@
 //!   them all at once): a passive peer without SPORT_IDX takes its first free path in accept
 //!   order, so a lost SYN would swap two paths and the peer would drop their resends as
 //!   duplicates, judged against the other path's sequence numbers.
+//! * **A path > 0 that comes up waits for a fresh pong.** Until a pong on path 0 answers a
+//!   probe ping started after the path came up, the active side sends only congestion maps on
+//!   it, and a probe ping arriving on a path > 0 closes that path (`path_mismaps`). A connect
+//!   in flight while the passive peer restarts (its SYN lost, then answered by the new
+//!   incarnation) is otherwise taken for the new peer's path 0 (first free path); our path 0
+//!   then becomes its path 1, and the resends of path 0 are judged against path 1's numbers:
+//!   delivered a second time after a restore of the receive state
+//!   ([`Connection::restore_rx_state`]), or dropped. The restarted peer's first message on its
+//!   path 0 is its probe ping, so the mismapped connection is closed before it carries data.
+//!   For the same reason a new peer generation closes every path > 0 still connecting or
+//!   unconfirmed (a late SYN would land on the new peer's first free path, maybe another
+//!   one); confirmed ones go to the old peer and fail by themselves.
 //! * Path choice is `hash(sport) % npaths` (the kernel uses `jhash & (npaths - 1)`); the hash is
 //!   local-only. Prefer power-of-two path counts with kernel peers.
 //! * Passive path mapping with `SPORT_IDX` uses `sport % 8` (equal to the kernel's

@@ -192,8 +192,10 @@ fn probe_handshake_negotiates_min_npaths_and_generations() {
     for host in 0..2 {
         let c = &pair.hosts[host].conn;
         assert_eq!(c.npaths(), Some(2), "host {host}");
-        assert_eq!(c.counters().probe_pings_received, 1, "host {host}");
-        assert_eq!(c.counters().probe_pongs_received, 1, "host {host}");
+        // The active side probes once more when path 1 comes up (its data waits for the pong).
+        let (pings, pongs) = if host == 0 { (1, 2) } else { (2, 1) };
+        assert_eq!(c.counters().probe_pings_received, pings, "host {host}");
+        assert_eq!(c.counters().probe_pongs_received, pongs, "host {host}");
         assert!(pair.hosts[host]
             .events
             .contains(&Event::PathsNegotiated { npaths: 2 }));
@@ -1801,4 +1803,165 @@ fn paths_connect_one_at_a_time_in_index_order() {
     a.handle_connected(later, 2).unwrap();
     a.handle_timeout(later + Duration::from_secs(1));
     assert_eq!(connects(&mut a), vec![3]);
+}
+
+/// Bytes `from` has for `from_path`, fed to `to` on `to_path`; TCP acknowledges them to `from`
+/// when `acked`. Returns the payloads `to` delivered, recording them in `persisted`.
+fn carry(
+    (from, from_path): (&mut Connection<Vec<u8>>, usize),
+    (to, to_path): (&mut Connection<Vec<u8>>, usize),
+    acked: bool,
+    persisted: &mut util::PersistedRx,
+) -> Vec<Vec<u8>> {
+    let bytes = drain(from, Instant::ZERO, from_path, &CongMap::new());
+    if acked {
+        from.handle_acked(from_path, from.stream_offset(from_path));
+    }
+    let mut got = Vec::new();
+    to.handle_stream_data(Instant::ZERO, to_path, &bytes, |d| {
+        persisted.record(&d);
+        got.push(d.payload.to_vec());
+    });
+    persisted.sync_generation(to.peer_generation());
+    got
+}
+
+/// A's connect for path 1 is in flight (its SYN unanswered) when B is SIGKILLed after
+/// delivering messages whose TCP acknowledgements A never got. Restarted with its receive state
+/// restored, B takes the first connection it accepts, A's path 1, for its path 0 (kernel TCP
+/// has no SPORT_IDX). Had A resent its path-0 messages on B's path 1 (numbers 0 there), B would
+/// deliver them twice (seen in `receiver_restart_soon_after_restart_no_duplicates`, rdsd-tests).
+/// A sends nothing judged by sequence number on a new path > 0 before a fresh pong on path 0,
+/// and closes it when B's probe ping comes on it; its path 0 then gets B's path 0.
+#[test]
+fn connect_in_flight_across_a_peer_restart_is_not_taken_for_path_zero() {
+    let config = |local, peer, generation, seed| {
+        let mut c = util::config(local, peer, 2, generation, seed);
+        c.sport_idx = false;
+        c
+    };
+    let mut now = Instant::ZERO;
+    let mut a = Connection::new(config(ADDR_A, ADDR_B, GEN_A, 1)).unwrap();
+    let mut b1 = Connection::new(config(ADDR_B, ADDR_A, GEN_B, 2)).unwrap();
+    let mut b1_state = util::PersistedRx::default();
+    a.open(now);
+    assert_eq!(events(&mut a), vec![Event::Connect { path: 0 }]);
+    a.handle_connected(now, 0).unwrap();
+    assert_eq!(b1.handle_accepted(now, 40000), Ok(0));
+    for _ in 0..3 {
+        carry((&mut a, 0), (&mut b1, 0), true, &mut b1_state);
+        carry((&mut b1, 0), (&mut a, 0), true, &mut b1_state.clone());
+    }
+    assert_eq!(a.npaths(), Some(2));
+    // Path 1's connect goes out; B never answers it.
+    assert!(events(&mut a).contains(&Event::Connect { path: 1 }));
+
+    // B delivers five messages of a socket on path 0; their ACKs are lost.
+    let sport = (2000..).find(|&p| a.route(p) == 0).unwrap();
+    for i in 0..5u8 {
+        a.send(now, sport, 10, vec![i; 8], u64::from(i)).unwrap();
+    }
+    let first = carry((&mut a, 0), (&mut b1, 0), false, &mut b1_state);
+    assert_eq!(first.len(), 5);
+    assert_eq!(a.unacked_messages(0), 5);
+
+    // B restarts with what it persisted; the SYN of A's path 1 reaches it first.
+    let mut b2 = Connection::new(config(ADDR_B, ADDR_A, GEN_B + 1, 3)).unwrap();
+    b2.restore_rx_state(b1_state.peer_generation, b1_state.next_rx_seq);
+    let mut b2_state = b1_state;
+    a.handle_connected(now, 1).unwrap();
+    assert_eq!(b2.handle_accepted(now, 40001), Ok(0), "first free path");
+    let mut again = Vec::new();
+    for _ in 0..3 {
+        again.extend(carry((&mut a, 1), (&mut b2, 0), true, &mut b2_state));
+        carry(
+            (&mut b2, 0),
+            (&mut a, 1),
+            true,
+            &mut util::PersistedRx::default(),
+        );
+    }
+    assert_eq!(a.counters().path_mismaps, 1);
+    assert!(events(&mut a).contains(&Event::Close { path: 1 }));
+    a.handle_path_down(now, 1).unwrap();
+    b2.handle_path_down(now, 0).unwrap();
+
+    // A's path 0, still a connection to the dead B, fails; A reconnects it.
+    a.handle_path_down(now, 0).unwrap();
+    while !events(&mut a).contains(&Event::Connect { path: 0 }) {
+        now += Duration::from_millis(10);
+        a.handle_timeout(now);
+    }
+    a.handle_connected(now, 0).unwrap();
+    let b2_path = b2.handle_accepted(now, 40002).unwrap();
+    assert_eq!(b2_path, 0, "B's path 0 is A's path 0");
+    for i in 5..7u8 {
+        a.send(now, sport, 10, vec![i; 8], u64::from(i)).unwrap();
+    }
+    for _ in 0..4 {
+        again.extend(carry((&mut a, 0), (&mut b2, b2_path), true, &mut b2_state));
+        carry(
+            (&mut b2, b2_path),
+            (&mut a, 0),
+            true,
+            &mut util::PersistedRx::default(),
+        );
+    }
+    assert_eq!(
+        again,
+        vec![vec![5; 8], vec![6; 8]],
+        "no message delivered twice, none lost"
+    );
+    assert!(
+        b2.counters().rx_drop_dup_seq >= 5,
+        "the resends were judged"
+    );
+}
+
+/// The case no probe on a path > 0 shows: A's connect for path 2 is in flight when B restarts,
+/// and B's new incarnation would take it for its first free path (1) once A's path 0 is back.
+/// The new generation, seen on path 0 before any pong of the new B, closes every path > 0 that
+/// is connecting or not yet confirmed; a confirmed one (to the old B) fails by itself.
+#[test]
+fn paths_connected_before_a_peer_restart_are_closed_unless_confirmed() {
+    let mut config = util::config(ADDR_A, ADDR_B, 3, GEN_A, 1);
+    config.sport_idx = false;
+    let now = Instant::ZERO;
+    let map = CongMap::new();
+    let mut a = Connection::new(config).unwrap();
+    a.open(now);
+    assert_eq!(events(&mut a), vec![Event::Connect { path: 0 }]);
+    a.handle_connected(now, 0).unwrap();
+    drain(&mut a, now, 0, &map);
+    assert!(feed(&mut a, 0, &probe_pong(1, 3, GEN_B)).is_empty());
+    assert!(events(&mut a).contains(&Event::Connect { path: 1 }));
+    a.handle_connected(now, 1).unwrap();
+    let sport = (2000..).find(|&p| a.route(p) == 1).unwrap();
+    a.send(now, sport, 10, vec![1; 8], 1).unwrap();
+    let out = frames(&drain(&mut a, now, 1, &map));
+    assert!(
+        out.iter().all(|(h, _)| h.is_cong_bitmap()),
+        "path 1 sends only the map before a fresh pong"
+    );
+    let ping = frames(&drain(&mut a, now, 0, &map));
+    assert_eq!((ping[0].0.sport, ping[0].0.dport), (1, 0));
+    a.handle_acked(0, a.stream_offset(0));
+    assert!(feed(&mut a, 0, &probe_pong(2, 3, GEN_B)).is_empty());
+    assert!(a.has_pending_transmit(1));
+    assert!(events(&mut a).contains(&Event::Connect { path: 2 }));
+
+    // B restarts; A's path 0 comes back to the new B, whose probe is the first message.
+    a.handle_path_down(now, 0).unwrap();
+    let _ = events(&mut a);
+    if a.path_state(0) != PathState::Connecting {
+        a.handle_timeout(now + Duration::from_secs(1));
+        let _ = events(&mut a);
+    }
+    a.handle_connected(now, 0).unwrap();
+    assert!(feed(&mut a, 0, &probe(1, Some(GEN_B + 1))).is_empty());
+    let evs = events(&mut a);
+    assert!(evs.contains(&Event::Close { path: 2 }), "{evs:?}");
+    assert!(!evs.contains(&Event::Close { path: 1 }), "{evs:?}");
+    assert_eq!(a.path_state(1), PathState::Up);
+    assert_eq!(a.path_state(2), PathState::Disconnecting);
 }

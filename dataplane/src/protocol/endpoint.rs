@@ -995,7 +995,7 @@ impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
     fn publish_counters(&self) {
         type Get = fn(&rds_proto::Counters) -> u64;
         let n = self.net();
-        let fields: [(&std::sync::atomic::AtomicU64, Get); 14] = [
+        let fields: [(&std::sync::atomic::AtomicU64, Get); 15] = [
             (&n.tx_messages, |k| k.tx_messages),
             (&n.retransmits, |k| k.tx_retransmits),
             (&n.rx_messages, |k| k.rx_messages),
@@ -1006,6 +1006,7 @@ impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
             (&n.drop_dup_seq, |k| k.rx_drop_dup_seq),
             (&n.drop_unknown, |k| k.rx_drop_unknown + k.rx_truncated),
             (&n.path_errors, |k| k.path_errors),
+            (&n.path_mismaps, |k| k.path_mismaps),
             (&n.reconnects, |k| k.reconnects),
             (&n.cong_maps_sent, |k| k.cong_map_sent),
             (&n.cong_maps_received, |k| k.cong_map_received),

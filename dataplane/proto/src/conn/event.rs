@@ -156,8 +156,9 @@ pub struct Counters {
     pub rx_bad_exthdr: u64,
     /// Paths dropped for malformed input.
     pub path_errors: u64,
-    /// Passive side: accepted connections closed because the peer's source port (SPORT_IDX)
-    /// named another path.
+    /// Connections closed because the two sides disagree on their path: on the passive side,
+    /// the peer's source port (SPORT_IDX) named another path; on the active side, the peer
+    /// sent a probe ping on a path > 0 (it restarted and took that connection for its path 0).
     pub path_mismaps: u64,
     /// `Event::Connect` emitted.
     pub connect_attempts: u64,

@@ -37,7 +37,10 @@
 //! (the persistence rule and the reasoning are on that method). A peer that restarted too
 //! announces a new generation, and the rule above (reset `next_rx_seq` on a generation
 //! change) discards the restored numbers before its data matters. [`Connection::rx_state`]
-//! shows the current state.
+//! shows the current state. The numbers are per path, so both sides must agree on which
+//! connection is which path: a connect of ours for a path > 0 that the restarted peer answers
+//! first would be its path 0 (see [`Connection::handle_connected`], which closes it before it
+//! carries data).
 //!
 //! # Congestion maps
 //!
@@ -390,7 +393,9 @@ impl<P: AsRef<[u8]>> Connection<P> {
                     .front()
                     .is_some_and(|m| matches!(m.body, Body::Control(_)))
         } else {
-            self.peer_knows_our_generation && self.fanout_barrier.is_none()
+            self.peer_knows_our_generation
+                && self.fanout_barrier.is_none()
+                && self.tx[path].wait_pongs_above.is_none()
         }
     }
 
@@ -487,6 +492,18 @@ impl<P: AsRef<[u8]>> Connection<P> {
         }
         self.path_up(now, path);
         if path > 0 {
+            // The connect may have been answered by a restarted peer (a SYN in flight across
+            // its restart), which takes the first connection it accepts for its path 0. That
+            // peer sends its probe ping on this path, which closes it (`handle_probe`); until
+            // a pong on path 0 answers a ping started now, this path sends nothing the peer
+            // would judge by sequence number (only maps), so a mismapped connection can never
+            // make it judge resends against another path's numbers (duplicates or losses).
+            self.tx[path].wait_pongs_above = Some(self.path0_pings_started);
+            if self.tx[0].state == PathState::Up
+                && !self.tx[0].queue.iter().any(Message::is_probe_ping)
+            {
+                self.queue_control(0, Control::ProbePing);
+            }
             // Paths connect one at a time, in index order (see `wants_path`).
             self.schedule_paths(now);
         }
@@ -587,6 +604,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             self.counters.paths_down += 1;
         }
         tx.peer_tcp_sport = None;
+        tx.wait_pongs_above = None;
         if path == 0 {
             self.path0_confirmed = false;
             self.path0_gate = None;
@@ -605,6 +623,13 @@ impl<P: AsRef<[u8]>> Connection<P> {
                 if let Some(b) = self.fanout_barrier.as_mut() {
                     b.ping_seq = ping_seq;
                     b.ping_ordinal = None;
+                }
+            }
+            // Pongs are counted afresh on the next path-0 connection, which starts after every
+            // path that waits came up: its first pong will do.
+            for t in &mut self.tx {
+                if t.wait_pongs_above.is_some() {
+                    t.wait_pongs_above = Some(0);
                 }
             }
         } else if self.active {
@@ -1293,9 +1318,17 @@ impl<P: AsRef<[u8]>> Connection<P> {
         if let Some(new) = generation.filter(|&g| g != 0) {
             let old = self.peer_generation;
             if old != 0 && old != new {
-                self.peer_restarted(old, new);
+                self.peer_restarted(now, old, new);
             }
             self.peer_generation = new;
+        }
+        if is_ping && path > 0 && self.active {
+            // Only a peer's path 0 carries its probe pings: it restarted and took our
+            // connection for this path as its path 0 (see `handle_connected`). Close it
+            // unanswered; its path 0 is then free for ours.
+            self.counters.path_mismaps += 1;
+            self.close_path(now, path);
+            return;
         }
         self.peer_sport_idx = sport_idx;
         if sport_idx && !self.active {
@@ -1312,6 +1345,11 @@ impl<P: AsRef<[u8]>> Connection<P> {
                 if h.flags & flags::RETRANSMITTED == 0 {
                     self.path0_pongs_received += 1;
                     let pongs = self.path0_pongs_received;
+                    for tx in &mut self.tx {
+                        if tx.wait_pongs_above.is_some_and(|n| pongs > n) {
+                            tx.wait_pongs_above = None;
+                        }
+                    }
                     if let Some(b) = self.fanout_barrier.as_mut() {
                         if b.ping_ordinal.is_some_and(|o| pongs >= o) {
                             b.confirmed = true;
@@ -1342,7 +1380,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
         }
     }
 
-    fn peer_restarted(&mut self, old: u32, new: u32) {
+    fn peer_restarted(&mut self, now: Instant, old: u32, new: u32) {
         self.counters.peer_restarts += 1;
         self.events.push_back(Event::PeerRestarted {
             old_generation: old,
@@ -1350,6 +1388,20 @@ impl<P: AsRef<[u8]>> Connection<P> {
         });
         for rx in self.rx.iter_mut() {
             rx.next_rx_seq = 0;
+        }
+        if self.active {
+            // A path > 0 connecting, or up and still waiting for its pong, was connected before
+            // the new peer's probe (the first message on its path 0): to the old peer, or, a
+            // SYN in flight across the restart, to the new one, which took it for its first
+            // free path, maybe another one (see `handle_connected`). It connects again, in
+            // order, after the new peer's pong. A confirmed path goes to the old peer: it fails
+            // by itself, and what it received is still read.
+            for path in 1..MAX_PATHS {
+                let tx = &self.tx[path];
+                if tx.state == PathState::Connecting || tx.wait_pongs_above.is_some() {
+                    self.close_path(now, path);
+                }
+            }
         }
     }
 

@@ -161,6 +161,10 @@ pub(crate) struct TxPath<P> {
     pub up_since: Option<Instant>,
     /// Passive side: TCP source port of the accepted connection serving this path.
     pub peer_tcp_sport: Option<u16>,
+    /// Active side, a path > 0 not yet confirmed: its queue waits until more probe pongs than
+    /// this arrived on the current path-0 connection, i.e. one answering a ping started after
+    /// this path came up (see `Connection::handle_connected`); `None` once one did.
+    pub wait_pongs_above: Option<u32>,
 }
 
 impl<P: AsRef<[u8]>> TxPath<P> {
@@ -181,6 +185,7 @@ impl<P: AsRef<[u8]>> TxPath<P> {
             was_up: false,
             up_since: None,
             peer_tcp_sport: None,
+            wait_pongs_above: None,
         }
     }
 
