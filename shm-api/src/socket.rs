@@ -24,6 +24,35 @@ pub const DEFAULT_CONTROL_SOCKET: &str = "/run/rdsd/rdsd.sock";
 
 /// How long a blocked call sleeps before it checks that rdsd is still alive.
 const LIVENESS_SLICE: Duration = Duration::from_millis(100);
+/// Sleeps of blocking receives in this process that ended by [`sys::EitherWake`]: `First`
+/// (rdsd's wake-up, a timeout or a signal) and `Second` (a sender that found the poll thread
+/// parked woke the receiver directly).
+static RECV_SLEEPS: [std::sync::atomic::AtomicU64; 2] = [
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+];
+
+/// How this process's blocking receives ended their sleeps, since it started: a count that
+/// tests and benchmarks read (not a clock).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecvWakeups {
+    /// Woken by rdsd's poll thread after a delivery, or by the liveness slice or a signal.
+    pub by_rdsd_or_timeout: u64,
+    /// Woken by a sender of the same poll thread while that thread was parked: the
+    /// receiver then waits for the delivery spinning, one kernel wake-up instead of two.
+    pub by_sender: u64,
+}
+
+/// This process's [`RecvWakeups`] so far.
+pub fn recv_wakeups() -> RecvWakeups {
+    RecvWakeups {
+        by_rdsd_or_timeout: RECV_SLEEPS[0].load(Ordering::Relaxed),
+        by_sender: RECV_SLEEPS[1].load(Ordering::Relaxed),
+    }
+}
+
+/// How long a receiver woken by a sender (not by rdsd) spins for the poll thread's delivery.
+const EARLY_WAKE_SPIN: Duration = Duration::from_micros(200);
 
 fn errno(e: i32) -> io::Error {
     io::Error::from_raw_os_error(e)
@@ -134,20 +163,31 @@ impl Client {
 
     /// Wakes the poll core if it parked. Costs a fence and a load unless it sleeps.
     fn ring_doorbell(&self) {
+        self.ring_doorbell_for(false);
+    }
+
+    /// After a send: also wakes, in parallel with the poll core, the receivers of this poll
+    /// thread that sleep in `recv` (they wait on its sleep flag as well as on their own word,
+    /// see [`Socket::wait`]). A parked poll thread then costs the receiver one wake-up on the
+    /// critical path instead of two in series (the poll core's, then the receiver's).
+    fn ring_doorbell_after_send(&self) {
+        self.ring_doorbell_for(true);
+    }
+
+    fn ring_doorbell_for(&self, wake_receivers: bool) {
         let h = self.daemon_view.header();
         if h.may_sleep.load(Ordering::Relaxed) == 0 {
             return;
         }
         // Pairs with the poll core's fence between raising its sleep flag and its last scan.
         fence(Ordering::SeqCst);
-        if self
-            .daemon_view
-            .sleeping(self.poll_shard)
-            .load(Ordering::Relaxed)
-            != 0
-        {
+        let sleeping = self.daemon_view.sleeping(self.poll_shard);
+        if sleeping.load(Ordering::Relaxed) != 0 {
             // EAGAIN means a ring is already queued: rdsd wakes either way.
             let _ = sys::send_dontwait(self.doorbell.as_raw_fd(), &[1]);
+            if wake_receivers {
+                sys::futex_wake(sleeping);
+            }
         }
     }
 
@@ -650,7 +690,7 @@ impl Socket {
                     tx.sent += buf.len() as u64;
                     ctl.tx_sent_bytes.store(tx.sent, Ordering::Release);
                     tx.producer.publish();
-                    c.ring_doorbell();
+                    c.ring_doorbell_after_send();
                     return Ok(buf.len());
                 }
                 Err(PushError::TooLarge) => return Err(errno(libc::EMSGSIZE)),
@@ -781,7 +821,27 @@ impl Socket {
                 _ => {
                     let slice = dl.map_or(LIVENESS_SLICE, |d| (d - now).min(LIVENESS_SLICE));
                     c.ring_doorbell();
-                    sys::futex_wait(&ctl.wake_seq, seq, Some(slice));
+                    if sending {
+                        sys::futex_wait(&ctl.wake_seq, seq, Some(slice));
+                    } else {
+                        // Also on the poll thread's sleep flag: a sender that finds it parked
+                        // wakes us at the same time as the poll thread; the caller then polls
+                        // its ring for `recv_spin` while the poll thread delivers.
+                        let shard = c.daemon_view.sleeping(c.poll_shard);
+                        let parked = shard.load(Ordering::Acquire);
+                        let woke =
+                            sys::futex_wait_either(&ctl.wake_seq, seq, shard, parked, Some(slice));
+                        RECV_SLEEPS[woke as usize].fetch_add(1, Ordering::Relaxed);
+                        if woke == sys::EitherWake::Second {
+                            // The poll thread is waking at the same time and delivers within
+                            // microseconds: spin for it rather than yield, which on a busy
+                            // core hands the CPU away for a whole slice.
+                            let start = Instant::now();
+                            while !ready() && start.elapsed() < EARLY_WAKE_SPIN {
+                                std::hint::spin_loop();
+                            }
+                        }
+                    }
                     if ctl.wake_seq.load(Ordering::Acquire) == seq {
                         c.check_alive()
                     } else {

@@ -5,7 +5,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
@@ -122,6 +122,108 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
             0usize,
             0u32,
         );
+    }
+}
+
+/// What [`futex_wait_either`] returned for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum EitherWake {
+    /// `first` was woken or had changed, or the wait timed out or was interrupted.
+    First,
+    /// `second` was woken, or had changed before the call.
+    Second,
+}
+
+/// Set once `futex_waitv` (Linux 5.16) turned out to be missing: waits then use `first` only.
+static NO_FUTEX_WAITV: AtomicBool = AtomicBool::new(false);
+
+/// Blocks while `*first == first_expected` and `*second == second_expected`, at most `timeout`:
+/// one sleep on two shared futexes (`futex_waitv`). A wake-up of either ends it. Kernels older
+/// than 5.16 lack the call; there it waits on `first` alone (and never reports `Second`).
+pub fn futex_wait_either(
+    first: &AtomicU32,
+    first_expected: u32,
+    second: &AtomicU32,
+    second_expected: u32,
+    timeout: Option<Duration>,
+) -> EitherWake {
+    if NO_FUTEX_WAITV.load(Ordering::Relaxed) {
+        futex_wait(first, first_expected, timeout);
+        return EitherWake::First;
+    }
+    /// `struct futex_waitv` of `<linux/futex.h>`.
+    #[repr(C)]
+    struct FutexWaitv {
+        val: u64,
+        uaddr: u64,
+        flags: u32,
+        reserved: u32,
+    }
+    /// FUTEX2_SIZE_U32, without FUTEX2_PRIVATE: the words are shared between processes.
+    const FUTEX2_SIZE_U32: u32 = 0x02;
+    let waiters = [
+        FutexWaitv {
+            val: first_expected.into(),
+            uaddr: first.as_ptr() as u64,
+            flags: FUTEX2_SIZE_U32,
+            reserved: 0,
+        },
+        FutexWaitv {
+            val: second_expected.into(),
+            uaddr: second.as_ptr() as u64,
+            flags: FUTEX2_SIZE_U32,
+            reserved: 0,
+        },
+    ];
+    // futex_waitv takes an absolute deadline on the clock it is given.
+    let deadline = timeout.map(|d| {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `now` is a valid timespec to write.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+        let nanos = now.tv_nsec as u64 + u64::from(d.subsec_nanos());
+        libc::timespec {
+            tv_sec: now
+                .tv_sec
+                .saturating_add(d.as_secs().min(i32::MAX as u64) as libc::time_t)
+                .saturating_add((nanos / 1_000_000_000) as libc::time_t),
+            tv_nsec: (nanos % 1_000_000_000) as libc::c_long,
+        }
+    });
+    let ts_ptr = deadline
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `waiters` is a valid array of two `futex_waitv` whose words are aligned u32s that
+    // outlive the call; `ts_ptr` is null or a valid timespec; flags must be 0.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_futex_waitv,
+            waiters.as_ptr(),
+            2u32,
+            0u32,
+            ts_ptr,
+            libc::CLOCK_MONOTONIC,
+        )
+    };
+    match r {
+        1 => EitherWake::Second,
+        -1 => match io::Error::last_os_error().raw_os_error() {
+            Some(libc::ENOSYS) => {
+                NO_FUTEX_WAITV.store(true, Ordering::Relaxed);
+                futex_wait(first, first_expected, timeout);
+                EitherWake::First
+            }
+            // A word had changed before the call: say which, so the caller does not sleep
+            // again at once on a stale value.
+            Some(libc::EAGAIN) if second.load(Ordering::Relaxed) != second_expected => {
+                EitherWake::Second
+            }
+            _ => EitherWake::First,
+        },
+        _ => EitherWake::First,
     }
 }
 
@@ -380,4 +482,56 @@ pub fn connect_seqpacket(path: &std::path::Path) -> io::Result<std::os::unix::ne
         return Err(io::Error::last_os_error());
     }
     Ok(sock)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// Waits on both words in a thread; `poke` (run once the waiter sleeps) must end the wait
+    /// with `want`.
+    fn wait_ended_by(poke: impl FnOnce(&AtomicU32, &AtomicU32), want: EitherWake) {
+        let words = Arc::new([AtomicU32::new(7), AtomicU32::new(9)]);
+        let w = words.clone();
+        let waiter = std::thread::spawn(move || {
+            futex_wait_either(&w[0], 7, &w[1], 9, Some(Duration::from_secs(30)))
+        });
+        // Wait on state: the waiter's thread is inside futex_waitv (syscall 449).
+        let pid = std::process::id();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        'outer: loop {
+            assert!(std::time::Instant::now() < deadline, "waiter never slept");
+            for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+                let p = t.unwrap().path().join("syscall");
+                if std::fs::read_to_string(p).is_ok_and(|s| s.starts_with("449 ")) {
+                    break 'outer;
+                }
+            }
+            std::thread::yield_now();
+        }
+        poke(&words[0], &words[1]);
+        assert_eq!(waiter.join().unwrap(), want);
+    }
+
+    #[test]
+    fn a_wake_of_either_word_ends_the_wait() {
+        wait_ended_by(|_, b| futex_wake(b), EitherWake::Second);
+        wait_ended_by(|a, _| futex_wake(a), EitherWake::First);
+    }
+
+    #[test]
+    fn a_stale_value_returns_at_once_and_says_which() {
+        let (a, b) = (AtomicU32::new(1), AtomicU32::new(2));
+        let t = Duration::from_secs(30);
+        assert_eq!(futex_wait_either(&a, 1, &b, 3, Some(t)), EitherWake::Second);
+        assert_eq!(futex_wait_either(&a, 0, &b, 2, Some(t)), EitherWake::First);
+    }
+
+    #[test]
+    fn the_timeout_ends_the_wait() {
+        let (a, b) = (AtomicU32::new(1), AtomicU32::new(2));
+        let r = futex_wait_either(&a, 1, &b, 2, Some(Duration::from_millis(1)));
+        assert_eq!(r, EitherWake::First);
+    }
 }
