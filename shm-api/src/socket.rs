@@ -51,8 +51,18 @@ pub fn recv_wakeups() -> RecvWakeups {
     }
 }
 
-/// How long a receiver woken by a sender (not by rdsd) spins for the poll thread's delivery.
-const EARLY_WAKE_SPIN: Duration = Duration::from_micros(200);
+/// How long a receiver woken by a sender (not by rdsd) spins for the poll thread's delivery
+/// (`RDS_WOKEN_SPIN_US`).
+fn woken_spin() -> Duration {
+    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let us = std::env::var("RDS_WOKEN_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(200u64);
+        Duration::from_micros(us)
+    })
+}
 
 fn errno(e: i32) -> io::Error {
     io::Error::from_raw_os_error(e)
@@ -837,7 +847,8 @@ impl Socket {
                             // microseconds: spin for it rather than yield, which on a busy
                             // core hands the CPU away for a whole slice.
                             let start = Instant::now();
-                            while !ready() && start.elapsed() < EARLY_WAKE_SPIN {
+                            let limit = woken_spin();
+                            while !ready() && start.elapsed() < limit {
                                 std::hint::spin_loop();
                             }
                         }
