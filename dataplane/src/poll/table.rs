@@ -74,7 +74,7 @@ pub(super) struct Sock {
 }
 
 /// One attached process.
-pub(super) struct App {
+struct App {
     pub region: AppRegion,
     /// Unique per attach: names the region to the transports (`region_attached`).
     pub region_id: u64,
@@ -396,7 +396,7 @@ impl SocketTable {
     }
 
     /// Calls `f` for every socket of every app not evicted, with its slot's control block
-    /// (slow path: snapshots).
+    /// (off the message path: snapshots, wake-ups after congestion).
     pub(super) fn for_each_sock(&self, mut f: impl FnMut(SockRef, &Sock, &SlotControl)) {
         for (app, a) in self.apps.iter().enumerate() {
             let Some(a) = a.as_ref().filter(|a| !a.evicted) else {
@@ -591,21 +591,17 @@ impl SocketTable {
 
     /// Wakes every blocked app thread and posts `bit` to monitors that asked for it.
     pub(super) fn notify_uncongested(&mut self, bit: u64) {
-        for a in self.apps.iter().flatten().filter(|a| !a.evicted) {
-            for (slot, s) in a.socks.iter().enumerate() {
-                let Some(s) = s else { continue };
-                let ctl = a.region.slot_control(slot as u32);
-                if s.monitor {
-                    let hit = ctl.cong_interest.load(Ordering::Acquire) & bit;
-                    if hit != 0 {
-                        ctl.cong_interest.fetch_and(!hit, Ordering::AcqRel);
-                        ctl.cong_notify.fetch_or(hit, Ordering::AcqRel);
-                        Stats::bump(&self.stats.cong_notifications);
-                    }
+        self.for_each_sock(|_, s, ctl| {
+            if s.monitor {
+                let hit = ctl.cong_interest.load(Ordering::Acquire) & bit;
+                if hit != 0 {
+                    ctl.cong_interest.fetch_and(!hit, Ordering::AcqRel);
+                    ctl.cong_notify.fetch_or(hit, Ordering::AcqRel);
+                    Stats::bump(&self.stats.cong_notifications);
                 }
-                wake_slot(ctl);
             }
-        }
+            wake_slot(ctl);
+        });
     }
 
     /// Brings the readiness fds of the sockets that asked for one up to date.
