@@ -415,7 +415,8 @@ impl SocketTable {
     ///
     /// # Safety
     /// `rec` was peeked, and not yet consumed, off `from`'s tx ring, and the payload view is
-    /// dropped before `from`'s app leaves the table (within the caller's handling of `rec`).
+    /// dropped before `from`'s app leaves the table (within the caller's handling of `rec`;
+    /// a transport that keeps the bytes in place longer does so under a hold, `inplace`).
     #[inline]
     pub(super) unsafe fn tx_record<'m>(&self, from: SockRef, rec: &Record) -> TxRecord<'m> {
         let app = self.apps[from.app].as_ref().expect("sender app");
