@@ -9,7 +9,7 @@
 
 use super::*;
 use crate::config::{HugepageMode, Overrides};
-use shm_api::ring::{RecordHeader, RingMemory};
+use shm_api::ring::{Consumer, Producer, RecordHeader, RingMemory};
 
 /// Socket slots of the fuzzed app (a few, so that slot numbers hit live sockets often).
 const SLOTS: u32 = 4;
@@ -142,22 +142,14 @@ impl AppSession {
             _ => panic!("loopback pins nothing: the region comes back at once"),
         }
         while self.chans.evictions.pop().is_some() {}
-        let t = &self.core.table;
-        assert!(t.apps[0].is_none(), "the app is gone");
-        assert!(t.open_socks.is_empty(), "no socket outlives its app");
-        assert!(t.binds.is_empty(), "no bind outlives its app");
-        assert!(
-            t.readiness_socks.is_empty(),
-            "no readiness entry outlives its app"
-        );
-        assert!(t.draining.is_empty(), "nothing drains");
+        self.core.table.assert_nothing_left(0);
     }
 
     /// The app's view of its region (while attached, the region sits in the table).
     fn region(&self) -> &AppRegion {
         match &self.region {
             Some(r) => r,
-            None => &self.core.table.apps[0].as_ref().expect("attached").region,
+            None => self.core.table.region(0).expect("attached"),
         }
     }
 

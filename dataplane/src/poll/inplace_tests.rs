@@ -233,11 +233,9 @@ fn ring_space_stays_held_until_each_in_place_message_is_released() {
     // Out of order: the second message is released first. Send-buffer bytes come back, but
     // no ring space (the first still pins the oldest record).
     let ctl = |rig: &Rig| {
-        rig.core.table.apps[0]
-            .as_ref()
-            .unwrap()
-            .region
-            .slot_control(slot)
+        rig.core
+            .table
+            .ctl(SockRef { app: 0, slot })
             .tx_released_bytes
             .load(Ordering::Acquire)
     };
@@ -261,7 +259,7 @@ fn ring_space_stays_held_until_each_in_place_message_is_released() {
     // The third message, still held, was not overwritten by the new one.
     assert!(bytes_at(msgs[2].1, len).iter().all(|&b| b == 2));
     assert_eq!(
-        rig.core.table.stats.tx_in_place.load(Ordering::Relaxed),
+        rig.core.table.stats().tx_in_place.load(Ordering::Relaxed),
         n as u64
     );
 }
@@ -284,7 +282,7 @@ fn a_closed_sockets_slot_and_a_gone_apps_region_wait_for_their_releases() {
         CmdReply::Detached(r) => assert!(r.is_none(), "the region must stay mapped"),
         _ => panic!("not a detach reply"),
     }
-    assert_eq!(rig.core.table.draining.len(), 1);
+    assert_eq!(rig.core.table.draining_count(), 1);
     assert!(rig.seen.lock().unwrap().detached.is_empty());
     // A new app may take the index meanwhile.
     let _rings2 = rig.attach(0);
@@ -292,7 +290,7 @@ fn a_closed_sockets_slot_and_a_gone_apps_region_wait_for_their_releases() {
     rig.seen.lock().unwrap().to_release.push((token, 100));
     rig.core.run_once();
     rig.core.run_once();
-    assert!(rig.core.table.draining.is_empty());
+    assert_eq!(rig.core.table.draining_count(), 0);
     let s = rig.seen.lock().unwrap();
     assert_eq!(s.detached, vec![s.attached[0].0]);
 }
@@ -324,7 +322,7 @@ fn past_max_draining_a_departing_apps_in_place_messages_are_cancelled() {
         }
     }
     assert_eq!(
-        rig.core.table.stats.drain_cancels.load(Ordering::Relaxed),
+        rig.core.table.stats().drain_cancels.load(Ordering::Relaxed),
         1
     );
 }

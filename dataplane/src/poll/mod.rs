@@ -29,12 +29,12 @@ use crate::stats::Stats;
 use crossbeam_queue::ArrayQueue;
 use shm_api::ctrl::{Reply, Request};
 use shm_api::layout::{MAX_BUF, MAX_MSG_SIZE, MIN_BUF};
-use shm_api::ring::{Consumer, Producer, Record, RingMemory};
+use shm_api::ring::{Record, RingMemory};
 use std::net::Ipv4Addr;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use table::{token_of, App, Cancel, Sock, MAX_CANCELS};
+use table::{token_of, Cancel, Detached, MAX_CANCELS};
 pub use table::{SockRef, SocketTable};
 
 /// Records taken from one tx ring per pass, so one busy socket can't starve the others.
@@ -228,17 +228,17 @@ impl PollCore {
 
     /// The shared daemon region view (sleep flag).
     fn dview(&self) -> shm_api::layout::DaemonView {
-        self.table.dview
+        self.table.dview()
     }
 
     /// One pass over everything. Returns the amount of work done (0 = idle).
     pub fn run_once(&mut self) -> usize {
         let mut work = 0;
-        if self.table.link.is_some() {
+        if self.table.link().is_some() {
             work += self.drain_fabric();
         }
         while work < CMDS_PER_PASS {
-            let Some((seq, cmd)) = self.table.chans().cmds[self.table.shard].pop() else {
+            let Some((seq, cmd)) = self.table.next_cmd() else {
                 break;
             };
             let app = cmd.app();
@@ -254,12 +254,12 @@ impl PollCore {
         }
         // Only open sockets: a pass costs what exists, not a scan of every slot of every app.
         let mut i = 0;
-        while let Some(&r) = self.table.open_socks.get(i) {
+        while let Some(r) = self.table.open_sock_at(i) {
             if !self.table.is_evicted(r.app) {
                 work += self.drain_tx(r);
             }
             // An eviction removes the app's sockets from the list: look at index i again.
-            if self.table.open_socks.get(i) == Some(&r) {
+            if self.table.open_sock_at(i) == Some(r) {
                 i += 1;
             }
         }
@@ -267,12 +267,12 @@ impl PollCore {
         for t in self.transports.iter_mut() {
             work += t.poll(&mut self.table);
         }
-        for addr in self.table.cong_changed.drain(..) {
+        for addr in self.table.drain_cong_changed() {
             for t in self.transports.iter_mut() {
                 t.local_congestion_changed(addr);
             }
         }
-        for id in self.table.regions_gone.drain(..) {
+        for id in self.table.drain_regions_gone() {
             for t in self.transports.iter_mut() {
                 t.region_detached(id);
             }
@@ -281,10 +281,8 @@ impl PollCore {
         if self.passes.is_multiple_of(256) {
             self.publish_counters();
         }
-        if !self.table.readiness_socks.is_empty() {
-            self.table.sync_readiness();
-        }
-        if let Some(l) = self.table.link.as_mut() {
+        self.table.sync_readiness();
+        if let Some(l) = self.table.link_mut() {
             l.flush_stash();
             l.flush_kept();
             l.publish();
@@ -297,19 +295,19 @@ impl PollCore {
     /// profiles (`bench/shards-callgrind.sh`), at one call per pass.
     #[inline(never)]
     fn drain_fabric(&mut self) -> usize {
-        let Some(link) = self.table.link.as_mut() else {
+        let Some(link) = self.table.link_mut() else {
             return 0;
         };
         link.refresh();
         let (me, n) = (link.shard, link.shards());
         let mut work = 0;
         for from in (0..n).filter(|&f| f != me) {
-            while let Some(note) = self.table.link.as_ref().and_then(|l| l.take_note(from)) {
+            while let Some(note) = self.table.link().and_then(|l| l.take_note(from)) {
                 work += 1;
                 self.apply_note(note);
             }
         }
-        let mut inp = std::mem::take(&mut self.table.link.as_mut().expect("link").inp);
+        let mut inp = std::mem::take(&mut self.table.link_mut().expect("link").inp);
         let mut stalled = 0u64;
         for (from, ring) in inp.iter_mut().enumerate().filter(|&(f, _)| f != me) {
             let mut taken = 0;
@@ -335,7 +333,7 @@ impl PollCore {
                 work += taken;
             }
         }
-        let link = self.table.link.as_mut().expect("link");
+        let link = self.table.link_mut().expect("link");
         link.inp = inp;
         link.stalled = stalled;
         link.flush_release();
@@ -380,14 +378,14 @@ impl PollCore {
                     return false;
                 }
                 if d == crate::seam::Delivered::Yes {
-                    Stats::bump(&self.table.stats.loop_delivered);
+                    Stats::bump(&self.table.stats().loop_delivered);
                     self.table
-                        .stats
+                        .stats()
                         .loop_bytes
                         .fetch_add(len, Ordering::Relaxed);
                 }
                 if token != 0 {
-                    let l = self.table.link.as_mut().expect("link");
+                    let l = self.table.link_mut().expect("link");
                     l.release(from, token, len);
                 }
                 true
@@ -402,12 +400,12 @@ impl PollCore {
                 let len = payload.len() as u64;
                 let dest = Ipv4Addr::from(faddr);
                 let release = |table: &mut SocketTable| {
-                    if let Some(l) = table.link.as_mut() {
+                    if let Some(l) = table.link_mut() {
                         l.note(from, shard::Note::Release { token, len });
                     }
                 };
                 let Some(t) = self.transports.iter_mut().find(|t| t.routes_to(dest)) else {
-                    Stats::bump(&self.table.stats.drop_no_route);
+                    Stats::bump(&self.table.stats().drop_no_route);
                     release(&mut self.table);
                     return true;
                 };
@@ -465,12 +463,12 @@ impl PollCore {
                 .any(|c| rec.end() <= c.upto && c.dest.is_none_or(|d| d == dest));
             let sender = s.bound;
             let outcome = if cancelled {
-                Stats::bump(&self.table.stats.drop_cancelled);
+                Stats::bump(&self.table.stats().drop_cancelled);
                 Outcome::Done
             } else if let Some(src) = sender {
                 self.route(from, src, &rec)
             } else {
-                Stats::bump(&self.table.stats.drop_unbound_sender);
+                Stats::bump(&self.table.stats().drop_unbound_sender);
                 Outcome::Done
             };
             if let Outcome::Blocked = outcome {
@@ -492,57 +490,38 @@ impl PollCore {
     /// Hands one message to the first transport that carries its destination.
     fn route(&mut self, from: SockRef, src: (u32, u16), rec: &Record) -> Outcome {
         let dest = Ipv4Addr::from(rec.header.addr);
-        if self.table.link.is_some() {
+        if self.table.link().is_some() {
             if let Some(o) = self.forward_local(from, src, rec) {
                 return o;
             }
         }
         let Some(t) = self.transports.iter_mut().find(|t| t.routes_to(dest)) else {
-            if self.table.shard != 0 {
+            if self.table.shard() != 0 {
                 return self.forward_send(from, src, rec);
             }
-            Stats::bump(&self.table.stats.drop_no_route);
+            Stats::bump(&self.table.stats().drop_no_route);
             return Outcome::Done;
         };
-        let app = self.table.apps[from.app].as_ref().expect("sender app");
-        let ring = app.region.tx_ring(from.slot);
-        let sock = app.socks[from.slot as usize].as_ref();
-        let gen = sock.map_or(0, |s| s.gen);
-        // After `peek`, the consumer's position is the start of this record.
-        let pos = sock.map_or(0, |s| s.tx.position());
-        let region_id = app.region_id;
+        // SAFETY: `rec` was just peeked off `from`'s ring and is consumed after this call;
+        // `from`'s app stays in the table for this whole call (the transport reaches the
+        // table only through `Upcalls`, which never removes an app).
+        let sent = unsafe { self.table.tx_record(from, rec) };
         let hold = if t.zero_copy() {
-            self.table.offer_hold(from, pos)
+            self.table.offer_hold(from, sent.pos)
         } else {
             None
         };
-        if self.table.cfg.trace_hops {
-            // SAFETY: as below: the record's bytes lie in the sender's mapped tx ring; it is
-            // the app's own published record, which only this core reads.
-            unsafe {
-                shm_api::hoptrace::stamp_shared(
-                    ring.data_ptr().add(rec.payload_offset),
-                    rec.header.len as usize,
-                    shm_api::hoptrace::Slot::Pickup,
-                )
-            };
+        if self.table.cfg().trace_hops {
+            stamp_pickup(&sent.payload);
         }
-        // SAFETY: the ring consumer validated payload_offset + len against the data area,
-        // which stays mapped while the app is in the table (for this whole call).
-        let payload = unsafe {
-            MsgBytes::from_shared(
-                ring.data_ptr().add(rec.payload_offset),
-                rec.header.len as usize,
-            )
-        };
         let msg = OutMsg {
             laddr: src.0,
             faddr: rec.header.addr,
             sport: src.1,
             dport: rec.header.port,
-            payload,
-            token: hold.unwrap_or_else(|| token_of(from, gen)),
-            in_place: hold.map(|_| region_id),
+            payload: sent.payload,
+            token: hold.unwrap_or_else(|| token_of(from, sent.gen)),
+            in_place: hold.map(|_| sent.region_id),
         };
         let outcome = t.send(&mut self.table, msg);
         match (outcome, hold) {
@@ -574,39 +553,24 @@ impl PollCore {
     /// `None`: not bound on another shard (loopback, or no socket: the transports decide).
     fn forward_local(&mut self, from: SockRef, src: (u32, u16), rec: &Record) -> Option<Outcome> {
         let (addr, port) = (rec.header.addr, rec.header.port);
-        if port == 0 || !self.table.cfg.is_local(Ipv4Addr::from(addr)) {
+        if port == 0 || !self.table.cfg().is_local(Ipv4Addr::from(addr)) {
             return None;
         }
-        let to = self.table.link.as_mut()?.owner(addr, port)?;
-        let app = self.table.apps[from.app].as_ref().expect("sender app");
-        let ring = app.region.tx_ring(from.slot);
-        let gen = app.socks[from.slot as usize].as_ref().map_or(0, |s| s.gen);
-        if self.table.cfg.trace_hops {
-            // SAFETY: as in `route`: the sender's own published record in its mapped tx ring.
-            unsafe {
-                shm_api::hoptrace::stamp_shared(
-                    ring.data_ptr().add(rec.payload_offset),
-                    rec.header.len as usize,
-                    shm_api::hoptrace::Slot::Pickup,
-                )
-            };
+        let to = self.table.link_mut()?.owner(addr, port)?;
+        // SAFETY: as in `route`: peeked, not consumed, its app in the table for this call.
+        let sent = unsafe { self.table.tx_record(from, rec) };
+        if self.table.cfg().trace_hops {
+            stamp_pickup(&sent.payload);
         }
-        // SAFETY: as in `route`: validated by the ring consumer, mapped for this whole call.
-        let payload = unsafe {
-            MsgBytes::from_shared(
-                ring.data_ptr().add(rec.payload_offset),
-                rec.header.len as usize,
-            )
-        };
         let env = shard::Envelope::Deliver {
             laddr: addr,
             faddr: src.0,
             sport: src.1,
             dport: port,
-            token: token_of(from, gen),
+            token: token_of(from, sent.gen),
         };
-        let link = self.table.link.as_mut().expect("checked");
-        Some(match link.forward(to, env, &payload) {
+        let link = self.table.link_mut().expect("checked");
+        Some(match link.forward(to, env, &sent.payload) {
             Ok(()) => Outcome::Queued,
             Err(()) => Outcome::Blocked,
         })
@@ -615,29 +579,20 @@ impl PollCore {
     /// A send to a remote host from a shard without transports: to shard 0, whose transport
     /// gives the bytes back (`Note::Release`) when the peer acknowledged them.
     fn forward_send(&mut self, from: SockRef, src: (u32, u16), rec: &Record) -> Outcome {
-        let app = self.table.apps[from.app].as_ref().expect("sender app");
-        let ring = app.region.tx_ring(from.slot);
-        let gen = app.socks[from.slot as usize].as_ref().map_or(0, |s| s.gen);
-        // SAFETY: as in `route`: validated by the ring consumer, mapped for this whole call.
-        let payload = unsafe {
-            MsgBytes::from_shared(
-                ring.data_ptr().add(rec.payload_offset),
-                rec.header.len as usize,
-            )
-        };
+        // SAFETY: as in `route`: peeked, not consumed, its app in the table for this call.
+        let sent = unsafe { self.table.tx_record(from, rec) };
         let env = shard::Envelope::Send {
             laddr: src.0,
             faddr: rec.header.addr,
             sport: src.1,
             dport: rec.header.port,
-            token: token_of(from, gen),
+            token: token_of(from, sent.gen),
         };
         let link = self
             .table
-            .link
-            .as_mut()
+            .link_mut()
             .expect("shards other than 0 have a link");
-        match link.forward(0, env, &payload) {
+        match link.forward(0, env, &sent.payload) {
             Ok(()) => Outcome::Queued,
             Err(()) => Outcome::Blocked,
         }
@@ -648,7 +603,7 @@ impl PollCore {
         for t in self.transports.iter_mut() {
             t.cancel(laddr, sport, dest);
         }
-        if let Some(l) = self.table.link.as_mut().filter(|l| l.shard != 0) {
+        if let Some(l) = self.table.link_mut().filter(|l| l.shard != 0) {
             l.note(0, shard::Note::Cancel { laddr, sport, dest });
         }
     }
@@ -662,7 +617,7 @@ impl PollCore {
                 let start = s.tx.position();
                 let cap = s.tx.memory().capacity() as u64;
                 // Messages for another shard whose pair ring is full are kept, not refused.
-                if let Some(l) = self.table.link.as_mut() {
+                if let Some(l) = self.table.link_mut() {
                     l.set_closing(true);
                 }
                 while self.drain_tx(r) > 0 {
@@ -671,7 +626,7 @@ impl PollCore {
                         _ => break,
                     }
                 }
-                if let Some(l) = self.table.link.as_mut() {
+                if let Some(l) = self.table.link_mut() {
                     l.set_closing(false);
                 }
             }
@@ -680,7 +635,7 @@ impl PollCore {
     }
 
     fn release_app_sockets(&mut self, app: usize) {
-        let n = self.table.apps[app].as_ref().map_or(0, |a| a.socks.len());
+        let n = self.table.slots(app);
         for slot in 0..n {
             self.close_sock(SockRef {
                 app,
@@ -699,49 +654,32 @@ impl PollCore {
                 if !self.table.chans().take(app, seq) {
                     return CmdReply::Withdrawn(Some(region));
                 }
-                let n = region.geometry().max_sockets as usize;
-                let region_id = self.table.next_region;
-                self.table.next_region += 1;
+                let (region_id, region) = self.table.attach(app, region, doorbell);
                 for t in self.transports.iter_mut() {
                     // Registration (zero-copy transports) happens here, once per app.
                     t.region_attached(region_id, region.base(), region.len());
                 }
-                self.table.apps[app] = Some(App {
-                    region,
-                    region_id,
-                    pins: vec![0; n],
-                    pinned_binds: Vec::new(),
-                    socks: (0..n).map(|_| None).collect(),
-                    evicted: false,
-                    doorbell,
-                });
-                Stats::bump(&self.table.stats.apps_attached);
                 CmdReply::Attached
             }
             Cmd::Detach { app } => {
                 self.release_app_sockets(app);
-                Stats::bump(&self.table.stats.apps_detached);
-                let Some(a) = self.table.apps.get_mut(app).and_then(|a| a.take()) else {
-                    return CmdReply::Detached(None);
-                };
-                if a.pins.iter().any(|&p| p > 0) {
-                    // Messages sent in place from its region are still out: keep it mapped
-                    // (the app index is free for a new app meanwhile) until they are through,
-                    // or, with too many regions draining already, cancel them.
-                    if self.table.draining.len() >= inplace::MAX_DRAINING {
-                        Stats::bump(&self.table.stats.drain_cancels);
-                        for &(laddr, sport) in &a.pinned_binds {
+                match self.table.detach(app) {
+                    Detached::Absent => CmdReply::Detached(None),
+                    // Messages sent in place from its region are still out: the table keeps
+                    // it mapped until they are through, or has them cancelled.
+                    Detached::Draining { cancel } => {
+                        for (laddr, sport) in cancel {
                             self.cancel_everywhere(laddr, sport, None);
                         }
+                        CmdReply::Detached(None)
                     }
-                    Stats::bump(&self.table.stats.regions_drained_late);
-                    self.table.draining.push(a);
-                    return CmdReply::Detached(None);
+                    Detached::Unmapped { region_id, region } => {
+                        for t in self.transports.iter_mut() {
+                            t.region_detached(region_id);
+                        }
+                        CmdReply::Detached(Some(region))
+                    }
                 }
-                for t in self.transports.iter_mut() {
-                    t.region_detached(a.region_id);
-                }
-                CmdReply::Detached(Some(a.region))
             }
             Cmd::Request {
                 app,
@@ -781,82 +719,15 @@ impl PollCore {
         req: Request,
         readiness: Option<readiness::Readiness>,
     ) -> Result<u64, i32> {
-        match self.table.apps.get(app).and_then(|a| a.as_ref()) {
-            Some(a) if !a.evicted => {}
-            _ => return Err(libc::ECONNRESET),
+        if self.table.is_evicted(app) {
+            return Err(libc::ECONNRESET);
         }
         match req {
             Request::Hello { .. } | Request::Stats | Request::Info { .. } => Err(libc::EINVAL),
-            Request::SocketOpen => {
-                let a = self.table.apps[app].as_mut().expect("checked");
-                // A slot whose ring still holds messages sent in place is not reused yet.
-                let slot = (0..a.socks.len())
-                    .find(|&i| a.socks[i].is_none() && a.pins[i] == 0)
-                    .ok_or(libc::EMFILE)? as u32;
-                a.region.reset_slot(slot);
-                let gen = self.table.next_gen;
-                self.table.next_gen = self.table.next_gen.wrapping_add(1).max(1);
-                a.socks[slot as usize] = Some(Sock {
-                    gen,
-                    tx: Consumer::new(a.region.tx_ring(slot)),
-                    rx: Producer::new(a.region.rx_ring(slot)),
-                    bound: None,
-                    rcvbuf: shm_api::layout::DEFAULT_BUF,
-                    sndbuf: shm_api::layout::DEFAULT_BUF,
-                    monitor: false,
-                    released: 0,
-                    rx_produced: 0,
-                    congested: false,
-                    cancels: [Cancel {
-                        dest: None,
-                        upto: 0,
-                    }; MAX_CANCELS],
-                    ncancels: 0,
-                    readiness,
-                    readiness_on: false,
-                    holds: std::collections::VecDeque::with_capacity(inplace::SOCK_HOLDS),
-                });
-                self.table.open_socks.push(SockRef { app, slot });
-                Stats::bump(&self.table.stats.sockets_opened);
-                Ok(slot as u64)
-            }
+            Request::SocketOpen => self.table.open_sock(app, readiness).map(u64::from),
             Request::Bind { slot, addr, port } => {
                 let r = self.live_sock(app, slot)?;
-                if addr.is_unspecified() || addr.is_broadcast() || addr.is_multicast() || port == 1
-                {
-                    return Err(libc::EINVAL);
-                }
-                if self.table.sock(r).expect("live").bound.is_some() {
-                    return Err(libc::EINVAL);
-                }
-                if !self.table.cfg.is_local(addr) {
-                    return Err(libc::EADDRNOTAVAIL);
-                }
-                let a = u32::from(addr);
-                let explicit = port != 0;
-                self.table.ref_cong_entry(a)?;
-                // Every shard's bindings are in the directory: one owner per address and port.
-                let fabric = self.table.fabric.clone();
-                let mut dir = fabric.dir();
-                let port = if port == 0 {
-                    free_port(&dir.binds, a, self.table.next_rand())
-                } else {
-                    Some(port).filter(|p| !dir.binds.contains_key(&(a, *p)))
-                };
-                let Some(port) = port else {
-                    drop(dir);
-                    self.table.unref_cong_entry(a);
-                    return Err(libc::EADDRINUSE);
-                };
-                dir.binds.insert((a, port), self.table.shard as u8);
-                if let Some(rb) = dir.rebind.as_mut().filter(|_| explicit) {
-                    rb.bound(port);
-                }
-                fabric.binds_changed(&mut dir);
-                drop(dir);
-                self.table.binds.insert((a, port), r);
-                self.table.sock(r).expect("live").bound = Some((a, port));
-                Ok(port as u64)
+                self.table.bind(r, addr, port).map(u64::from)
             }
             Request::SetRcvBuf { slot, bytes } => {
                 let r = self.live_sock(app, slot)?;
@@ -902,14 +773,7 @@ impl PollCore {
             }
             Request::EnableReadiness { slot } => {
                 let r = self.live_sock(app, slot)?;
-                let s = self.table.sock(r).expect("live");
-                if s.readiness.is_none() {
-                    return Err(libc::EBADF);
-                }
-                if !s.readiness_on {
-                    s.readiness_on = true;
-                    self.table.readiness_socks.push(r);
-                }
+                self.table.enable_readiness(r)?;
                 Ok(0)
             }
             Request::Close { slot } => {
@@ -921,12 +785,18 @@ impl PollCore {
     }
 }
 
-/// A port of `addr` nobody binds, searched from a random start (ports 2..=65535).
-fn free_port(binds: &rustc_hash::FxHashMap<(u32, u16), u8>, addr: u32, rand: u64) -> Option<u16> {
-    let start = 2 + (rand % 65534) as u32;
-    (0..65534u32)
-        .map(|i| (2 + (start - 2 + i) % 65534) as u16)
-        .find(|&p| !binds.contains_key(&(addr, p)))
+/// Hop trace (`trace_hops`): stamps a message's pickup, still in its sender's tx ring.
+fn stamp_pickup(payload: &MsgBytes<'_>) {
+    // SAFETY: the bytes lie in the sender's mapped, writable tx ring (the view comes from
+    // `SocketTable::tx_record`, built from the ring's `*mut` data pointer); it is the app's own
+    // published record, which only this core reads, and the stamp is only copied in.
+    unsafe {
+        shm_api::hoptrace::stamp_shared(
+            payload.as_ptr().cast_mut(),
+            payload.len(),
+            shm_api::hoptrace::Slot::Pickup,
+        )
+    };
 }
 
 /// Drops cancel markers the consumer has moved past; returns the new count.
@@ -949,12 +819,12 @@ pub fn run(mut core: PollCore, mut idle: idle::Idle, shutdown: Arc<AtomicBool>) 
         if idle.idle(work) {
             // About to park: announce it, then look once more so no doorbell is missed.
             let dview = core.dview();
-            let sleeping = dview.sleeping(core.table.shard);
+            let sleeping = dview.sleeping(core.table.shard());
             sleeping.store(1, Ordering::Relaxed);
             std::sync::atomic::fence(Ordering::SeqCst);
             let work = core.run_once();
             if work == 0 {
-                Stats::bump(&core.table.stats.poll_parks);
+                Stats::bump(&core.table.stats().poll_parks);
                 fds.clear();
                 // Every attached app's own doorbell wakes us (see `SocketTable::doorbell_fds`).
                 let napps = core.table.doorbell_fds(&mut fds);
@@ -963,8 +833,7 @@ pub fn run(mut core: PollCore, mut idle: idle::Idle, shutdown: Arc<AtomicBool>) 
                 // Input stopped at a full receiver, or notes waiting for room: look again soon.
                 let mut timeout = core
                     .table
-                    .link
-                    .as_ref()
+                    .link()
                     .filter(|l| l.needs_retry())
                     .map(|_| std::time::Duration::from_millis(1));
                 for t in &core.transports {

@@ -65,39 +65,32 @@ impl PollCore {
     /// Copies out sockets, connections and paths (slow path: on a Snapshot command only).
     pub(super) fn snapshot(&mut self) -> PollSnapshot {
         let mut out = PollSnapshot {
-            shards_seen: self.table.shard + 1,
+            shards_seen: self.table.shard() + 1,
             ..PollSnapshot::default()
         };
-        for (app, a) in self.table.apps.iter().enumerate() {
-            let Some(a) = a.as_ref().filter(|a| !a.evicted) else {
-                continue;
-            };
-            for (slot, s) in a.socks.iter().enumerate() {
-                let Some(s) = s else { continue };
-                let ctl = a.region.slot_control(slot as u32);
-                // App-written numbers: only ever shown, never trusted.
-                let consumed = ctl.rx_consumed_bytes.load(Ordering::Acquire);
-                let sent = ctl.tx_sent_bytes.load(Ordering::Acquire);
-                let rx = s.rx.memory();
-                out.sockets.push(SockSnapshot {
-                    app,
-                    slot: slot as u32,
-                    pid: 0,
-                    uid: 0,
-                    addr: s.bound.map(|b| Ipv4Addr::from(b.0)),
-                    port: s.bound.map_or(0, |b| b.1),
-                    rcvbuf: s.rcvbuf,
-                    sndbuf: s.sndbuf,
-                    rx_queued_bytes: s.rx_produced.saturating_sub(consumed),
-                    rx_pending: rx.producer().load(Ordering::Relaxed)
-                        != rx.consumer().load(Ordering::Acquire),
-                    tx_queued_bytes: sent.saturating_sub(s.released),
-                    congested: s.congested,
-                    cong_monitor: s.monitor,
-                    pollable: s.readiness_on,
-                });
-            }
-        }
+        self.table.for_each_sock(|r, s, ctl| {
+            // App-written numbers: only ever shown, never trusted.
+            let consumed = ctl.rx_consumed_bytes.load(Ordering::Acquire);
+            let sent = ctl.tx_sent_bytes.load(Ordering::Acquire);
+            let rx = s.rx.memory();
+            out.sockets.push(SockSnapshot {
+                app: r.app,
+                slot: r.slot,
+                pid: 0,
+                uid: 0,
+                addr: s.bound.map(|b| Ipv4Addr::from(b.0)),
+                port: s.bound.map_or(0, |b| b.1),
+                rcvbuf: s.rcvbuf,
+                sndbuf: s.sndbuf,
+                rx_queued_bytes: s.rx_produced.saturating_sub(consumed),
+                rx_pending: rx.producer().load(Ordering::Relaxed)
+                    != rx.consumer().load(Ordering::Acquire),
+                tx_queued_bytes: sent.saturating_sub(s.released),
+                congested: s.congested,
+                cong_monitor: s.monitor,
+                pollable: s.readiness_on,
+            });
+        });
         for t in self.transports.iter_mut() {
             out.transports.push(t.name());
             t.snapshot(&mut out.connections);

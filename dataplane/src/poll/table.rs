@@ -1,19 +1,20 @@
 //! The socket table: every app, socket, binding and congestion bit of one poll core. Transports
 //! reach it only through [`Upcalls`].
 
-use super::inplace::{hold_of_token, Hold, Holds, SOCK_HOLDS};
+use super::inplace::{hold_of_token, Hold, Holds, MAX_DRAINING, SOCK_HOLDS};
 use super::readiness::Readiness;
 use super::shard::{self, Envelope, Fabric, Note, ShardLink};
-use super::Channels;
+use super::{Channels, Cmd};
 use crate::config::Config;
-use crate::seam::{Delivered, Incoming, Upcalls};
+use crate::seam::{Delivered, Incoming, MsgBytes, Upcalls};
 use crate::shm::region::{wake_slot, AppRegion, DaemonRegion};
 use crate::stats::Stats;
 use rds_proto::wire::CongMap;
 use rustc_hash::{FxHashMap, FxHashSet};
 use shm_api::layout::{cong_monitor_bit, DaemonView, SlotControl, CONG_ENTRIES};
-use shm_api::ring::{Consumer, Producer, PushError, RawRing, RecordHeader, RingMemory};
+use shm_api::ring::{Consumer, Producer, PushError, RawRing, Record, RecordHeader, RingMemory};
 use std::collections::VecDeque;
+use std::net::Ipv4Addr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -26,6 +27,30 @@ pub use super::sock_ref::SockRef;
 pub(super) struct Cancel {
     pub dest: Option<(u32, u16)>,
     pub upto: u64,
+}
+
+/// A record on a socket's tx ring, as the poll core hands it on (`SocketTable::tx_record`).
+pub(super) struct TxRecord<'m> {
+    /// Its bytes where they lie, in the sender's tx ring.
+    pub payload: MsgBytes<'m>,
+    /// The sending socket's incarnation (for its token).
+    pub gen: u32,
+    /// Where the record starts on the ring (for an in-place hold).
+    pub pos: u64,
+    /// The sender's region (for an in-place send).
+    pub region_id: u64,
+}
+
+/// What became of a detached app (`SocketTable::detach`).
+pub(super) enum Detached {
+    /// None was attached at that index.
+    Absent,
+    /// Its region, no longer needed: to unmap, and to name to the transports as gone.
+    Unmapped { region_id: u64, region: AppRegion },
+    /// Its region stays mapped until messages sent in place from it are released. `cancel`:
+    /// the bound addresses whose in-place messages the transports must cancel (too many
+    /// regions draining already), mostly empty.
+    Draining { cancel: Vec<(u32, u16)> },
 }
 
 /// rdsd's view of one socket.
@@ -49,7 +74,7 @@ pub(super) struct Sock {
 }
 
 /// One attached process.
-pub(super) struct App {
+struct App {
     pub region: AppRegion,
     /// Unique per attach: names the region to the transports (`region_attached`).
     pub region_id: u64,
@@ -70,46 +95,52 @@ pub(super) struct App {
     pub doorbell: std::os::fd::OwnedFd,
 }
 
-/// The sockets of one poll core.
+/// The sockets of one poll core. It keeps its invariants itself (its fields are private):
+/// - `open_socks` lists every open socket, `readiness_socks` those with readiness on and
+///   `congested` those marked congested (`open_sock`, `enable_readiness`, `close_sock_now`);
+/// - a bound socket is in `binds` and in the shards' directory, and references its address's
+///   congestion entry (`bind`, `close_sock_now`);
+/// - an app's region stays mapped while it is in `apps` or `draining` (`attach`, `detach`,
+///   `release_hold`), and `regions_gone` names each one unmapped off `draining`.
 pub struct SocketTable {
-    pub(super) cfg: Arc<Config>,
-    pub(super) stats: Arc<Stats>,
+    cfg: Arc<Config>,
+    stats: Arc<Stats>,
     _daemon: Arc<DaemonRegion>,
-    pub(super) dview: DaemonView,
-    pub(super) apps: Vec<Option<App>>,
-    pub(super) binds: FxHashMap<(u32, u16), SockRef>,
+    dview: DaemonView,
+    apps: Vec<Option<App>>,
+    binds: FxHashMap<(u32, u16), SockRef>,
     cong_entries: FxHashMap<u32, (usize, u32)>,
     /// Peers whose congestion map has an entry in the daemon region.
     peer_entries: FxHashSet<u32>,
     congested: Vec<SockRef>,
-    pub(super) readiness_socks: Vec<SockRef>,
+    readiness_socks: Vec<SockRef>,
     /// Every open socket, so a pass visits what exists instead of every slot of every app.
-    pub(super) open_socks: Vec<SockRef>,
+    open_socks: Vec<SockRef>,
     chans: Arc<Channels>,
     control_wake: Arc<std::os::fd::OwnedFd>,
     rng: u64,
-    pub(super) next_gen: u32,
+    next_gen: u32,
     local_maps: FxHashMap<u32, CongMap>,
     empty_map: CongMap,
     /// Local addresses whose map changed since the transports last heard.
-    pub(super) cong_changed: Vec<u32>,
+    cong_changed: Vec<u32>,
     /// What the poll threads share: the bind directory (with the rebind grace) and, with
     /// several, the rings and notes between them (`shard.rs`).
-    pub(super) fabric: Arc<Fabric>,
+    fabric: Arc<Fabric>,
     /// This poll thread's index.
-    pub(super) shard: usize,
+    shard: usize,
     /// This shard's end of the fabric; `None` with one poll thread.
-    pub(super) link: Option<ShardLink>,
+    link: Option<ShardLink>,
     /// Set while delivering what another shard forwarded: never forwarded again.
     from_fabric: bool,
     /// Messages offered in place (zero copy), see `inplace`.
-    pub(super) holds: Holds,
+    holds: Holds,
     /// Apps gone while messages sent in place from their regions were still out: kept
     /// mapped until the last is released.
-    pub(super) draining: Vec<App>,
+    draining: Vec<App>,
     /// Regions unmapped since the transports last heard (`region_detached`).
-    pub(super) regions_gone: Vec<u64>,
-    pub(super) next_region: u64,
+    regions_gone: Vec<u64>,
+    next_region: u64,
 }
 
 impl SocketTable {
@@ -155,6 +186,256 @@ impl SocketTable {
             draining: Vec::new(),
             regions_gone: Vec::with_capacity(64),
             next_region: 1,
+        }
+    }
+
+    #[inline]
+    pub(super) fn cfg(&self) -> &Config {
+        &self.cfg
+    }
+
+    #[inline]
+    pub(super) fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The shared daemon region (sleep flags, congestion maps).
+    #[inline]
+    pub(super) fn dview(&self) -> DaemonView {
+        self.dview
+    }
+
+    /// This poll thread's index.
+    #[inline]
+    pub(super) fn shard(&self) -> usize {
+        self.shard
+    }
+
+    /// This shard's end of the fabric; `None` with one poll thread.
+    #[inline]
+    pub(super) fn link(&self) -> Option<&ShardLink> {
+        self.link.as_ref()
+    }
+
+    #[inline]
+    pub(super) fn link_mut(&mut self) -> Option<&mut ShardLink> {
+        self.link.as_mut()
+    }
+
+    /// The next command the control thread queued for this poll thread.
+    #[inline]
+    pub(super) fn next_cmd(&self) -> Option<(u64, Cmd)> {
+        self.chans.cmds[self.shard].pop()
+    }
+
+    /// The `i`-th open socket. Closing one (an eviction) moves another into its place: a
+    /// caller walking the list looks at the same index again when its socket is gone.
+    #[inline]
+    pub(super) fn open_sock_at(&self, i: usize) -> Option<SockRef> {
+        self.open_socks.get(i).copied()
+    }
+
+    /// Socket slots of `app` (0 while none is attached there).
+    pub(super) fn slots(&self, app: usize) -> usize {
+        self.apps[app].as_ref().map_or(0, |a| a.socks.len())
+    }
+
+    /// Local addresses whose congestion map changed since the transports last heard.
+    #[inline]
+    pub(super) fn drain_cong_changed(&mut self) -> std::vec::Drain<'_, u32> {
+        self.cong_changed.drain(..)
+    }
+
+    /// Regions unmapped since the transports last heard (`Transport::region_detached`).
+    #[inline]
+    pub(super) fn drain_regions_gone(&mut self) -> std::vec::Drain<'_, u64> {
+        self.regions_gone.drain(..)
+    }
+
+    /// Attach: `app`'s region enters the table, with no socket yet. Returns the region's id
+    /// (unique per attach; it names the region to the transports) and the region.
+    pub(super) fn attach(
+        &mut self,
+        app: usize,
+        region: AppRegion,
+        doorbell: std::os::fd::OwnedFd,
+    ) -> (u64, &AppRegion) {
+        let region_id = self.next_region;
+        self.next_region += 1;
+        let n = region.geometry().max_sockets as usize;
+        Stats::bump(&self.stats.apps_attached);
+        let a = self.apps[app].insert(App {
+            region,
+            region_id,
+            pins: vec![0; n],
+            pinned_binds: Vec::new(),
+            socks: (0..n).map(|_| None).collect(),
+            evicted: false,
+            doorbell,
+        });
+        (region_id, &a.region)
+    }
+
+    /// Detach, once `app`'s sockets are closed: the app leaves the table. A region that
+    /// messages sent in place still pin stays mapped (draining) until their last release.
+    pub(super) fn detach(&mut self, app: usize) -> Detached {
+        Stats::bump(&self.stats.apps_detached);
+        let Some(mut a) = self.apps.get_mut(app).and_then(|a| a.take()) else {
+            return Detached::Absent;
+        };
+        if a.pins.iter().all(|&p| p == 0) {
+            return Detached::Unmapped {
+                region_id: a.region_id,
+                region: a.region,
+            };
+        }
+        // The app index is free for a new app meanwhile. With too many regions draining
+        // already, its in-place messages are cancelled (the caller tells the transports).
+        let cancel = if self.draining.len() >= MAX_DRAINING {
+            Stats::bump(&self.stats.drain_cancels);
+            std::mem::take(&mut a.pinned_binds)
+        } else {
+            Vec::new()
+        };
+        Stats::bump(&self.stats.regions_drained_late);
+        self.draining.push(a);
+        Detached::Draining { cancel }
+    }
+
+    /// SocketOpen for `app` (attached, not evicted): a fresh socket in a free slot, listed
+    /// as open. Returns its slot.
+    pub(super) fn open_sock(
+        &mut self,
+        app: usize,
+        readiness: Option<Readiness>,
+    ) -> Result<u32, i32> {
+        let a = self.apps[app].as_mut().expect("attached");
+        // A slot whose ring still holds messages sent in place is not reused yet.
+        let slot = (0..a.socks.len())
+            .find(|&i| a.socks[i].is_none() && a.pins[i] == 0)
+            .ok_or(libc::EMFILE)? as u32;
+        a.region.reset_slot(slot);
+        let gen = self.next_gen;
+        self.next_gen = self.next_gen.wrapping_add(1).max(1);
+        a.socks[slot as usize] = Some(Sock {
+            gen,
+            tx: Consumer::new(a.region.tx_ring(slot)),
+            rx: Producer::new(a.region.rx_ring(slot)),
+            bound: None,
+            rcvbuf: shm_api::layout::DEFAULT_BUF,
+            sndbuf: shm_api::layout::DEFAULT_BUF,
+            monitor: false,
+            released: 0,
+            rx_produced: 0,
+            congested: false,
+            cancels: [Cancel {
+                dest: None,
+                upto: 0,
+            }; MAX_CANCELS],
+            ncancels: 0,
+            readiness,
+            readiness_on: false,
+            holds: VecDeque::with_capacity(SOCK_HOLDS),
+        });
+        self.open_socks.push(SockRef { app, slot });
+        Stats::bump(&self.stats.sockets_opened);
+        Ok(slot)
+    }
+
+    /// Bind: open, unbound socket `r` to `addr:port`, or to a free port when `port` is 0;
+    /// returns the port. The binding enters this table and the shards' directory together
+    /// and references `addr`'s congestion entry (`close_sock_now` undoes all three).
+    pub(super) fn bind(&mut self, r: SockRef, addr: Ipv4Addr, port: u16) -> Result<u16, i32> {
+        if addr.is_unspecified() || addr.is_broadcast() || addr.is_multicast() || port == 1 {
+            return Err(libc::EINVAL);
+        }
+        if self.sock(r).expect("live").bound.is_some() {
+            return Err(libc::EINVAL);
+        }
+        if !self.cfg.is_local(addr) {
+            return Err(libc::EADDRNOTAVAIL);
+        }
+        let a = u32::from(addr);
+        let explicit = port != 0;
+        self.ref_cong_entry(a)?;
+        let rand = if explicit { 0 } else { self.next_rand() };
+        // Every shard's bindings are in the directory: one owner per address and port.
+        let mut dir = self.fabric.dir();
+        let port = if explicit {
+            Some(port).filter(|p| !dir.binds.contains_key(&(a, *p)))
+        } else {
+            free_port(&dir.binds, a, rand)
+        };
+        let Some(port) = port else {
+            drop(dir);
+            self.unref_cong_entry(a);
+            return Err(libc::EADDRINUSE);
+        };
+        dir.binds.insert((a, port), self.shard as u8);
+        if let Some(rb) = dir.rebind.as_mut().filter(|_| explicit) {
+            rb.bound(port);
+        }
+        self.fabric.binds_changed(&mut dir);
+        drop(dir);
+        self.binds.insert((a, port), r);
+        self.sock(r).expect("live").bound = Some((a, port));
+        Ok(port)
+    }
+
+    /// EnableReadiness: `r`'s readiness fd follows its state from now on (`sync_readiness`).
+    pub(super) fn enable_readiness(&mut self, r: SockRef) -> Result<(), i32> {
+        let s = self.sock(r).ok_or(libc::EBADF)?;
+        if s.readiness.is_none() {
+            return Err(libc::EBADF);
+        }
+        if !s.readiness_on {
+            s.readiness_on = true;
+            self.readiness_socks.push(r);
+        }
+        Ok(())
+    }
+
+    /// Calls `f` for every socket of every app not evicted, with its slot's control block
+    /// (off the message path: snapshots, wake-ups after congestion).
+    pub(super) fn for_each_sock(&self, mut f: impl FnMut(SockRef, &Sock, &SlotControl)) {
+        for (app, a) in self.apps.iter().enumerate() {
+            let Some(a) = a.as_ref().filter(|a| !a.evicted) else {
+                continue;
+            };
+            for (slot, s) in a.socks.iter().enumerate() {
+                let Some(s) = s else { continue };
+                let slot = slot as u32;
+                f(SockRef { app, slot }, s, a.region.slot_control(slot));
+            }
+        }
+    }
+
+    /// The record `rec`, just peeked off `from`'s tx ring: its payload where it lies, and
+    /// what names its sender to a transport.
+    ///
+    /// # Safety
+    /// `rec` was peeked, and not yet consumed, off `from`'s tx ring, and the payload view is
+    /// dropped before `from`'s app leaves the table (within the caller's handling of `rec`;
+    /// a transport that keeps the bytes in place longer does so under a hold, `inplace`).
+    #[inline]
+    pub(super) unsafe fn tx_record<'m>(&self, from: SockRef, rec: &Record) -> TxRecord<'m> {
+        let app = self.apps[from.app].as_ref().expect("sender app");
+        let ring = app.region.tx_ring(from.slot);
+        let sock = app.socks[from.slot as usize].as_ref();
+        // SAFETY: the ring consumer validated payload_offset + len against the data area,
+        // which stays mapped while the app is in the table (the caller's promise).
+        let payload = unsafe {
+            MsgBytes::from_shared(
+                ring.data_ptr().add(rec.payload_offset),
+                rec.header.len as usize,
+            )
+        };
+        TxRecord {
+            payload,
+            gen: sock.map_or(0, |s| s.gen),
+            // After `peek`, the consumer's position is the start of this record.
+            pos: sock.map_or(0, |s| s.tx.position()),
+            region_id: app.region_id,
         }
     }
 
@@ -311,24 +592,28 @@ impl SocketTable {
 
     /// Wakes every blocked app thread and posts `bit` to monitors that asked for it.
     pub(super) fn notify_uncongested(&mut self, bit: u64) {
-        for a in self.apps.iter().flatten().filter(|a| !a.evicted) {
-            for (slot, s) in a.socks.iter().enumerate() {
-                let Some(s) = s else { continue };
-                let ctl = a.region.slot_control(slot as u32);
-                if s.monitor {
-                    let hit = ctl.cong_interest.load(Ordering::Acquire) & bit;
-                    if hit != 0 {
-                        ctl.cong_interest.fetch_and(!hit, Ordering::AcqRel);
-                        ctl.cong_notify.fetch_or(hit, Ordering::AcqRel);
-                        Stats::bump(&self.stats.cong_notifications);
-                    }
+        self.for_each_sock(|_, s, ctl| {
+            if s.monitor {
+                let hit = ctl.cong_interest.load(Ordering::Acquire) & bit;
+                if hit != 0 {
+                    ctl.cong_interest.fetch_and(!hit, Ordering::AcqRel);
+                    ctl.cong_notify.fetch_or(hit, Ordering::AcqRel);
+                    Stats::bump(&self.stats.cong_notifications);
                 }
-                wake_slot(ctl);
             }
+            wake_slot(ctl);
+        });
+    }
+
+    /// Brings the readiness fds of the sockets that asked for one up to date.
+    #[inline]
+    pub(super) fn sync_readiness(&mut self) {
+        if !self.readiness_socks.is_empty() {
+            self.sync_readiness_fds();
         }
     }
 
-    pub(super) fn sync_readiness(&mut self) {
+    fn sync_readiness_fds(&mut self) {
         for i in 0..self.readiness_socks.len() {
             let r = self.readiness_socks[i];
             let Some(app) = self.apps.get_mut(r.app).and_then(|a| a.as_mut()) else {
@@ -771,6 +1056,14 @@ impl Upcalls for SocketTable {
     }
 }
 
+/// A port of `addr` nobody binds, searched from a random start (ports 2..=65535).
+fn free_port(binds: &FxHashMap<(u32, u16), u8>, addr: u32, rand: u64) -> Option<u16> {
+    let start = 2 + (rand % 65534) as u32;
+    (0..65534u32)
+        .map(|i| (2 + (start - 2 + i) % 65534) as u16)
+        .find(|&p| !binds.contains_key(&(addr, p)))
+}
+
 /// The token a network transport carries for a message: which socket (and which incarnation
 /// of that slot) gets the bytes back when it is released.
 pub(super) fn token_of(r: SockRef, gen: u32) -> u64 {
@@ -785,4 +1078,32 @@ fn sock_of_token(t: u64) -> (SockRef, u32) {
         },
         t as u32,
     )
+}
+
+/// Read-only views for the unit tests and the fuzzing harness.
+#[cfg(any(test, fuzzing))]
+impl SocketTable {
+    /// `app`'s region, while attached.
+    pub(super) fn region(&self, app: usize) -> Option<&AppRegion> {
+        self.apps.get(app)?.as_ref().map(|a| &a.region)
+    }
+
+    /// Regions kept mapped for messages sent in place from apps gone.
+    #[cfg(test)]
+    pub(super) fn draining_count(&self) -> usize {
+        self.draining.len()
+    }
+
+    /// Panics if `app` or anything of an app (socket, binding, readiness entry, draining
+    /// region) is left: for a harness whose only app is `app`, just detached.
+    pub(super) fn assert_nothing_left(&self, app: usize) {
+        assert!(self.apps[app].is_none(), "the app is gone");
+        assert!(self.open_socks.is_empty(), "no socket outlives its app");
+        assert!(self.binds.is_empty(), "no bind outlives its app");
+        assert!(
+            self.readiness_socks.is_empty(),
+            "no readiness entry outlives its app"
+        );
+        assert!(self.draining.is_empty(), "nothing drains");
+    }
 }
