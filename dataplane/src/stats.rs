@@ -77,6 +77,9 @@ counters! {
     cong_notifications,
     /// Times the poll core parked.
     poll_parks,
+    /// Futex wake-ups of app threads blocked in a send or a receive (one per change that a
+    /// blocked thread waits for: a delivery wakes receivers, a release wakes senders).
+    app_wakeups,
     /// Times a network path stopped reading because a receiver's rx ring was full (the message
     /// waits in rdsd and TCP's window pushes back on the sender; nothing is dropped).
     rx_paused,

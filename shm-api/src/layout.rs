@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 pub const SHM_MAGIC: u64 = u64::from_le_bytes(*b"RDSDSHM1");
 /// Version of this layout and of the control protocol (2: request ids in the control protocol,
 /// one doorbell socket per app instead of a shared eventfd).
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 /// Largest RDS payload (`RDS_MAX_MSG_SIZE`).
 pub const MAX_MSG_SIZE: usize = 1 << 20;
 /// Default `SO_SNDBUF` / `SO_RCVBUF` (half of Linux's usual `wmem_default`, as RDS uses).
@@ -67,6 +67,16 @@ pub const SLOT_CONTROL_LEN: usize = 512;
 /// Every byte of it, padding included, is an atomic: the app can write any of them at any time,
 /// so rdsd may hold a `&SlotControl` (all of it interior-mutable) but must never see a plain
 /// field here.
+/// What one thread blocked in a receive adds to [`SlotControl::waiters`].
+pub const RECV_WAITER: u32 = 1;
+/// What one thread blocked in a send (for room or for un-congestion) adds to
+/// [`SlotControl::waiters`].
+pub const SEND_WAITER: u32 = 1 << 16;
+/// The bits of [`SlotControl::waiters`] that count receivers.
+pub const RECV_WAITERS: u32 = SEND_WAITER - 1;
+/// The bits of [`SlotControl::waiters`] that count senders.
+pub const SEND_WAITERS: u32 = !RECV_WAITERS;
+
 #[cfg(not(loom))]
 #[repr(C, align(128))]
 pub struct SlotControl {
@@ -75,7 +85,9 @@ pub struct SlotControl {
     pub tx_sent_bytes: AtomicU64,
     /// Payload bytes the app has taken off the rx ring, ever.
     pub rx_consumed_bytes: AtomicU64,
-    /// Number of app threads blocked on `wake_seq`.
+    /// App threads blocked on `wake_seq`: [`RECV_WAITER`] per receiver, [`SEND_WAITER`] per
+    /// sender, so rdsd wakes only those its change concerns (v4: a release of send-buffer
+    /// bytes no longer wakes a thread that waits to receive).
     pub waiters: AtomicU32,
     _pad_a: AtomicU32,
     /// Ports (bit = port % 64) whose un-congestion the app wants reported (set on ENOBUFS).

@@ -51,16 +51,20 @@ pub fn recv_wakeups() -> RecvWakeups {
     }
 }
 
-/// How long a receiver woken by a sender (not by rdsd) spins for the poll thread's delivery
-/// (`RDS_WOKEN_SPIN_US`).
-fn woken_spin() -> Duration {
-    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *SPIN.get_or_init(|| {
-        let us = std::env::var("RDS_WOKEN_SPIN_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(200u64);
-        Duration::from_micros(us)
+/// Whether senders wake the receivers of a parked poll thread directly (see
+/// [`Client::ring_doorbell_after_send`]), and how long such a receiver then spins for the
+/// delivery: `RDS_WOKEN_SPIN_US` (`off`, or microseconds). By default 200 µs on a host with 4
+/// CPUs or more and off below: with fewer CPUs than busy threads, the woken receiver's spin
+/// takes the CPU the poll thread needs to deliver (bench/RESULTS.md, "Wake-up after idle").
+fn woken_spin() -> Option<Duration> {
+    static SPIN: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| match std::env::var("RDS_WOKEN_SPIN_US") {
+        Ok(v) if v.trim() == "off" => None,
+        Ok(v) => v.trim().parse().ok().map(Duration::from_micros),
+        Err(_) => {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (cpus >= 4).then(|| Duration::from_micros(200))
+        }
     })
 }
 
@@ -195,7 +199,7 @@ impl Client {
         if sleeping.load(Ordering::Relaxed) != 0 {
             // EAGAIN means a ring is already queued: rdsd wakes either way.
             let _ = sys::send_dontwait(self.doorbell.as_raw_fd(), &[1]);
-            if wake_receivers {
+            if wake_receivers && woken_spin().is_some() {
                 sys::futex_wake(sleeping);
             }
         }
@@ -819,7 +823,12 @@ impl Socket {
             timeout.map(|d| Instant::now() + d)
         });
         let seq = ctl.wake_seq.load(Ordering::Acquire);
-        ctl.waiters.fetch_add(1, Ordering::SeqCst);
+        let me = if sending {
+            crate::layout::SEND_WAITER
+        } else {
+            crate::layout::RECV_WAITER
+        };
+        ctl.waiters.fetch_add(me, Ordering::SeqCst);
         // Pairs with rdsd's fence between changing state and reading `waiters`.
         fence(Ordering::SeqCst);
         let result = if ready() {
@@ -831,12 +840,10 @@ impl Socket {
                 _ => {
                     let slice = dl.map_or(LIVENESS_SLICE, |d| (d - now).min(LIVENESS_SLICE));
                     c.ring_doorbell();
-                    if sending {
-                        sys::futex_wait(&ctl.wake_seq, seq, Some(slice));
-                    } else {
+                    let woken_spin = woken_spin().filter(|_| !sending);
+                    if let Some(limit) = woken_spin {
                         // Also on the poll thread's sleep flag: a sender that finds it parked
-                        // wakes us at the same time as the poll thread; the caller then polls
-                        // its ring for `recv_spin` while the poll thread delivers.
+                        // wakes us at the same time as the poll thread.
                         let shard = c.daemon_view.sleeping(c.poll_shard);
                         let parked = shard.load(Ordering::Acquire);
                         let woke =
@@ -847,10 +854,14 @@ impl Socket {
                             // microseconds: spin for it rather than yield, which on a busy
                             // core hands the CPU away for a whole slice.
                             let start = Instant::now();
-                            let limit = woken_spin();
                             while !ready() && start.elapsed() < limit {
                                 std::hint::spin_loop();
                             }
+                        }
+                    } else {
+                        sys::futex_wait(&ctl.wake_seq, seq, Some(slice));
+                        if !sending {
+                            RECV_SLEEPS[0].fetch_add(1, Ordering::Relaxed);
                         }
                     }
                     if ctl.wake_seq.load(Ordering::Acquire) == seq {
@@ -861,7 +872,7 @@ impl Socket {
                 }
             }
         };
-        ctl.waiters.fetch_sub(1, Ordering::SeqCst);
+        ctl.waiters.fetch_sub(me, Ordering::SeqCst);
         result
     }
 

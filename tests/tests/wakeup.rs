@@ -34,7 +34,23 @@ fn gettid() -> u32 {
     unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
 
+/// The library's wake-up tuning for this process, set before any thread reads it.
+fn tune_library() {
+    // Called first in the only test of this binary, before it starts a thread or reads the
+    // environment. The parallel wake-up is on by default only with 4 CPUs or more (CI has 2).
+    std::env::set_var("RDS_WOKEN_SPIN_US", "200");
+    // Receivers sleep at once instead of polling first: every wake-up is counted.
+    std::env::set_var("RDS_RECV_SPIN_US", "0");
+}
+
+/// One test function, so that `tune_library` runs before any other thread exists.
 #[test]
+fn blocked_receivers_wake_up_once_and_early() {
+    tune_library();
+    a_sender_wakes_a_sleeping_receiver_alongside_its_parked_poll_thread();
+    a_blocking_request_and_reply_costs_one_wake_up_per_message();
+}
+
 fn a_sender_wakes_a_sleeping_receiver_alongside_its_parked_poll_thread() {
     let d = Daemon::start(&[]);
     let app = d.attach();
@@ -83,5 +99,40 @@ fn a_sender_wakes_a_sleeping_receiver_alongside_its_parked_poll_thread() {
     assert!(
         by_sender >= ROUNDS - 2,
         "{by_sender} of {ROUNDS} receives were woken by the sender ({after:?})"
+    );
+}
+
+/// A release of send-buffer bytes wakes only threads blocked in a send: a request/reply pair
+/// of blocking sockets costs rdsd at most one futex wake-up per message (before the receivers
+/// and senders were told apart, each side was also woken when its request was released).
+fn a_blocking_request_and_reply_costs_one_wake_up_per_message() {
+    let d = Daemon::start(&[]);
+    let app = d.attach();
+    let (a, b) = (app.socket().unwrap(), app.socket().unwrap());
+    a.bind(lo(9311)).unwrap();
+    b.bind(lo(9312)).unwrap();
+    const ROUND_TRIPS: u64 = 300;
+    let before = d.exact_stat("app_wakeups");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut buf = [0u8; 64];
+            for _ in 0..ROUND_TRIPS {
+                let (n, from) = b.recv_from(&mut buf).unwrap();
+                b.send_to(&buf[..n], from).unwrap();
+            }
+        });
+        let mut buf = [0u8; 64];
+        for k in 0..ROUND_TRIPS {
+            a.send_to(&k.to_le_bytes(), lo(9312)).unwrap();
+            let (n, _) = a.recv_from(&mut buf).unwrap();
+            assert_eq!(&buf[..n], &k.to_le_bytes()[..]);
+        }
+    });
+    let wakeups = d.exact_stat("app_wakeups") - before;
+    let messages = 2 * ROUND_TRIPS;
+    eprintln!("{wakeups} wake-ups for {messages} messages");
+    assert!(
+        wakeups <= messages,
+        "{wakeups} futex wake-ups for {messages} messages: a release woke a receiver"
     );
 }

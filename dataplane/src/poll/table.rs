@@ -12,6 +12,7 @@ use crate::stats::Stats;
 use rds_proto::wire::CongMap;
 use rustc_hash::{FxHashMap, FxHashSet};
 use shm_api::layout::{cong_monitor_bit, DaemonView, SlotControl, CONG_ENTRIES};
+use shm_api::layout::{RECV_WAITERS, SEND_WAITERS};
 use shm_api::ring::{Consumer, Producer, PushError, RawRing, Record, RecordHeader, RingMemory};
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
@@ -496,7 +497,9 @@ impl SocketTable {
         let released = s.released;
         let ctl = self.ctl(r);
         ctl.tx_released_bytes.store(released, Ordering::Release);
-        wake_slot(ctl);
+        if wake_slot(ctl, SEND_WAITERS) {
+            Stats::bump(&self.stats.app_wakeups);
+        }
     }
 
     /// After a message was queued on `to`: mark its port congested above SO_RCVBUF.
@@ -601,7 +604,9 @@ impl SocketTable {
                     Stats::bump(&self.stats.cong_notifications);
                 }
             }
-            wake_slot(ctl);
+            if wake_slot(ctl, RECV_WAITERS | SEND_WAITERS) {
+                Stats::bump(&self.stats.app_wakeups);
+            }
         });
     }
 
@@ -836,7 +841,9 @@ impl SocketTable {
         let released = s.released;
         let ctl = app.region.slot_control(r.slot);
         ctl.tx_released_bytes.store(released, Ordering::Release);
-        wake_slot(ctl);
+        if wake_slot(ctl, SEND_WAITERS) {
+            Stats::bump(&self.stats.app_wakeups);
+        }
     }
 
     /// References `addr`'s congestion map in the daemon region (this shard's count; the
@@ -983,7 +990,9 @@ impl Upcalls for SocketTable {
                 let produced = sock.rx_produced;
                 let ctl = app.region.slot_control(to.slot);
                 ctl.rx_produced_bytes.store(produced, Ordering::Release);
-                wake_slot(ctl);
+                if wake_slot(ctl, RECV_WAITERS) {
+                    Stats::bump(&self.stats.app_wakeups);
+                }
                 self.after_enqueue(to);
                 Delivered::Yes
             }
@@ -1019,7 +1028,9 @@ impl Upcalls for SocketTable {
         let released = s.released;
         let ctl = self.ctl(r);
         ctl.tx_released_bytes.store(released, Ordering::Release);
-        wake_slot(ctl);
+        if wake_slot(ctl, SEND_WAITERS) {
+            Stats::bump(&self.stats.app_wakeups);
+        }
     }
 
     fn local_map(&self, addr: u32) -> &CongMap {

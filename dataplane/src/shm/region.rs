@@ -343,15 +343,19 @@ impl DaemonRegion {
     }
 }
 
-/// Wakes every app thread blocked on this slot, if any announced itself. One fence, and a
-/// syscall only when somebody waits.
-pub fn wake_slot(ctl: &SlotControl) {
+/// Wakes the app threads blocked on this slot if any of those that `whom` selects
+/// ([`shm_api::layout::RECV_WAITERS`], [`shm_api::layout::SEND_WAITERS`] or both) announced
+/// itself. One fence, and a syscall only when such a thread waits; true if it made one.
+#[must_use = "count the wake-up (Stats::app_wakeups)"]
+pub fn wake_slot(ctl: &SlotControl, whom: u32) -> bool {
     use std::sync::atomic::{fence, Ordering};
     fence(Ordering::SeqCst);
-    if ctl.waiters.load(Ordering::Relaxed) != 0 {
+    if ctl.waiters.load(Ordering::Relaxed) & whom != 0 {
         ctl.wake_seq.fetch_add(1, Ordering::Release);
         sys::futex_wake(&ctl.wake_seq);
+        return true;
     }
+    false
 }
 
 #[cfg(test)]
