@@ -106,11 +106,13 @@ measured in the same invocation, a few seconds apart, under the same conditions;
 absolute numbers move by a factor of two or more from run to run on this machine. The one
 section measured elsewhere, the pinned many-core comparison, is kept as written in
 \`bench/results/pinned-section.md\` (it comes from \`bench/pinned-bench.sh\`); the poll-thread
-instruction counts in \`bench/results/shards-section.md\` (\`bench/shards-callgrind.sh\`).
+instruction counts in \`bench/results/shards-section.md\` (\`bench/shards-callgrind.sh\`); the wake-up
+figures in \`bench/results/wakeup-section.md\`.
 
 EOF
     cat bench/results/pinned-section.md
     cat bench/results/shards-section.md
+    cat bench/results/wakeup-section.md
     cat <<EOF
 ## What runs
 
