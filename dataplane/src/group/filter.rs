@@ -77,6 +77,19 @@ pub enum Filter {
 }
 
 impl Filter {
+    /// Rules one filter may hold: every send runs every member's filter, so an app must not be
+    /// able to make that arbitrarily long.
+    pub const MAX_RULES: usize = 16;
+
+    /// EINVAL ([`GroupError::BadFilter`]) for more than [`Self::MAX_RULES`] rules.
+    pub fn check(&self) -> Result<(), GroupError> {
+        match self {
+            Filter::All => Ok(()),
+            Filter::Only(r) | Filter::Except(r) if r.len() <= Self::MAX_RULES => Ok(()),
+            Filter::Only(_) | Filter::Except(_) => Err(GroupError::BadFilter),
+        }
+    }
+
     /// Whether a member with this filter receives `m`.
     pub fn accepts(&self, m: &FilterInput) -> bool {
         match self {

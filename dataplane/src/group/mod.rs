@@ -412,7 +412,8 @@ impl<M: Copy + Eq + Hash + Debug> GroupTable<M> {
     }
 
     /// `sock` joins `group`. ENOENT if there is no such group, EADDRINUSE if it is a member,
-    /// ENOBUFS past [`GroupLimits::max_members`].
+    /// ENOBUFS past [`GroupLimits::max_members`], EINVAL for a filter
+    /// with more than [`Filter::MAX_RULES`] rules.
     pub fn join(
         &mut self,
         group: GroupAddr,
@@ -420,6 +421,7 @@ impl<M: Copy + Eq + Hash + Debug> GroupTable<M> {
         flags: MemberFlags,
         filter: Filter,
     ) -> Result<(), GroupError> {
+        filter.check()?;
         let g = self.groups.get_mut(&group).ok_or(GroupError::NoSuchGroup)?;
         if g.members.iter().any(|m| m.sock == sock) {
             return Err(GroupError::AlreadyMember);
@@ -444,13 +446,15 @@ impl<M: Copy + Eq + Hash + Debug> GroupTable<M> {
             .ok_or(GroupError::NotMember)
     }
 
-    /// Replaces a membership's filter (from the next decision on).
+    /// Replaces a membership's filter (from the next decision on). EINVAL for more than
+    /// [`Filter::MAX_RULES`] rules.
     pub fn set_filter(
         &mut self,
         group: GroupAddr,
         sock: M,
         filter: Filter,
     ) -> Result<(), GroupError> {
+        filter.check()?;
         self.member_mut(group, sock)?.filter = filter;
         Ok(())
     }

@@ -304,6 +304,35 @@ fn sender_rules_match_prefixes_and_port_ranges() {
 }
 
 #[test]
+fn a_filter_holds_at_most_max_rules() {
+    let mut t = table();
+    t.create(g(1), 1).unwrap();
+    let rules = |n| vec![SenderRule::socket(BASE, 1); n].into_boxed_slice();
+    assert_eq!(
+        t.join(
+            g(1),
+            2,
+            MemberFlags::NONE,
+            Filter::Only(rules(Filter::MAX_RULES + 1))
+        ),
+        Err(GroupError::BadFilter)
+    );
+    assert!(t.group(g(1)).unwrap().members.is_empty());
+    t.join(
+        g(1),
+        2,
+        MemberFlags::NONE,
+        Filter::Except(rules(Filter::MAX_RULES)),
+    )
+    .unwrap();
+    assert_eq!(
+        t.set_filter(g(1), 2, Filter::Except(rules(Filter::MAX_RULES + 1))),
+        Err(GroupError::BadFilter)
+    );
+    assert_eq!(GroupError::BadFilter.errno(), libc::EINVAL);
+}
+
+#[test]
 fn flags_can_change_after_joining() {
     let mut t = table();
     t.create(g(1), 1).unwrap();
