@@ -11,12 +11,15 @@
 //! * `config`, `stats`: configuration (the daemon's keys; transports' sections kept as written)
 //!   and counters. `prefix`: value types shared by all (a leaf).
 //! * `fault`: test-only fault hooks (the `fault-injection` feature; inert without it).
+//! * `group`: local multicast groups (issue 20), the sequencer's rules without I/O; not wired
+//!   into the poll thread yet.
 //!
 //! The RDS protocol engine itself is the sans-IO crate `rds-proto` (dataplane/proto).
 
 pub mod config;
 pub mod control;
 pub mod fault;
+pub mod group;
 pub mod poll;
 pub mod prefix;
 pub mod protocol;

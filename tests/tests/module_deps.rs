@@ -38,6 +38,8 @@ const RDSD: Table = &[
     ("protocol", &["prefix", "seam", "statefile", "stats"]),
     ("shm", &["config"]),
     ("config", &["prefix"]),
+    // Local multicast groups (issue 20): a leaf until the poll thread uses it.
+    ("group", &[]),
     ("seam", &[]),
     ("statefile", &[]),
     ("stats", &[]),
