@@ -107,12 +107,14 @@ absolute numbers move by a factor of two or more from run to run on this machine
 section measured elsewhere, the pinned many-core comparison, is kept as written in
 \`bench/results/pinned-section.md\` (it comes from \`bench/pinned-bench.sh\`); the poll-thread
 instruction counts in \`bench/results/shards-section.md\` (\`bench/shards-callgrind.sh\`); the wake-up
-figures in \`bench/results/wakeup-section.md\`.
+figures in \`bench/results/wakeup-section.md\`; the userspace-TCP instruction counts in
+\`bench/results/utcp-callgrind-section.md\` (\`bench/utcp-callgrind.sh\`).
 
 EOF
     cat bench/results/pinned-section.md
     cat bench/results/shards-section.md
     cat bench/results/wakeup-section.md
+    cat bench/results/utcp-callgrind-section.md
     cat <<EOF
 ## What runs
 
