@@ -2198,3 +2198,28 @@ fn a_path_connected_before_we_know_the_path_count_waits_for_it() {
     assert_eq!(b.handle_accepted(now, 50003), Ok(2));
     assert_eq!(b.counters().accepts_rejected, 0);
 }
+
+/// VM lab f1: after our restart a classic kernel (no GEN_NUM, no SPORT_IDX) reconnects its
+/// paths at once and may land on other indices; its resends are judged by the highest restored
+/// number, so one we had delivered is dropped on whichever path it comes back.
+#[test]
+fn restored_numbers_of_a_peer_without_gen_num_hold_on_every_path() {
+    let now = Instant::ZERO;
+    let mut b = conn(ADDR_B, ADDR_A, 0xbbbb_0003);
+    let mut next = [0u64; MAX_PATHS];
+    next[3] = 30;
+    b.restore_rx_state(0, next);
+    assert_eq!(b.rx_state(), (0, [30; MAX_PATHS]));
+    assert_eq!(b.handle_accepted(now, 40000), Ok(0));
+    let r = flags::RETRANSMITTED;
+    let mut stream = message(29, 9, 10, r, b"delivered before our restart");
+    stream.extend(message(30, 9, 10, r, b"not delivered"));
+    stream.extend(message(31, 9, 10, 0, b"new"));
+    let got: Vec<u64> = feed(&mut b, 0, &stream).iter().map(|g| g.0).collect();
+    assert_eq!(got, vec![30, 31]);
+    assert_eq!(b.counters().rx_drop_dup_seq, 1);
+    // With a generation the numbers stay per path (rdsd peers map paths stably).
+    let mut c = conn(ADDR_B, ADDR_A, 0xbbbb_0003);
+    c.restore_rx_state(GEN_A, next);
+    assert_eq!(c.rx_state().1, next);
+}

@@ -333,10 +333,18 @@ impl<P: AsRef<[u8]>> Connection<P> {
     ///   *first* messages on a path reach us as retransmissions below the old number. The same
     ///   holds for numbers restored with generation 0 (never learned): a later generation is a
     ///   first one, not a restart, as for a connection that was never restored.
+    /// * **Path indices of a peer without `GEN_NUM`** (the 6.1 kernel, which has no SPORT_IDX
+    ///   either): it reconnects all its paths at once after our restart, and we number them
+    ///   first-free in accept order, so its path `k` may come back as our path `j` and its
+    ///   resends would be judged by another path's number (a message delivered twice: VM lab
+    ///   f1). So with generation 0 every path restores the highest number of all: a resend
+    ///   below it is dropped whatever its path. The cost is a loss, never a duplicate: resends
+    ///   of a less busy path that we had not delivered, in the gap at the restart.
     pub fn restore_rx_state(&mut self, peer_generation: u32, next_rx_seq: [u64; MAX_PATHS]) {
         self.peer_generation = peer_generation;
+        let highest = next_rx_seq.iter().copied().max().unwrap_or(0);
         for (rx, next) in self.rx.iter_mut().zip(next_rx_seq) {
-            rx.next_rx_seq = next;
+            rx.next_rx_seq = if peer_generation == 0 { highest } else { next };
         }
     }
 
