@@ -690,13 +690,15 @@ fn f3_guest_vm_restarted() {
 
 /// The guest (the smaller address, so the active side) dies without a FIN and reboots; its
 /// new kernel connects to rdsd, whose 8 old passive paths to it still look up. Two rdsd bugs
-/// were found here: without TCP keepalive on its data sockets (spec 6.1) the half-open paths
-/// stayed up forever and every reconnect was reset (48 643 resets in 120 s); and with it, the
-/// test still failed about half the time, because the old paths' keepalive probes can be
-/// acknowledged (`ss` showed `lastack` ~3 s on all 8, see `tests/vmlab/README.md`). Now a
-/// connect from the active peer while all paths are up starts a liveness check (rds-proto,
-/// `Connection::handle_accepted`): an RDS ping on every up path, and a path without a pong
-/// within 3 s is closed, so the kernel's next connect finds a free path however TCP behaves.
+/// were found here. Without TCP keepalive on its data sockets (spec 6.1) the half-open paths
+/// stayed up forever and every reconnect was reset (48 643 resets in 120 s). With it, the
+/// test still failed about half the time: when the kernel connected before keepalive had
+/// freed a path, rdsd reset the connect after its TCP had acknowledged the kernel's one
+/// handshake ping, and the kernel's sender, asleep until a handshake pong, never woke (`ss`
+/// then showed 8 idle ESTABLISHED paths, the new ones; `tests/vmlab/README.md`). Now such a
+/// connect waits parked while a liveness check pings every up path and closes those without a
+/// pong within 3 s (rds-proto, `Connection::handle_accepted`). The rebooted kernel's resets
+/// for the old 4-tuples are dropped here, so only the check can free them in time.
 #[test]
 fn f4_rebooted_kernel_reconnects_to_rdsd_as_the_active_side() {
     let mut lab = lab_or_skip!();
@@ -708,10 +710,9 @@ fn f4_rebooted_kernel_reconnects_to_rdsd_as_the_active_side() {
     host_recv(&s, 10, Some(&[100]), Duration::from_secs(60));
     tx.expect("sent", Duration::from_secs(30));
     // ... then the guest dies without closing it, and comes back. The new kernel's resets
-    // for the old 4-tuples are dropped: the old paths then look as alive as in the failing
-    // runs (probes acknowledged), and only the liveness check can free them (keepalive would
-    // give up after 30 s, 10 times its deadline).
-    // All 8 paths up (a lost handshake ACK can leave one in SYN-RECV for a while): with a free
+    // for the old 4-tuples are dropped, so that only the liveness check can free them in time
+    // (keepalive would give up after 30 s, 10 times its deadline), whenever the kernel
+    // connects. All 8 paths up (a lost handshake ACK can leave one in SYN-RECV for a while): with a free
     // path the new kernel's path 0 would simply take it (classic mapping) and nothing would
     // test the stale ones.
     let mut old_ports = Vec::new();
@@ -732,8 +733,8 @@ fn f4_rebooted_kernel_reconnects_to_rdsd_as_the_active_side() {
     lab.boot().expect("reboot");
     let refused = lab.d().exact_stat("tcp_accepts_refused");
     let tx = lab.guest(&format!("send {low}:7641 {host}:7640 100 100 linger=150"));
-    // The kernel keeps reconnecting; the kernel as the passive side would detect the dead
-    // peer by keepalive (idle 5 s, 5 probes 5 s apart) within about 30 s.
+    // The kernel's first connect waits, parked, until the liveness check has closed the old
+    // paths (3 s), then takes path 0; keepalive alone would need about 30 s.
     let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         host_recv(&s, 100, Some(&[100]), Duration::from_secs(120))
     }));
@@ -925,8 +926,15 @@ fn e2_kernel_sender_order_at_connection_start_on_fresh_connections() {
     // A reset after TCP acknowledged the kernel's first bytes on a path loses them (seen: 5
     // of 1600 missing when rdsd reset paths > 0 that the kernel connected before rdsd knew
     // the path count). Connections wait instead (rds-proto's `AcceptError::CheckingPaths`).
+    let stats = lab.d().exact_stats();
+    eprintln!(
+        "liveness checks {} (stale paths closed {}), dropped for no bound port {}",
+        stat_from(&stats, "tcp_liveness_checks"),
+        stat_from(&stats, "tcp_stale_paths_closed"),
+        stat_from(&stats, "drop_unbound_dest")
+    );
     assert_eq!(
-        lab.d().exact_stat("tcp_accepts_refused") - refused_before,
+        stat_from(&stats, "tcp_accepts_refused") - refused_before,
         0,
         "no connection of the kernel was reset"
     );
