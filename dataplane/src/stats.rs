@@ -162,6 +162,11 @@ counters! {
     /// Fresh path-0 connections whose data stopped waiting for the probe's pong at the
     /// deadline (a peer that does not answer pings).
     path0_gate_timeouts,
+    /// Liveness checks: the peer connected while all our paths to it were up, so each got a
+    /// ping (`rds-proto`'s `Connection::handle_accepted`).
+    liveness_checks,
+    /// Up paths closed because their liveness ping got no pong in time (a dead peer).
+    stale_paths_closed,
     /// Connections whose receive sequence numbers were restored from the state file.
     rx_state_restored,
     /// Passes of the poll core over this transport's connections.

@@ -813,8 +813,8 @@ fn accept_maps_paths_by_sport_idx_or_first_free() {
     let mut b = passive_up(now);
     assert_eq!(
         b.handle_accepted(now, 40001),
-        Err(AcceptError::NoFreePath),
-        "one path before the handshake"
+        Err(AcceptError::CheckingPaths),
+        "one path before the handshake, so ours must be stale: checked"
     );
     let mut ext = rds_proto::wire::ExtHeaders::new();
     ext.push(ExtHeader::NPaths(4)).unwrap();
@@ -854,7 +854,10 @@ fn accept_maps_paths_by_sport_idx_or_first_free() {
     c.handle_stream_data(now, 0, &ping.to_bytes(), |_| {});
     assert_eq!(c.handle_accepted(now, 50007), Ok(1));
     assert_eq!(c.handle_accepted(now, 50007), Ok(2));
-    assert_eq!(c.handle_accepted(now, 50007), Err(AcceptError::NoFreePath));
+    assert_eq!(
+        c.handle_accepted(now, 50007),
+        Err(AcceptError::CheckingPaths)
+    );
 }
 
 #[test]
@@ -1964,4 +1967,259 @@ fn paths_connected_before_a_peer_restart_are_closed_unless_confirmed() {
     assert!(!evs.contains(&Event::Close { path: 1 }), "{evs:?}");
     assert_eq!(a.path_state(1), PathState::Up);
     assert_eq!(a.path_state(2), PathState::Disconnecting);
+}
+
+/// Passive side with 3 paths up, classic mapping (a kernel peer: NPATHS 3, no SPORT_IDX, no
+/// GEN_NUM), everything written so far.
+fn passive_three_classic(now: Instant, map: &CongMap) -> Connection<Vec<u8>> {
+    let mut b = passive_up(now);
+    let mut ext = ExtHeaders::new();
+    ext.push(ExtHeader::NPaths(3)).unwrap();
+    let ping = HeaderRepr {
+        sequence: 1,
+        sport: 1,
+        dport: 0,
+        exthdr: ext,
+        ..Default::default()
+    };
+    b.handle_stream_data(now, 0, &ping.to_bytes(), |_| panic!("probe delivered"));
+    assert_eq!(b.handle_accepted(now, 50001), Ok(1));
+    assert_eq!(b.handle_accepted(now, 50003), Ok(2));
+    // The peer answers our probe pings on path 0 (the handshake's and the fan-out barrier's).
+    let probes = frames(&drain(&mut b, now, 0, map))
+        .iter()
+        .filter(|(h, _)| (h.sport, h.dport) == (1, 0))
+        .count();
+    b.handle_acked(0, b.stream_offset(0));
+    for k in 0..probes {
+        let mut ext = ExtHeaders::new();
+        ext.push(ExtHeader::NPaths(3)).unwrap();
+        let pong = HeaderRepr {
+            sequence: 2 + k as u64,
+            sport: 0,
+            dport: 1,
+            exthdr: ext,
+            ..Default::default()
+        };
+        b.handle_stream_data(now, 0, &pong.to_bytes(), |_| panic!("pong delivered"));
+    }
+    for path in 0..3 {
+        drain(&mut b, now, path, map);
+        assert!(!b.has_pending_transmit(path));
+    }
+    let _ = events(&mut b);
+    b
+}
+
+/// The liveness pings (sport LIVENESS_PORT, dport 0, no payload) in what a path wrote.
+fn liveness_pings(stream: &[u8]) -> Vec<u64> {
+    frames(stream)
+        .into_iter()
+        .filter(|(h, _)| (h.sport, h.dport) == (rds_proto::wire::LIVENESS_PORT, 0))
+        .map(|(h, _)| h.sequence)
+        .collect()
+}
+
+fn liveness_pong(seq: u64) -> Vec<u8> {
+    message(seq, 0, rds_proto::wire::LIVENESS_PORT, 0, &[])
+}
+
+/// f4 of the VM lab: the active peer rebooted without a FIN, and our old paths to it look up
+/// forever (their keepalive probes were acknowledged). Its connect while all our paths are up
+/// is reset as before (classic mapping), but starts a liveness check: a ping on every up
+/// path; the paths that answer stay, the others are closed at the deadline, and the peer's
+/// next connect takes the freed path.
+#[test]
+fn a_connect_while_all_paths_are_up_closes_the_paths_that_do_not_answer_a_ping() {
+    let now = Instant::ZERO;
+    let map = CongMap::new();
+    let mut b = passive_three_classic(now, &map);
+    assert_eq!(
+        b.handle_accepted(now, 50005),
+        Err(AcceptError::CheckingPaths)
+    );
+    assert_eq!(b.counters().liveness_checks, 1);
+    let pings: Vec<Vec<u64>> = (0..3)
+        .map(|p| liveness_pings(&drain(&mut b, now, p, &map)))
+        .collect();
+    assert!(pings.iter().all(|p| p.len() == 1), "{pings:?}");
+    // The connection is offered again (each pass) while the check runs: nothing new starts.
+    assert_eq!(
+        b.handle_accepted(now, 50005),
+        Err(AcceptError::CheckingPaths)
+    );
+    assert_eq!(b.counters().liveness_checks, 1);
+    assert!((0..3).all(|p| !b.has_pending_transmit(p)));
+
+    // Paths 0 and 2 answer; their pongs are not delivered to a socket.
+    assert!(feed(&mut b, 0, &liveness_pong(2)).is_empty());
+    assert!(feed(&mut b, 2, &liveness_pong(1)).is_empty());
+    let deadline = b.poll_timeout().expect("the check's deadline");
+    assert_eq!(deadline, now + Duration::from_secs(3));
+    b.handle_timeout(now + (Duration::from_secs(3) - Duration::from_nanos(1)));
+    assert!(events(&mut b).is_empty());
+    b.handle_timeout(deadline);
+    assert_eq!(events(&mut b), vec![Event::Close { path: 1 }]);
+    assert_eq!(b.counters().stale_paths_closed, 1);
+    b.handle_path_down(deadline, 1).unwrap();
+    assert_eq!(
+        b.handle_accepted(deadline, 50005),
+        Ok(1),
+        "the waiting connection"
+    );
+    assert_eq!(
+        (b.path_state(0), b.path_state(2)),
+        (PathState::Up, PathState::Up)
+    );
+}
+
+/// All paths answer: nothing is closed, the waiting connection is refused, and the next check
+/// waits for the timeout however often the peer retries. A pong to LIVENESS_PORT that no check
+/// waits for is an ordinary pong for a socket bound there.
+#[test]
+fn liveness_checks_are_one_at_a_time_and_at_most_one_per_timeout() {
+    let mut now = Instant::ZERO;
+    let map = CongMap::new();
+    let mut b = passive_three_classic(now, &map);
+    assert_eq!(
+        b.handle_accepted(now, 50005),
+        Err(AcceptError::CheckingPaths)
+    );
+    for path in 0..3 {
+        assert_eq!(liveness_pings(&drain(&mut b, now, path, &map)).len(), 1);
+        assert!(feed(&mut b, path, &liveness_pong(10)).is_empty());
+    }
+    assert_eq!(b.poll_timeout(), None, "the check ended with the last pong");
+    assert_eq!(b.handle_accepted(now, 50005), Err(AcceptError::NoFreePath));
+    now += Duration::from_secs(1);
+    assert_eq!(b.handle_accepted(now, 50007), Err(AcceptError::NoFreePath));
+    assert_eq!(b.counters().liveness_checks, 1);
+    assert!((0..3).all(|p| !b.has_pending_transmit(p)));
+    assert_eq!(
+        feed(&mut b, 1, &liveness_pong(11)).len(),
+        1,
+        "an app's pong"
+    );
+    now += Duration::from_secs(2);
+    assert_eq!(
+        b.handle_accepted(now, 50009),
+        Err(AcceptError::CheckingPaths)
+    );
+    assert_eq!(b.counters().liveness_checks, 2);
+    assert_eq!(b.counters().stale_paths_closed, 0);
+    // The active side never checks: it connects, the peer does not.
+    let mut a = active_up(now);
+    assert_eq!(a.handle_accepted(now, 40000), Err(AcceptError::WeConnect));
+    assert_eq!(a.counters().liveness_checks, 0);
+}
+
+/// Exactly-once across a stale path closed by the check: what it carried unacknowledged is
+/// resent with RETRANSMITTED and its original numbers on the path's next connection; the
+/// liveness ping is not resent; the receive numbers of the path are kept.
+#[test]
+fn a_stale_path_closed_by_the_check_resends_its_unacknowledged_messages() {
+    let now = Instant::ZERO;
+    let map = CongMap::new();
+    let mut b = passive_three_classic(now, &map);
+    let sport = (2000..).find(|&p| b.route(p) == 1).unwrap();
+    b.send(now, sport, 9, vec![7; 20], 1).unwrap();
+    b.send(now, sport, 9, vec![8; 20], 2).unwrap();
+    let sent = frames(&drain(&mut b, now, 1, &map));
+    assert_eq!(
+        feed(&mut b, 1, &message(4, 77, 9, 0, b"from the old peer")).len(),
+        1
+    );
+    assert_eq!(
+        b.handle_accepted(now, 50005),
+        Err(AcceptError::CheckingPaths)
+    );
+    let ping = liveness_pings(&drain(&mut b, now, 1, &map));
+    assert_eq!(ping.len(), 1);
+    for path in [0, 2] {
+        drain(&mut b, now, path, &map);
+        assert!(feed(&mut b, path, &liveness_pong(20)).is_empty());
+    }
+    let deadline = b.poll_timeout().unwrap();
+    b.handle_timeout(deadline);
+    assert_eq!(events(&mut b), vec![Event::Close { path: 1 }]);
+    b.handle_path_down(deadline, 1).unwrap();
+    assert_eq!(b.handle_accepted(deadline, 50005), Ok(1));
+    let resent = frames(&drain(&mut b, deadline, 1, &map));
+    let data: Vec<(u64, bool)> = resent
+        .iter()
+        .filter(|(h, _)| h.sport == sport)
+        .map(|(h, _)| (h.sequence, h.flags & flags::RETRANSMITTED != 0))
+        .collect();
+    let want: Vec<(u64, bool)> = sent
+        .iter()
+        .filter(|(h, _)| h.sport == sport)
+        .map(|(h, _)| (h.sequence, true))
+        .collect();
+    assert_eq!((data.len(), &data), (2, &want));
+    assert!(
+        resent
+            .iter()
+            .all(|(h, _)| h.sport != rds_proto::wire::LIVENESS_PORT),
+        "the liveness ping is not resent"
+    );
+    assert_eq!(b.next_rx_seq(1), 5, "receive numbers survive the reconnect");
+}
+
+/// VM lab e2 (a kernel connecting at connection start): the kernel takes our probe's NPATHS and
+/// connects its paths > 0 at once, writing data on them, possibly before its own probe or pong
+/// has reached us. Such a connection waits for the path count instead of being reset (a reset
+/// after TCP acknowledged its data loses that data: RDS/TCP takes the acknowledgement as
+/// delivery), then takes the first free path.
+#[test]
+fn a_path_connected_before_we_know_the_path_count_waits_for_it() {
+    let now = Instant::ZERO;
+    let map = CongMap::new();
+    let mut b = passive_up(now);
+    drain(&mut b, now, 0, &map);
+    assert_eq!(
+        b.handle_accepted(now, 50001),
+        Err(AcceptError::CheckingPaths)
+    );
+    assert_eq!(
+        b.handle_accepted(now, 50003),
+        Err(AcceptError::CheckingPaths)
+    );
+    let mut ext = ExtHeaders::new();
+    ext.push(ExtHeader::NPaths(8)).unwrap();
+    let pong = HeaderRepr {
+        sequence: 1,
+        sport: 0,
+        dport: 1,
+        exthdr: ext,
+        ..Default::default()
+    };
+    b.handle_stream_data(now, 0, &pong.to_bytes(), |_| panic!("pong delivered"));
+    assert_eq!(b.handle_accepted(now, 50001), Ok(1));
+    assert_eq!(b.handle_accepted(now, 50003), Ok(2));
+    assert_eq!(b.counters().accepts_rejected, 0);
+}
+
+/// VM lab f1: after our restart a classic kernel (no GEN_NUM, no SPORT_IDX) reconnects its
+/// paths at once and may land on other indices; its resends are judged by the highest restored
+/// number, so one we had delivered is dropped on whichever path it comes back.
+#[test]
+fn restored_numbers_of_a_peer_without_gen_num_hold_on_every_path() {
+    let now = Instant::ZERO;
+    let mut b = conn(ADDR_B, ADDR_A, 0xbbbb_0003);
+    let mut next = [0u64; MAX_PATHS];
+    next[3] = 30;
+    b.restore_rx_state(0, next);
+    assert_eq!(b.rx_state(), (0, [30; MAX_PATHS]));
+    assert_eq!(b.handle_accepted(now, 40000), Ok(0));
+    let r = flags::RETRANSMITTED;
+    let mut stream = message(29, 9, 10, r, b"delivered before our restart");
+    stream.extend(message(30, 9, 10, r, b"not delivered"));
+    stream.extend(message(31, 9, 10, 0, b"new"));
+    let got: Vec<u64> = feed(&mut b, 0, &stream).iter().map(|g| g.0).collect();
+    assert_eq!(got, vec![30, 31]);
+    assert_eq!(b.counters().rx_drop_dup_seq, 1);
+    // With a generation the numbers stay per path (rdsd peers map paths stably).
+    let mut c = conn(ADDR_B, ADDR_A, 0xbbbb_0003);
+    c.restore_rx_state(GEN_A, next);
+    assert_eq!(c.rx_state().1, next);
 }

@@ -122,7 +122,8 @@ pub struct Endpoint<L: Link, C: Clock = MonotonicClock> {
     /// This pass wrote on some path (for [`Link::end_pass`]).
     wrote: bool,
     /// Accepted connections waiting for their path: the old connection of that path still has
-    /// received bytes to process. Never reset instead: the peer's TCP may already have had
+    /// received bytes to process, or a liveness check may free one (`AcceptError::
+    /// CheckingPaths`). Never reset instead: the peer's TCP may already have had
     /// bytes of the new connection acknowledged, and RDS/TCP takes a TCP acknowledgement as
     /// delivery.
     parked: Vec<Accepted<L::Path>>,
@@ -364,7 +365,9 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
                     });
                     c.dead[p] = false;
                 }
-                Err(AcceptError::PathBusy(_)) => self.park(accepted, waited),
+                Err(AcceptError::PathBusy(_) | AcceptError::CheckingPaths) => {
+                    self.park(accepted, waited)
+                }
                 Err(_) => {
                     // Reset, as the kernel does for the side that must connect.
                     Stats::bump(&(self.group)(&self.stats).accepts_refused);
@@ -995,7 +998,7 @@ impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
     fn publish_counters(&self) {
         type Get = fn(&rds_proto::Counters) -> u64;
         let n = self.net();
-        let fields: [(&std::sync::atomic::AtomicU64, Get); 15] = [
+        let fields: [(&std::sync::atomic::AtomicU64, Get); 17] = [
             (&n.tx_messages, |k| k.tx_messages),
             (&n.retransmits, |k| k.tx_retransmits),
             (&n.rx_messages, |k| k.rx_messages),
@@ -1013,6 +1016,8 @@ impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
             (&n.pings_received, |k| k.pings_received),
             (&n.doorbells, |k| k.doorbells),
             (&n.path0_gate_timeouts, |k| k.path0_gate_timeouts),
+            (&n.liveness_checks, |k| k.liveness_checks),
+            (&n.stale_paths_closed, |k| k.stale_paths_closed),
         ];
         for (counter, get) in fields {
             let sum = self.conns.iter().map(|c| get(c.engine.counters())).sum();

@@ -33,6 +33,10 @@ pub struct Config {
     /// a doorbell the next one waits at least this bound, which doubles after each doorbell up
     /// to `reconnect_max` and is reset when path 0 comes up.
     pub doorbell_min: Duration,
+    /// Passive side: how long a liveness ping may wait for its pong (3 s). When the peer
+    /// connects while every path is up, each up path is pinged; a path without a pong by then
+    /// is closed as dead (see `Connection::handle_accepted`).
+    pub liveness_timeout: Duration,
 }
 
 impl Config {
@@ -50,6 +54,7 @@ impl Config {
             reconnect_min: Duration::from_millis(1),
             reconnect_max: Duration::from_secs(1),
             doorbell_min: Duration::from_millis(10),
+            liveness_timeout: Duration::from_secs(3),
         }
     }
 

@@ -199,6 +199,11 @@ pub struct Counters {
     /// Path-0 connections whose data stopped waiting for the first pong at the deadline
     /// (the peer never answered the probe ping).
     pub path0_gate_timeouts: u64,
+    /// Liveness checks started: the peer connected while none of our paths was free.
+    pub liveness_checks: u64,
+    /// Up paths closed because their liveness ping got no pong in time (dead peers, e.g. one
+    /// that rebooted without a FIN).
+    pub stale_paths_closed: u64,
 }
 
 /// Why [`super::Connection::send`] refused a message.
@@ -225,7 +230,8 @@ impl fmt::Display for SendError {
 impl std::error::Error for SendError {}
 
 /// Why [`super::Connection::handle_accepted`] refused an inbound connection. Reset the socket
-/// (linger 0) in every case.
+/// (linger 0), except for [`AcceptError::PathBusy`] and [`AcceptError::CheckingPaths`], where
+/// the connection may be kept unread and offered again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AcceptError {
     /// Our address is the smaller one, so we connect; the engine has started (or is
@@ -235,6 +241,11 @@ pub enum AcceptError {
     PathBusy(usize),
     /// No path is free.
     NoFreePath,
+    /// No path is free and a liveness check of our paths runs (classic mapping; see
+    /// [`super::Connection::handle_accepted`]): keep the connection unread and offer it again;
+    /// it takes the first path the check frees. Resetting it would lose what the peer's TCP
+    /// already had acknowledged on it (the kernel's one handshake ping, for one).
+    CheckingPaths,
 }
 
 impl fmt::Display for AcceptError {
@@ -245,6 +256,7 @@ impl fmt::Display for AcceptError {
             }
             AcceptError::PathBusy(p) => write!(f, "path {p} is busy"),
             AcceptError::NoFreePath => write!(f, "no free path"),
+            AcceptError::CheckingPaths => write!(f, "no free path while a liveness check runs"),
         }
     }
 }

@@ -76,8 +76,8 @@ pub use path::PathState;
 use crate::rng::SplitMix64;
 use crate::time::Instant;
 use crate::wire::{
-    flags, CongMap, ExtHeader, ExtHeaders, FrameRef, HeaderRepr, CONG_MAP_BYTES, MAX_MSG_SIZE,
-    MAX_PATHS, PROBE_PORT,
+    flags, CongMap, ExtHeader, ExtHeaders, FrameRef, HeaderRepr, CONG_MAP_BYTES, LIVENESS_PORT,
+    MAX_MSG_SIZE, MAX_PATHS, PROBE_PORT,
 };
 use path::{frame_slices, Body, Control, Message, RxPath, TxPath};
 use std::collections::VecDeque;
@@ -130,6 +130,19 @@ pub struct Connection<P> {
     doorbell_next: Option<Instant>,
     /// Passive side: the doorbell timer, when one is armed.
     doorbell_at: Option<Instant>,
+    /// Passive side: the liveness check in progress (see [`Connection::handle_accepted`]).
+    liveness: Option<Liveness>,
+    /// Passive side: no liveness check starts before this instant.
+    liveness_next: Option<Instant>,
+}
+
+/// A liveness check: which up paths still wait for the pong to their liveness ping, and until
+/// when. One ping per path at most is outstanding, so the first pong to
+/// [`LIVENESS_PORT`] on a waiting path answers it.
+#[derive(Debug, Clone, Copy)]
+struct Liveness {
+    deadline: Instant,
+    waiting: [bool; MAX_PATHS],
 }
 
 /// The fan-out barrier: after the path count changes, a socket's messages may move from path 0
@@ -208,6 +221,8 @@ impl<P: AsRef<[u8]>> Connection<P> {
             doorbell_bound: Duration::ZERO,
             doorbell_next: None,
             doorbell_at: None,
+            liveness: None,
+            liveness_next: None,
             config,
         };
         // The probe is the first message of path 0, so a peer that knew an earlier generation
@@ -318,10 +333,18 @@ impl<P: AsRef<[u8]>> Connection<P> {
     ///   *first* messages on a path reach us as retransmissions below the old number. The same
     ///   holds for numbers restored with generation 0 (never learned): a later generation is a
     ///   first one, not a restart, as for a connection that was never restored.
+    /// * **Path indices of a peer without `GEN_NUM`** (the 6.1 kernel, which has no SPORT_IDX
+    ///   either): it reconnects all its paths at once after our restart, and we number them
+    ///   first-free in accept order, so its path `k` may come back as our path `j` and its
+    ///   resends would be judged by another path's number (a message delivered twice: VM lab
+    ///   f1). So with generation 0 every path restores the highest number of all: a resend
+    ///   below it is dropped whatever its path. The cost is a loss, never a duplicate: resends
+    ///   of a less busy path that we had not delivered, in the gap at the restart.
     pub fn restore_rx_state(&mut self, peer_generation: u32, next_rx_seq: [u64; MAX_PATHS]) {
         self.peer_generation = peer_generation;
+        let highest = next_rx_seq.iter().copied().max().unwrap_or(0);
         for (rx, next) in self.rx.iter_mut().zip(next_rx_seq) {
-            rx.next_rx_seq = next;
+            rx.next_rx_seq = if peer_generation == 0 { highest } else { next };
         }
     }
 
@@ -425,6 +448,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             .filter_map(|t| t.reconnect_at)
             .chain(self.doorbell_at)
             .chain(self.path0_gate)
+            .chain(self.liveness.map(|l| l.deadline))
             .min()
     }
 
@@ -448,6 +472,17 @@ impl<P: AsRef<[u8]>> Connection<P> {
             // A peer that never answers pings (ping_enable off): send without the proof.
             self.path0_gate = None;
             self.counters.path0_gate_timeouts += 1;
+        }
+        if let Some(check) = self.liveness.filter(|l| l.deadline <= now) {
+            // No pong: nothing of the peer's RDS is behind this stream any more (its TCP may
+            // still be acknowledged, by a rebooted host's stack or a middlebox).
+            self.liveness = None;
+            for path in 0..MAX_PATHS {
+                if check.waiting[path] && self.tx[path].state == PathState::Up {
+                    self.counters.stale_paths_closed += 1;
+                    self.close_path(now, path);
+                }
+            }
         }
     }
 
@@ -511,7 +546,9 @@ impl<P: AsRef<[u8]>> Connection<P> {
     }
 
     /// The listener accepted a TCP connection from the peer's address, coming from TCP source
-    /// port `peer_tcp_sport`. Returns the path it now serves, or why it must be reset.
+    /// port `peer_tcp_sport`. Returns the path it now serves, or why it must be reset or wait.
+    /// Without SPORT_IDX (classic first-free mapping), a connection while every path is up
+    /// starts a liveness check of those paths and waits for it (see `check_liveness`).
     pub fn handle_accepted(
         &mut self,
         now: Instant,
@@ -544,6 +581,13 @@ impl<P: AsRef<[u8]>> Connection<P> {
             match (0..n).find(|&p| self.tx[p].state == PathState::Down) {
                 Some(p) => p,
                 None => {
+                    self.check_liveness(now);
+                    if self.liveness.is_some() || self.npaths.is_none() {
+                        // Before the handshake, the peer may connect its paths > 0 as soon as
+                        // it has our probe (the kernel does), before we have its answer: the
+                        // connection waits for the path count rather than being reset.
+                        return Err(AcceptError::CheckingPaths);
+                    }
                     self.counters.accepts_rejected += 1;
                     return Err(AcceptError::NoFreePath);
                 }
@@ -554,6 +598,36 @@ impl<P: AsRef<[u8]>> Connection<P> {
         self.path_up(now, path);
         self.tx[path].peer_tcp_sport = Some(peer_tcp_sport);
         Ok(path)
+    }
+
+    /// Passive side, classic mapping: the peer (the active side) connects a path only when it
+    /// has none up for it, so with all of ours up at least one is stale from its point of view:
+    /// it restarted without a FIN (a rebooted host), or a reset never reached us. TCP
+    /// keepalive takes 30 s to find it, so every up path gets a liveness ping and, after
+    /// [`Config::liveness_timeout`] without its pong, is closed. Meanwhile the new connection
+    /// is kept unread ([`AcceptError::CheckingPaths`], the spec's recent-kernel stash rather
+    /// than the classic reset) and takes the first path the check frees: the peer's TCP may
+    /// have had bytes acknowledged on it that a reset would lose (the 6.1 kernel's only
+    /// handshake ping, whose loss leaves its sender waiting for a pong forever; VM lab f4).
+    /// One check at a time, and at most one per timeout however often the peer retries.
+    fn check_liveness(&mut self, now: Instant) {
+        if self.active || self.liveness.is_some() || self.liveness_next.is_some_and(|t| t > now) {
+            return;
+        }
+        let mut waiting = [false; MAX_PATHS];
+        for (path, wait) in waiting.iter_mut().enumerate() {
+            if self.tx[path].state == PathState::Up {
+                *wait = true;
+                self.queue_control(path, Control::LivenessPing);
+            }
+        }
+        if !waiting.iter().any(|&w| w) {
+            return;
+        }
+        self.counters.liveness_checks += 1;
+        let deadline = now + self.config.liveness_timeout;
+        self.liveness = Some(Liveness { deadline, waiting });
+        self.liveness_next = Some(deadline);
     }
 
     /// The transport of `path` is gone (connect failed, reset, closed, or after an
@@ -587,9 +661,10 @@ impl<P: AsRef<[u8]>> Connection<P> {
                 push_released(&mut self.events, &msg);
                 continue;
             }
-            if msg.is_probe_ping() {
+            if msg.is_probe_ping() || msg.is_liveness_ping() {
                 // Never resent: a peer that processed it drops a RETRANSMITTED copy as a
-                // duplicate and would never pong. The new connection gets a fresh ping.
+                // duplicate and would never pong. The new connection gets a fresh ping (a
+                // liveness ping none: the check was about this stream).
                 continue;
             }
             msg.retransmit = true;
@@ -605,6 +680,13 @@ impl<P: AsRef<[u8]>> Connection<P> {
         }
         tx.peer_tcp_sport = None;
         tx.wait_pongs_above = None;
+        tx.queue.retain(|m| !m.is_liveness_ping());
+        if let Some(check) = self.liveness.as_mut() {
+            check.waiting[path] = false;
+            if !check.waiting.iter().any(|&w| w) {
+                self.liveness = None;
+            }
+        }
         if path == 0 {
             self.path0_confirmed = false;
             self.path0_gate = None;
@@ -850,6 +932,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             Control::ProbePing => (PROBE_PORT, 0, self.probe_ext()),
             Control::ProbePong => (0, PROBE_PORT, self.probe_ext()),
             Control::Pong => (0, pong_dport, ExtHeaders::new()),
+            Control::LivenessPing => (LIVENESS_PORT, 0, ExtHeaders::new()),
         };
         let gated = path == 0 && self.path0_gate.is_some();
         let tx = &mut self.tx[path];
@@ -1061,7 +1144,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
                     match msg.body {
                         Body::Control(Control::ProbePing) => c.probes_sent += 1,
                         Body::Control(Control::Pong | Control::ProbePong) => c.pongs_sent += 1,
-                        Body::Data { .. } => {}
+                        Body::Control(Control::LivenessPing) | Body::Data { .. } => {}
                     }
                     if path == 0 && is_ping {
                         self.path0_pings_started += 1;
@@ -1288,9 +1371,25 @@ impl<P: AsRef<[u8]>> Connection<P> {
             return false;
         }
         if h.sport == 0 {
+            if h.dport == LIVENESS_PORT && h.len == 0 && self.liveness_answered(path) {
+                return false;
+            }
             self.counters.pongs_received += 1;
         }
         self.counters.rx_delivered += 1;
+        true
+    }
+
+    /// A pong to [`LIVENESS_PORT`] arrived on `path`: true (and the path is alive) when the
+    /// path's liveness ping waited for it.
+    fn liveness_answered(&mut self, path: usize) -> bool {
+        let Some(check) = self.liveness.as_mut().filter(|l| l.waiting[path]) else {
+            return false;
+        };
+        check.waiting[path] = false;
+        if !check.waiting.iter().any(|&w| w) {
+            self.liveness = None;
+        }
         true
     }
 

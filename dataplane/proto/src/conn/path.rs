@@ -30,6 +30,9 @@ pub(crate) enum Control {
     ProbePong,
     /// sport 0 -> pinger's port.
     Pong,
+    /// sport [`crate::wire::LIVENESS_PORT`] -> dport 0, no extension: a plain ping whose pong
+    /// proves that the peer's RDS still reads and writes this path.
+    LivenessPing,
 }
 
 #[derive(Debug)]
@@ -67,6 +70,10 @@ impl<P: AsRef<[u8]>> Message<P> {
 
     pub fn is_probe_ping(&self) -> bool {
         matches!(self.body, Body::Control(Control::ProbePing))
+    }
+
+    pub fn is_liveness_ping(&self) -> bool {
+        matches!(self.body, Body::Control(Control::LivenessPing))
     }
 
     pub fn header(&self) -> HeaderRepr {

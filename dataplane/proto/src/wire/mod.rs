@@ -30,6 +30,11 @@ pub const MAX_PATHS: usize = 8;
 /// The reserved RDS port used by the multipath handshake probe (`RDS_FLAG_PROBE_PORT`).
 pub const PROBE_PORT: u16 = 1;
 
+/// The source port of rdsd's liveness pings (plain pings, answered by any RDS peer with a pong
+/// on the same path; see `Connection::handle_accepted`). Not reserved: a zero-byte pong to it
+/// is taken by the engine only while a liveness ping on that path waits for its answer.
+pub const LIVENESS_PORT: u16 = 2;
+
 /// Errors from parsing or building wire structures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Error {
