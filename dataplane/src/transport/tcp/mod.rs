@@ -386,6 +386,10 @@ impl Link for TcpLink {
         }
     }
 
+    fn is_quiet(&self) -> bool {
+        self.watched == 0 && self.doorbells.is_empty() && self.accepted.is_empty()
+    }
+
     fn poll_aux(&mut self) -> usize {
         if self.doorbells.is_empty() {
             return 0;
