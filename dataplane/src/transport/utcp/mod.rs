@@ -138,7 +138,9 @@ use crate::protocol::{
     Accepted, Clock, ConnectPoll, Framing, Link, MonotonicClock, PoolBuf, Read, Write,
 };
 use crate::seam::MsgBytes;
-use smoltcp::iface::{Config as IfaceConfig, Interface, SocketHandle, SocketSet};
+use smoltcp::iface::{
+    Config as IfaceConfig, Interface, PollIngressSingleResult, PollResult, SocketHandle, SocketSet,
+};
 use smoltcp::phy::Device;
 use smoltcp::socket::tcp;
 use smoltcp::time::{Duration as SDuration, Instant as SInstant};
@@ -279,6 +281,13 @@ pub struct UtcpLink<D: Device, C: Clock = MonotonicClock> {
     spare: Vec<tcp::Socket<'static>>,
     next_port: u16,
     abort: AbortSwitch,
+    /// A socket changed since the last egress (a write, a read that may open the window, a
+    /// connect, a close): the next pass's egress must look at every socket.
+    dirty: bool,
+    /// smoltcp's earliest timer (retransmission, delayed ACK, keep-alive, ...) after the last
+    /// egress: a pass before it, with no input and nothing changed, has nothing to send and
+    /// skips the egress walk over every socket (listeners included).
+    egress_at: SInstant,
 }
 
 /// smoltcp's time (microseconds) for a clock reading.
@@ -327,6 +336,8 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
             spare: Vec::new(),
             next_port,
             abort: AbortSwitch::default(),
+            dirty: true,
+            egress_at: SInstant::ZERO,
             cfg,
         };
         for _ in 0..link.cfg.listeners.max(1) {
@@ -404,6 +415,7 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
         let mut s = self.new_socket();
         if s.listen(self.cfg.port).is_ok() {
             let h = self.sockets.add(s);
+            self.dirty = true;
             self.listeners.push((h, 0));
         }
     }
@@ -421,6 +433,7 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
     }
 
     fn sock(&mut self, h: SocketHandle) -> &mut tcp::Socket<'static> {
+        self.dirty = true;
         self.sockets.get_mut::<tcp::Socket>(h)
     }
 
@@ -464,6 +477,7 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
             let st = s.state();
             if st == tcp::State::Established || st == tcp::State::Closed || t >= deadline {
                 s.abort();
+                self.dirty = true;
                 self.doorbells.swap_remove(i);
                 self.closing.push((h, t + self.cfg.linger));
             } else {
@@ -483,7 +497,10 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
         let remote = (IpAddress::Ipv4(Ipv4Address::from(faddr)), self.cfg.port);
         let local = (IpAddress::Ipv4(Ipv4Address::from(laddr)), port);
         match s.connect(self.iface.context(), remote, local) {
-            Ok(()) => Ok(self.sockets.add(s)),
+            Ok(()) => {
+                self.dirty = true;
+                Ok(self.sockets.add(s))
+            }
             Err(e) => {
                 self.spare.push(s);
                 Err(std::io::Error::new(
@@ -494,12 +511,48 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
         }
     }
 
-    /// Runs the interface once: frames in, timers, frames out.
+    /// Runs the interface once: frames in, then frames out if there may be any (input came, a
+    /// socket changed, or a timer is due). True when a socket's state may have changed.
     fn poll_iface(&mut self) -> bool {
         let now = smol(self.clock.now());
-        let r = self.iface.poll(now, &mut self.device, &mut self.sockets);
+        let (mut input, mut changed) = (false, false);
+        loop {
+            match self
+                .iface
+                .poll_ingress_single(now, &mut self.device, &mut self.sockets)
+            {
+                PollIngressSingleResult::None => break,
+                PollIngressSingleResult::PacketProcessed => input = true,
+                PollIngressSingleResult::SocketStateChanged => (input, changed) = (true, true),
+            }
+        }
+        if input || self.dirty || now >= self.egress_at {
+            changed |= self.egress(now, true);
+        }
         self.device.flush();
-        r == smoltcp::iface::PollResult::SocketStateChanged
+        changed
+    }
+
+    /// What the sockets have to send (`drain`: all of it; else one segment per socket, as
+    /// smoltcp's `poll_egress`), then the next timer's time (now, while more waits).
+    fn egress(&mut self, now: SInstant, drain: bool) -> bool {
+        let mut changed = false;
+        while self
+            .iface
+            .poll_egress(now, &mut self.device, &mut self.sockets)
+            == PollResult::SocketStateChanged
+        {
+            changed = true;
+            if !drain {
+                break;
+            }
+        }
+        self.dirty = false;
+        self.egress_at = self
+            .iface
+            .poll_at(now, &self.sockets)
+            .unwrap_or(SInstant::from_micros(i64::MAX));
+        changed
     }
 }
 
@@ -572,6 +625,7 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
         self.iface
             .poll_egress(now, &mut self.device, &mut self.sockets);
         self.device.flush();
+        self.dirty = true;
         Ok(UtcpPath {
             handle: h,
             up: false,
@@ -702,8 +756,7 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
         if wrote {
             // What the pass wrote leaves now, not at the next pass's `poll_aux`.
             let now = smol(self.clock.now());
-            self.iface
-                .poll_egress(now, &mut self.device, &mut self.sockets);
+            self.egress(now, false);
             self.device.flush();
         }
     }
