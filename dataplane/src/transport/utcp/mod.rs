@@ -288,6 +288,8 @@ pub struct UtcpLink<D: Device, C: Clock = MonotonicClock> {
     /// egress: a pass before it, with no input and nothing changed, has nothing to send and
     /// skips the egress walk over every socket (listeners included).
     egress_at: SInstant,
+    /// Egress walks so far (`poll_aux` and `end_pass`), for tests and diagnostics.
+    egress_runs: u64,
 }
 
 /// smoltcp's time (microseconds) for a clock reading.
@@ -338,12 +340,19 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
             abort: AbortSwitch::default(),
             dirty: true,
             egress_at: SInstant::ZERO,
+            egress_runs: 0,
             cfg,
         };
         for _ in 0..link.cfg.listeners.max(1) {
             link.arm_listener();
         }
         link
+    }
+
+    /// How many times smoltcp's egress walked the sockets (a pass with no input, nothing
+    /// changed and no timer due skips it).
+    pub fn egress_runs(&self) -> u64 {
+        self.egress_runs
     }
 
     /// The device, for its counters.
@@ -536,6 +545,7 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
     /// What the sockets have to send (`drain`: all of it; else one segment per socket, as
     /// smoltcp's `poll_egress`), then the next timer's time (now, while more waits).
     fn egress(&mut self, now: SInstant, drain: bool) -> bool {
+        self.egress_runs += 1;
         let mut changed = false;
         while self
             .iface
