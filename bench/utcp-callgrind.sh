@@ -22,13 +22,15 @@
 #              pass: the endpoint's transmit (Endpoint::transmit: messages into the TCP socket),
 #              smoltcp (in poll_aux), reads, parsing and delivery
 #   ep tx      Endpoint::transmit: RDS framing written into smoltcp's socket buffer
-#   iface      smoltcp's Interface::poll: ingress (frames to sockets) and egress
-#              (socket_egress, its own column) with the device's rx and tx tokens
+#   iface      UtcpLink::poll_aux, the link's share of every pass: smoltcp's interface
+#              (ingress: frames to sockets; egress, socket_egress its own column, when
+#              something may go out; the device's rx and tx tokens) and the listener checks
 #   rx burst   rdsd_rte_eth_rx_burst (DPDK rx burst: the memif/af_packet PMD)
 #   tx burst   rdsd_rte_eth_tx_burst (DPDK tx burst)
 #   read       UtcpLink::read: bytes out of the TCP socket (receiver)
 #   deliver    <SocketTable as Upcalls>::deliver: into the app's rx ring (receiver)
-#   clock      Timespec::now + Timespec::sub_timespec: clock reads (vDSO clock_gettime) and
+#   clock      clock_gettime (vDSO; std's Timespec::now or rdsd's MonotonicClock) +
+#              Timespec::sub_timespec: clock reads and
 #              Instant arithmetic, all callers
 #
 # usage: bench/utcp-callgrind.sh [COUNT] [LEN]
@@ -170,7 +172,7 @@ work() {
 }
 row() { # row SIDE LABEL
     local clock w
-    clock=$(( ($(incl "$1" 'Timespec>::now( |$)') + $(incl "$1" 'Timespec>::sub_timespec( |$)')) / count ))
+    clock=$(( ($(incl "$1" ':clock_gettime') + $(incl "$1" 'Timespec>::sub_timespec( |$)')) / count ))
     read -r -a w <<<"$(work "$1")"
     printf '| %s | %s | %s | %s | **%s** | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d |\n' \
         "$2" "${w[0]}" "${w[1]}" "${w[2]}" "${w[3]}" \
@@ -178,7 +180,7 @@ row() { # row SIDE LABEL
         "$(per "$1" 'Endpoint<L,C> as rdsd::seam::Transport>::send( |$)')" \
         "$(per "$1" 'DpdkTransport as rdsd::seam::Transport>::poll( |$)')" \
         "$(per "$1" 'Endpoint<L,C>::transmit( |$)')" \
-        "$(per "$1" 'smoltcp::iface::interface::Interface::poll( |$)')" \
+        "$(per "$1" 'UtcpLink<D,C> as rdsd::protocol::link::Link>::poll_aux( |$)')" \
         "$(per "$1" 'smoltcp::iface::interface::Interface::socket_egress( |$)')" \
         "$(per "$1" 'rdsd_rte_eth_rx_burst( |$)')" \
         "$(per "$1" 'rdsd_rte_eth_tx_burst( |$)')" \

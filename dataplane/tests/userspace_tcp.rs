@@ -302,6 +302,49 @@ fn utcp_survives_a_blackout() {
     );
 }
 
+/// smoltcp's egress walk (every socket, listeners included) runs only when something may go
+/// out: idle passes skip it, input and a read (its window update) bring it back.
+#[test]
+fn utcp_idle_passes_skip_the_egress_walk() {
+    use rdsd::protocol::{Link, Read, Write};
+    let mut lab = Lab::new(Faults::default(), 7, Cut::Abort);
+    let mut a = lab.make(suite::A);
+    let mut b = lab.make(suite::B);
+    let (mut pa, mut pb) = suite::handshake(&mut a, &mut b, &lab.clock, Duration::from_secs(5));
+    // Settle (last ACKs), then the clock stands still: no input, no change, no timer due.
+    for _ in 0..10 {
+        a.poll_aux();
+        b.poll_aux();
+    }
+    let (ea, eb) = (a.egress_runs(), b.egress_runs());
+    for _ in 0..1000 {
+        a.poll_aux();
+        b.poll_aux();
+    }
+    assert_eq!(
+        (a.egress_runs(), b.egress_runs()),
+        (ea, eb),
+        "idle passes walk no sockets"
+    );
+    // A write goes out at a's next pass; its arrival makes b walk (its ACK).
+    assert_eq!(a.write(&mut pa, &[&[7u8; 100]]), Write::Wrote(100));
+    a.poll_aux();
+    assert_eq!(a.egress_runs(), ea + 1, "a written socket is walked");
+    b.poll_aux();
+    assert_eq!(b.egress_runs(), eb + 1, "input is answered");
+    let mut buf = [0u8; 256];
+    let Read::Data(got) = b.read(&mut pb, &mut buf) else {
+        panic!("b reads the 100 bytes")
+    };
+    assert_eq!(got.len(), 100);
+    b.poll_aux();
+    assert_eq!(
+        b.egress_runs(),
+        eb + 2,
+        "a read may open the window: the next pass walks"
+    );
+}
+
 /// A 1 MiB RDS message (and its header) fits the default buffers and window (window scaling):
 /// the receiver holds all of it before reading a byte. And acknowledgements are per pass,
 /// not per segment: smoltcp 0.14 takes a pass's whole burst in, then sends one ACK per socket

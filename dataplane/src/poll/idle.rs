@@ -1,9 +1,11 @@
 //! What a poll core does when a pass found nothing to do (Aeron-style idle strategies).
 
 use crate::config::IdleMode;
+use crate::protocol::{Clock, MonotonicClock};
+use rds_proto::Instant;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Idle strategy state for one poll core.
 ///
@@ -43,9 +45,10 @@ impl Idle {
         }
     }
 
-    /// Called after every pass. Returns true when the core should park now.
+    /// Called after every pass, with the pass's time if it read the clock (one reading per
+    /// pass). Returns true when the core should park now.
     #[inline]
-    pub fn idle(&mut self, work: usize) -> bool {
+    pub fn idle(&mut self, work: usize, pass_time: Option<Instant>) -> bool {
         if work > 0 {
             self.idle_since = None;
             return false;
@@ -56,8 +59,8 @@ impl Idle {
                 false
             }
             IdleMode::Backoff => {
-                let now = Instant::now();
-                let idle = now.duration_since(*self.idle_since.get_or_insert(now));
+                let now = pass_time.unwrap_or_else(|| MonotonicClock::new().now());
+                let idle = now.saturating_duration_since(*self.idle_since.get_or_insert(now));
                 if idle < self.spin {
                     std::hint::spin_loop();
                     false
@@ -103,14 +106,14 @@ mod tests {
         let fd = Arc::new(shm_api::sys::eventfd().unwrap());
         let ms = Duration::from_millis;
         let mut i = Idle::new(IdleMode::Backoff, ms(20), ms(20), 1, fd.clone());
-        let t = Instant::now();
-        while !i.idle(0) {}
+        let t = std::time::Instant::now();
+        while !i.idle(0, None) {}
         assert!(
             t.elapsed() >= ms(40),
             "spins then yields for the configured time"
         );
-        assert!(!i.idle(1), "work resets the backoff");
-        assert!(!i.idle(0));
+        assert!(!i.idle(1, None), "work resets the backoff");
+        assert!(!i.idle(0, None));
         // A rung doorbell ends the park at once.
         shm_api::sys::eventfd_signal(fd.as_raw_fd());
         let t = std::time::Instant::now();
@@ -123,6 +126,6 @@ mod tests {
     fn spin_never_parks() {
         let fd = Arc::new(shm_api::sys::eventfd().unwrap());
         let mut i = Idle::new(IdleMode::Spin, Duration::ZERO, Duration::ZERO, 1, fd);
-        assert!((0..100_000).all(|_| !i.idle(0)));
+        assert!((0..100_000).all(|_| !i.idle(0, None)));
     }
 }

@@ -160,6 +160,8 @@ pub struct PollCore {
     table: SocketTable,
     transports: Vec<Box<dyn Transport>>,
     passes: u32,
+    /// The time of the last pass, if it read the clock (for the idle strategy).
+    pass_time: Option<rds_proto::Instant>,
     /// TEST ONLY: `crate::fault::poll_stall` (`None` without the `fault-injection` feature).
     test_stall: Option<std::time::Duration>,
 }
@@ -222,6 +224,7 @@ impl PollCore {
             table: SocketTable::new(cfg, stats, daemon, chans, control_wake, fabric, shard),
             transports,
             passes: 0,
+            pass_time: None,
             test_stall: crate::fault::poll_stall(),
         }
     }
@@ -233,6 +236,19 @@ impl PollCore {
 
     /// One pass over everything. Returns the amount of work done (0 = idle).
     pub fn run_once(&mut self) -> usize {
+        // One clock reading serves the whole pass (the endpoints, smoltcp).
+        let pass = crate::protocol::PassTime::begin();
+        let work = self.pass();
+        self.pass_time = pass.end();
+        work
+    }
+
+    /// The time of the last pass, if anything in it read the clock.
+    pub fn pass_time(&self) -> Option<rds_proto::Instant> {
+        self.pass_time
+    }
+
+    fn pass(&mut self) -> usize {
         let mut work = 0;
         if self.table.link().is_some() {
             work += self.drain_fabric();
@@ -816,7 +832,7 @@ pub fn run(mut core: PollCore, mut idle: idle::Idle, shutdown: Arc<AtomicBool>) 
     let mut fds: Vec<libc::pollfd> = Vec::with_capacity(256);
     while !shutdown.load(Ordering::Relaxed) {
         let work = core.run_once();
-        if idle.idle(work) {
+        if idle.idle(work, core.pass_time()) {
             // About to park: announce it, then look once more so no doorbell is missed.
             let dview = core.dview();
             let sleeping = dview.sleeping(core.table.shard());

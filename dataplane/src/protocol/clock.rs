@@ -2,11 +2,19 @@
 //! the same code runs on the monotonic clock in the daemon and on a virtual clock in tests.
 //!
 //! The clock is a type parameter of its user (`Endpoint<L, C>`, `UtcpLink<D, C>`), not a trait
-//! object: the poll core's pass reads it once, through a call the compiler inlines.
+//! object, through a call the compiler inlines.
+//!
+//! One reading per pass: the poll core opens a [`PassTime`] at the start of a pass, and every
+//! [`MonotonicClock`] on that thread (the endpoints, smoltcp's interface) then answers with
+//! the pass's time instead of reading the clock again (each reading is a vDSO call plus
+//! `Instant` arithmetic, ~70 instructions: several per pass on a DPDK rdsd). A pass lasts
+//! microseconds, so timers still fire within a pass of their deadline, and the time never goes
+//! back: a pass's time is a reading taken after the previous pass's.
 
 use rds_proto::Instant;
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// A source of time: nanoseconds since an epoch of the clock's choosing, never going back.
@@ -15,18 +23,86 @@ pub trait Clock: Send {
     fn now(&self) -> Instant;
 }
 
-/// The daemon's clock: `std::time::Instant` (CLOCK_MONOTONIC) since the clock was made.
+/// The daemon's clock: CLOCK_MONOTONIC since the first clock of the process was made (one
+/// epoch for all, so that one reading per pass serves them all), or the time of the pass in
+/// progress on this thread ([`PassTime`]).
 #[derive(Clone, Copy, Debug)]
 pub struct MonotonicClock {
-    epoch: std::time::Instant,
+    /// CLOCK_MONOTONIC at the epoch, in nanoseconds.
+    epoch: u64,
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the vDSO call without `std::time::Instant`'s checked
+/// `timespec` arithmetic (a third of a reading's instructions).
+#[inline]
+fn monotonic_nanos() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call; CLOCK_MONOTONIC always exists
+    // on Linux, so the call cannot fail.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// No pass in progress on this thread: read the clock.
+const NO_PASS: u64 = u64::MAX;
+/// A pass in progress that has not read the clock yet: the first reading is its time (a pass
+/// that never asks, a local-only one, reads no clock at all).
+const PASS_UNREAD: u64 = u64::MAX - 1;
+
+thread_local! {
+    /// The time of the pass in progress on this thread, in nanoseconds since the epoch, or
+    /// `NO_PASS`, `PASS_UNREAD`.
+    static PASS_NOW: Cell<u64> = const { Cell::new(NO_PASS) };
 }
 
 impl MonotonicClock {
-    /// A clock whose epoch is now.
+    /// A clock on the process's epoch.
     pub fn new() -> MonotonicClock {
+        static EPOCH: OnceLock<u64> = OnceLock::new();
         MonotonicClock {
-            epoch: std::time::Instant::now(),
+            epoch: *EPOCH.get_or_init(monotonic_nanos),
         }
+    }
+
+    /// Reads the clock itself, pass or no pass.
+    #[inline]
+    fn read(&self) -> Instant {
+        Instant::from_nanos(monotonic_nanos().saturating_sub(self.epoch))
+    }
+}
+
+/// The pass in progress on this thread: while it lives, [`MonotonicClock::now`] on this
+/// thread returns the time of the pass's first reading. Dropping it ends the pass.
+#[must_use = "the pass ends when this is dropped"]
+pub struct PassTime {
+    outer: u64,
+}
+
+impl PassTime {
+    /// Opens this thread's pass.
+    #[inline]
+    pub fn begin() -> PassTime {
+        PassTime {
+            outer: PASS_NOW.with(|p| p.replace(PASS_UNREAD)),
+        }
+    }
+
+    /// Ends the pass: its time, if anything in it read the clock.
+    #[inline]
+    pub fn end(self) -> Option<Instant> {
+        let t = PASS_NOW.with(Cell::get);
+        drop(self);
+        (t < PASS_UNREAD).then(|| Instant::from_nanos(t))
+    }
+}
+
+impl Drop for PassTime {
+    #[inline]
+    fn drop(&mut self) {
+        PASS_NOW.with(|p| p.set(self.outer));
     }
 }
 
@@ -39,7 +115,15 @@ impl Default for MonotonicClock {
 impl Clock for MonotonicClock {
     #[inline]
     fn now(&self) -> Instant {
-        Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+        match PASS_NOW.with(Cell::get) {
+            NO_PASS => self.read(),
+            PASS_UNREAD => {
+                let t = self.read();
+                PASS_NOW.with(|p| p.set(t.as_nanos()));
+                t
+            }
+            t => Instant::from_nanos(t),
+        }
     }
 }
 
@@ -85,6 +169,36 @@ mod tests {
         a.advance(Duration::from_micros(150));
         assert_eq!(b.now(), Instant::from_nanos(150_000));
         assert_eq!(b.elapsed(), Duration::from_micros(150));
+    }
+
+    #[test]
+    fn a_pass_reads_the_clock_once_and_time_moves_on_after_it() {
+        let c = MonotonicClock::new();
+        let before = c.now();
+        let pass = PassTime::begin();
+        std::thread::sleep(Duration::from_millis(2));
+        let at = c.now();
+        assert!(
+            at >= before + Duration::from_millis(2),
+            "the first reading is fresh"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(c.now(), at, "later readings in the pass return the first");
+        assert_eq!(MonotonicClock::new().now(), at, "every clock, one epoch");
+        let other = std::thread::spawn(move || MonotonicClock::new().now())
+            .join()
+            .unwrap();
+        assert!(other > at, "another thread reads its own time");
+        assert_eq!(pass.end(), Some(at));
+        assert!(
+            c.now() >= at + Duration::from_millis(2),
+            "read again after the pass"
+        );
+        assert_eq!(
+            PassTime::begin().end(),
+            None,
+            "a pass that never asked read nothing"
+        );
     }
 
     #[test]

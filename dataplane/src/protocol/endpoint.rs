@@ -852,10 +852,14 @@ impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
     }
 
     fn poll(&mut self, up: &mut dyn Upcalls) -> usize {
-        let now = self.now();
-        let mut work = 0;
         self.pass = self.pass.wrapping_add(1);
         self.cost.passes += 1;
+        if self.conns.is_empty() && self.parked.is_empty() && self.link.is_quiet() {
+            // Nothing to poll (an idle kernel-TCP transport beside DPDK): no clock, no accept.
+            return 0;
+        }
+        let now = self.now();
+        let mut work = 0;
         self.link.begin_pass();
         self.wrote = false;
         if self.pass.is_multiple_of(16) || self.conns.is_empty() || !self.parked.is_empty() {

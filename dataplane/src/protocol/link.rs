@@ -139,6 +139,12 @@ pub trait Link: Send {
     /// End of a pass (`wrote`: the pass wrote on some path): send what the pass queued on the
     /// link, if it batches, so that it leaves in the pass that took it.
     fn end_pass(&mut self, _wrote: bool) {}
+    /// True when a pass of an endpoint with no connections has nothing to do on this link:
+    /// nothing to accept, no paths, no housekeeping. Memory reads only; the endpoint then
+    /// skips the pass. Links that must be polled anyway (smoltcp's timers) keep the default.
+    fn is_quiet(&self) -> bool {
+        false
+    }
     /// Link-level housekeeping once per pass (e.g. reaping doorbell connections).
     fn poll_aux(&mut self) -> usize {
         0

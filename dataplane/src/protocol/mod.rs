@@ -18,7 +18,7 @@ mod link;
 mod persist;
 mod pool;
 
-pub use clock::{Clock, MonotonicClock, VirtualClock};
+pub use clock::{Clock, MonotonicClock, PassTime, VirtualClock};
 pub use endpoint::{Endpoint, EndpointConfig, StatsGroup};
 pub use link::{Accepted, ConnectPoll, Framing, Link, Read, Write};
 pub use persist::RxStateFile;

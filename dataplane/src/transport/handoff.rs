@@ -68,6 +68,11 @@ impl<T: Send + 'static> Handoff<T> {
         self.queue.pop()
     }
 
+    /// True when no item waits (no syscall).
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
     /// Before parking: resets the eventfd (one `read`) and says whether items already wait,
     /// in which case the poll core must not sleep. Reset first, then look, so an item pushed
     /// in between still finds the eventfd set.

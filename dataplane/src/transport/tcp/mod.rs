@@ -386,6 +386,10 @@ impl Link for TcpLink {
         }
     }
 
+    fn is_quiet(&self) -> bool {
+        self.watched == 0 && self.doorbells.is_empty() && self.accepted.is_empty()
+    }
+
     fn poll_aux(&mut self) -> usize {
         if self.doorbells.is_empty() {
             return 0;
@@ -455,6 +459,27 @@ mod tests {
             assert!(std::time::Instant::now() < limit, "timed out");
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    #[test]
+    fn a_link_is_quiet_only_with_no_path_and_nothing_to_accept() {
+        let port = 30000 + ((std::process::id() + 7) % 20000) as u16;
+        let lo = u32::from(Ipv4Addr::LOCALHOST);
+        let mut link = TcpLink::listen(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)).unwrap();
+        assert!(
+            link.is_quiet(),
+            "a listener alone: the endpoint may skip its pass"
+        );
+        let client = link.connect(lo, lo, 0).unwrap();
+        assert!(!link.is_quiet(), "a path");
+        let accepted = after_passes(&mut link, |l| l.accept()).path;
+        link.close(client, true);
+        assert!(!link.is_quiet(), "the accepted path");
+        link.close(accepted, true);
+        assert!(link.is_quiet());
+        // A connection waiting in the accept handoff is work.
+        let _peer = std::net::TcpStream::connect(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port));
+        after_passes(&mut link, |l| (!l.is_quiet()).then_some(()));
     }
 
     #[test]

@@ -138,7 +138,9 @@ use crate::protocol::{
     Accepted, Clock, ConnectPoll, Framing, Link, MonotonicClock, PoolBuf, Read, Write,
 };
 use crate::seam::MsgBytes;
-use smoltcp::iface::{Config as IfaceConfig, Interface, SocketHandle, SocketSet};
+use smoltcp::iface::{
+    Config as IfaceConfig, Interface, PollIngressSingleResult, PollResult, SocketHandle, SocketSet,
+};
 use smoltcp::phy::Device;
 use smoltcp::socket::tcp;
 use smoltcp::time::{Duration as SDuration, Instant as SInstant};
@@ -279,6 +281,15 @@ pub struct UtcpLink<D: Device, C: Clock = MonotonicClock> {
     spare: Vec<tcp::Socket<'static>>,
     next_port: u16,
     abort: AbortSwitch,
+    /// A socket changed since the last egress (a write, a read that may open the window, a
+    /// connect, a close): the next pass's egress must look at every socket.
+    dirty: bool,
+    /// smoltcp's earliest timer (retransmission, delayed ACK, keep-alive, ...) after the last
+    /// egress: a pass before it, with no input and nothing changed, has nothing to send and
+    /// skips the egress walk over every socket (listeners included).
+    egress_at: SInstant,
+    /// Egress walks so far (`poll_aux` and `end_pass`), for tests and diagnostics.
+    egress_runs: u64,
 }
 
 /// smoltcp's time (microseconds) for a clock reading.
@@ -327,12 +338,21 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
             spare: Vec::new(),
             next_port,
             abort: AbortSwitch::default(),
+            dirty: true,
+            egress_at: SInstant::ZERO,
+            egress_runs: 0,
             cfg,
         };
         for _ in 0..link.cfg.listeners.max(1) {
             link.arm_listener();
         }
         link
+    }
+
+    /// How many times smoltcp's egress walked the sockets (a pass with no input, nothing
+    /// changed and no timer due skips it).
+    pub fn egress_runs(&self) -> u64 {
+        self.egress_runs
     }
 
     /// The device, for its counters.
@@ -404,6 +424,7 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
         let mut s = self.new_socket();
         if s.listen(self.cfg.port).is_ok() {
             let h = self.sockets.add(s);
+            self.dirty = true;
             self.listeners.push((h, 0));
         }
     }
@@ -421,6 +442,7 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
     }
 
     fn sock(&mut self, h: SocketHandle) -> &mut tcp::Socket<'static> {
+        self.dirty = true;
         self.sockets.get_mut::<tcp::Socket>(h)
     }
 
@@ -464,6 +486,7 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
             let st = s.state();
             if st == tcp::State::Established || st == tcp::State::Closed || t >= deadline {
                 s.abort();
+                self.dirty = true;
                 self.doorbells.swap_remove(i);
                 self.closing.push((h, t + self.cfg.linger));
             } else {
@@ -483,7 +506,10 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
         let remote = (IpAddress::Ipv4(Ipv4Address::from(faddr)), self.cfg.port);
         let local = (IpAddress::Ipv4(Ipv4Address::from(laddr)), port);
         match s.connect(self.iface.context(), remote, local) {
-            Ok(()) => Ok(self.sockets.add(s)),
+            Ok(()) => {
+                self.dirty = true;
+                Ok(self.sockets.add(s))
+            }
             Err(e) => {
                 self.spare.push(s);
                 Err(std::io::Error::new(
@@ -494,12 +520,49 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
         }
     }
 
-    /// Runs the interface once: frames in, timers, frames out.
+    /// Runs the interface once: frames in, then frames out if there may be any (input came, a
+    /// socket changed, or a timer is due). True when a socket's state may have changed.
     fn poll_iface(&mut self) -> bool {
         let now = smol(self.clock.now());
-        let r = self.iface.poll(now, &mut self.device, &mut self.sockets);
+        let (mut input, mut changed) = (false, false);
+        loop {
+            match self
+                .iface
+                .poll_ingress_single(now, &mut self.device, &mut self.sockets)
+            {
+                PollIngressSingleResult::None => break,
+                PollIngressSingleResult::PacketProcessed => input = true,
+                PollIngressSingleResult::SocketStateChanged => (input, changed) = (true, true),
+            }
+        }
+        if input || self.dirty || now >= self.egress_at {
+            changed |= self.egress(now, true);
+        }
         self.device.flush();
-        r == smoltcp::iface::PollResult::SocketStateChanged
+        changed
+    }
+
+    /// What the sockets have to send (`drain`: all of it; else one segment per socket, as
+    /// smoltcp's `poll_egress`), then the next timer's time (now, while more waits).
+    fn egress(&mut self, now: SInstant, drain: bool) -> bool {
+        self.egress_runs += 1;
+        let mut changed = false;
+        while self
+            .iface
+            .poll_egress(now, &mut self.device, &mut self.sockets)
+            == PollResult::SocketStateChanged
+        {
+            changed = true;
+            if !drain {
+                break;
+            }
+        }
+        self.dirty = false;
+        self.egress_at = self
+            .iface
+            .poll_at(now, &self.sockets)
+            .unwrap_or(SInstant::from_micros(i64::MAX));
+        changed
     }
 }
 
@@ -572,6 +635,7 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
         self.iface
             .poll_egress(now, &mut self.device, &mut self.sockets);
         self.device.flush();
+        self.dirty = true;
         Ok(UtcpPath {
             handle: h,
             up: false,
@@ -702,8 +766,7 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
         if wrote {
             // What the pass wrote leaves now, not at the next pass's `poll_aux`.
             let now = smol(self.clock.now());
-            self.iface
-                .poll_egress(now, &mut self.device, &mut self.sockets);
+            self.egress(now, false);
             self.device.flush();
         }
     }
