@@ -16,6 +16,7 @@
 //!
 //! The RDS protocol engine itself is the sans-IO crate `rds-proto` (dataplane/proto).
 
+pub mod clock;
 pub mod config;
 pub mod control;
 pub mod fault;

@@ -22,6 +22,7 @@ const RDSD: Table = &[
     (
         "poll",
         &[
+            "clock",
             "config",
             "fault",
             "seam",
@@ -35,7 +36,10 @@ const RDSD: Table = &[
         "transport",
         &["config", "fault", "prefix", "protocol", "seam", "stats"],
     ),
-    ("protocol", &["prefix", "seam", "statefile", "stats"]),
+    (
+        "protocol",
+        &["clock", "prefix", "seam", "statefile", "stats"],
+    ),
     ("shm", &["config"]),
     ("config", &["prefix"]),
     // Local multicast groups (issue 20): a leaf until the poll thread uses it.
@@ -45,6 +49,7 @@ const RDSD: Table = &[
     ("stats", &[]),
     ("fault", &[]),
     ("prefix", &[]),
+    ("clock", &[]),
 ];
 
 /// The other crates: path from the workspace root, table.

@@ -1,7 +1,7 @@
 //! What a poll core does when a pass found nothing to do (Aeron-style idle strategies).
 
+use crate::clock::{Clock, MonotonicClock};
 use crate::config::IdleMode;
-use crate::protocol::{Clock, MonotonicClock};
 use rds_proto::Instant;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;

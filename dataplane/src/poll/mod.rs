@@ -237,7 +237,7 @@ impl PollCore {
     /// One pass over everything. Returns the amount of work done (0 = idle).
     pub fn run_once(&mut self) -> usize {
         // One clock reading serves the whole pass (the endpoints, smoltcp).
-        let pass = crate::protocol::PassTime::begin();
+        let pass = crate::clock::PassTime::begin();
         let work = self.pass();
         self.pass_time = pass.end();
         work

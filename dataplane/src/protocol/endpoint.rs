@@ -6,9 +6,9 @@
 //! and the rule that an accepted message is never dropped: when a receiver's rx ring is full
 //! the path stops reading (the message waits here; TCP's window or RDMA credits push back).
 
-use super::clock::{Clock, MonotonicClock};
 use super::link::{Accepted, ConnectPoll, Framing, Link, Read, Write};
 use super::persist::RxStateFile;
+use crate::clock::{Clock, MonotonicClock};
 use crate::prefix::Prefix;
 use crate::seam::{Delivered, Incoming, MsgBytes, OutMsg, SendOutcome, Transport, Upcalls};
 use crate::stats::{NetStats, Stats};

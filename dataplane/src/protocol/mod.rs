@@ -12,13 +12,12 @@
 //! A new network transport is a `Link` in its own folder under `transport/` plus one line in
 //! `transport::register`.
 
-mod clock;
 mod endpoint;
 mod link;
 mod persist;
 mod pool;
 
-pub use clock::{Clock, MonotonicClock, PassTime, VirtualClock};
+pub use crate::clock::{Clock, MonotonicClock, PassTime, VirtualClock};
 pub use endpoint::{Endpoint, EndpointConfig, StatsGroup};
 pub use link::{Accepted, ConnectPoll, Framing, Link, Read, Write};
 pub use persist::RxStateFile;
