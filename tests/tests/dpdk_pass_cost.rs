@@ -1,0 +1,171 @@
+//! What a round trip costs the poll core on the userspace-TCP (smoltcp over DPDK) transport,
+//! counted, never timed: an idle path must cost nothing, so 8 paths cost what 1 path costs.
+//! The DPDK counterpart of `pass_cost.rs`.
+//!
+//! Two rdsd in network namespaces on `net_memif` ports (one the memif server, one the client;
+//! the frames go through memif's shared memory). One socket on each side plays ping-pong
+//! (64 B), which uses one path whatever the path count. Counted per round trip on each daemon
+//! from its exact counters: passes, path visits (`dpdk_path_visits`), acknowledgement queries
+//! (`dpdk_ack_queries`), frames sent (`dpdk_tx_packets`) and transmit bursts
+//! (`dpdk_tx_bursts`). An idle path that is visited, or that sends a frame, each pass shows
+//! up as at least one more per pass with 8 paths.
+//!
+//! Needs root (namespaces) and DPDK's memif PMD (`librte-net-memif23`, pulled in by
+//! `libdpdk-dev`, which `tests/run.sh` installs through `dataplane/install-build-deps.sh`).
+
+use rdsd_tests::netns::VethPair;
+use rdsd_tests::*;
+use std::net::SocketAddrV4;
+use std::path::Path;
+use std::time::Duration;
+
+const ROUND_TRIPS: u64 = 1000;
+const WARM_UP: u64 = 50;
+
+const DPDK_INSTALL: &str =
+    "run as root with DPDK 22.11 installed: sudo -E bash tests/run.sh (dataplane/install-build-deps.sh)";
+
+const NAMES: [&str; 5] = [
+    "dpdk_passes",
+    "dpdk_path_visits",
+    "dpdk_ack_queries",
+    "dpdk_tx_packets",
+    "dpdk_tx_bursts",
+];
+
+/// rdsd on host `i` of `pair` on a `net_memif` port at `sock` (host 0 the server).
+fn memif_daemon(pair: &VethPair, i: usize, sock: &Path, paths: u8) -> Daemon {
+    let role = ["server", "client"][i];
+    let cfg = config_file(&format!(
+        "[dpdk]\nvdev = \"net_memif0,role={role},id=0,socket={},socket-abstract=no\"\n\
+         addr = \"{}/24\"\n",
+        sock.display(),
+        pair.addr(i)
+    ));
+    let cfg = cfg.to_str().unwrap().to_string();
+    let p = paths.to_string();
+    Daemon::start_in(
+        Some(&pair.ns[i]),
+        &["-c", &cfg, "--local-addr", "127.0.0.0/8", "--paths", &p],
+    )
+}
+
+/// Counters of both daemons, exact ([`Daemon::exact_stats`]). The reads cost each poll core a
+/// pass or two without a path visit: nothing next to the round trips counted.
+fn counters(d: [&Daemon; 2]) -> [[u64; 5]; 2] {
+    d.map(|d| {
+        let s = d.exact_stats();
+        NAMES.map(|n| stat_from(&s, n))
+    })
+}
+
+/// Per round trip and daemon, in the order of [`NAMES`].
+fn ping_pong(paths: u8) -> [[f64; 5]; 2] {
+    let pair = VethPair::new();
+    let sock = std::env::temp_dir().join(format!(
+        "rdsd-memif-cost-{}-{paths}.sock",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&sock);
+    let d0 = memif_daemon(&pair, 0, &sock, paths);
+    let d1 = memif_daemon(&pair, 1, &sock, paths);
+    let (a0, a1) = (
+        SocketAddrV4::new(pair.addr(0), 7400),
+        SocketAddrV4::new(pair.addr(1), 7400),
+    );
+    let r0 = d0.attach();
+    let r1 = d1.attach();
+    let s0 = r0.socket().unwrap();
+    let s1 = r1.socket().unwrap();
+    s0.bind(a0).unwrap();
+    s1.bind(a1).unwrap();
+    for s in [&s0, &s1] {
+        s.set_recv_timeout(Some(Duration::from_secs(20))).unwrap();
+    }
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        for _ in 0..WARM_UP + ROUND_TRIPS {
+            let (n, from) = s1.recv_from(&mut buf).expect("request");
+            s1.send_to(&buf[..n], from).expect("reply");
+        }
+        (r1, s1)
+    });
+    let mut buf = [0u8; 64];
+    let mut rt = |seq: u64| {
+        s0.send_to(&seq_payload(seq, 64), a1).expect("request");
+        let (n, _) = s0.recv_from(&mut buf).expect("reply");
+        assert_eq!(
+            payload_seq(&buf[..n]),
+            seq,
+            "replies in order, exactly once"
+        );
+    };
+    for seq in 0..WARM_UP {
+        rt(seq);
+    }
+    // Every path up before counting: connecting paths are not idle ones.
+    let want = u64::from(paths);
+    wait_until(
+        Duration::from_secs(30),
+        "every path up on the connecting daemon",
+        || d0.stat("dpdk_path_up"),
+        |&up| up >= want,
+    );
+    let before = counters([&d0, &d1]);
+    for seq in WARM_UP..WARM_UP + ROUND_TRIPS {
+        rt(seq);
+    }
+    let after = counters([&d0, &d1]);
+    echo.join().expect("echo side");
+    let mut per_rt = [[0.0; 5]; 2];
+    for d in 0..2 {
+        for k in 0..5 {
+            per_rt[d][k] = (after[d][k] - before[d][k]) as f64 / ROUND_TRIPS as f64;
+        }
+    }
+    eprintln!(
+        "memif, {paths} path(s), per round trip {NAMES:?}: active {:?}, passive {:?}",
+        per_rt[0], per_rt[1]
+    );
+    drop((s0, r0, d0, d1));
+    let _ = std::fs::remove_file(&sock);
+    per_rt
+}
+
+#[test]
+fn an_idle_dpdk_path_costs_nothing() {
+    require!(root(), DPDK_INSTALL);
+    let one = ping_pong(1);
+    let eight = ping_pong(8);
+    for (d, side) in ["active", "passive"].iter().enumerate() {
+        let [p1, v1, q1, f1, b1] = one[d];
+        let [p8, v8, q8, f8, b8] = eight[d];
+        // A pass visits a path only for work (input, a receiver to resume, frames to send,
+        // acknowledgements to ask for): the one busy path at most once a pass, plus the odd
+        // path whose timer or ACK falls due. How many passes a round trip takes depends on the
+        // load, so the bound is per pass; visiting every path every pass would be 8 per pass.
+        assert!(
+            v1 <= p1 + 4.0,
+            "{side}, 1 path: {v1} path visits per round trip in {p1} passes"
+        );
+        assert!(
+            v8 <= p8 + 4.0,
+            "{side}, 8 paths: {v8} path visits per round trip in {p8} passes: idle paths are visited"
+        );
+        assert!(
+            q1 <= p1 + 4.0 && q8 <= p8 + 4.0,
+            "{side}: ack queries per round trip {q1} in {p1} passes, {q8} in {p8} passes"
+        );
+        // One request or reply out per round trip and the ACK of the peer's; an idle path sends
+        // nothing (smoltcp keep-alive is off, and its timers fire only for unacked data).
+        assert!(f1 <= 4.0, "{side}, 1 path: {f1} frames sent per round trip");
+        assert!(
+            f8 <= f1 + 1.0 && f8 <= 4.0,
+            "{side}, 8 paths: {f8} frames sent per round trip (1 path: {f1}): idle paths send"
+        );
+        assert!(
+            b8 <= b1 + 1.0 && b8 <= 4.0,
+            "{side}, 8 paths: {b8} transmit bursts per round trip (1 path: {b1})"
+        );
+    }
+}
