@@ -132,11 +132,19 @@ fn ping_pong(paths: u8) -> [[f64; 5]; 2] {
     per_rt
 }
 
+/// [`ping_pong`], whose failure (printed above) also names the install step: a missing DPDK or
+/// memif PMD shows up as an rdsd that does not start.
+fn run(paths: u8) -> [[f64; 5]; 2] {
+    std::panic::catch_unwind(|| ping_pong(paths)).unwrap_or_else(|_| {
+        panic!("the {paths}-path run failed (above); if rdsd's DPDK port did not start: {DPDK_INSTALL}")
+    })
+}
+
 #[test]
 fn an_idle_dpdk_path_costs_nothing() {
     require!(root(), DPDK_INSTALL);
-    let one = ping_pong(1);
-    let eight = ping_pong(8);
+    let one = run(1);
+    let eight = run(8);
     for (d, side) in ["active", "passive"].iter().enumerate() {
         let [p1, v1, q1, f1, b1] = one[d];
         let [p8, v8, q8, f8, b8] = eight[d];
