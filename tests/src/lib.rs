@@ -450,6 +450,70 @@ pub fn payload_seq(p: &[u8]) -> u64 {
     u64::from_le_bytes(p[..8].try_into().expect("8 bytes"))
 }
 
+/// A 64 B request/reply exchange between a socket of `d0` bound to `a0` and one of `d1` bound
+/// to `a1`, for `total` round trips; the reply side runs in a thread. The tests that count
+/// the work per round trip (`pass_cost`, `dpdk_pass_cost`) drive it.
+pub struct PingPong {
+    s0: shm_api::Socket,
+    _r0: shm_api::Rdsd,
+    to: SocketAddrV4,
+    buf: [u8; 64],
+    echo: std::thread::JoinHandle<(shm_api::Socket, shm_api::Rdsd)>,
+}
+
+impl PingPong {
+    /// Binds both sockets (receive timeout `timeout`) and starts the reply side.
+    pub fn start(
+        d0: &Daemon,
+        a0: SocketAddrV4,
+        d1: &Daemon,
+        a1: SocketAddrV4,
+        total: u64,
+        timeout: Duration,
+    ) -> PingPong {
+        let (r0, r1) = (d0.attach(), d1.attach());
+        let (s0, s1) = (r0.socket().unwrap(), r1.socket().unwrap());
+        s0.bind(a0).unwrap();
+        s1.bind(a1).unwrap();
+        for s in [&s0, &s1] {
+            s.set_recv_timeout(Some(timeout)).unwrap();
+        }
+        let echo = std::thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            for _ in 0..total {
+                let (n, from) = s1.recv_from(&mut buf).expect("request");
+                s1.send_to(&buf[..n], from).expect("reply");
+            }
+            (s1, r1)
+        });
+        PingPong {
+            s0,
+            _r0: r0,
+            to: a1,
+            buf: [0; 64],
+            echo,
+        }
+    }
+
+    /// Round trip `seq`: its reply must come back in order, exactly once.
+    pub fn round_trip(&mut self, seq: u64) {
+        self.s0
+            .send_to(&seq_payload(seq, 64), self.to)
+            .expect("request");
+        let (n, _) = self.s0.recv_from(&mut self.buf).expect("reply");
+        assert_eq!(
+            payload_seq(&self.buf[..n]),
+            seq,
+            "replies in order, exactly once"
+        );
+    }
+
+    /// Waits for the reply side to have answered its `total` requests.
+    pub fn finish(self) {
+        self.echo.join().expect("echo side");
+    }
+}
+
 /// A well-behaved app (`rds-testapp pingpong`) bouncing messages between 127.0.0.1:`port` and
 /// 127.0.0.1:`port + 1` through `d`: at least `count` round trips and `secs` seconds, each
 /// receive within `limit_ms`. Returns once it has attached and bound (within 10 s).

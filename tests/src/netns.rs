@@ -276,6 +276,29 @@ impl VethPair {
         Ipv4Addr::new(10, self.subnet, 0, i as u8 + 1)
     }
 
+    /// Starts rdsd in host `i`'s namespace on a `net_memif` port at `sock` (host 0 the
+    /// server, host 1 the client) with `paths` paths and the `extra` arguments.
+    pub fn memif_daemon(
+        &self,
+        i: usize,
+        sock: &std::path::Path,
+        paths: u8,
+        extra: &[&str],
+    ) -> Daemon {
+        let role = ["server", "client"][i];
+        let cfg = crate::config_file(&format!(
+            "[dpdk]\nvdev = \"net_memif0,role={role},id=0,socket={},socket-abstract=no\"\n\
+             addr = \"{}/24\"\n",
+            sock.display(),
+            self.addr(i)
+        ));
+        let cfg = cfg.to_str().unwrap().to_string();
+        let p = paths.to_string();
+        let mut args = vec!["-c", &cfg, "--local-addr", "127.0.0.0/8", "--paths", &p];
+        args.extend_from_slice(extra);
+        Daemon::start_in(Some(&self.ns[i]), &args)
+    }
+
     /// Gives host `i`'s address to the kernel on its veth end (a kernel-TCP host).
     pub fn kernel_addr(&self, i: usize) {
         sh(&[

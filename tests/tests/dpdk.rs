@@ -421,32 +421,6 @@ fn dpdk_address_on_a_kernel_interface_is_refused_and_bad_eal_args_are_named() {
     assert!(err.contains("dpdk.vdev"), "{err}");
 }
 
-/// Starts rdsd on host `i` of `pair` on a `net_memif` port (host 0 the server) at `sock`.
-fn memif_daemon(pair: &VethPair, i: usize, sock: &std::path::Path, paths: u8) -> Daemon {
-    memif_daemon_with(pair, i, sock, paths, &[])
-}
-
-fn memif_daemon_with(
-    pair: &VethPair,
-    i: usize,
-    sock: &std::path::Path,
-    paths: u8,
-    extra: &[&str],
-) -> Daemon {
-    let role = ["server", "client"][i];
-    let cfg = config_file(&format!(
-        "[dpdk]\nvdev = \"net_memif0,role={role},id=0,socket={},socket-abstract=no\"\n\
-         addr = \"{}/24\"\n",
-        sock.display(),
-        pair.addr(i)
-    ));
-    let cfg = cfg.to_str().unwrap().to_string();
-    let p = paths.to_string();
-    let mut args = vec!["-c", &cfg, "--local-addr", "127.0.0.0/8", "--paths", &p];
-    args.extend_from_slice(extra);
-    Daemon::start_in(Some(&pair.ns[i]), &args)
-}
-
 #[test]
 fn memif_between_two_rdsd_both_ways_up_to_1mib() {
     require!(eal_works(), DPDK_INSTALL);
@@ -455,8 +429,8 @@ fn memif_between_two_rdsd_both_ways_up_to_1mib() {
     let pair = VethPair::new();
     let sock = std::env::temp_dir().join(format!("rdsd-memif-{}.sock", std::process::id()));
     let _ = std::fs::remove_file(&sock);
-    let d0 = memif_daemon(&pair, 0, &sock, 4);
-    let d1 = memif_daemon(&pair, 1, &sock, 4);
+    let d0 = pair.memif_daemon(0, &sock, 4, &[]);
+    let d1 = pair.memif_daemon(1, &sock, 4, &[]);
     let took = exchange(&d0, pair.addr(0), &d1, pair.addr(1), 7200);
     eprintln!("memif, 4 paths: {took:?}");
     let total: u64 = PLAN.iter().map(|p| p.1).sum();
@@ -491,8 +465,8 @@ fn rtt_dpdk_vs_kernel_tcp() {
                 dpdk_daemon_with(&pair, 1, 1, &extra),
             ),
             "dpdk-memif" => (
-                memif_daemon_with(&pair, 0, &sock, 1, &extra),
-                memif_daemon_with(&pair, 1, &sock, 1, &extra),
+                pair.memif_daemon(0, &sock, 1, &extra),
+                pair.memif_daemon(1, &sock, 1, &extra),
             ),
             _ => (
                 kernel_daemon_with(&pair, 0, 1, &extra),

@@ -16,7 +16,6 @@
 use rdsd_tests::netns::VethPair;
 use rdsd_tests::*;
 use std::net::SocketAddrV4;
-use std::path::Path;
 use std::time::Duration;
 
 const ROUND_TRIPS: u64 = 1000;
@@ -32,23 +31,6 @@ const NAMES: [&str; 5] = [
     "dpdk_tx_packets",
     "dpdk_tx_bursts",
 ];
-
-/// rdsd on host `i` of `pair` on a `net_memif` port at `sock` (host 0 the server).
-fn memif_daemon(pair: &VethPair, i: usize, sock: &Path, paths: u8) -> Daemon {
-    let role = ["server", "client"][i];
-    let cfg = config_file(&format!(
-        "[dpdk]\nvdev = \"net_memif0,role={role},id=0,socket={},socket-abstract=no\"\n\
-         addr = \"{}/24\"\n",
-        sock.display(),
-        pair.addr(i)
-    ));
-    let cfg = cfg.to_str().unwrap().to_string();
-    let p = paths.to_string();
-    Daemon::start_in(
-        Some(&pair.ns[i]),
-        &["-c", &cfg, "--local-addr", "127.0.0.0/8", "--paths", &p],
-    )
-}
 
 /// Counters of both daemons, exact ([`Daemon::exact_stats`]). The reads cost each poll core a
 /// pass or two without a path visit: nothing next to the round trips counted.
@@ -67,41 +49,16 @@ fn ping_pong(paths: u8) -> [[f64; 5]; 2] {
         std::process::id()
     ));
     let _ = std::fs::remove_file(&sock);
-    let d0 = memif_daemon(&pair, 0, &sock, paths);
-    let d1 = memif_daemon(&pair, 1, &sock, paths);
+    let d0 = pair.memif_daemon(0, &sock, paths, &[]);
+    let d1 = pair.memif_daemon(1, &sock, paths, &[]);
     let (a0, a1) = (
         SocketAddrV4::new(pair.addr(0), 7400),
         SocketAddrV4::new(pair.addr(1), 7400),
     );
-    let r0 = d0.attach();
-    let r1 = d1.attach();
-    let s0 = r0.socket().unwrap();
-    let s1 = r1.socket().unwrap();
-    s0.bind(a0).unwrap();
-    s1.bind(a1).unwrap();
-    for s in [&s0, &s1] {
-        s.set_recv_timeout(Some(Duration::from_secs(20))).unwrap();
-    }
-    let echo = std::thread::spawn(move || {
-        let mut buf = [0u8; 64];
-        for _ in 0..WARM_UP + ROUND_TRIPS {
-            let (n, from) = s1.recv_from(&mut buf).expect("request");
-            s1.send_to(&buf[..n], from).expect("reply");
-        }
-        (r1, s1)
-    });
-    let mut buf = [0u8; 64];
-    let mut rt = |seq: u64| {
-        s0.send_to(&seq_payload(seq, 64), a1).expect("request");
-        let (n, _) = s0.recv_from(&mut buf).expect("reply");
-        assert_eq!(
-            payload_seq(&buf[..n]),
-            seq,
-            "replies in order, exactly once"
-        );
-    };
+    let total = WARM_UP + ROUND_TRIPS;
+    let mut pp = PingPong::start(&d0, a0, &d1, a1, total, Duration::from_secs(20));
     for seq in 0..WARM_UP {
-        rt(seq);
+        pp.round_trip(seq);
     }
     // Every path up before counting: connecting paths are not idle ones.
     let want = u64::from(paths);
@@ -113,10 +70,10 @@ fn ping_pong(paths: u8) -> [[f64; 5]; 2] {
     );
     let before = counters([&d0, &d1]);
     for seq in WARM_UP..WARM_UP + ROUND_TRIPS {
-        rt(seq);
+        pp.round_trip(seq);
     }
     let after = counters([&d0, &d1]);
-    echo.join().expect("echo side");
+    pp.finish();
     let mut per_rt = [[0.0; 5]; 2];
     for d in 0..2 {
         for k in 0..5 {
@@ -127,7 +84,7 @@ fn ping_pong(paths: u8) -> [[f64; 5]; 2] {
         "memif, {paths} path(s), per round trip {NAMES:?}: active {:?}, passive {:?}",
         per_rt[0], per_rt[1]
     );
-    drop((s0, r0, d0, d1));
+    drop((d0, d1));
     let _ = std::fs::remove_file(&sock);
     per_rt
 }

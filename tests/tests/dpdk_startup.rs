@@ -12,7 +12,7 @@
 use rdsd_tests::netns::VethPair;
 use rdsd_tests::*;
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// How long after both daemons serve the first ping must be answered.
@@ -133,21 +133,6 @@ fn loop_starts(kind: &str, pair: &VethPair, start: impl Fn(usize) -> Daemon + Sy
     );
 }
 
-fn memif_start(pair: &VethPair, sock: &Path, i: usize) -> Daemon {
-    let role = ["server", "client"][i];
-    let cfg = config_file(&format!(
-        "[dpdk]\nvdev = \"net_memif0,role={role},id=0,socket={},socket-abstract=no\"\n\
-         addr = \"{}/24\"\n",
-        sock.display(),
-        pair.addr(i)
-    ));
-    let cfg = cfg.to_str().unwrap().to_string();
-    Daemon::start_in(
-        Some(&pair.ns[i]),
-        &["-c", &cfg, "--local-addr", "127.0.0.0/8", "--paths", "8"],
-    )
-}
-
 #[test]
 fn memif_pair_answers_a_ping_within_2s_of_starting() {
     if !prerequisites() {
@@ -162,7 +147,7 @@ fn memif_pair_answers_a_ping_within_2s_of_starting() {
             // The server makes the socket file; a stale one from the last start must go.
             let _ = std::fs::remove_file(&sock);
         }
-        memif_start(&pair, &sock, i)
+        pair.memif_daemon(i, &sock, 8, &[])
     });
     let _ = std::fs::remove_file(&sock);
 }

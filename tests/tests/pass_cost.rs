@@ -80,35 +80,10 @@ fn ping_pong(paths: &str) -> Cost {
     let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
     let (a0, a1): (SocketAddrV4, SocketAddrV4) =
         (h0.at(7300).parse().unwrap(), h1.at(7300).parse().unwrap());
-    let r0 = h0.d().attach();
-    let r1 = h1.d().attach();
-    let s0 = r0.socket().unwrap();
-    let s1 = r1.socket().unwrap();
-    s0.bind(a0).unwrap();
-    s1.bind(a1).unwrap();
-    for s in [&s0, &s1] {
-        s.set_recv_timeout(Some(Duration::from_secs(10))).unwrap();
-    }
-    let echo = std::thread::spawn(move || {
-        let mut buf = [0u8; 64];
-        for _ in 0..WARM_UP + ROUND_TRIPS {
-            let (n, from) = s1.recv_from(&mut buf).expect("request");
-            s1.send_to(&buf[..n], from).expect("reply");
-        }
-        (r1, s1)
-    });
-    let mut buf = [0u8; 64];
-    let mut rt = |seq: u64| {
-        s0.send_to(&seq_payload(seq, 64), a1).expect("request");
-        let (n, _) = s0.recv_from(&mut buf).expect("reply");
-        assert_eq!(
-            payload_seq(&buf[..n]),
-            seq,
-            "replies in order, exactly once"
-        );
-    };
+    let total = WARM_UP + ROUND_TRIPS;
+    let mut pp = PingPong::start(h0.d(), a0, h1.d(), a1, total, Duration::from_secs(10));
     for seq in 0..WARM_UP {
-        rt(seq);
+        pp.round_trip(seq);
     }
     let want: u64 = paths.parse().unwrap();
     assert_eq!(h0.d().stat("tcp_path_up"), want, "{want} paths up");
@@ -134,7 +109,7 @@ fn ping_pong(paths: &str) -> Cost {
     });
     let before = counters(&lab);
     for seq in WARM_UP..WARM_UP + ROUND_TRIPS {
-        rt(seq);
+        pp.round_trip(seq);
     }
     let after = counters(&lab);
     let syscalls = strace.map(|(child, out)| {
@@ -150,7 +125,7 @@ fn ping_pong(paths: &str) -> Cost {
         eprintln!("{paths} paths, active poll thread:\n{text}");
         (per("recvfrom"), per("ioctl"))
     });
-    echo.join().expect("echo side");
+    pp.finish();
     let mut per_rt = [[0.0; 4]; 2];
     for d in 0..2 {
         for k in 0..4 {
