@@ -110,6 +110,25 @@ counters! {
     regions_freed,
     /// Pings to port 0 of a local address answered by the loopback transport (rds-ping).
     loop_pings,
+    /// Messages sent to a multicast group, numbered and delivered (to zero or more members).
+    group_sends,
+    /// Copies of group messages delivered to members (one per member reached).
+    group_deliveries,
+    /// Group members skipped because their receive buffer was full and they joined with
+    /// DROP_WHEN_FULL (one per member and message).
+    group_drops_full,
+    /// Group members whose filter rejected a message (one per member and message).
+    group_filtered,
+    /// Messages sent to a multicast address where no group exists (dropped, as to an unbound
+    /// port).
+    group_no_group,
+    /// Times a group message waited on its sender's ring because a member without
+    /// DROP_WHEN_FULL had no room (counted once per wait, not per retry).
+    group_blocked,
+    /// Multicast groups created.
+    groups_created,
+    /// Memberships that ended by a close or an app's death rather than a leave.
+    group_members_closed,
 }
 }
 

@@ -74,6 +74,142 @@ pub enum Request {
     /// would not fit in one reply datagram are cut and their `truncated` count says how many
     /// entries are missing.
     Info { sections: u32 },
+    /// Create the multicast group `addr:port` (224.0.0.0/4); the socket does not join it.
+    GroupCreate {
+        slot: u32,
+        addr: Ipv4Addr,
+        port: u16,
+    },
+    /// Join group `addr:port` with `GROUP_*` flags, or change the flags of a membership
+    /// (`update`).
+    GroupJoin {
+        slot: u32,
+        addr: Ipv4Addr,
+        port: u16,
+        flags: u32,
+        update: bool,
+    },
+    /// Leave group `addr:port`.
+    GroupLeave {
+        slot: u32,
+        addr: Ipv4Addr,
+        port: u16,
+    },
+    /// One step of replacing a membership's filter (see [`FilterStep`]).
+    GroupFilter {
+        slot: u32,
+        addr: Ipv4Addr,
+        port: u16,
+        step: FilterStep,
+    },
+    /// The socket's default destination is group `addr:port` (POLLOUT follows the group's
+    /// flow control), or is no group any more (`addr` unspecified).
+    GroupConnect {
+        slot: u32,
+        addr: Ipv4Addr,
+        port: u16,
+    },
+}
+
+/// Membership flag: the member receives the messages its own socket sends to the group.
+pub const GROUP_LOOPBACK: u32 = 1;
+/// Membership flag: a member with a full receive buffer is skipped (and counted) instead of
+/// holding the group back.
+pub const GROUP_DROP_WHEN_FULL: u32 = 2;
+/// Rules one member filter holds at most (every send runs every member's filter).
+pub const GROUP_FILTER_MAX_RULES: usize = 16;
+
+/// How a member filter uses its rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FilterMode {
+    /// No filter: every message.
+    All = 0,
+    /// Only messages from senders matching a rule.
+    Only = 1,
+    /// Every message except those from senders matching a rule.
+    Except = 2,
+}
+
+/// Senders from `addr/prefix_len` bound to a port in `first..=last`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FilterRule {
+    /// Address of the prefix.
+    pub addr: Ipv4Addr,
+    /// Prefix length, 0..=32.
+    pub prefix_len: u8,
+    /// First port of the range.
+    pub first_port: u16,
+    /// Last port of the range (included).
+    pub last_port: u16,
+}
+
+/// A filter travels as one request per rule (a request is 32 bytes): rule `index` of `count`
+/// in `mode`. rdsd applies the filter when the last rule arrives, so no message ever meets a
+/// half-replaced filter; `FilterMode::All` is a single step with no rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FilterStep {
+    /// How the rules are used.
+    pub mode: FilterMode,
+    /// This rule's index, `0..count`.
+    pub index: u8,
+    /// Rules in the filter, `1..=GROUP_FILTER_MAX_RULES` (ignored for `All`).
+    pub count: u8,
+    /// The rule.
+    pub rule: FilterRule,
+}
+
+impl FilterStep {
+    /// The single step that removes a filter.
+    pub fn all() -> FilterStep {
+        FilterStep {
+            mode: FilterMode::All,
+            index: 0,
+            count: 1,
+            rule: FilterRule {
+                addr: Ipv4Addr::UNSPECIFIED,
+                prefix_len: 0,
+                first_port: 0,
+                last_port: 0,
+            },
+        }
+    }
+
+    /// (flag, value) of the request: flag = mode | index << 2 | (count - 1) << 6 |
+    /// prefix_len << 10; value = addr | first << 32 | last << 48.
+    fn encode(&self) -> (u16, u64) {
+        let flag = self.mode as u16
+            | u16::from(self.index & 0xf) << 2
+            | u16::from(self.count.wrapping_sub(1) & 0xf) << 6
+            | u16::from(self.rule.prefix_len & 0x3f) << 10;
+        let value = u64::from(u32::from(self.rule.addr))
+            | u64::from(self.rule.first_port) << 32
+            | u64::from(self.rule.last_port) << 48;
+        (flag, value)
+    }
+
+    fn decode(flag: u16, value: u64) -> Result<FilterStep, BadRequest> {
+        let mode = match flag & 3 {
+            0 => FilterMode::All,
+            1 => FilterMode::Only,
+            2 => FilterMode::Except,
+            _ => return Err(BadRequest),
+        };
+        let (index, count) = (((flag >> 2) & 0xf) as u8, ((flag >> 6) & 0xf) as u8 + 1);
+        if index >= count {
+            return Err(BadRequest);
+        }
+        Ok(FilterStep {
+            mode,
+            index,
+            count,
+            rule: FilterRule {
+                addr: Ipv4Addr::from(value as u32),
+                prefix_len: (flag >> 10) as u8,
+                first_port: (value >> 32) as u16,
+                last_port: (value >> 48) as u16,
+            },
+        })
+    }
 }
 
 /// `Info` section: counters.
@@ -106,6 +242,11 @@ const OP_ENABLE_READINESS: u32 = 8;
 const OP_CLOSE: u32 = 9;
 const OP_STATS: u32 = 10;
 const OP_INFO: u32 = 11;
+const OP_GROUP_CREATE: u32 = 12;
+const OP_GROUP_JOIN: u32 = 13;
+const OP_GROUP_LEAVE: u32 = 14;
+const OP_GROUP_FILTER: u32 = 15;
+const OP_GROUP_CONNECT: u32 = 16;
 
 /// A request that could not be decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,6 +278,38 @@ impl Request {
             Request::Close { slot } => (OP_CLOSE, slot, 0, 0, 0, 0),
             Request::Stats => (OP_STATS, 0, 0, 0, 0, 0),
             Request::Info { sections } => (OP_INFO, 0, 0, 0, 0, sections as u64),
+            Request::GroupCreate { slot, addr, port } => {
+                (OP_GROUP_CREATE, slot, addr.into(), port, 0, 0)
+            }
+            Request::GroupJoin {
+                slot,
+                addr,
+                port,
+                flags,
+                update,
+            } => (
+                OP_GROUP_JOIN,
+                slot,
+                addr.into(),
+                port,
+                update as u16,
+                flags as u64,
+            ),
+            Request::GroupLeave { slot, addr, port } => {
+                (OP_GROUP_LEAVE, slot, addr.into(), port, 0, 0)
+            }
+            Request::GroupFilter {
+                slot,
+                addr,
+                port,
+                step,
+            } => {
+                let (flag, value) = step.encode();
+                (OP_GROUP_FILTER, slot, addr.into(), port, flag, value)
+            }
+            Request::GroupConnect { slot, addr, port } => {
+                (OP_GROUP_CONNECT, slot, addr.into(), port, 0, 0)
+            }
         };
         let mut b = [0u8; LEGACY_REQUEST_LEN];
         b[0..4].copy_from_slice(&op.to_le_bytes());
@@ -203,6 +376,22 @@ impl Request {
             OP_CLOSE => Request::Close { slot },
             OP_STATS => Request::Stats,
             OP_INFO => Request::Info { sections: bytes()? },
+            OP_GROUP_CREATE => Request::GroupCreate { slot, addr, port },
+            OP_GROUP_JOIN => Request::GroupJoin {
+                slot,
+                addr,
+                port,
+                flags: bytes()?,
+                update: flag != 0,
+            },
+            OP_GROUP_LEAVE => Request::GroupLeave { slot, addr, port },
+            OP_GROUP_FILTER => Request::GroupFilter {
+                slot,
+                addr,
+                port,
+                step: FilterStep::decode(flag, value)?,
+            },
+            OP_GROUP_CONNECT => Request::GroupConnect { slot, addr, port },
             _ => return Err(BadRequest),
         })
     }
@@ -441,6 +630,50 @@ mod tests {
             Request::Info { sections: 0 },
             Request::Info {
                 sections: INFO_SOCKETS | INFO_PATHS,
+            },
+            Request::GroupCreate {
+                slot: 1,
+                addr: Ipv4Addr::new(239, 1, 2, 3),
+                port: 5000,
+            },
+            Request::GroupJoin {
+                slot: 1,
+                addr: Ipv4Addr::new(239, 1, 2, 3),
+                port: 5000,
+                flags: GROUP_LOOPBACK | GROUP_DROP_WHEN_FULL,
+                update: true,
+            },
+            Request::GroupLeave {
+                slot: 1,
+                addr: Ipv4Addr::new(239, 1, 2, 3),
+                port: 5000,
+            },
+            Request::GroupFilter {
+                slot: 1,
+                addr: Ipv4Addr::new(239, 1, 2, 3),
+                port: 5000,
+                step: FilterStep {
+                    mode: FilterMode::Except,
+                    index: 15,
+                    count: 16,
+                    rule: FilterRule {
+                        addr: a,
+                        prefix_len: 32,
+                        first_port: 7,
+                        last_port: 65535,
+                    },
+                },
+            },
+            Request::GroupFilter {
+                slot: 1,
+                addr: Ipv4Addr::new(239, 1, 2, 3),
+                port: 5000,
+                step: FilterStep::all(),
+            },
+            Request::GroupConnect {
+                slot: 1,
+                addr: Ipv4Addr::new(239, 1, 2, 3),
+                port: 5000,
             },
         ] {
             assert_eq!(Request::decode(&r.encode(77)), Ok((77, r)));

@@ -38,6 +38,6 @@ pub mod sys;
 
 #[cfg(not(loom))]
 pub use socket::{
-    daemon_gone, explain, info_at, is_daemon_gone, recv_wakeups, stats_at, Rdsd, RecvFlags,
-    RecvMsg, RecvWakeups, Socket, DEFAULT_CONTROL_SOCKET,
+    daemon_gone, explain, info_at, is_daemon_gone, is_group, recv_wakeups, stats_at, GroupFilter,
+    GroupFlags, Rdsd, RecvFlags, RecvMsg, RecvWakeups, Socket, DEFAULT_CONTROL_SOCKET,
 };

@@ -180,6 +180,24 @@ impl<M: RingMemory> Producer<M> {
         self.free()
     }
 
+    /// Whether [`push_with`](Self::push_with) would take a record of `payload_len` bytes now
+    /// (the pad it may need at the end of the ring included). A multicast fan-out asks this of
+    /// every member before it writes to any, so that its pushes all succeed.
+    pub fn fits(&mut self, payload_len: usize) -> bool {
+        let cap = self.mem.capacity();
+        let total = record_size(payload_len);
+        if total > cap || self.refresh_tail().is_err() {
+            return false;
+        }
+        let to_end = cap - ((self.head as usize) & (cap - 1));
+        let need = if total > to_end {
+            to_end + total
+        } else {
+            total
+        };
+        self.free() >= need
+    }
+
     /// True if nothing pushed is still unconsumed (as far as the consumer has released).
     pub fn is_drained(&mut self) -> bool {
         self.refresh_tail().is_ok() && self.cached_tail == self.head
@@ -606,6 +624,25 @@ mod tests {
         c.hold_from(None);
         c.release();
         p.push(RecordHeader::data(112, 0, 0), &[9; 112]).unwrap();
+    }
+
+    #[test]
+    fn fits_answers_what_push_then_does() {
+        let (_h, mut p, mut c) = pair(256);
+        for i in 0..2000usize {
+            let len = (i * 37) % 300;
+            let fits = p.fits(len);
+            let pushed = p.push(RecordHeader::data(0, 0, 0), &vec![1; len]);
+            assert_eq!(
+                fits,
+                pushed.is_ok(),
+                "record {i} of {len} bytes: {pushed:?}"
+            );
+            p.publish();
+            if i % 3 != 0 {
+                pop(&mut c);
+            }
+        }
     }
 
     #[test]

@@ -19,6 +19,10 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+#[path = "group.rs"]
+mod group;
+pub use group::{is_group, GroupFilter, GroupFlags};
+
 /// Default control socket path (override with `RDSD_SOCKET`).
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/rdsd/rdsd.sock";
 
@@ -606,12 +610,18 @@ impl Socket {
     }
 
     /// Records a default destination (nothing goes on the wire).
+    /// A group address (224.0.0.0/4, rdsd's multicast groups) is a destination too; rdsd then
+    /// keeps POLLOUT in step with the group's flow control.
     pub fn connect(&self, addr: SocketAddrV4) -> io::Result<()> {
         if addr.ip().is_unspecified() {
             return Err(errno(libc::EDESTADDRREQ));
         }
-        if addr.ip().is_broadcast() || addr.ip().is_multicast() {
+        if addr.ip().is_broadcast() || (is_group(addr) && addr.port() == 0) {
             return Err(errno(libc::EINVAL));
+        }
+        let old = unpack(self.peer.load(Ordering::Acquire));
+        if is_group(addr) || old.is_some_and(is_group) {
+            self.group_connect(Some(addr))?;
         }
         self.peer.store(pack(addr), Ordering::Release);
         Ok(())
@@ -649,7 +659,8 @@ impl Socket {
         dontwait: bool,
     ) -> io::Result<usize> {
         if let Some(d) = dest {
-            if bad_unicast(d.ip()) {
+            // A multicast address is a group (port 0 names none).
+            if d.ip().is_unspecified() || d.ip().is_broadcast() || (is_group(d) && d.port() == 0) {
                 return Err(errno(libc::EINVAL));
             }
         }
@@ -676,6 +687,10 @@ impl Socket {
             if c.daemon_view
                 .is_congested(dest_ip, dest.port(), &mut tx.cong_hint)
             {
+                if nonblock && is_group(dest) {
+                    // A member without DROP_WHEN_FULL is full: nobody got the message.
+                    return Err(errno(libc::EAGAIN));
+                }
                 if nonblock {
                     if self.monitor.load(Ordering::Relaxed) {
                         ctl.cong_interest

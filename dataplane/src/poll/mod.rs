@@ -503,9 +503,24 @@ impl PollCore {
         done
     }
 
-    /// Hands one message to the first transport that carries its destination.
+    /// Hands one message to the first transport that carries its destination (or, for an
+    /// address in 224.0.0.0/4, to the group's fan-out).
     fn route(&mut self, from: SockRef, src: (u32, u16), rec: &Record) -> Outcome {
         let dest = Ipv4Addr::from(rec.header.addr);
+        if dest.is_multicast() {
+            // SAFETY: as below: peeked, not consumed, its app in the table for this call.
+            let sent = unsafe { self.table.tx_record(from, rec) };
+            return match self.table.group_send(
+                from,
+                src,
+                rec.header.addr,
+                rec.header.port,
+                &sent.payload,
+            ) {
+                table::GroupSent::Done => Outcome::Done,
+                table::GroupSent::Blocked => Outcome::Blocked,
+            };
+        }
         if self.table.link().is_some() {
             if let Some(o) = self.forward_local(from, src, rec) {
                 return o;
@@ -796,6 +811,39 @@ impl PollCore {
                 let r = self.live_sock(app, slot)?;
                 self.close_sock(r);
                 Ok(0)
+            }
+            Request::GroupCreate { slot, addr, port } => {
+                let r = self.live_sock(app, slot)?;
+                self.table.group_create(r, addr, port).map(|()| 0)
+            }
+            Request::GroupJoin {
+                slot,
+                addr,
+                port,
+                flags,
+                update,
+            } => {
+                let r = self.live_sock(app, slot)?;
+                self.table
+                    .group_join(r, addr, port, flags, update)
+                    .map(|()| 0)
+            }
+            Request::GroupLeave { slot, addr, port } => {
+                let r = self.live_sock(app, slot)?;
+                self.table.group_leave(r, addr, port).map(|()| 0)
+            }
+            Request::GroupFilter {
+                slot,
+                addr,
+                port,
+                step,
+            } => {
+                let r = self.live_sock(app, slot)?;
+                self.table.group_filter(r, addr, port, step).map(|()| 0)
+            }
+            Request::GroupConnect { slot, addr, port } => {
+                let r = self.live_sock(app, slot)?;
+                self.table.group_connect(r, addr, port).map(|()| 0)
             }
         }
     }

@@ -24,6 +24,11 @@ pub(super) const MAX_CANCELS: usize = 8;
 
 pub use super::sock_ref::SockRef;
 
+#[path = "groups.rs"]
+mod groups;
+pub(super) use groups::GroupSent;
+use groups::Groups;
+
 #[derive(Clone, Copy)]
 pub(super) struct Cancel {
     pub dest: Option<(u32, u16)>,
@@ -72,6 +77,10 @@ pub(super) struct Sock {
     pub readiness_on: bool,
     /// Holds of records sent in place, oldest first (capacity SOCK_HOLDS, allocated at open).
     pub holds: VecDeque<u32>,
+    /// The group the app connected the socket to (its POLLOUT follows the group's full bit).
+    pub group_dest: Option<crate::group::GroupAddr>,
+    /// The record at the head of the tx ring waits for a full group (counted once per wait).
+    pub group_blocked: bool,
 }
 
 /// One attached process.
@@ -142,6 +151,8 @@ pub struct SocketTable {
     /// Regions unmapped since the transports last heard (`region_detached`).
     regions_gone: Vec<u64>,
     next_region: u64,
+    /// The multicast groups this shard orders (`groups.rs`).
+    groups: Groups,
 }
 
 impl SocketTable {
@@ -187,6 +198,7 @@ impl SocketTable {
             draining: Vec::new(),
             regions_gone: Vec::with_capacity(64),
             next_region: 1,
+            groups: Groups::new(),
         }
     }
 
@@ -337,6 +349,8 @@ impl SocketTable {
             readiness,
             readiness_on: false,
             holds: VecDeque::with_capacity(SOCK_HOLDS),
+            group_dest: None,
+            group_blocked: false,
         });
         self.open_socks.push(SockRef { app, slot });
         Stats::bump(&self.stats.sockets_opened);
@@ -513,6 +527,7 @@ impl SocketTable {
             self.set_cong_bit(addr, port, true);
             self.congested.push(to);
             Stats::bump(&self.stats.cong_marked);
+            self.groups_member_congestion(to);
         }
     }
 
@@ -569,6 +584,7 @@ impl SocketTable {
                     s.congested = false;
                     let (addr, port) = s.bound.expect("bound");
                     self.uncongest(addr, port);
+                    self.groups_member_congestion(r);
                 }
                 cleared += 1;
             } else {
@@ -629,7 +645,8 @@ impl SocketTable {
                 continue;
             };
             let sent = ctl.tx_sent_bytes.load(Ordering::Acquire);
-            let writable = sent.wrapping_sub(s.released) < s.sndbuf as u64;
+            let writable = sent.wrapping_sub(s.released) < s.sndbuf as u64
+                && s.group_dest.is_none_or(|g| !self.groups.full.contains(&g));
             // Positions, not byte counts: zero-length messages count too.
             let rx = s.rx.memory();
             let pending =
@@ -726,6 +743,7 @@ impl SocketTable {
             }
             self.unref_cong_entry(b.0);
         }
+        self.groups_socket_closed(r);
         s.bound
     }
 
@@ -928,50 +946,29 @@ impl SocketTable {
         d
     }
 
-    pub(super) fn next_rand(&mut self) -> u64 {
-        // xorshift64: only used to pick the start of the free-port search.
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        self.rng
-    }
-}
-
-impl Upcalls for SocketTable {
-    fn deliver(&mut self, m: Incoming<'_>) -> Delivered {
-        let Some(&to) = self.binds.get(&(m.laddr, m.dport)) else {
-            if let Some(d) = self.forward_delivery(&m) {
-                return d;
-            }
-            if self
-                .fabric
-                .dir()
-                .rebind
-                .as_mut()
-                .is_some_and(|r| r.holds(m.dport))
-            {
-                // Its app is re-attaching after our restart: wait (the path pauses).
-                Stats::bump(&self.stats.rx_held_for_rebind);
-                return Delivered::Full;
-            }
-            // rds(7): a datagram to an unbound port is silently dropped.
-            Stats::bump(&self.stats.drop_unbound_dest);
-            return Delivered::NoSocket;
-        };
-        let len = m.payload.len();
-        let Some(app) = self.apps[to.app].as_mut() else {
+    /// Copies one message into `to`'s rx ring and wakes its receivers: `Full` if the ring has
+    /// no room now, `NoSocket` if `to` is gone.
+    pub(super) fn deliver_to(
+        &mut self,
+        to: SockRef,
+        faddr: u32,
+        sport: u16,
+        payload: &MsgBytes<'_>,
+    ) -> Delivered {
+        let len = payload.len();
+        let Some(app) = self.apps.get_mut(to.app).and_then(|a| a.as_mut()) else {
             return Delivered::NoSocket;
         };
         let Some(sock) = app.socks[to.slot as usize].as_mut() else {
             return Delivered::NoSocket;
         };
-        let header = RecordHeader::data(len as u32, m.faddr, m.sport);
+        let header = RecordHeader::data(len as u32, faddr, sport);
         let trace = self.cfg.trace_hops;
         let pushed = sock.rx.push_with(header, |mem, off| {
             // SAFETY: `off..off + len` lies in the receiver's rx ring data area (reserved by
             // the producer for a record of `len` bytes); the source is a separate buffer or
             // another ring (rings never overlap, even for a socket sending to itself).
-            unsafe { m.payload.copy_to(mem.data_ptr().add(off)) };
+            unsafe { payload.copy_to(mem.data_ptr().add(off)) };
             if trace {
                 // SAFETY: the same `len` bytes we just wrote, not yet published to the app.
                 unsafe {
@@ -1006,6 +1003,39 @@ impl Upcalls for SocketTable {
                 Delivered::NoSocket
             }
         }
+    }
+
+    pub(super) fn next_rand(&mut self) -> u64 {
+        // xorshift64: only used to pick the start of the free-port search.
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+}
+
+impl Upcalls for SocketTable {
+    fn deliver(&mut self, m: Incoming<'_>) -> Delivered {
+        let Some(&to) = self.binds.get(&(m.laddr, m.dport)) else {
+            if let Some(d) = self.forward_delivery(&m) {
+                return d;
+            }
+            if self
+                .fabric
+                .dir()
+                .rebind
+                .as_mut()
+                .is_some_and(|r| r.holds(m.dport))
+            {
+                // Its app is re-attaching after our restart: wait (the path pauses).
+                Stats::bump(&self.stats.rx_held_for_rebind);
+                return Delivered::Full;
+            }
+            // rds(7): a datagram to an unbound port is silently dropped.
+            Stats::bump(&self.stats.drop_unbound_dest);
+            return Delivered::NoSocket;
+        };
+        self.deliver_to(to, m.faddr, m.sport, &m.payload)
     }
 
     fn release(&mut self, token: u64, len: u64) {

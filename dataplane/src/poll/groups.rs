@@ -1,0 +1,412 @@
+//! The poll thread's multicast groups: `crate::group::GroupTable` (the sans-IO rules) wired to
+//! the socket table, which is the only writer of every member's rx ring. A child of `table`
+//! (it keeps the table's invariants with the table's private fields).
+//!
+//! - **Fan-out** (`group_send`): the decision asks every eligible member whether its rx ring
+//!   takes the record now (`Producer::fits`) and whether it is below SO_RCVBUF (not
+//!   congested); on `Deliver` the record is pushed into every target before anything else
+//!   happens on this thread, so a message is in all of them or in none. On `Blocked` it stays
+//!   at the head of the sender's tx ring and is decided again on a later pass.
+//! - **Flow control**: a group is *full* while one member without DROP_WHEN_FULL is congested
+//!   (its queue above SO_RCVBUF, until it falls below half, as a unicast port). A full group
+//!   sets the bit of its `addr:port` in the daemon region's congestion table, which every
+//!   sender's library already tests before a send: a blocking send waits, a non-blocking one
+//!   gets EAGAIN, POLLOUT of a socket connected to the group clears. The bit follows the
+//!   members' congestion, joins, leaves and closes (`refresh_full`).
+//! - **Lifetime**: a group holds a reference on its address's congestion entry from create to
+//!   death; closing a socket (and an app's death or eviction) leaves all its groups.
+
+use super::{App, SockRef, SocketTable};
+use crate::group::{
+    Filter, GroupAddr, GroupError, GroupTable, MemberFlags, SendDecision, Sender, SenderRule,
+};
+use crate::seam::{Delivered, MsgBytes};
+use crate::stats::Stats;
+use rustc_hash::{FxHashMap, FxHashSet};
+use shm_api::ctrl::{FilterMode, FilterStep};
+use shm_api::layout::cong_monitor_bit;
+use std::net::Ipv4Addr;
+use std::sync::atomic::Ordering;
+
+/// A filter arriving one rule per request (`FilterStep`).
+struct Staging {
+    group: GroupAddr,
+    mode: FilterMode,
+    count: u8,
+    rules: Vec<SenderRule>,
+}
+
+/// One shard's groups and what the glue keeps beside them.
+pub(super) struct Groups {
+    table: GroupTable<SockRef>,
+    /// Groups whose bit is set in the daemon region (a member without DROP_WHEN_FULL is
+    /// congested).
+    pub(super) full: FxHashSet<GroupAddr>,
+    /// The targets of the fan-out in progress (kept for its capacity).
+    targets: Vec<SockRef>,
+    /// The groups of a socket whose state changed (kept for its capacity).
+    scratch: Vec<GroupAddr>,
+    /// Filters being assembled, per member socket.
+    staging: FxHashMap<SockRef, Staging>,
+}
+
+impl Groups {
+    pub(super) fn new() -> Groups {
+        Groups {
+            table: GroupTable::default(),
+            full: FxHashSet::default(),
+            targets: Vec::new(),
+            scratch: Vec::new(),
+            staging: FxHashMap::default(),
+        }
+    }
+}
+
+/// What became of a tx record sent to a group.
+pub(in crate::poll) enum GroupSent {
+    /// Delivered to every target, or dropped and counted: its bytes are free.
+    Done,
+    /// A member without DROP_WHEN_FULL has no room: leave it on the ring.
+    Blocked,
+}
+
+fn group_addr(addr: Ipv4Addr, port: u16) -> Result<GroupAddr, i32> {
+    GroupAddr::new(u32::from(addr), port).map_err(GroupError::errno)
+}
+
+/// Whether member `m` takes a record of `len` bytes now: below SO_RCVBUF and room in its rx
+/// ring. A member whose socket is gone has "room": the delivery skips it (closes leave their
+/// groups at once, so this is only a guard).
+fn member_room(apps: &mut [Option<App>], m: SockRef, len: usize) -> bool {
+    let Some(s) = apps
+        .get_mut(m.app)
+        .and_then(|a| a.as_mut())
+        .filter(|a| !a.evicted)
+        .and_then(|a| a.socks.get_mut(m.slot as usize))
+        .and_then(|s| s.as_mut())
+    else {
+        return true;
+    };
+    !s.congested && s.rx.fits(len)
+}
+
+impl SocketTable {
+    /// The groups this shard orders (snapshots).
+    #[allow(dead_code)]
+    pub(in crate::poll) fn groups(&self) -> &GroupTable<SockRef> {
+        &self.groups.table
+    }
+
+    /// GroupCreate: `r` creates `addr:port`.
+    pub(in crate::poll) fn group_create(
+        &mut self,
+        r: SockRef,
+        addr: Ipv4Addr,
+        port: u16,
+    ) -> Result<(), i32> {
+        let g = group_addr(addr, port)?;
+        if self.groups.table.exists(g) {
+            return Err(libc::EADDRINUSE);
+        }
+        // The group's full bit lives in its address's congestion entry.
+        self.ref_cong_entry(g.addr())?;
+        if let Err(e) = self.groups.table.create(g, r) {
+            self.unref_cong_entry(g.addr());
+            return Err(e.errno());
+        }
+        Stats::bump(&self.stats.groups_created);
+        Ok(())
+    }
+
+    /// GroupJoin: `r` (bound) joins `addr:port`, or changes its flags (`update`).
+    pub(in crate::poll) fn group_join(
+        &mut self,
+        r: SockRef,
+        addr: Ipv4Addr,
+        port: u16,
+        flags: u32,
+        update: bool,
+    ) -> Result<(), i32> {
+        let g = group_addr(addr, port)?;
+        let flags = MemberFlags::from_bits(flags).map_err(GroupError::errno)?;
+        if self.sock(r).expect("live").bound.is_none() {
+            // A member receives: like any receiver it needs an address.
+            return Err(libc::ENOTCONN);
+        }
+        let done = if update {
+            self.groups.table.set_flags(g, r, flags)
+        } else {
+            self.groups.table.join(g, r, flags, Filter::All)
+        };
+        done.map_err(GroupError::errno)?;
+        self.refresh_full(g);
+        Ok(())
+    }
+
+    /// GroupLeave.
+    pub(in crate::poll) fn group_leave(
+        &mut self,
+        r: SockRef,
+        addr: Ipv4Addr,
+        port: u16,
+    ) -> Result<(), i32> {
+        let g = group_addr(addr, port)?;
+        self.groups.table.leave(g, r).map_err(GroupError::errno)?;
+        self.groups.staging.remove(&r);
+        self.group_changed(g);
+        Ok(())
+    }
+
+    /// GroupFilter: one rule of `r`'s new filter on `addr:port`; the filter replaces the old
+    /// one when its last rule arrives.
+    pub(in crate::poll) fn group_filter(
+        &mut self,
+        r: SockRef,
+        addr: Ipv4Addr,
+        port: u16,
+        step: FilterStep,
+    ) -> Result<(), i32> {
+        let g = group_addr(addr, port)?;
+        let rule = || {
+            SenderRule::new(
+                u32::from(step.rule.addr),
+                step.rule.prefix_len,
+                step.rule.first_port,
+                step.rule.last_port,
+            )
+            .map_err(GroupError::errno)
+        };
+        let filter = match step.mode {
+            FilterMode::All => {
+                self.groups.staging.remove(&r);
+                Filter::All
+            }
+            _ => {
+                let rule = rule()?;
+                if step.index == 0 {
+                    self.groups.staging.insert(
+                        r,
+                        Staging {
+                            group: g,
+                            mode: step.mode,
+                            count: step.count,
+                            rules: Vec::with_capacity(step.count.into()),
+                        },
+                    );
+                }
+                let st = self.groups.staging.get_mut(&r).ok_or(libc::EINVAL)?;
+                let in_order = st.group == g
+                    && st.mode == step.mode
+                    && st.count == step.count
+                    && st.rules.len() == usize::from(step.index);
+                if !in_order {
+                    self.groups.staging.remove(&r);
+                    return Err(libc::EINVAL);
+                }
+                st.rules.push(rule);
+                if st.rules.len() < usize::from(st.count) {
+                    // Not complete yet: checked as far as it goes (the member exists).
+                    return match self.groups.table.group(g) {
+                        None => Err(libc::ENOENT),
+                        Some(v) if !v.members.iter().any(|m| m.sock == r) => {
+                            Err(libc::EADDRNOTAVAIL)
+                        }
+                        Some(_) => Ok(()),
+                    };
+                }
+                let st = self.groups.staging.remove(&r).expect("staged");
+                let rules = st.rules.into_boxed_slice();
+                match st.mode {
+                    FilterMode::Only => Filter::Only(rules),
+                    _ => Filter::Except(rules),
+                }
+            }
+        };
+        self.groups
+            .table
+            .set_filter(g, r, filter)
+            .map_err(GroupError::errno)
+    }
+
+    /// GroupConnect: `r`'s default destination is group `addr:port` (POLLOUT follows its
+    /// full bit), or no group (`addr` unspecified).
+    pub(in crate::poll) fn group_connect(
+        &mut self,
+        r: SockRef,
+        addr: Ipv4Addr,
+        port: u16,
+    ) -> Result<(), i32> {
+        let dest = if addr.is_unspecified() {
+            None
+        } else {
+            Some(group_addr(addr, port)?)
+        };
+        self.sock(r).expect("live").group_dest = dest;
+        Ok(())
+    }
+
+    /// `r` is closing: it leaves every group it created or joined.
+    pub(super) fn groups_socket_closed(&mut self, r: SockRef) {
+        self.groups.staging.remove(&r);
+        let mut list = std::mem::take(&mut self.groups.scratch);
+        list.clear();
+        list.extend_from_slice(self.groups.table.groups_of(r));
+        if list.is_empty() {
+            self.groups.scratch = list;
+            return;
+        }
+        for g in &list {
+            if self
+                .groups
+                .table
+                .group(*g)
+                .is_some_and(|v| v.members.iter().any(|m| m.sock == r))
+            {
+                Stats::bump(&self.stats.group_members_closed);
+            }
+        }
+        self.groups.table.close_socket(r);
+        for &g in &list {
+            self.group_changed(g);
+        }
+        self.groups.scratch = list;
+    }
+
+    /// `r`'s congestion changed: the groups it is in may have become full or free.
+    pub(super) fn groups_member_congestion(&mut self, r: SockRef) {
+        if self.groups.table.groups_of(r).is_empty() {
+            return;
+        }
+        let mut list = std::mem::take(&mut self.groups.scratch);
+        list.clear();
+        list.extend_from_slice(self.groups.table.groups_of(r));
+        for &g in &list {
+            self.refresh_full(g);
+        }
+        self.groups.scratch = list;
+    }
+
+    /// After a leave or a close: a dead group gives its congestion reference back; a live
+    /// one may be free now.
+    fn group_changed(&mut self, g: GroupAddr) {
+        if self.groups.table.exists(g) {
+            self.refresh_full(g);
+            return;
+        }
+        if self.groups.full.remove(&g) {
+            self.set_group_bit(g, false);
+        }
+        self.unref_cong_entry(g.addr());
+    }
+
+    /// Brings `g`'s full bit in line with its members.
+    fn refresh_full(&mut self, g: GroupAddr) {
+        let apps = &self.apps;
+        let congested = |m: SockRef| {
+            apps.get(m.app)
+                .and_then(|a| a.as_ref())
+                .and_then(|a| a.socks.get(m.slot as usize))
+                .and_then(|s| s.as_ref())
+                .is_some_and(|s| s.congested)
+        };
+        let full = matches!(
+            self.groups.table.any_blocker(g, |m| !congested(m)),
+            Ok(Some(_))
+        );
+        if full == self.groups.full.contains(&g) {
+            return;
+        }
+        if full {
+            self.groups.full.insert(g);
+        } else {
+            self.groups.full.remove(&g);
+        }
+        self.set_group_bit(g, full);
+        if !full {
+            // Blocked senders and POLLOUT waiters look again.
+            self.wake_uncongested(cong_monitor_bit(g.port()));
+        }
+    }
+
+    /// Sets or clears `g`'s bit in the daemon region (not a local port: no transport hears
+    /// of it, no peer gets it in a congestion map).
+    fn set_group_bit(&mut self, g: GroupAddr, on: bool) {
+        let Some(&(idx, _)) = self.cong_entries.get(&g.addr()) else {
+            return;
+        };
+        let port = g.port();
+        let word = &self.dview.map(idx)[port as usize / 64];
+        if on {
+            word.fetch_or(1 << (port % 64), Ordering::AcqRel);
+        } else {
+            word.fetch_and(!(1 << (port % 64)), Ordering::AcqRel);
+        }
+        self.dview.header().cong_seq.fetch_add(1, Ordering::Release);
+    }
+
+    /// One message from `from` (bound to `src`) to group `addr:port`: fan it out to every
+    /// eligible member or to none.
+    pub(in crate::poll) fn group_send(
+        &mut self,
+        from: SockRef,
+        src: (u32, u16),
+        addr: u32,
+        port: u16,
+        payload: &MsgBytes<'_>,
+    ) -> GroupSent {
+        let Ok(g) = GroupAddr::new(addr, port) else {
+            Stats::bump(&self.stats.group_no_group);
+            return GroupSent::Done;
+        };
+        let len = payload.len();
+        let sender = Sender {
+            sock: from,
+            addr: src.0,
+            port: src.1,
+        };
+        let apps = &mut self.apps;
+        let decision = self
+            .groups
+            .table
+            .send(g, sender, len, |m| member_room(apps, m, len));
+        let mut targets = std::mem::take(&mut self.groups.targets);
+        targets.clear();
+        match decision {
+            Err(_) => {
+                Stats::bump(&self.stats.group_no_group);
+                self.groups.targets = targets;
+                return GroupSent::Done;
+            }
+            Ok(SendDecision::Blocked { .. }) => {
+                let s = self.sock(from).expect("sender open");
+                if !s.group_blocked {
+                    s.group_blocked = true;
+                    Stats::bump(&self.stats.group_blocked);
+                }
+                self.groups.targets = targets;
+                return GroupSent::Blocked;
+            }
+            Ok(SendDecision::Deliver(d)) => {
+                targets.extend_from_slice(d.targets);
+                let st = &self.stats;
+                Stats::bump(&st.group_sends);
+                st.group_deliveries
+                    .fetch_add(d.targets.len() as u64, Ordering::Relaxed);
+                st.group_drops_full
+                    .fetch_add(d.skipped_full.into(), Ordering::Relaxed);
+                st.group_filtered
+                    .fetch_add(d.filtered.into(), Ordering::Relaxed);
+            }
+        }
+        if let Some(s) = self.sock(from) {
+            s.group_blocked = false;
+        }
+        for &to in &targets {
+            // Every target said it fits, and nothing ran on this thread since: all succeed.
+            let d = self.deliver_to(to, src.0, src.1, payload);
+            debug_assert!(d != Delivered::Full, "{to:?} refused a checked fan-out");
+        }
+        self.groups.targets = targets;
+        GroupSent::Done
+    }
+}
