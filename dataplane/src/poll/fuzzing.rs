@@ -181,7 +181,8 @@ impl AppSession {
             // Well-formed requests on a slot (the decoder rarely yields a local address).
             1 => {
                 let (port, arg) = (s.u16()? % 8, s.u8()?);
-                let req = match arg % 9 {
+                let group = Ipv4Addr::new(239, 0, 0, 1);
+                let req = match arg % 14 {
                     0 => Request::SocketOpen,
                     1 => Request::Bind {
                         slot,
@@ -210,6 +211,49 @@ impl AppSession {
                     },
                     6 => Request::EnableReadiness { slot },
                     7 => Request::Close { slot },
+                    // Groups on a few ports of one multicast address (`port` 0 among them).
+                    8 => Request::GroupCreate {
+                        slot,
+                        addr: group,
+                        port,
+                    },
+                    9 => Request::GroupJoin {
+                        slot,
+                        addr: group,
+                        port,
+                        flags: u32::from(arg >> 5),
+                        update: arg & 0x10 != 0,
+                    },
+                    10 => Request::GroupLeave {
+                        slot,
+                        addr: group,
+                        port,
+                    },
+                    11 => Request::GroupFilter {
+                        slot,
+                        addr: group,
+                        port,
+                        step: shm_api::ctrl::FilterStep {
+                            mode: match arg >> 6 {
+                                0 => shm_api::ctrl::FilterMode::All,
+                                1 => shm_api::ctrl::FilterMode::Only,
+                                _ => shm_api::ctrl::FilterMode::Except,
+                            },
+                            index: (arg >> 4) & 1,
+                            count: 2,
+                            rule: shm_api::ctrl::FilterRule {
+                                addr: LOCAL,
+                                prefix_len: 24 + (arg & 0xf),
+                                first_port: 0,
+                                last_port: port,
+                            },
+                        },
+                    },
+                    12 => Request::GroupConnect {
+                        slot,
+                        addr: group,
+                        port,
+                    },
                     _ => Request::Hello { version: 0 },
                 };
                 let readiness = match req {
@@ -224,7 +268,13 @@ impl AppSession {
             2 if live => {
                 let (len, port) = (s.u16()? % 1024, s.u16()? % 8);
                 let mut p = Producer::new(self.region().tx_ring(slot));
-                let header = RecordHeader::data(u32::from(len), u32::from(LOCAL), port);
+                // One in four to a group (the ports of op 1's groups).
+                let dest = if len % 4 == 0 {
+                    Ipv4Addr::new(239, 0, 0, 1)
+                } else {
+                    LOCAL
+                };
+                let header = RecordHeader::data(u32::from(len), u32::from(dest), port);
                 if p.push(header, &vec![0x5a; usize::from(len)]).is_ok() {
                     p.publish();
                 }

@@ -41,7 +41,7 @@ pub(super) struct Groups {
     table: GroupTable<SockRef>,
     /// Groups whose bit is set in the daemon region (a member without DROP_WHEN_FULL is
     /// congested).
-    pub(super) full: FxHashSet<GroupAddr>,
+    full: FxHashSet<GroupAddr>,
     /// The targets of the fan-out in progress (kept for its capacity).
     targets: Vec<SockRef>,
     /// The groups of a socket whose state changed (kept for its capacity).
@@ -51,6 +51,17 @@ pub(super) struct Groups {
 }
 
 impl Groups {
+    /// Panics unless the table's invariants hold and, with `empty`, no group is left (the
+    /// fuzzing harness, once its only app is gone).
+    #[cfg(any(test, fuzzing))]
+    pub(super) fn check(&self, empty: bool) {
+        self.table.check_invariants();
+        if empty {
+            assert!(self.table.is_empty(), "no group outlives its sockets");
+            assert!(self.full.is_empty() && self.staging.is_empty());
+        }
+    }
+
     pub(super) fn new() -> Groups {
         Groups {
             table: GroupTable::default(),
@@ -105,6 +116,7 @@ impl SocketTable {
         port: u16,
     ) -> Result<(), i32> {
         let g = group_addr(addr, port)?;
+        self.owns_groups()?;
         if self.groups.table.exists(g) {
             return Err(libc::EADDRINUSE);
         }
@@ -118,6 +130,17 @@ impl SocketTable {
         Ok(())
     }
 
+    /// With several poll threads, shard 0 owns and orders every group; sockets of the others
+    /// may send to groups (their messages cross to shard 0 in order) but not create or join
+    /// them yet: EXDEV, as a rename(2) across filesystems.
+    fn owns_groups(&self) -> Result<(), i32> {
+        if self.shard == 0 {
+            Ok(())
+        } else {
+            Err(libc::EXDEV)
+        }
+    }
+
     /// GroupJoin: `r` (bound) joins `addr:port`, or changes its flags (`update`).
     pub(in crate::poll) fn group_join(
         &mut self,
@@ -129,6 +152,7 @@ impl SocketTable {
     ) -> Result<(), i32> {
         let g = group_addr(addr, port)?;
         let flags = MemberFlags::from_bits(flags).map_err(GroupError::errno)?;
+        self.owns_groups()?;
         if self.sock(r).expect("live").bound.is_none() {
             // A member receives: like any receiver it needs an address.
             return Err(libc::ENOTCONN);
@@ -378,10 +402,15 @@ impl SocketTable {
                 return GroupSent::Done;
             }
             Ok(SendDecision::Blocked { .. }) => {
-                let s = self.sock(from).expect("sender open");
-                if !s.group_blocked {
-                    s.group_blocked = true;
-                    Stats::bump(&self.stats.group_blocked);
+                // A sender of another shard (not in this table) is counted at every retry of
+                // its stalled pair ring; a local one once per wait.
+                match self.sock(from) {
+                    Some(s) if s.group_blocked => {}
+                    Some(s) => {
+                        s.group_blocked = true;
+                        Stats::bump(&self.stats.group_blocked);
+                    }
+                    None => Stats::bump(&self.stats.group_blocked),
                 }
                 self.groups.targets = targets;
                 return GroupSent::Blocked;

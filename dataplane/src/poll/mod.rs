@@ -420,6 +420,24 @@ impl PollCore {
                         l.note(from, shard::Note::Release { token, len });
                     }
                 };
+                if dest.is_multicast() {
+                    // A group message from a socket of another shard: decided here, in the
+                    // order of the pair ring; a blocked one stalls the ring until room.
+                    let sender = table::sock_of_token(token).0;
+                    return match self.table.group_send(
+                        sender,
+                        (laddr, sport),
+                        faddr,
+                        dport,
+                        &payload,
+                    ) {
+                        table::GroupSent::Blocked => false,
+                        table::GroupSent::Done => {
+                            release(&mut self.table);
+                            true
+                        }
+                    };
+                }
                 let Some(t) = self.transports.iter_mut().find(|t| t.routes_to(dest)) else {
                     Stats::bump(&self.table.stats().drop_no_route);
                     release(&mut self.table);
@@ -507,6 +525,10 @@ impl PollCore {
     /// address in 224.0.0.0/4, to the group's fan-out).
     fn route(&mut self, from: SockRef, src: (u32, u16), rec: &Record) -> Outcome {
         let dest = Ipv4Addr::from(rec.header.addr);
+        if dest.is_multicast() && self.table.shard() != 0 {
+            // Shard 0 owns and orders every group: the message crosses in this ring's order.
+            return self.forward_send(from, src, rec);
+        }
         if dest.is_multicast() {
             // SAFETY: as below: peeked, not consumed, its app in the table for this call.
             let sent = unsafe { self.table.tx_record(from, rec) };

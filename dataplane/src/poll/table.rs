@@ -646,7 +646,11 @@ impl SocketTable {
             };
             let sent = ctl.tx_sent_bytes.load(Ordering::Acquire);
             let writable = sent.wrapping_sub(s.released) < s.sndbuf as u64
-                && s.group_dest.is_none_or(|g| !self.groups.full.contains(&g));
+                && s.group_dest.is_none_or(|g| {
+                    // The bit in the daemon region: shard 0 sets it for every shard's senders.
+                    let mut hint = usize::MAX;
+                    !self.dview.is_congested(g.addr(), g.port(), &mut hint)
+                });
             // Positions, not byte counts: zero-length messages count too.
             let rx = s.rx.memory();
             let pending =
@@ -1111,7 +1115,7 @@ pub(super) fn token_of(r: SockRef, gen: u32) -> u64 {
     ((r.app as u64) << 44) | ((r.slot as u64 & 0xfff) << 32) | gen as u64
 }
 
-fn sock_of_token(t: u64) -> (SockRef, u32) {
+pub(super) fn sock_of_token(t: u64) -> (SockRef, u32) {
     (
         SockRef {
             app: (t >> 44) as usize,
@@ -1146,5 +1150,6 @@ impl SocketTable {
             "no readiness entry outlives its app"
         );
         assert!(self.draining.is_empty(), "nothing drains");
+        self.groups.check(true);
     }
 }

@@ -253,6 +253,41 @@ fn main() {
             }
             say(format!("received {total} sources {}", next.len()));
         }
+        // group-member ADDR GROUP FLAGS RCVBUF READ COUNT: binds ADDR, joins GROUP with FLAGS,
+        // prints "joined"; if READ is 1, receives COUNT messages (sender port and sequence),
+        // then prints "done COUNT DIGEST", the digest a hash of the sequence in arrival order
+        // (two members that got the same messages in the same order print the same); if READ is
+        // 0, never reads (a member that holds the group back until it dies).
+        "group-member" => {
+            let addr: SocketAddrV4 = arg(&args, 1, "addr");
+            let group: SocketAddrV4 = arg(&args, 2, "group");
+            let flags: u32 = arg(&args, 3, "flags");
+            let rcvbuf: usize = arg(&args, 4, "rcvbuf");
+            let read: u8 = arg(&args, 5, "read");
+            let count: u64 = arg(&args, 6, "count");
+            let s = rdsd.socket().unwrap();
+            s.set_recv_buffer_size(rcvbuf).unwrap();
+            s.bind(addr).unwrap_or_else(|e| fail(format!("bind: {e}")));
+            s.group_join(group, shm_api::GroupFlags::from_bits(flags))
+                .unwrap_or_else(|e| fail(format!("join: {e}")));
+            say("joined");
+            if read == 0 {
+                loop {
+                    std::thread::sleep(Duration::from_secs(3600));
+                }
+            }
+            let mut buf = vec![0u8; 1 << 20];
+            let mut digest = 0xcbf2_9ce4_8422_2325u64;
+            for _ in 0..count {
+                let (n, from) = s
+                    .recv_from(&mut buf)
+                    .unwrap_or_else(|e| fail(format!("recv: {e}")));
+                for v in [u64::from(from.port()), payload_seq(&buf[..n])] {
+                    digest = (digest ^ v).wrapping_mul(0x100_0000_01b3);
+                }
+            }
+            say(format!("done {count} {digest:016x}"));
+        }
         // fanout SRC COUNT DST...: one socket sends COUNT messages to each destination in turn.
         "fanout" => {
             let src: SocketAddrV4 = arg(&args, 1, "src");

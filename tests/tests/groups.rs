@@ -1,0 +1,504 @@
+//! Multicast groups (issue 20): a message sent to a group reaches every eligible member or
+//! none, all members see one order, a full member holds the group back (EAGAIN, blocking,
+//! POLLOUT) unless it joined with DROP_WHEN_FULL, filters choose by sender, and closing a
+//! socket or killing its process leaves its groups. Every check counts messages; none times.
+
+use rdsd_tests::{lo, payload_seq, seq_payload, wait_channel, wait_for, Daemon};
+use shm_api::ctrl::FilterRule;
+use shm_api::{GroupFilter, GroupFlags, RecvFlags, Socket};
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn group(port: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::new(239, 1, 2, 3), port)
+}
+
+fn errno_of<T: std::fmt::Debug>(r: io::Result<T>) -> i32 {
+    r.expect_err("must fail").raw_os_error().expect("an errno")
+}
+
+fn bound(app: &shm_api::Rdsd, port: u16) -> Socket {
+    let s = app.socket().unwrap();
+    s.bind(lo(port)).unwrap();
+    s
+}
+
+/// Receives `n` messages: (sender port, sequence number).
+fn take(s: &Socket, n: usize) -> Vec<(u16, u64)> {
+    let mut buf = vec![0u8; 1 << 16];
+    (0..n)
+        .map(|_| {
+            let (len, from) = s.recv_from(&mut buf).unwrap();
+            (from.port(), payload_seq(&buf[..len]))
+        })
+        .collect()
+}
+
+/// Everything queued now (non-blocking).
+fn drain(s: &Socket) -> Vec<(u16, u64)> {
+    let mut buf = vec![0u8; 1 << 16];
+    let mut got = Vec::new();
+    let flags = RecvFlags {
+        dontwait: true,
+        ..RecvFlags::default()
+    };
+    while let Ok(m) = s.recv_msg(&mut buf, flags) {
+        got.push((m.from.unwrap().port(), payload_seq(&buf[..m.len])));
+    }
+    got
+}
+
+fn gettid() -> u32 {
+    // SAFETY: gettid takes no argument and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+#[test]
+fn membership_errors_follow_their_unicast_and_ip_multicast_analogues() {
+    let d = Daemon::start(&[]);
+    let app = d.attach();
+    let g = group(5000);
+    let creator = bound(&app, 9401);
+    assert_eq!(errno_of(creator.group_create(lo(5000))), libc::EINVAL);
+    assert_eq!(errno_of(creator.group_create(group(0))), libc::EINVAL);
+    creator.group_create(g).unwrap();
+    assert_eq!(errno_of(creator.group_create(g)), libc::EADDRINUSE);
+    let m = bound(&app, 9402);
+    assert_eq!(
+        errno_of(m.group_join(group(5001), GroupFlags::NONE)),
+        libc::ENOENT
+    );
+    let unbound = app.socket().unwrap();
+    assert_eq!(
+        errno_of(unbound.group_join(g, GroupFlags::NONE)),
+        libc::ENOTCONN
+    );
+    assert_eq!(
+        errno_of(m.group_join(g, GroupFlags::from_bits(4))),
+        libc::EINVAL
+    );
+    m.group_join(g, GroupFlags::NONE).unwrap();
+    assert_eq!(
+        errno_of(m.group_join(g, GroupFlags::NONE)),
+        libc::EADDRINUSE
+    );
+    m.group_set_flags(g, GroupFlags::LOOPBACK).unwrap();
+    let too_many = GroupFilter::Only(vec![
+        FilterRule {
+            addr: Ipv4Addr::LOCALHOST,
+            prefix_len: 32,
+            first_port: 1,
+            last_port: 2,
+        };
+        17
+    ]);
+    assert_eq!(errno_of(m.group_set_filter(g, &too_many)), libc::EINVAL);
+    assert_eq!(
+        errno_of(creator.group_set_filter(g, &GroupFilter::All)),
+        libc::EADDRNOTAVAIL,
+        "the creator is not a member"
+    );
+    m.group_leave(g).unwrap();
+    assert_eq!(errno_of(m.group_leave(g)), libc::EADDRNOTAVAIL);
+    assert_eq!(
+        errno_of(m.group_set_flags(g, GroupFlags::NONE)),
+        libc::EADDRNOTAVAIL
+    );
+    // A group address is not a bind address, and port 0 names no group.
+    let s = app.socket().unwrap();
+    assert_eq!(errno_of(s.bind(g)), libc::EINVAL);
+    assert_eq!(errno_of(m.send_to(b"x", group(0))), libc::EINVAL);
+    assert_eq!(d.stat("groups_created"), 1);
+}
+
+#[test]
+fn every_member_sees_every_sender_in_one_order() {
+    let d = Daemon::start(&[]);
+    let app = d.attach();
+    let g = group(5010);
+    let (s1, s2) = (bound(&app, 9411), bound(&app, 9412));
+    // m1 sends too, without LOOPBACK: it never gets its own. m3 sends with LOOPBACK.
+    let (m1, m2, m3) = (bound(&app, 9413), bound(&app, 9414), bound(&app, 9415));
+    s1.group_create(g).unwrap();
+    m1.group_join(g, GroupFlags::NONE).unwrap();
+    m2.group_join(g, GroupFlags::NONE).unwrap();
+    m3.group_join(g, GroupFlags::LOOPBACK).unwrap();
+    const EACH: u64 = 300;
+    let senders = [&s1, &s2, &m1, &m3];
+    let (got1, got2, got3) = std::thread::scope(|sc| {
+        for s in senders {
+            // The default SO_RCVBUF fills: the senders also block on the group's flow control.
+            sc.spawn(move || {
+                for i in 0..EACH {
+                    s.send_to(&seq_payload(i, 64 + (i as usize % 300)), g)
+                        .unwrap();
+                }
+            });
+        }
+        let r1 = sc.spawn(|| take(&m1, 3 * EACH as usize));
+        let r2 = sc.spawn(|| take(&m2, 4 * EACH as usize));
+        let r3 = sc.spawn(|| take(&m3, 4 * EACH as usize));
+        (r1.join().unwrap(), r2.join().unwrap(), r3.join().unwrap())
+    });
+    assert_eq!(got2, got3, "m2 and m3 saw one order");
+    let without_m1: Vec<_> = got2.iter().copied().filter(|m| m.0 != 9413).collect();
+    assert_eq!(
+        got1, without_m1,
+        "m1 saw the same order, less its own messages"
+    );
+    for port in [9411, 9412, 9413, 9415] {
+        let seqs: Vec<u64> = got2.iter().filter(|m| m.0 == port).map(|m| m.1).collect();
+        assert_eq!(
+            seqs,
+            (0..EACH).collect::<Vec<_>>(),
+            "sender {port} in order"
+        );
+    }
+    assert!(drain(&m1).is_empty() && drain(&m2).is_empty() && drain(&m3).is_empty());
+    assert!(
+        drain(&s1).is_empty(),
+        "a sender that is not a member gets nothing"
+    );
+    wait_for(
+        || d.stat("group_sends") == 4 * EACH,
+        LIMIT,
+        "the group sends counted",
+    );
+    assert_eq!(d.exact_stat("group_deliveries"), 11 * EACH);
+}
+
+#[test]
+fn a_full_member_holds_the_group_back_and_nobody_gets_the_message() {
+    let d = Daemon::start(&[]);
+    let app = d.attach();
+    let g = group(5020);
+    let sender = bound(&app, 9421);
+    let full = app.socket().unwrap();
+    full.set_recv_buffer_size(1024).unwrap();
+    full.bind(lo(9422)).unwrap();
+    let reader = bound(&app, 9423);
+    sender.group_create(g).unwrap();
+    full.group_join(g, GroupFlags::NONE).unwrap();
+    reader.group_join(g, GroupFlags::NONE).unwrap();
+    sender.set_nonblocking(true).unwrap();
+    sender.connect(g).unwrap();
+    let fd = sender.pollable_fd().unwrap();
+    let pollout = || {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        unsafe { libc::poll(&mut p, 1, 0) };
+        p.revents & libc::POLLOUT != 0
+    };
+    wait_for(pollout, LIMIT, "POLLOUT before the group fills");
+    let mut sent = 0u64;
+    let eagain = loop {
+        match sender.send(&seq_payload(sent, 200)) {
+            Ok(_) => sent += 1,
+            Err(e) => break e.raw_os_error(),
+        }
+        assert!(sent < 10_000, "the group never filled");
+    };
+    assert_eq!(eagain, Some(libc::EAGAIN), "a full group: EAGAIN");
+    // What the library took before it saw the full bit waits at the head of the sender's
+    // ring: the reader has exactly what the group numbered, the full member the same.
+    // It stops for good once everything is numbered, or once the head record was found
+    // blocked (the sender's ring then waits on the full member).
+    wait_for(
+        || d.stat("group_sends") == sent || d.stat("group_blocked") >= 1,
+        LIMIT,
+        "the group to stop",
+    );
+    let numbered = d.stat("group_sends");
+    wait_for(
+        || !pollout(),
+        LIMIT,
+        "POLLOUT to clear while a member is full",
+    );
+    let early = take(&reader, numbered as usize);
+    assert!(
+        drain(&reader).is_empty(),
+        "nobody got a message past the stop"
+    );
+    // A blocking send waits for the full member.
+    sender.set_nonblocking(false).unwrap();
+    let tid = AtomicU32::new(0);
+    let total = sent + 1;
+    std::thread::scope(|sc| {
+        let t = sc.spawn(|| {
+            tid.store(gettid(), Ordering::Release);
+            sender.send(&seq_payload(sent, 200)).unwrap();
+        });
+        {
+            // The library holds the send: it sleeps on the group's full bit.
+            wait_for(
+                || {
+                    let t = tid.load(Ordering::Acquire);
+                    t != 0 && wait_channel(std::process::id(), t).contains("futex")
+                },
+                LIMIT,
+                "the blocking send to sleep",
+            );
+        }
+        assert_eq!(d.exact_stat("group_sends"), numbered, "still held back");
+        assert!(drain(&reader).is_empty());
+        // The full member reads: everything flows, to both, in one order.
+        let at_full = take(&full, total as usize);
+        t.join().unwrap();
+        let mut at_reader = early;
+        at_reader.extend(take(&reader, (total - numbered) as usize));
+        assert_eq!(at_full, at_reader);
+        assert_eq!(
+            at_full.iter().map(|m| m.1).collect::<Vec<_>>(),
+            (0..total).collect::<Vec<_>>()
+        );
+    });
+    wait_for(pollout, LIMIT, "POLLOUT once the member drained");
+    assert!(d.exact_stat("cong_marked") >= 1);
+}
+
+#[test]
+fn drop_when_full_members_are_skipped_and_counted() {
+    let d = Daemon::start(&[]);
+    let app = d.attach();
+    let g = group(5030);
+    let sender = bound(&app, 9431);
+    let dropper = app.socket().unwrap();
+    dropper.set_recv_buffer_size(1024).unwrap();
+    dropper.bind(lo(9432)).unwrap();
+    let reader = bound(&app, 9433);
+    sender.group_create(g).unwrap();
+    dropper.group_join(g, GroupFlags::DROP_WHEN_FULL).unwrap();
+    reader.group_join(g, GroupFlags::NONE).unwrap();
+    const N: u64 = 100;
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            for i in 0..N {
+                sender.send_to(&seq_payload(i, 200), g).unwrap();
+            }
+        });
+        let got = take(&reader, N as usize);
+        assert_eq!(
+            got.iter().map(|m| m.1).collect::<Vec<_>>(),
+            (0..N).collect::<Vec<_>>()
+        );
+    });
+    let kept = drain(&dropper);
+    let k = kept.len() as u64;
+    assert!(k > 0 && k < N, "the dropper took {k} of {N}");
+    assert_eq!(
+        kept.iter().map(|m| m.1).collect::<Vec<_>>(),
+        (0..k).collect::<Vec<_>>(),
+        "it got a prefix, then was skipped"
+    );
+    assert_eq!(d.exact_stat("group_drops_full"), N - k);
+    assert_eq!(d.exact_stat("group_deliveries"), N + k);
+}
+
+#[test]
+fn filters_choose_by_sender_and_never_hold_the_group_back() {
+    let d = Daemon::start(&[]);
+    let app = d.attach();
+    let g = group(5040);
+    let (s1, s2) = (bound(&app, 9441), bound(&app, 9442));
+    let (only, except, all) = (bound(&app, 9443), bound(&app, 9444), bound(&app, 9445));
+    s1.group_create(g).unwrap();
+    let from_s1 = vec![FilterRule {
+        addr: Ipv4Addr::LOCALHOST,
+        prefix_len: 32,
+        first_port: 9441,
+        last_port: 9441,
+    }];
+    for m in [&only, &except, &all] {
+        m.group_join(g, GroupFlags::NONE).unwrap();
+    }
+    only.group_set_filter(g, &GroupFilter::Only(from_s1.clone()))
+        .unwrap();
+    except
+        .group_set_filter(g, &GroupFilter::Except(from_s1))
+        .unwrap();
+    // `only` stops reading: its filter rejects s2, so s2's messages never wait for it.
+    only.set_recv_buffer_size(1024).unwrap();
+    const N: u64 = 50;
+    for i in 0..N {
+        s1.send_to(&seq_payload(i, 16), g).unwrap();
+    }
+    assert_eq!(
+        take(&only, N as usize),
+        (0..N).map(|i| (9441, i)).collect::<Vec<_>>()
+    );
+    for i in 0..3 * N {
+        s2.send_to(&seq_payload(i, 16), g).unwrap();
+    }
+    let got_all = take(&all, 4 * N as usize);
+    assert_eq!(
+        take(&except, 3 * N as usize),
+        (0..3 * N).map(|i| (9442, i)).collect::<Vec<_>>()
+    );
+    assert_eq!(got_all.len() as u64, 4 * N);
+    assert!(drain(&only).is_empty());
+    assert_eq!(d.exact_stat("group_filtered"), 4 * N);
+    // Back to every message.
+    only.group_set_filter(g, &GroupFilter::All).unwrap();
+    s2.send_to(&seq_payload(7, 16), g).unwrap();
+    assert_eq!(take(&only, 1), vec![(9442, 7)]);
+}
+
+#[test]
+fn a_group_lives_while_its_creator_or_a_member_does() {
+    let d = Daemon::start(&[]);
+    let app = d.attach();
+    let g = group(5050);
+    let creator = bound(&app, 9451);
+    let member = bound(&app, 9452);
+    let sender = bound(&app, 9453);
+    creator.group_create(g).unwrap();
+    member.group_join(g, GroupFlags::NONE).unwrap();
+    drop(creator);
+    sender.send_to(&seq_payload(1, 8), g).unwrap();
+    assert_eq!(
+        take(&member, 1),
+        vec![(9453, 1)],
+        "the member keeps it alive"
+    );
+    // Closing the last member ends it: later sends find no group (dropped and counted, as to
+    // an unbound port) and the address can be created again.
+    drop(member);
+    sender.send_to(&seq_payload(2, 8), g).unwrap();
+    wait_for(
+        || d.stat("group_no_group") == 1,
+        LIMIT,
+        "the send to a dead group counted",
+    );
+    assert_eq!(d.exact_stat("group_members_closed"), 1);
+    let again = bound(&app, 9454);
+    again.group_create(g).unwrap();
+    assert_eq!(
+        errno_of(sender.group_join(group(5051), GroupFlags::NONE)),
+        libc::ENOENT
+    );
+}
+
+/// Members SIGKILLed mid-stream: the two that hold the group back die while senders wait on
+/// them, the two that read get every message in one order, and nothing is half-delivered.
+#[test]
+fn killed_members_never_leave_a_message_half_delivered() {
+    // One poll thread: member processes on other poll threads cannot join yet (EXDEV, see
+    // `groups_of_several_poll_threads_are_ordered_by_shard_0`).
+    let d = Daemon::start(&["--poll-core", "-2"]);
+    let app = d.attach();
+    let g = group(5060);
+    let (s1, s2) = (bound(&app, 9461), bound(&app, 9462));
+    s1.group_create(g).unwrap();
+    const EACH: u64 = 400;
+    let total = (2 * EACH).to_string();
+    let gs = g.to_string();
+    let member = |port: u16, read: &str| {
+        let addr = lo(port).to_string();
+        let rcvbuf = if read == "1" { "200000" } else { "1024" };
+        let mut m = d.app(&["group-member", &addr, &gs, "0", rcvbuf, read, &total]);
+        m.expect("joined");
+        m
+    };
+    let mut readers = [member(9463, "1"), member(9464, "1")];
+    let mut victims = [member(9465, "0"), member(9466, "0")];
+    std::thread::scope(|sc| {
+        for s in [&s1, &s2] {
+            sc.spawn(move || {
+                for i in 0..EACH {
+                    s.send_to(&seq_payload(i, 100), g).unwrap();
+                }
+            });
+        }
+        // The victims never read: once both are congested the group is stuck on them.
+        wait_for(|| d.stat("cong_marked") >= 2, LIMIT, "both victims to fill");
+        let stuck = d.stat("group_sends");
+        assert!(stuck < 2 * EACH, "the group stopped at {stuck}");
+        for v in victims.iter_mut() {
+            v.kill();
+        }
+    });
+    let done: Vec<String> = readers.iter_mut().map(|r| r.expect("done")).collect();
+    assert_eq!(
+        done[0], done[1],
+        "both readers saw the same messages in one order"
+    );
+    assert!(
+        done[0].starts_with(&format!("{} ", 2 * EACH)),
+        "{}",
+        done[0]
+    );
+    // The victims' memberships ended with them, the readers' when they exited.
+    wait_for(
+        || d.stat("group_members_closed") == 4,
+        LIMIT,
+        "every member process's membership to end with it",
+    );
+    assert_eq!(d.exact_stat("group_sends"), 2 * EACH);
+}
+
+/// With several poll threads shard 0 owns and orders every group: sockets of the other
+/// threads send to it (their messages cross to shard 0 in order) and see its flow control, but
+/// cannot create or join a group yet.
+#[test]
+fn groups_of_several_poll_threads_are_ordered_by_shard_0() {
+    let d = Daemon::start(&["--poll-core", "-2", "--poll-core", "-2"]);
+    let mut apps = [d.attach(), d.attach()];
+    apps.sort_by_key(|a| a.poll_thread());
+    let [app0, app1] = apps;
+    assert_eq!((app0.poll_thread(), app1.poll_thread()), (0, 1));
+    let g = group(5070);
+    let creator = bound(&app0, 9471);
+    creator.group_create(g).unwrap();
+    let (m1, m2) = (bound(&app0, 9472), bound(&app0, 9473));
+    m1.group_join(g, GroupFlags::NONE).unwrap();
+    m2.group_join(g, GroupFlags::NONE).unwrap();
+    let far = bound(&app1, 9474);
+    assert_eq!(errno_of(far.group_join(g, GroupFlags::NONE)), libc::EXDEV);
+    assert_eq!(errno_of(far.group_create(group(5071))), libc::EXDEV);
+    const EACH: u64 = 300;
+    let (got1, got2) = std::thread::scope(|sc| {
+        for s in [&creator, &far] {
+            sc.spawn(move || {
+                for i in 0..EACH {
+                    s.send_to(&seq_payload(i, 64 + (i as usize % 500)), g)
+                        .unwrap();
+                }
+            });
+        }
+        let r1 = sc.spawn(|| take(&m1, 2 * EACH as usize));
+        let r2 = sc.spawn(|| take(&m2, 2 * EACH as usize));
+        (r1.join().unwrap(), r2.join().unwrap())
+    });
+    assert_eq!(got1, got2, "one order for both members");
+    for port in [9471, 9474] {
+        let seqs: Vec<u64> = got1.iter().filter(|m| m.0 == port).map(|m| m.1).collect();
+        assert_eq!(
+            seqs,
+            (0..EACH).collect::<Vec<_>>(),
+            "sender {port} in order"
+        );
+    }
+    // A full member on shard 0 holds back a sender of shard 1 too.
+    m2.set_recv_buffer_size(1024).unwrap();
+    far.set_nonblocking(true).unwrap();
+    let mut sent = 0u64;
+    let err = loop {
+        match far.send_to(&seq_payload(sent, 200), g) {
+            Ok(_) => sent += 1,
+            Err(e) => break e.raw_os_error(),
+        }
+        assert!(sent < 10_000, "the group never filled");
+    };
+    assert_eq!(err, Some(libc::EAGAIN));
+    let a = take(&m2, sent as usize);
+    let b = take(&m1, sent as usize);
+    assert_eq!(a, b);
+}
