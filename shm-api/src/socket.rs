@@ -19,7 +19,7 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-#[path = "group.rs"]
+#[path = "socket/group.rs"]
 mod group;
 pub use group::{is_group, GroupFilter, GroupFlags};
 

@@ -25,6 +25,7 @@ const RDSD: Table = &[
             "clock",
             "config",
             "fault",
+            "group",
             "seam",
             "shm",
             "statefile",
@@ -42,7 +43,7 @@ const RDSD: Table = &[
     ),
     ("shm", &["config"]),
     ("config", &["prefix"]),
-    // Local multicast groups (issue 20): a leaf until the poll thread uses it.
+    // Local multicast groups (issue 20): the sans-IO rules, a leaf; `poll/groups.rs` wires them.
     ("group", &[]),
     ("seam", &[]),
     ("statefile", &[]),
