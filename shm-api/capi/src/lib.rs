@@ -7,6 +7,11 @@
 //! is queued and writable while there is send-buffer room, so it mixes with other fds in
 //! poll/epoll. Data moves through shared memory with no syscall (shm-api).
 //!
+//! Multicast groups (224.0.0.0/4 plus a port) are rdsd's extension: `RDSD_GROUP_*` options
+//! at `SOL_RDS` ([`RDSD_GROUP_CREATE`] to [`RDSD_GROUP_FILTER`], 10001 to 10005) with
+//! [`rdsd_group_req`] and [`rdsd_group_filter`] as values; sends to a group address go to every
+//! member or none (README.md, "Multicast groups").
+//!
 //! The header `include/rdsd.h` is generated from this file by cbindgen. The Rust functions in
 //! [`ops`] are the same calls for the preload library (`shm-api/preload`).
 
