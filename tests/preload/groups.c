@@ -3,8 +3,8 @@
  * API program run under rdsd-run (librdsd-preload.so). Both include <rdsd.h> for the option
  * numbers and structs. Checks create/join/leave/flags/filter and their errno values, a send to
  * the group reaching both members with the sender as source (sendto, sendmsg, connect+send),
- * and EAGAIN for a non-blocking send while a member is full, then the blocking send once it
- * has read. Prints "GROUPS OK". */
+ * EAGAIN for a non-blocking send while a member is full, then the blocking send once it has
+ * read, and a DROP_WHEN_FULL member skipped meanwhile. Prints "GROUPS OK". */
 #define _GNU_SOURCE
 #include <rdsd.h>
 
@@ -238,10 +238,12 @@ int main(void)
 	expect(m1, "connected", ta);
 	expect_none(m2);
 
-	/* flow control: full (tiny SO_RCVBUF, not reading, no DROP_WHEN_FULL) holds the group back */
-	int full = rds_socket(), u = rds_socket();
+	/* flow control: full (tiny SO_RCVBUF, not reading, no DROP_WHEN_FULL) holds the group
+	 * back; dropper (the same, with DROP_WHEN_FULL) is skipped instead */
+	int full = rds_socket(), u = rds_socket(), dropper = rds_socket();
 	bound(full);
 	bound(u);
+	bound(dropper);
 #ifdef USE_CAPI
 	CHECK(rdsd_poll_fd(u) == u);
 #endif
@@ -250,6 +252,8 @@ int main(void)
 	int tiny = 1;
 	CHECK(SETSOCKOPT(full, SOL_SOCKET, SO_RCVBUF, &tiny, sizeof tiny) == 0);
 	CHECK(join(full, g, 0) == 0);
+	CHECK(SETSOCKOPT(dropper, SOL_SOCKET, SO_RCVBUF, &tiny, sizeof tiny) == 0);
+	CHECK(join(dropper, g, RDSD_GROUP_DROP_WHEN_FULL) == 0);
 	char msg[512];
 	memset(msg, 'x', sizeof msg);
 	int sent = 0;
@@ -281,13 +285,30 @@ int main(void)
 		CHECK(recv_one(m1, buf, sizeof buf, &from) == sizeof msg && strcmp(buf, want) == 0);
 		CHECK(same(from, ta));
 	}
-	/* room again: a blocking send goes through (it waits if rdsd has not caught up) */
+	/* room again (dropper, still full, does not count): a blocking send goes through (it
+	 * waits if rdsd has not caught up) */
 	CHECK(wait_pollout(t, 1) && wait_pollout(u, 1));
 	snprintf(msg, sizeof msg, "last");
 	CHECK(SEND(t, msg, sizeof msg, 0) == sizeof msg);
 	CHECK(recv_one(full, buf, sizeof buf, &from) == sizeof msg && strcmp(buf, "last") == 0);
 	CHECK(recv_one(m1, buf, sizeof buf, &from) == sizeof msg && strcmp(buf, "last") == 0);
+	/* dropper got a prefix of the messages, in order, and missed some */
+	int got = 0, prev = -1;
+	for (;;) {
+		socklen_t fl = sizeof from;
+		ssize_t n = RECVFROM(dropper, buf, sizeof buf, MSG_DONTWAIT, (struct sockaddr *)&from,
+				     &fl);
+		if (n < 0)
+			break;
+		CHECK(n == sizeof msg && same(from, ta));
+		int k = strcmp(buf, "last") == 0 ? sent : atoi(buf);
+		CHECK(k > prev);
+		prev = k;
+		got++;
+	}
+	CHECK(errno == EAGAIN && got >= 1 && got < sent + 1);
 
+	CHECK(CLOSE(dropper) == 0);
 	CHECK(CLOSE(full) == 0 && CLOSE(u) == 0 && CLOSE(m1) == 0 && CLOSE(m2) == 0 && CLOSE(s) == 0);
 	CHECK(CLOSE(t) == 0 && CLOSE(unbound) == 0);
 	printf("GROUPS OK\n");

@@ -450,6 +450,13 @@ fn multicast_groups_through_the_c_abi_and_the_preload_library() {
         "preload: {}",
         text(&o)
     );
-    assert!(stat_now(&d, "group_sends") > 0);
+    for c in [
+        "group_sends",
+        "group_deliveries",
+        "group_drops_full",
+        "group_filtered",
+    ] {
+        assert!(stat_now(&d, c) > 0, "{c}");
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
