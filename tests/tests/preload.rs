@@ -2,7 +2,9 @@
 //! the VM lab's AF_RDS C program (`tests/vmlab/rdsguest.c`, which the VM lab runs against the
 //! Linux kernel) under `rdsd-run` (librdsd-preload.so), and a C program built against the C
 //! ABI with `pkg-config --cflags --libs rdsd` after `shm-api/capi/install.sh`; and a C program
-//! of our own for the fd-level calls (dup, fcntl, read/write, threads, epoll, exec).
+//! of our own for the fd-level calls (dup, fcntl, read/write, threads, epoll, exec); and one
+//! for multicast groups (`tests/preload/groups.c`), built both against the C ABI and for
+//! rdsd-run.
 //!
 //! Needs `cargo build --workspace` (the cdylibs and rdsd-run), cc, pkg-config and python3
 //! (tests/run.sh installs them).
@@ -390,4 +392,71 @@ fn c_program_built_with_pkg_config_uses_the_c_abi() {
         text(&o)
     );
     let _ = std::fs::remove_dir_all(prefix);
+}
+
+/// tests/preload/groups.c: the group options, sends to a group and EAGAIN on a full member,
+/// built against librdsd (`-DUSE_CAPI`, `rdsd_*` calls) and as a plain socket API program
+/// under rdsd-run (the preload library passes SOL_RDS options through).
+#[test]
+fn multicast_groups_through_the_c_abi_and_the_preload_library() {
+    artifact("librdsd.so");
+    let dir = tmpdir("groups");
+    // librdsd.so carries the soname librdsd.so.0: link and run against a link of that name.
+    std::os::unix::fs::symlink(bin_dir().join("librdsd.so"), dir.join("librdsd.so.0")).unwrap();
+    std::os::unix::fs::symlink(bin_dir().join("librdsd.so"), dir.join("librdsd.so")).unwrap();
+    let src = workspace_root().join("tests/preload/groups.c");
+    let include = workspace_root().join("shm-api/capi/include");
+    let capi = dir.join("groups_capi");
+    let plain = dir.join("groups_plain");
+    let common = [
+        "-O2",
+        "-Wall",
+        "-Werror",
+        "-I",
+        include.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ];
+    let mut args: Vec<&str> = common.to_vec();
+    args.extend([
+        "-DUSE_CAPI",
+        "-o",
+        capi.to_str().unwrap(),
+        "-L",
+        dir.to_str().unwrap(),
+        "-lrdsd",
+    ]);
+    cc(&args);
+    let mut args: Vec<&str> = common.to_vec();
+    args.extend(["-o", plain.to_str().unwrap()]);
+    cc(&args);
+
+    let d = Daemon::start(&[]);
+    let o = Command::new("timeout")
+        .arg("60")
+        .arg(&capi)
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("RDSD_SOCKET", &d.socket)
+        .env("RDS_RECV_SPIN_US", "0")
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("GROUPS OK"),
+        "C ABI: {}",
+        text(&o)
+    );
+    let o = under_rdsd(&d, &plain, &[]).output().unwrap();
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("GROUPS OK"),
+        "preload: {}",
+        text(&o)
+    );
+    for c in [
+        "group_sends",
+        "group_deliveries",
+        "group_drops_full",
+        "group_filtered",
+    ] {
+        assert!(stat_now(&d, c) > 0, "{c}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 #include <sys/socket.h>
+#include <netinet/in.h>
 
 // The address family of RDS (`AF_RDS`/`PF_RDS`).
 #define RDSD_AF_RDS 21
@@ -20,6 +21,84 @@
 // `getsockopt(SOL_RDS, RDSD_INFO_COUNTERS)`: rdsd's counters as `struct rds_info_counter`
 // records (32-byte NUL-padded name, u64 value).
 #define RDSD_INFO_COUNTERS 10000
+
+// `setsockopt(SOL_RDS, RDSD_GROUP_CREATE, &(struct sockaddr_in){group}, sizeof)`: creates the
+// group; it lives while this socket is open or it has members. The creator does not join.
+// EADDRINUSE if it exists, ENOBUFS past rdsd's limit of groups.
+#define RDSD_GROUP_CREATE 10001
+
+// `setsockopt(SOL_RDS, RDSD_GROUP_JOIN, &(struct rdsd_group_req){group, flags}, sizeof)`:
+// joins the group with `RDSD_GROUP_*` flags. The socket must be bound (ENOTCONN); ENOENT if
+// there is no such group, EADDRINUSE if already a member, ENOBUFS past rdsd's member limit.
+#define RDSD_GROUP_JOIN 10002
+
+// `setsockopt(SOL_RDS, RDSD_GROUP_LEAVE, &(struct sockaddr_in){group}, sizeof)`: leaves the
+// group. EADDRNOTAVAIL if not a member, ENOENT if there is no such group. Closing the socket
+// leaves all its groups.
+#define RDSD_GROUP_LEAVE 10003
+
+// `setsockopt(SOL_RDS, RDSD_GROUP_SET_FLAGS, &(struct rdsd_group_req){group, flags}, sizeof)`:
+// replaces the flags of this socket's membership. EADDRNOTAVAIL if not a member.
+#define RDSD_GROUP_SET_FLAGS 10004
+
+// `setsockopt(SOL_RDS, RDSD_GROUP_FILTER, &(struct rdsd_group_filter){...}, len)`: replaces
+// this socket's filter on the group, for every later message. `len` may stop after the
+// `nrules` rules used. EADDRNOTAVAIL if not a member.
+#define RDSD_GROUP_FILTER 10005
+
+// Membership flag: the member receives what its own socket sends to the group.
+#define RDSD_GROUP_LOOPBACK 1
+
+// Membership flag: while its receive buffer is full the member is skipped (and counted)
+// instead of holding the group back.
+#define RDSD_GROUP_DROP_WHEN_FULL 2
+
+// Filter mode: every message (the rules are ignored).
+#define RDSD_GROUP_FILTER_ALL 0
+
+// Filter mode: only messages from senders matching one of the rules.
+#define RDSD_GROUP_FILTER_ONLY 1
+
+// Filter mode: every message except those from senders matching one of the rules.
+#define RDSD_GROUP_FILTER_EXCEPT 2
+
+// The most rules in a filter.
+#define RDSD_GROUP_FILTER_MAX_RULES 16
+
+// The option value of RDSD_GROUP_JOIN and RDSD_GROUP_SET_FLAGS.
+typedef struct rdsd_group_req {
+  // The group (AF_INET, an address in 224.0.0.0/4, a port not 0).
+  struct sockaddr_in group;
+  // `RDSD_GROUP_LOOPBACK` | `RDSD_GROUP_DROP_WHEN_FULL`; other bits are EINVAL.
+  uint32_t flags;
+} rdsd_group_req;
+
+// One filter rule: senders bound to an address in `addr/prefix_len` and a port in
+// `first_port..=last_port`.
+typedef struct rdsd_group_rule {
+  // The prefix's address, in network byte order (as `sin_addr`).
+  struct in_addr addr;
+  // Prefix length, 0 to 32 (0 matches every address).
+  uint8_t prefix_len;
+  // Zero.
+  uint8_t pad[3];
+  // First port of the range, in host byte order.
+  uint16_t first_port;
+  // Last port of the range (included), in host byte order; not below `first_port`.
+  uint16_t last_port;
+} rdsd_group_rule;
+
+// The option value of RDSD_GROUP_FILTER; the option length may end after `rules[nrules - 1]`.
+typedef struct rdsd_group_filter {
+  // The group.
+  struct sockaddr_in group;
+  // `RDSD_GROUP_FILTER_ALL`, `_ONLY` or `_EXCEPT`.
+  uint32_t mode;
+  // Rules used: 1 to 16 for ONLY and EXCEPT, ignored for ALL.
+  uint32_t nrules;
+  // The rules.
+  struct rdsd_group_rule rules[RDSD_GROUP_FILTER_MAX_RULES];
+} rdsd_group_filter;
 
 #ifdef __cplusplus
 extern "C" {
@@ -33,7 +112,8 @@ int rdsd_socket(int domain, int type_, int protocol);
 // Binds to a specific local IPv4 address (`struct sockaddr_in`; port 0 picks one).
 int rdsd_bind(int fd, const struct sockaddr *addr, socklen_t len);
 
-// Sets the default destination for `rdsd_send`.
+// Sets the default destination for `rdsd_send` (a group address too: then every send goes
+// to the group, and the fd's POLLOUT follows the group's members).
 int rdsd_connect(int fd, const struct sockaddr *addr, socklen_t len);
 
 // The bound address (0.0.0.0:0 while unbound).
@@ -47,7 +127,9 @@ ssize_t rdsd_send(int fd, const void *buf, size_t len, int flags);
 
 // Sends one message to `addr` (`struct sockaddr_in`). Returns `len`, or -1 with errno
 // ENOBUFS (destination congested, non-blocking), EAGAIN (send buffer full, non-blocking),
-// EMSGSIZE, ENOTCONN (unbound), EINVAL.
+// EMSGSIZE, ENOTCONN (unbound), EINVAL. To a group address (224.0.0.0/4): EAGAIN
+// (non-blocking) while a member without RDSD_GROUP_DROP_WHEN_FULL is full, and nobody has
+// received the message; a blocking send waits.
 ssize_t rdsd_sendto(int fd,
                     const void *buf,
                     size_t len,
@@ -77,7 +159,8 @@ ssize_t rdsd_recvmsg(int fd, struct msghdr *msg, int flags);
 // SOL_SOCKET: SO_SNDBUF, SO_RCVBUF (and their FORCE forms), SO_REUSEADDR (no effect),
 // SO_SNDTIMEO, SO_RCVTIMEO; other SOL_SOCKET options are accepted with no effect, as the
 // kernel's generic layer does. SOL_RDS: RDS_CANCEL_SENT_TO, RDS_CONG_MONITOR, RDS_RECVERR,
-// SO_RDS_TRANSPORT; anything else: ENOPROTOOPT.
+// SO_RDS_TRANSPORT, and rdsd's group options RDSD_GROUP_CREATE, RDSD_GROUP_JOIN,
+// RDSD_GROUP_LEAVE, RDSD_GROUP_SET_FLAGS, RDSD_GROUP_FILTER; anything else: ENOPROTOOPT.
 int rdsd_setsockopt(int fd, int level, int name, const void *val, socklen_t len);
 
 // The options of `rdsd_setsockopt` (SO_SNDBUF/SO_RCVBUF read back twice the value set, as

@@ -7,6 +7,11 @@
 //! is queued and writable while there is send-buffer room, so it mixes with other fds in
 //! poll/epoll. Data moves through shared memory with no syscall (shm-api).
 //!
+//! Multicast groups (224.0.0.0/4 plus a port) are rdsd's extension: `RDSD_GROUP_*` options
+//! at `SOL_RDS` ([`RDSD_GROUP_CREATE`] to [`RDSD_GROUP_FILTER`], 10001 to 10005) with
+//! [`rdsd_group_req`] and [`rdsd_group_filter`] as values; sends to a group address go to every
+//! member or none (README.md, "Multicast groups").
+//!
 //! The header `include/rdsd.h` is generated from this file by cbindgen. The Rust functions in
 //! [`ops`] are the same calls for the preload library (`shm-api/preload`).
 
@@ -15,7 +20,9 @@
 pub mod ops;
 pub mod table;
 
-use libc::{c_int, c_ulong, c_void, msghdr, size_t, sockaddr, socklen_t, ssize_t};
+use libc::{
+    c_int, c_ulong, c_void, in_addr, msghdr, size_t, sockaddr, sockaddr_in, socklen_t, ssize_t,
+};
 
 /// The address family of RDS (`AF_RDS`/`PF_RDS`).
 pub const RDSD_AF_RDS: c_int = 21;
@@ -24,6 +31,95 @@ pub const RDSD_SOL_RDS: c_int = 276;
 /// `getsockopt(SOL_RDS, RDSD_INFO_COUNTERS)`: rdsd's counters as `struct rds_info_counter`
 /// records (32-byte NUL-padded name, u64 value).
 pub const RDSD_INFO_COUNTERS: c_int = 10000;
+
+// Multicast groups (rdsd's extension; README.md, "Multicast groups"): a group is an address in
+// 224.0.0.0/4 with a port not 0. `sendto`/`sendmsg`/`connect` to it send to the group: each
+// message reaches every eligible member or none, all members see one order, and a
+// non-blocking send fails with EAGAIN while a member without RDSD_GROUP_DROP_WHEN_FULL is full
+// (a blocking one waits). Members receive with the sender's socket address as the source. The
+// options below are `setsockopt(fd, SOL_RDS, ...)` numbers; with a malformed option value
+// (optlen too short, `sin_family` not AF_INET, an address outside 224.0.0.0/4, port 0, an
+// unknown flag or filter mode, more than 16 rules) they fail with EINVAL, as Linux's
+// MCAST_JOIN_GROUP does for a group that is not AF_INET.
+
+/// `setsockopt(SOL_RDS, RDSD_GROUP_CREATE, &(struct sockaddr_in){group}, sizeof)`: creates the
+/// group; it lives while this socket is open or it has members. The creator does not join.
+/// EADDRINUSE if it exists, ENOBUFS past rdsd's limit of groups.
+pub const RDSD_GROUP_CREATE: c_int = 10001;
+/// `setsockopt(SOL_RDS, RDSD_GROUP_JOIN, &(struct rdsd_group_req){group, flags}, sizeof)`:
+/// joins the group with `RDSD_GROUP_*` flags. The socket must be bound (ENOTCONN); ENOENT if
+/// there is no such group, EADDRINUSE if already a member, ENOBUFS past rdsd's member limit.
+pub const RDSD_GROUP_JOIN: c_int = 10002;
+/// `setsockopt(SOL_RDS, RDSD_GROUP_LEAVE, &(struct sockaddr_in){group}, sizeof)`: leaves the
+/// group. EADDRNOTAVAIL if not a member, ENOENT if there is no such group. Closing the socket
+/// leaves all its groups.
+pub const RDSD_GROUP_LEAVE: c_int = 10003;
+/// `setsockopt(SOL_RDS, RDSD_GROUP_SET_FLAGS, &(struct rdsd_group_req){group, flags}, sizeof)`:
+/// replaces the flags of this socket's membership. EADDRNOTAVAIL if not a member.
+pub const RDSD_GROUP_SET_FLAGS: c_int = 10004;
+/// `setsockopt(SOL_RDS, RDSD_GROUP_FILTER, &(struct rdsd_group_filter){...}, len)`: replaces
+/// this socket's filter on the group, for every later message. `len` may stop after the
+/// `nrules` rules used. EADDRNOTAVAIL if not a member.
+pub const RDSD_GROUP_FILTER: c_int = 10005;
+
+/// Membership flag: the member receives what its own socket sends to the group.
+pub const RDSD_GROUP_LOOPBACK: u32 = 1;
+/// Membership flag: while its receive buffer is full the member is skipped (and counted)
+/// instead of holding the group back.
+pub const RDSD_GROUP_DROP_WHEN_FULL: u32 = 2;
+
+/// Filter mode: every message (the rules are ignored).
+pub const RDSD_GROUP_FILTER_ALL: u32 = 0;
+/// Filter mode: only messages from senders matching one of the rules.
+pub const RDSD_GROUP_FILTER_ONLY: u32 = 1;
+/// Filter mode: every message except those from senders matching one of the rules.
+pub const RDSD_GROUP_FILTER_EXCEPT: u32 = 2;
+/// The most rules in a filter.
+pub const RDSD_GROUP_FILTER_MAX_RULES: usize = 16;
+
+/// The option value of RDSD_GROUP_JOIN and RDSD_GROUP_SET_FLAGS.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdsd_group_req {
+    /// The group (AF_INET, an address in 224.0.0.0/4, a port not 0).
+    pub group: sockaddr_in,
+    /// `RDSD_GROUP_LOOPBACK` | `RDSD_GROUP_DROP_WHEN_FULL`; other bits are EINVAL.
+    pub flags: u32,
+}
+
+/// One filter rule: senders bound to an address in `addr/prefix_len` and a port in
+/// `first_port..=last_port`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdsd_group_rule {
+    /// The prefix's address, in network byte order (as `sin_addr`).
+    pub addr: in_addr,
+    /// Prefix length, 0 to 32 (0 matches every address).
+    pub prefix_len: u8,
+    /// Zero.
+    pub pad: [u8; 3],
+    /// First port of the range, in host byte order.
+    pub first_port: u16,
+    /// Last port of the range (included), in host byte order; not below `first_port`.
+    pub last_port: u16,
+}
+
+/// The option value of RDSD_GROUP_FILTER; the option length may end after `rules[nrules - 1]`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdsd_group_filter {
+    /// The group.
+    pub group: sockaddr_in,
+    /// `RDSD_GROUP_FILTER_ALL`, `_ONLY` or `_EXCEPT`.
+    pub mode: u32,
+    /// Rules used: 1 to 16 for ONLY and EXCEPT, ignored for ALL.
+    pub nrules: u32,
+    /// The rules.
+    pub rules: [rdsd_group_rule; RDSD_GROUP_FILTER_MAX_RULES],
+}
 
 fn set_errno(e: i32) {
     // SAFETY: __errno_location returns this thread's errno slot, always valid.
@@ -62,7 +158,8 @@ pub unsafe extern "C" fn rdsd_bind(fd: c_int, addr: *const sockaddr, len: sockle
     ret_int(unsafe { ops::bind(fd, addr, len) })
 }
 
-/// Sets the default destination for `rdsd_send`.
+/// Sets the default destination for `rdsd_send` (a group address too: then every send goes
+/// to the group, and the fd's POLLOUT follows the group's members).
 #[no_mangle]
 pub unsafe extern "C" fn rdsd_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     // SAFETY: as for connect(2).
@@ -105,7 +202,9 @@ pub unsafe extern "C" fn rdsd_send(
 
 /// Sends one message to `addr` (`struct sockaddr_in`). Returns `len`, or -1 with errno
 /// ENOBUFS (destination congested, non-blocking), EAGAIN (send buffer full, non-blocking),
-/// EMSGSIZE, ENOTCONN (unbound), EINVAL.
+/// EMSGSIZE, ENOTCONN (unbound), EINVAL. To a group address (224.0.0.0/4): EAGAIN
+/// (non-blocking) while a member without RDSD_GROUP_DROP_WHEN_FULL is full, and nobody has
+/// received the message; a blocking send waits.
 #[no_mangle]
 pub unsafe extern "C" fn rdsd_sendto(
     fd: c_int,
@@ -173,7 +272,8 @@ pub unsafe extern "C" fn rdsd_recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int)
 /// SOL_SOCKET: SO_SNDBUF, SO_RCVBUF (and their FORCE forms), SO_REUSEADDR (no effect),
 /// SO_SNDTIMEO, SO_RCVTIMEO; other SOL_SOCKET options are accepted with no effect, as the
 /// kernel's generic layer does. SOL_RDS: RDS_CANCEL_SENT_TO, RDS_CONG_MONITOR, RDS_RECVERR,
-/// SO_RDS_TRANSPORT; anything else: ENOPROTOOPT.
+/// SO_RDS_TRANSPORT, and rdsd's group options RDSD_GROUP_CREATE, RDSD_GROUP_JOIN,
+/// RDSD_GROUP_LEAVE, RDSD_GROUP_SET_FLAGS, RDSD_GROUP_FILTER; anything else: ENOPROTOOPT.
 #[no_mangle]
 pub unsafe extern "C" fn rdsd_setsockopt(
     fd: c_int,

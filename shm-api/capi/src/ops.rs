@@ -4,7 +4,8 @@
 
 use crate::table::{self, Entry};
 use libc::{c_int, c_ulong, c_void, msghdr, size_t, sockaddr, socklen_t};
-use shm_api::{RecvFlags, RecvMsg};
+use shm_api::ctrl::FilterRule;
+use shm_api::{GroupFilter, GroupFlags, RecvFlags, RecvMsg};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering};
@@ -435,6 +436,94 @@ unsafe fn read_int(val: *const c_void, len: socklen_t) -> Result<c_int, i32> {
     Ok(unsafe { std::ptr::read_unaligned(val as *const c_int) })
 }
 
+/// Reads a `T` from an option value of at least `need` bytes (EINVAL if shorter or null).
+unsafe fn read_opt<T: Copy>(val: *const c_void, len: socklen_t, need: usize) -> Result<T, i32> {
+    if val.is_null() || (len as usize) < need {
+        return Err(libc::EINVAL);
+    }
+    let mut t = std::mem::MaybeUninit::<T>::zeroed();
+    // SAFETY: the caller gives `len >= need` readable bytes at `val`; T is plain C data, valid
+    // zeroed, so the bytes past `need` (rules a filter does not use) stay zero.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            val as *const u8,
+            t.as_mut_ptr() as *mut u8,
+            need.min(std::mem::size_of::<T>()),
+        );
+        Ok(t.assume_init())
+    }
+}
+
+/// A group address from a `sockaddr_in`: EINVAL unless AF_INET (Linux's MCAST_JOIN_GROUP
+/// answers EINVAL for a group of another family, not EAFNOSUPPORT); shm-api checks the range.
+fn group_addr(sin: &libc::sockaddr_in) -> Result<SocketAddrV4, i32> {
+    if sin.sin_family as c_int != libc::AF_INET {
+        return Err(libc::EINVAL);
+    }
+    Ok(SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
+        u16::from_be(sin.sin_port),
+    ))
+}
+
+/// The value of RDSD_GROUP_CREATE / RDSD_GROUP_LEAVE.
+unsafe fn read_group(val: *const c_void, len: socklen_t) -> Result<SocketAddrV4, i32> {
+    // SAFETY: forwarded contract.
+    let sin: libc::sockaddr_in =
+        unsafe { read_opt(val, len, std::mem::size_of::<libc::sockaddr_in>()) }?;
+    group_addr(&sin)
+}
+
+/// The value of RDSD_GROUP_JOIN / RDSD_GROUP_SET_FLAGS; unknown flag bits are EINVAL.
+unsafe fn read_group_req(
+    val: *const c_void,
+    len: socklen_t,
+) -> Result<(SocketAddrV4, GroupFlags), i32> {
+    // SAFETY: forwarded contract.
+    let r: crate::rdsd_group_req =
+        unsafe { read_opt(val, len, std::mem::size_of::<crate::rdsd_group_req>()) }?;
+    if r.flags & !(crate::RDSD_GROUP_LOOPBACK | crate::RDSD_GROUP_DROP_WHEN_FULL) != 0 {
+        return Err(libc::EINVAL);
+    }
+    Ok((group_addr(&r.group)?, GroupFlags::from_bits(r.flags)))
+}
+
+/// The value of RDSD_GROUP_FILTER: `len` must cover the header and `nrules` rules (the
+/// header alone for RDSD_GROUP_FILTER_ALL).
+unsafe fn read_group_filter(
+    val: *const c_void,
+    len: socklen_t,
+) -> Result<(SocketAddrV4, GroupFilter), i32> {
+    let head = std::mem::offset_of!(crate::rdsd_group_filter, rules);
+    // SAFETY: forwarded contract; only the header is read.
+    let h: crate::rdsd_group_filter = unsafe { read_opt(val, len, head) }?;
+    let g = group_addr(&h.group)?;
+    if h.mode == crate::RDSD_GROUP_FILTER_ALL {
+        return Ok((g, GroupFilter::All));
+    }
+    let n = h.nrules as usize;
+    if n == 0 || n > crate::RDSD_GROUP_FILTER_MAX_RULES {
+        return Err(libc::EINVAL);
+    }
+    let need = head + n * std::mem::size_of::<crate::rdsd_group_rule>();
+    // SAFETY: forwarded contract; the header and `n` rules are read.
+    let f: crate::rdsd_group_filter = unsafe { read_opt(val, len, need) }?;
+    let rules = f.rules[..n]
+        .iter()
+        .map(|r| FilterRule {
+            addr: Ipv4Addr::from(u32::from_be(r.addr.s_addr)),
+            prefix_len: r.prefix_len,
+            first_port: r.first_port,
+            last_port: r.last_port,
+        })
+        .collect();
+    match h.mode {
+        crate::RDSD_GROUP_FILTER_ONLY => Ok((g, GroupFilter::Only(rules))),
+        crate::RDSD_GROUP_FILTER_EXCEPT => Ok((g, GroupFilter::Except(rules))),
+        _ => Err(libc::EINVAL),
+    }
+}
+
 unsafe fn read_timeval(val: *const c_void, len: socklen_t) -> Result<Option<Duration>, i32> {
     if val.is_null() || (len as usize) < std::mem::size_of::<libc::timeval>() {
         return Err(libc::EINVAL);
@@ -524,6 +613,30 @@ pub unsafe fn setsockopt(
                 return Err(libc::EINVAL);
             }
             e.transport.store(t, Ordering::Relaxed);
+        }
+        (crate::RDSD_SOL_RDS, crate::RDSD_GROUP_CREATE) => {
+            // SAFETY: forwarded contract.
+            let g = unsafe { read_group(val, len) }?;
+            s.group_create(g).map_err(os)?;
+        }
+        (crate::RDSD_SOL_RDS, crate::RDSD_GROUP_LEAVE) => {
+            // SAFETY: forwarded contract.
+            let g = unsafe { read_group(val, len) }?;
+            s.group_leave(g).map_err(os)?;
+        }
+        (crate::RDSD_SOL_RDS, crate::RDSD_GROUP_JOIN | crate::RDSD_GROUP_SET_FLAGS) => {
+            // SAFETY: forwarded contract.
+            let (g, flags) = unsafe { read_group_req(val, len) }?;
+            if name == crate::RDSD_GROUP_JOIN {
+                s.group_join(g, flags).map_err(os)?;
+            } else {
+                s.group_set_flags(g, flags).map_err(os)?;
+            }
+        }
+        (crate::RDSD_SOL_RDS, crate::RDSD_GROUP_FILTER) => {
+            // SAFETY: forwarded contract.
+            let (g, filter) = unsafe { read_group_filter(val, len) }?;
+            s.group_set_filter(g, &filter).map_err(os)?;
         }
         (crate::RDSD_SOL_RDS, RDS_GET_MR | RDS_FREE_MR) => return Err(libc::ENOPROTOOPT),
         // Linux RDS hands other SOL_SOCKET options to the generic socket layer, which accepts
