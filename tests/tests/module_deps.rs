@@ -25,6 +25,7 @@ const RDSD: Table = &[
             "clock",
             "config",
             "fault",
+            "group",
             "seam",
             "shm",
             "statefile",
@@ -42,7 +43,7 @@ const RDSD: Table = &[
     ),
     ("shm", &["config"]),
     ("config", &["prefix"]),
-    // Local multicast groups (issue 20): a leaf until the poll thread uses it.
+    // Local multicast groups (issue 20): the sans-IO rules, wired by `poll/groups.rs`.
     ("group", &[]),
     ("seam", &[]),
     ("statefile", &[]),
@@ -69,6 +70,8 @@ const OTHERS: &[(&str, Table)] = &[
             ("socket", &["ctrl", "layout", "ring", "sys"]),
             ("layout", &["ring"]),
             ("ring", &["sync"]),
+            // A child of `socket` (`#[path]`), in its own file: `Socket::group_*`.
+            ("group", &["ctrl"]),
             ("ctrl", &[]),
             ("hoptrace", &[]),
             ("sync", &[]),
