@@ -468,6 +468,51 @@ fn info_and_stats_show_groups_members_and_their_counters() {
 }
 
 #[test]
+fn info_lists_the_groups_of_every_poll_thread() {
+    use shm_api::GroupFlags;
+    use std::net::{Ipv4Addr, SocketAddrV4};
+    let d = Daemon::start(&["--poll-core", "-2", "--poll-core", "-2"]);
+    // One app per poll thread, each with a group of its own and one member in it.
+    let apps: Vec<_> = (0..2).map(|_| d.attach()).collect();
+    let mut threads: Vec<usize> = apps.iter().map(|a| a.poll_thread()).collect();
+    threads.sort();
+    assert_eq!(threads, [0, 1]);
+    let mut socks = Vec::new();
+    for (i, a) in apps.iter().enumerate() {
+        let group = SocketAddrV4::new(Ipv4Addr::new(239, 9, 9, 1 + i as u8), 6000);
+        let c = a.socket().unwrap();
+        c.bind(lo(4400 + 2 * i as u16)).unwrap();
+        c.group_create(group).unwrap();
+        let m = a.socket().unwrap();
+        m.bind(lo(4401 + 2 * i as u16)).unwrap();
+        m.group_join(group, GroupFlags::LOOPBACK).unwrap();
+        m.send_to(b"x", group).unwrap();
+        socks.extend([c, m]);
+    }
+    let doc = rdsctl(&d.socket, &["--json", "info", "-g"]).ok().json();
+    let groups = doc["groups"].as_array().expect("groups");
+    assert_eq!(groups.len(), 2, "{groups:?}");
+    for (i, g) in groups.iter().enumerate() {
+        assert_eq!(g["addr"].as_str(), Some(&*format!("239.9.9.{}", 1 + i)));
+        assert_eq!(
+            g["shard"].as_u64(),
+            Some(apps[i].poll_thread() as u64),
+            "{g}"
+        );
+        assert_eq!(g["creator"]["port"].as_u64(), Some(4400 + 2 * i as u64));
+        assert_eq!(g["members"][0]["port"].as_u64(), Some(4401 + 2 * i as u64));
+        assert_eq!(g["members"][0]["addr"].as_str(), Some("127.0.0.1"));
+        assert_eq!(
+            (g["sends"].as_u64(), g["deliveries"].as_u64()),
+            (Some(1), Some(1))
+        );
+    }
+    // The counters are summed over the poll threads.
+    assert_eq!(d.stat("group_sends"), 2);
+    assert_eq!(d.stat("groups_created"), 2);
+}
+
+#[test]
 fn ping_a_local_address_is_answered_by_loopback() {
     let d = Daemon::start(&[]);
     let o = rdsctl(&d.socket, &["ping", "127.0.0.1", "-c", "3", "-i", "0.05"]).ok();
