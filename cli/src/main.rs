@@ -4,7 +4,8 @@
 //! * `stats`: every counter, `name value` per line; `--prometheus` in the Prometheus text
 //!   format (what rdsd serves on `metrics_listen`).
 //! * `info`: rds-info's sections: `-c` counters, `-k` sockets, `-n` connections, `-p` paths,
-//!   `-r`/`-s`/`-t` receive, send and retransmit queues (all of them without a flag).
+//!   `-r`/`-s`/`-t` receive, send and retransmit queues, and rdsd's own `-g` multicast groups
+//!   (all of them without a flag).
 //! * `ping ADDR`: rds-ping: empty messages to ADDR port 0, one line of µs per reply.
 //!
 //! `--json` (anywhere on the line) prints one JSON document instead. Exit status: 0 success,
@@ -52,7 +53,8 @@ enum Cmd {
         #[arg(long)]
         prometheus: bool,
     },
-    /// Sockets, connections, paths and queues, like rds-info (every section without a flag).
+    /// Sockets, connections, paths, queues (like rds-info) and multicast groups (every section
+    /// without a flag).
     Info(InfoArgs),
     /// RDS ping: empty messages to ADDR port 0, one line per reply with the round trip in µs.
     Ping(PingCmd),
@@ -81,6 +83,10 @@ struct InfoArgs {
     /// Retransmit queues (messages sent, not yet acknowledged).
     #[arg(short = 't')]
     retrans: bool,
+    /// Multicast groups: creator, members with their flags and filters, last sequence number,
+    /// sends, deliveries, DROP_WHEN_FULL drops and filter rejections.
+    #[arg(short = 'g', long = "groups")]
+    groups: bool,
 }
 
 #[derive(Args, Debug)]
@@ -176,6 +182,7 @@ fn sections(a: &InfoArgs) -> u32 {
         (a.recv, ctrl::INFO_RECV_QUEUE),
         (a.send, ctrl::INFO_SEND_QUEUE),
         (a.retrans, ctrl::INFO_RETRANS_QUEUE),
+        (a.groups, ctrl::INFO_GROUPS),
     ] {
         if on {
             s |= bit;
@@ -192,7 +199,7 @@ fn sections(a: &InfoArgs) -> u32 {
 fn info_text(doc: &Value, s: u32) -> String {
     let mut parts = Vec::new();
     type Render = fn(&Value) -> String;
-    let table: [(u32, Render); 7] = [
+    let table: [(u32, Render); 8] = [
         (ctrl::INFO_COUNTERS, render::counters),
         (ctrl::INFO_SOCKETS, render::sockets),
         (ctrl::INFO_CONNECTIONS, render::connections),
@@ -200,6 +207,7 @@ fn info_text(doc: &Value, s: u32) -> String {
         (ctrl::INFO_RECV_QUEUE, render::recv_queue),
         (ctrl::INFO_SEND_QUEUE, render::send_queue),
         (ctrl::INFO_RETRANS_QUEUE, render::retransmit_queue),
+        (ctrl::INFO_GROUPS, render::groups),
     ];
     for (bit, f) in table {
         if s & bit != 0 {
@@ -359,6 +367,12 @@ mod tests {
         };
         assert_eq!(sections(&a), ctrl::INFO_SOCKETS | ctrl::INFO_PATHS);
         assert_eq!(sections(&InfoArgs::default()), ctrl::INFO_ALL);
+        for g in ["-g", "--groups"] {
+            let Some(Cmd::Info(a)) = parse(&["info", g, "-c"]).unwrap().cmd else {
+                panic!("info")
+            };
+            assert_eq!(sections(&a), ctrl::INFO_GROUPS | ctrl::INFO_COUNTERS);
+        }
         let Some(Cmd::Ping(p)) = parse(&["ping", "10.0.0.2", "-c", "3", "-i", "0.2"])
             .unwrap()
             .cmd
@@ -411,5 +425,7 @@ mod tests {
         );
         assert!(!t.contains("RDS paths"));
         assert!(info_text(&doc, ctrl::INFO_ALL).contains("Retransmit queue"));
+        assert!(info_text(&doc, ctrl::INFO_ALL).contains("RDS groups:"));
+        assert!(!t.contains("RDS groups"));
     }
 }

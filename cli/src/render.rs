@@ -232,6 +232,77 @@ pub fn retransmit_queue(doc: &Value) -> String {
     out
 }
 
+/// `addr:port` of a socket (`-` if it is unbound or missing).
+fn sock_name(s: Option<&Value>) -> String {
+    match s.and_then(|s| s.get("addr")).and_then(Value::as_str) {
+        Some(a) => format!("{a}:{}", num(s.expect("has addr"), "port")),
+        None => "-".into(),
+    }
+}
+
+/// `-g`: multicast groups (rdsd's extension): one row per group, one line per member below.
+pub fn groups(doc: &Value) -> String {
+    let mut out = String::from("RDS groups:\n");
+    let _ = writeln!(
+        out,
+        "  {:>15} {:>5} {:>6} {:>7} {:>10} {:>10} {:>10} {:>9} {:>9} {:>21}",
+        "GroupAddr",
+        "GPort",
+        "Epoch",
+        "Members",
+        "LastSeq",
+        "Sends",
+        "Deliveries",
+        "DropsFull",
+        "Filtered",
+        "Creator"
+    );
+    for g in list(doc, "groups") {
+        let members = list(g, "members");
+        let _ = writeln!(
+            out,
+            "  {:>15} {:>5} {:>6} {:>7} {:>10} {:>10} {:>10} {:>9} {:>9} {:>21}",
+            field(g, "addr"),
+            num(g, "port"),
+            num(g, "epoch"),
+            members.len() as u64 + num(g, "members_truncated"),
+            num(g, "last_seq"),
+            num(g, "sends"),
+            num(g, "deliveries"),
+            num(g, "drops_full"),
+            num(g, "filtered"),
+            sock_name(g.get("creator").filter(|c| !c.is_null())),
+        );
+        for m in members {
+            let flags: Vec<&str> = ["loopback", "drop_when_full"]
+                .into_iter()
+                .filter(|k| m.get(*k) == Some(&Value::Bool(true)))
+                .collect();
+            let _ = writeln!(
+                out,
+                "      member {:<21} flags {:<23} pid {:<8} filter {}",
+                sock_name(Some(m)),
+                if flags.is_empty() {
+                    "-".to_string()
+                } else {
+                    flags.join(",")
+                },
+                field(m, "pid"),
+                field(m, "filter"),
+            );
+        }
+        let n = num(g, "members_truncated");
+        if n > 0 {
+            let _ = writeln!(
+                out,
+                "      ... {n} more member(s) not shown (the reply is one datagram)"
+            );
+        }
+    }
+    truncated(&mut out, doc, "groups");
+    out
+}
+
 /// The counters of an Info document as Prometheus text.
 pub fn prometheus(doc: &Value) -> String {
     let help = doc.get("counter_help").and_then(Value::as_object);
@@ -309,7 +380,21 @@ mod tests {
                 "faddr": "10.0.0.2", "index": 0}, "msgs": 1}]},
             "retransmit_queue": {"paths": 1, "msgs": 2, "bytes": 96, "entries": [
                 {"transport": "tcp", "laddr": "10.0.0.1", "faddr": "10.0.0.2", "index": 0,
-                 "msgs": 2, "bytes": 96}]}
+                 "msgs": 2, "bytes": 96}]},
+            "groups": [{"shard": 0, "addr": "239.1.2.3", "port": 5000, "epoch": 4,
+                "creator": {"app": 1, "slot": 0, "pid": 99, "addr": "10.0.0.1", "port": 4000},
+                "members": [
+                    {"app": 1, "slot": 1, "pid": 99, "addr": "10.0.0.1", "port": 4001,
+                     "flags": 0, "loopback": false, "drop_when_full": false, "filter": "all"},
+                    {"app": 2, "slot": 0, "pid": 100, "addr": "10.0.0.1", "port": 4002,
+                     "flags": 3, "loopback": true, "drop_when_full": true,
+                     "filter": "only 10.0.0.1/32:4000"}],
+                "members_truncated": 5,
+                "last_seq": 12, "sends": 12, "deliveries": 20, "drops_full": 3, "filtered": 1},
+                {"shard": 1, "addr": "239.1.2.4", "port": 1, "epoch": 1, "creator": null,
+                 "members": [], "last_seq": 0, "sends": 0, "deliveries": 0, "drops_full": 0,
+                 "filtered": 0}],
+            "groups_truncated": 2
         })
     }
 
@@ -350,6 +435,67 @@ mod tests {
         assert!(send_queue(&d).contains("#0 (tcp)"));
         assert!(retransmit_queue(&d)
             .starts_with("Retransmit queue: 2 message(s), 96 byte(s) unacknowledged on 1 path(s)"));
+        let g = groups(&d);
+        let rows: Vec<Vec<&str>> = g.lines().map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(rows[0], ["RDS", "groups:"]);
+        assert_eq!(
+            rows[2],
+            [
+                "239.1.2.3",
+                "5000",
+                "4",
+                "7",
+                "12",
+                "12",
+                "20",
+                "3",
+                "1",
+                "10.0.0.1:4000"
+            ],
+            "{g}"
+        );
+        assert_eq!(
+            rows[3],
+            [
+                "member",
+                "10.0.0.1:4001",
+                "flags",
+                "-",
+                "pid",
+                "99",
+                "filter",
+                "all"
+            ]
+        );
+        assert_eq!(
+            rows[4],
+            [
+                "member",
+                "10.0.0.1:4002",
+                "flags",
+                "loopback,drop_when_full",
+                "pid",
+                "100",
+                "filter",
+                "only",
+                "10.0.0.1/32:4000"
+            ]
+        );
+        assert!(
+            g.lines()
+                .nth(5)
+                .unwrap()
+                .contains("5 more member(s) not shown"),
+            "{g}"
+        );
+        assert_eq!(
+            rows[6],
+            ["239.1.2.4", "1", "1", "0", "0", "0", "0", "0", "0", "-"]
+        );
+        assert!(
+            g.lines().nth(7).unwrap().contains("2 more not shown"),
+            "{g}"
+        );
     }
 
     #[test]
@@ -357,6 +503,7 @@ mod tests {
         let d = json!({"schema": 1});
         assert_eq!(sockets(&d).lines().count(), 2);
         assert_eq!(paths(&d).lines().count(), 2);
+        assert_eq!(groups(&d).lines().count(), 2);
         assert!(recv_queue(&d).starts_with("Receive queue: 0 socket(s)"));
         assert!(identity(&d).contains("pid -"));
     }

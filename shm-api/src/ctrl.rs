@@ -69,8 +69,8 @@ pub enum Request {
     Stats,
     /// Introspection (`rdsctl info`, `rdsctl ping`): a JSON document (UTF-8 body) with the
     /// daemon's identity and the sections asked for in `sections` (`INFO_*` bits; 0 = all).
-    /// Served without Hello, like Stats. Sockets, connections and paths are a snapshot taken
-    /// by the poll core between two passes; the body's schema is `INFO_SCHEMA`. Lists that
+    /// Served without Hello, like Stats. Sockets, groups, connections and paths are a snapshot
+    /// taken by the poll core between two passes; the body's schema is `INFO_SCHEMA`. Lists that
     /// would not fit in one reply datagram are cut and their `truncated` count says how many
     /// entries are missing.
     Info { sections: u32 },
@@ -226,9 +226,12 @@ pub const INFO_RECV_QUEUE: u32 = 1 << 4;
 pub const INFO_SEND_QUEUE: u32 = 1 << 5;
 /// `Info` section: retransmit-queue summary.
 pub const INFO_RETRANS_QUEUE: u32 = 1 << 6;
+/// `Info` section: multicast groups, their members and counters.
+pub const INFO_GROUPS: u32 = 1 << 7;
 /// Every `Info` section.
-pub const INFO_ALL: u32 = 0x7f;
-/// Version of the `Info` JSON body (its `schema` field). Fields are only ever added.
+pub const INFO_ALL: u32 = 0xff;
+/// Version of the `Info` JSON body (its `schema` field). Fields are only ever added (a new
+/// section, `groups`, too: an older rdsd ignores the bit and its reply has no such key).
 pub const INFO_SCHEMA: u32 = 1;
 
 const OP_HELLO: u32 = 1;

@@ -502,3 +502,139 @@ fn groups_of_several_poll_threads_are_ordered_by_shard_0() {
     let b = take(&m1, sent as usize);
     assert_eq!(a, b);
 }
+
+/// A deterministic pseudo-random stream (xorshift64*), so a failing seed replays.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Whether `part` appears in `whole` in order (not necessarily contiguous).
+fn is_subsequence<T: PartialEq>(part: &[T], whole: &[T]) -> bool {
+    let mut it = whole.iter();
+    part.iter().all(|p| it.any(|w| w == p))
+}
+
+/// Random members join (each membership a fresh socket, with a random SO_RCVBUF and maybe
+/// DROP_WHEN_FULL), read at random and close, while three senders send blocking messages of
+/// random sizes. Two stable members read everything: their sequences are the group's one
+/// order and hold every message sent. Against it, each churning member without DROP_WHEN_FULL
+/// got one contiguous run (all or none: nothing skipped while it was a member), and each with
+/// it got an ordered subsequence.
+#[test]
+fn random_membership_churn_keeps_one_order_and_all_or_none() {
+    for seed in [1u64, 0x5eed, 0xdead_beef] {
+        churn_run(seed);
+    }
+}
+
+fn churn_run(seed: u64) {
+    let d = Daemon::start(&[]);
+    let app = d.attach();
+    let g = group(5080);
+    let senders = [bound(&app, 9481), bound(&app, 9482), bound(&app, 9483)];
+    senders[0].group_create(g).unwrap();
+    let stable = [bound(&app, 9484), bound(&app, 9485)];
+    for s in &stable {
+        s.set_recv_buffer_size(1 << 20).unwrap();
+        s.group_join(g, GroupFlags::NONE).unwrap();
+    }
+    const EACH: u64 = 1500;
+    let total = 3 * EACH as usize;
+    let mut rng = Rng(seed | 1);
+    // (flags, received) of every churning membership, in the order they ended.
+    let mut ended: Vec<(bool, Vec<(u16, u64)>)> = Vec::new();
+    let (global, other) = std::thread::scope(|sc| {
+        for (k, s) in senders.iter().enumerate() {
+            let mut r = Rng((seed + k as u64 + 1) * 0x9e37_79b9);
+            sc.spawn(move || {
+                for i in 0..EACH {
+                    let len = 8 + r.below(3000) as usize;
+                    s.send_to(&seq_payload(i, len), g).unwrap();
+                }
+            });
+        }
+        let a = sc.spawn(|| take(&stable[0], total));
+        let b = sc.spawn(|| take(&stable[1], total));
+        let mut live: Vec<(Socket, bool, Vec<(u16, u64)>)> = Vec::new();
+        let mut port = 20_000u16;
+        while !a.is_finished() || !b.is_finished() || ended.len() < 10 {
+            match rng.below(4) {
+                0 if live.len() < 3 => {
+                    let s = app.socket().unwrap();
+                    s.set_recv_buffer_size(1024 + rng.below(64 << 10) as usize)
+                        .unwrap();
+                    port += 1;
+                    s.bind(lo(port)).unwrap();
+                    let drop_when_full = rng.below(2) == 0;
+                    let flags = if drop_when_full {
+                        GroupFlags::DROP_WHEN_FULL
+                    } else {
+                        GroupFlags::NONE
+                    };
+                    s.group_join(g, flags).unwrap();
+                    live.push((s, drop_when_full, Vec::new()));
+                }
+                1 | 2 if !live.is_empty() => {
+                    let k = rng.below(live.len() as u64) as usize;
+                    let got = drain(&live[k].0);
+                    live[k].2.extend(got);
+                }
+                3 if !live.is_empty() => {
+                    let k = rng.below(live.len() as u64) as usize;
+                    let (s, drop_when_full, got) = live.swap_remove(k);
+                    // Leave first or just close: both end the membership.
+                    if rng.below(2) == 0 {
+                        s.group_leave(g).unwrap();
+                    }
+                    drop(s);
+                    ended.push((drop_when_full, got));
+                }
+                _ => std::thread::yield_now(),
+            }
+        }
+        for (s, drop_when_full, mut got) in live.drain(..) {
+            got.extend(drain(&s));
+            ended.push((drop_when_full, got));
+        }
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(global, other, "seed {seed}: the stable members disagree");
+    let mut per_sender = global.clone();
+    per_sender.sort();
+    per_sender.dedup();
+    assert_eq!(per_sender.len(), total, "seed {seed}: every message, once");
+    let during = ended.iter().filter(|e| !e.1.is_empty()).count();
+    assert!(during >= 3, "seed {seed}: too little churn during the traffic ({during})");
+    for (i, (drop_when_full, got)) in ended.iter().enumerate() {
+        if got.is_empty() {
+            continue;
+        }
+        if *drop_when_full {
+            assert!(
+                is_subsequence(got, &global),
+                "seed {seed}: member {i} (DROP_WHEN_FULL) out of order"
+            );
+        } else {
+            let at = global
+                .iter()
+                .position(|m| *m == got[0])
+                .expect("its first message is in the order");
+            assert_eq!(
+                &global[at..at + got.len()],
+                &got[..],
+                "seed {seed}: member {i} missed a message while it was a member"
+            );
+        }
+    }
+}

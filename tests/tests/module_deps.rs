@@ -70,6 +70,8 @@ const OTHERS: &[(&str, Table)] = &[
             ("socket", &["ctrl", "layout", "ring", "sys"]),
             ("layout", &["ring"]),
             ("ring", &["sync"]),
+            // A child of `socket` (`#[path]`), in its own file: `Socket::group_*`.
+            ("group", &["ctrl"]),
             ("ctrl", &[]),
             ("hoptrace", &[]),
             ("sync", &[]),

@@ -255,6 +255,264 @@ fn info_sections_show_live_sockets_and_queues() {
 }
 
 #[test]
+fn info_and_stats_show_groups_members_and_their_counters() {
+    use shm_api::ctrl::FilterRule;
+    use shm_api::{GroupFilter, GroupFlags};
+    use std::net::{Ipv4Addr, SocketAddrV4};
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let d = Daemon::start(&["--metrics-listen", &metrics]);
+    let r = d.attach();
+    let group = SocketAddrV4::new(Ipv4Addr::new(239, 1, 2, 3), 5000);
+    let creator = r.socket().unwrap();
+    creator.bind(lo(4300)).unwrap();
+    creator.group_create(group).unwrap();
+    // A plain member that takes only the creator's messages, and one with both flags.
+    let plain = r.socket().unwrap();
+    plain.bind(lo(4301)).unwrap();
+    plain.group_join(group, GroupFlags::NONE).unwrap();
+    let only_creator = GroupFilter::Only(vec![FilterRule {
+        addr: Ipv4Addr::LOCALHOST,
+        prefix_len: 32,
+        first_port: 4300,
+        last_port: 4300,
+    }]);
+    plain.group_set_filter(group, &only_creator).unwrap();
+    let both = r.socket().unwrap();
+    both.bind(lo(4302)).unwrap();
+    both.group_join(group, GroupFlags::DROP_WHEN_FULL | GroupFlags::LOOPBACK)
+        .unwrap();
+    // 3 sends from the creator reach both members; 1 from `both` reaches only itself
+    // (LOOPBACK), and `plain`'s filter rejects it.
+    for i in 0..3u8 {
+        creator.send_to(&[i; 64], group).unwrap();
+    }
+    both.send_to(b"mine", group).unwrap();
+    let mut buf = [0u8; 128];
+    for i in 0..3u8 {
+        assert_eq!(plain.recv_from(&mut buf).unwrap(), (64, lo(4300)));
+        assert_eq!(buf[0], i);
+        assert_eq!(both.recv_from(&mut buf).unwrap(), (64, lo(4300)));
+    }
+    assert_eq!(both.recv_from(&mut buf).unwrap(), (4, lo(4302)));
+
+    let doc = rdsctl(&d.socket, &["--json", "info", "-g"]).ok().json();
+    assert!(doc.get("sockets").is_none() && doc.get("counters").is_none());
+    let groups = doc["groups"].as_array().expect("groups");
+    assert_eq!(groups.len(), 1, "{groups:?}");
+    let g = &groups[0];
+    assert_eq!(
+        (g["addr"].as_str(), g["port"].as_u64(), g["shard"].as_u64()),
+        (Some("239.1.2.3"), Some(5000), Some(0))
+    );
+    assert!(g["epoch"].as_u64().unwrap() >= 1);
+    let pid = std::process::id() as u64;
+    let c = &g["creator"];
+    assert_eq!(
+        (c["addr"].as_str(), c["port"].as_u64(), c["pid"].as_u64()),
+        (Some("127.0.0.1"), Some(4300), Some(pid))
+    );
+    let m = g["members"].as_array().unwrap();
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert_eq!(
+        (m[0]["port"].as_u64(), m[1]["port"].as_u64()),
+        (Some(4301), Some(4302))
+    );
+    assert_eq!(m[0]["addr"].as_str(), Some("127.0.0.1"));
+    assert_eq!(m[0]["pid"].as_u64(), Some(pid));
+    assert_eq!(m[0]["flags"].as_u64(), Some(0));
+    assert_eq!(
+        (m[0]["loopback"].as_bool(), m[0]["drop_when_full"].as_bool()),
+        (Some(false), Some(false))
+    );
+    assert_eq!(m[0]["filter"].as_str(), Some("only 127.0.0.1/32:4300"));
+    assert_eq!(
+        m[1]["flags"].as_u64(),
+        Some(u64::from(
+            (GroupFlags::DROP_WHEN_FULL | GroupFlags::LOOPBACK).bits()
+        ))
+    );
+    assert_eq!(
+        (m[1]["loopback"].as_bool(), m[1]["drop_when_full"].as_bool()),
+        (Some(true), Some(true))
+    );
+    assert_eq!(m[1]["filter"].as_str(), Some("all"));
+    let n = |k: &str| g[k].as_u64().unwrap_or_else(|| panic!("no {k} in {g}"));
+    assert_eq!(
+        (
+            n("last_seq"),
+            n("sends"),
+            n("deliveries"),
+            n("drops_full"),
+            n("filtered")
+        ),
+        (4, 4, 7, 0, 1)
+    );
+
+    // The text table: one row for the group, one line per member.
+    let text = rdsctl(&d.socket, &["info", "--groups"]).ok().stdout;
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows[0], ["RDS", "groups:"], "{text}");
+    let epoch = g["epoch"].to_string();
+    assert_eq!(
+        rows[2],
+        [
+            "239.1.2.3",
+            "5000",
+            &epoch,
+            "2",
+            "4",
+            "4",
+            "7",
+            "0",
+            "1",
+            "127.0.0.1:4300"
+        ],
+        "{text}"
+    );
+    let pid = pid.to_string();
+    assert_eq!(
+        rows[3],
+        [
+            "member",
+            "127.0.0.1:4301",
+            "flags",
+            "-",
+            "pid",
+            &pid,
+            "filter",
+            "only",
+            "127.0.0.1/32:4300"
+        ],
+        "{text}"
+    );
+    assert_eq!(
+        rows[4],
+        [
+            "member",
+            "127.0.0.1:4302",
+            "flags",
+            "loopback,drop_when_full",
+            "pid",
+            &pid,
+            "filter",
+            "all"
+        ],
+        "{text}"
+    );
+    // Every section without a flag includes the groups.
+    assert!(rdsctl(&d.socket, &["info"])
+        .ok()
+        .stdout
+        .contains("RDS groups:"));
+    let all = rdsctl(&d.socket, &["info", "--json"]).ok().json();
+    assert_eq!(all["groups"].as_array().map(Vec::len), Some(1));
+
+    // The counters: `rdsctl stats`, its JSON, Info's counters and the Prometheus text.
+    let stats = rdsctl(&d.socket, &["stats"]).ok().stdout;
+    let stat = |k: &str| {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(k)?.strip_prefix(' ')?.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {k} in:\n{stats}"))
+    };
+    let expect = [
+        ("group_sends", 4),
+        ("group_deliveries", 7),
+        ("group_drops_full", 0),
+        ("group_filtered", 1),
+        ("group_no_group", 0),
+        ("groups_created", 1),
+        ("group_members_closed", 0),
+    ];
+    for (k, v) in expect {
+        assert_eq!(stat(k), v, "{k}");
+    }
+    stat("group_blocked");
+    let j = rdsctl(&d.socket, &["--json", "info", "-c"]).ok().json();
+    let prom = rdsctl(&d.socket, &["stats", "--prometheus"]).ok().stdout;
+    let (samples, _) = prometheus_parse(&prom).unwrap_or_else(|e| panic!("{e}\n{prom}"));
+    let http = http_get(&metrics, "/metrics");
+    let (_, body) = http.split_once("\r\n\r\n").expect("HTTP head");
+    let (served, _) = prometheus_parse(body).unwrap_or_else(|e| panic!("{e}\n{body}"));
+    for (k, v) in expect {
+        assert_eq!(counters_of(&j)[k].as_u64(), Some(v), "{k}");
+        assert!(
+            j["counter_help"][k].as_str().is_some_and(|h| !h.is_empty()),
+            "{k}"
+        );
+        let m = format!("rdsd_{k}_total");
+        assert_eq!(samples[&m].as_f64(), Some(v as f64), "{k}");
+        assert_eq!(served[&m].as_f64(), Some(v as f64), "{k} over HTTP");
+    }
+    assert!(
+        prom.contains("# TYPE rdsd_group_sends_total counter\n"),
+        "{prom}"
+    );
+
+    // Closing the creator keeps the group (it has members); closing them ends it.
+    drop(creator);
+    drop(plain);
+    drop(both);
+    wait_for(
+        || {
+            let doc = rdsctl(&d.socket, &["--json", "info", "-g"]).ok().json();
+            doc["groups"].as_array().is_some_and(Vec::is_empty)
+        },
+        Duration::from_secs(10),
+        "the group to end with its last socket",
+    );
+    assert_eq!(d.stat("group_members_closed"), 2);
+}
+
+#[test]
+fn info_lists_the_groups_of_every_poll_thread() {
+    use shm_api::GroupFlags;
+    use std::net::{Ipv4Addr, SocketAddrV4};
+    let d = Daemon::start(&["--poll-core", "-2", "--poll-core", "-2"]);
+    // One app per poll thread, each with a group of its own and one member in it.
+    let apps: Vec<_> = (0..2).map(|_| d.attach()).collect();
+    let mut threads: Vec<usize> = apps.iter().map(|a| a.poll_thread()).collect();
+    threads.sort();
+    assert_eq!(threads, [0, 1]);
+    let mut socks = Vec::new();
+    for (i, a) in apps.iter().enumerate() {
+        let group = SocketAddrV4::new(Ipv4Addr::new(239, 9, 9, 1 + i as u8), 6000);
+        let c = a.socket().unwrap();
+        c.bind(lo(4400 + 2 * i as u16)).unwrap();
+        c.group_create(group).unwrap();
+        let m = a.socket().unwrap();
+        m.bind(lo(4401 + 2 * i as u16)).unwrap();
+        m.group_join(group, GroupFlags::LOOPBACK).unwrap();
+        m.send_to(b"x", group).unwrap();
+        socks.extend([c, m]);
+    }
+    let doc = rdsctl(&d.socket, &["--json", "info", "-g"]).ok().json();
+    let groups = doc["groups"].as_array().expect("groups");
+    assert_eq!(groups.len(), 2, "{groups:?}");
+    for (i, g) in groups.iter().enumerate() {
+        assert_eq!(g["addr"].as_str(), Some(&*format!("239.9.9.{}", 1 + i)));
+        assert_eq!(
+            g["shard"].as_u64(),
+            Some(apps[i].poll_thread() as u64),
+            "{g}"
+        );
+        assert_eq!(g["creator"]["port"].as_u64(), Some(4400 + 2 * i as u64));
+        assert_eq!(g["members"][0]["port"].as_u64(), Some(4401 + 2 * i as u64));
+        assert_eq!(g["members"][0]["addr"].as_str(), Some("127.0.0.1"));
+        assert_eq!(
+            (g["sends"].as_u64(), g["deliveries"].as_u64()),
+            (Some(1), Some(1))
+        );
+    }
+    // The counters are summed over the poll threads.
+    assert_eq!(d.stat("group_sends"), 2);
+    assert_eq!(d.stat("groups_created"), 2);
+}
+
+#[test]
 fn ping_a_local_address_is_answered_by_loopback() {
     let d = Daemon::start(&[]);
     let o = rdsctl(&d.socket, &["ping", "127.0.0.1", "-c", "3", "-i", "0.05"]).ok();

@@ -734,6 +734,7 @@ impl<H: Host> Engine<H> {
                     Some(mut g) => {
                         g.shards_seen = snap.shards_seen;
                         g.sockets.extend(snap.sockets);
+                        g.groups.extend(snap.groups);
                         g
                     }
                 };

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::config::Overrides;
-use crate::poll::snapshot::SockSnapshot;
+use crate::poll::snapshot::{GroupMemberSnapshot, GroupSnapshot, GroupSockSnapshot, SockSnapshot};
 use shm_api::ctrl::{INFO_SOCKETS, LEGACY_REPLY_HEADER_LEN};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -573,8 +573,31 @@ fn info_gathers_a_snapshot_from_every_poll_thread_in_turn() {
         // Waiting for the snapshot does not count as silence.
         r.e.tick(r.at(5_000));
         assert!(r.actions().is_empty());
+        // Every poll thread orders groups of its own (the last shard's first).
+        let group = GroupSnapshot {
+            shard,
+            addr: std::net::Ipv4Addr::new(239, 0, 0, 3 - shard as u8),
+            port: 5000,
+            epoch: 1,
+            creator: None,
+            members: vec![GroupMemberSnapshot {
+                sock: GroupSockSnapshot {
+                    app,
+                    slot: shard as u32,
+                    ..Default::default()
+                },
+                filter: "all".into(),
+                ..Default::default()
+            }],
+            last_seq: 9,
+            sends: 9,
+            deliveries: 9,
+            drops_full: 0,
+            filtered: 0,
+        };
         let snap = PollSnapshot {
             sockets: vec![sock(shard as u32)],
+            groups: vec![group],
             transports: if shard == 0 { vec!["loopback"] } else { vec![] },
             shards_seen: shard + 1,
             ..Default::default()
@@ -591,6 +614,17 @@ fn info_gathers_a_snapshot_from_every_poll_thread_in_turn() {
         assert_eq!(
             (s["pid"].as_i64(), s["uid"].as_u64()),
             (Some(PID as i64), Some(1000))
+        );
+    }
+    let groups = doc["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 3, "{groups:?}");
+    for (k, g) in groups.iter().enumerate() {
+        assert_eq!(g["addr"], format!("239.0.0.{}", k + 1), "sorted by address");
+        assert_eq!(g["shard"], 2 - k);
+        let m = &g["members"][0];
+        assert_eq!(
+            (m["slot"].as_u64(), m["pid"].as_i64()),
+            (Some(2 - k as u64), Some(PID as i64))
         );
     }
     assert_eq!(doc["rdsd"]["transports"], serde_json::json!(["loopback"]));

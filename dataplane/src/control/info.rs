@@ -11,11 +11,17 @@
 //!   "connections": [ ConnSnapshot ... ], "connections_truncated": n,            (-n, -p)
 //!   "recv_queue": { "sockets", "bytes", "entries": [...] },                     (-r)
 //!   "send_queue": { "sockets", "socket_bytes", "paths", "msgs", "entries" },    (-s)
-//!   "retransmit_queue": { "paths", "msgs", "bytes", "entries": [...] } }        (-t)
+//!   "retransmit_queue": { "paths", "msgs", "bytes", "entries": [...] },         (-t)
+//!   "groups": [ GroupSnapshot ... ], "groups_truncated": n }                    (-g)
 //! ```
 //!
+//! A group is `{ "shard", "addr", "port", "epoch", "creator": {app, slot, pid, addr, port} |
+//! null, "members": [ {app, slot, pid, addr, port, flags, loopback, drop_when_full, filter} ],
+//! "members_truncated": n, "last_seq", "sends", "deliveries", "drops_full", "filtered" }`
+//! (`poll::snapshot::GroupSnapshot`), sorted by address and port.
+//!
 //! A reply is one datagram: lists that would not fit are cut (each `*_truncated` says by how
-//! many entries).
+//! many entries; a group's `members` are cut inside the group).
 
 use crate::config::Config;
 use crate::poll::snapshot::PollSnapshot;
@@ -45,44 +51,42 @@ impl Started {
 /// Largest body of a reply datagram.
 const MAX_BODY: usize = MAX_DATAGRAM - REPLY_HEADER_LEN;
 
-/// Serialises `doc`, halving its longest list (`sockets`, `connections`, a queue's `entries`)
-/// until it fits in `max` bytes; each cut list gets a `<list>_truncated` count (next to it) of
-/// the entries left out.
-fn fit(mut doc: Map<String, Value>, max: usize) -> Vec<u8> {
-    const LISTS: [(Option<&str>, &str); 5] = [
-        (None, "sockets"),
-        (None, "connections"),
-        (Some("recv_queue"), "entries"),
-        (Some("send_queue"), "entries"),
-        (Some("retransmit_queue"), "entries"),
+/// Serialises `doc`, halving its longest list (`sockets`, `connections`, `groups`, a queue's
+/// `entries`, a group's `members`) until it fits in `max` bytes; each cut list gets a
+/// `<list>_truncated` count (next to it, in the same object) of the entries left out.
+fn fit(doc: Map<String, Value>, max: usize) -> Vec<u8> {
+    const LISTS: [&str; 6] = [
+        "/sockets",
+        "/connections",
+        "/recv_queue/entries",
+        "/send_queue/entries",
+        "/retransmit_queue/entries",
+        "/groups",
     ];
-    fn parent<'a>(
-        doc: &'a mut Map<String, Value>,
-        p: Option<&str>,
-    ) -> Option<&'a mut Map<String, Value>> {
-        match p {
-            None => Some(doc),
-            Some(k) => doc.get_mut(k)?.as_object_mut(),
-        }
-    }
+    let mut doc = Value::Object(doc);
     loop {
         let body = serde_json::to_vec(&doc).unwrap_or_default();
         if body.len() <= max {
             return body;
         }
+        let len = |doc: &Value, p: &str| doc.pointer(p).and_then(Value::as_array).map(Vec::len);
+        let groups = len(&doc, "/groups").unwrap_or(0);
+        let members = (0..groups).map(|i| format!("/groups/{i}/members"));
         let longest = LISTS
             .into_iter()
-            .filter_map(|(p, k)| {
-                let n = parent(&mut doc, p)?.get(k)?.as_array()?.len();
-                Some((p, k, n))
-            })
-            .filter(|&(_, _, n)| n > 0)
-            .max_by_key(|&(_, _, n)| n);
-        let Some((p, key, n)) = longest else {
+            .map(String::from)
+            .chain(members)
+            .filter_map(|p| Some((len(&doc, &p)?, p)))
+            .filter(|&(n, _)| n > 0)
+            .max_by_key(|&(n, _)| n);
+        let Some((n, path)) = longest else {
+            return body;
+        };
+        let (parent, key) = path.rsplit_once('/').expect("a pointer");
+        let Some(obj) = doc.pointer_mut(parent).and_then(Value::as_object_mut) else {
             return body;
         };
         let keep = n / 2;
-        let obj = parent(&mut doc, p).expect("found above");
         if let Some(list) = obj.get_mut(key).and_then(Value::as_array_mut) {
             list.truncate(keep);
         }
@@ -137,6 +141,17 @@ pub(super) fn reply(
             if let Some((pid, uid)) = owner(s.app) {
                 s.pid = pid;
                 s.uid = uid;
+            }
+        }
+        for g in &mut snap.groups {
+            let socks = g
+                .creator
+                .iter_mut()
+                .chain(g.members.iter_mut().map(|m| &mut m.sock));
+            for s in socks {
+                if let Some((pid, _)) = owner(s.app) {
+                    s.pid = pid;
+                }
             }
         }
         add_sections(&mut doc, sections, snap);
@@ -220,6 +235,11 @@ fn add_sections(doc: &mut Map<String, Value>, sections: u32, snap: PollSnapshot)
     if sections & ctrl::INFO_SOCKETS != 0 {
         doc.insert("sockets".into(), json!(snap.sockets));
     }
+    if sections & ctrl::INFO_GROUPS != 0 {
+        let mut groups = snap.groups;
+        groups.sort_by_key(|g| (g.addr, g.port, g.shard));
+        doc.insert("groups".into(), json!(groups));
+    }
     if sections & (ctrl::INFO_CONNECTIONS | ctrl::INFO_PATHS) != 0 {
         let mut conns = serde_json::to_value(&snap.connections).unwrap_or(json!([]));
         if sections & ctrl::INFO_PATHS == 0 {
@@ -265,6 +285,33 @@ mod tests {
         let kept = q["entries"].as_array().unwrap().len() as u64;
         assert!(kept > 0 && kept + q["entries_truncated"].as_u64().unwrap() == 4096);
         assert_eq!(q["sockets"].as_u64(), Some(4096));
+        // Groups are cut, and so are the members of one big group, inside it.
+        let member = json!({"app": 1, "slot": 2, "pid": 7, "addr": "10.0.0.1", "port": 4000,
+                            "flags": 3, "loopback": true, "drop_when_full": true,
+                            "filter": "all"});
+        let group = |n| {
+            json!({"shard": 0, "addr": "239.1.2.3", "port": 5000, "epoch": 1,
+                               "creator": null, "members": vec![member.clone(); n],
+                               "last_seq": 0, "sends": 0, "deliveries": 0})
+        };
+        let mut doc = Map::new();
+        doc.insert("groups".into(), json!(vec![group(1); 2048]));
+        let v: Value = serde_json::from_slice(&fit(doc, MAX_BODY)).unwrap();
+        let kept = v["groups"].as_array().unwrap().len() as u64;
+        assert!(kept > 0 && kept + v["groups_truncated"].as_u64().unwrap() == 2048);
+        let mut doc = Map::new();
+        doc.insert("groups".into(), json!([group(1), group(1024)]));
+        let body = fit(doc, MAX_BODY);
+        assert!(body.len() <= MAX_BODY);
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        let g = &v["groups"][1];
+        let kept = g["members"].as_array().unwrap().len() as u64;
+        assert!(kept > 0 && kept + g["members_truncated"].as_u64().unwrap() == 1024);
+        assert_eq!(v["groups"].as_array().unwrap().len(), 2);
+        assert!(
+            v.get("groups_truncated").is_none()
+                && v["groups"][0].get("members_truncated").is_none()
+        );
         // Small documents are untouched.
         let small = json!({"schema": 1, "sockets": [{"port": 1}], "recv_queue": {"entries": [1]}});
         let Value::Object(m) = small.clone() else {

@@ -99,3 +99,31 @@ impl Filter {
         }
     }
 }
+
+/// `addr/len:first-last` (`:port` for one port), as `rdsctl info` shows a rule.
+impl std::fmt::Display for SenderRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let a = std::net::Ipv4Addr::from(self.addr);
+        write!(f, "{a}/{}:", self.prefix_len)?;
+        match self.ports {
+            (p, q) if p == q => write!(f, "{p}"),
+            (p, q) => write!(f, "{p}-{q}"),
+        }
+    }
+}
+
+/// `all`, `only RULE,RULE` or `except RULE,...`, as `rdsctl info` shows a member's filter.
+impl std::fmt::Display for Filter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (word, rules) = match self {
+            Filter::All => return f.write_str("all"),
+            Filter::Only(r) => ("only", r),
+            Filter::Except(r) => ("except", r),
+        };
+        f.write_str(word)?;
+        for (i, r) in rules.iter().enumerate() {
+            write!(f, "{}{r}", if i == 0 { " " } else { "," })?;
+        }
+        Ok(())
+    }
+}

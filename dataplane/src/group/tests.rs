@@ -301,6 +301,18 @@ fn sender_rules_match_prefixes_and_port_ranges() {
     assert_eq!(SenderRule::new(0, 8, 2, 1), Err(GroupError::BadFilter));
     assert!(!Filter::Only(Box::new([])).accepts(&m(Ipv4Addr::LOCALHOST, 1)));
     assert!(Filter::Except(Box::new([])).accepts(&m(Ipv4Addr::LOCALHOST, 1)));
+    // As `rdsctl info` shows them.
+    assert_eq!(r.to_string(), "10.1.0.0/16:10-20");
+    assert_eq!(Filter::All.to_string(), "all");
+    let one = SenderRule::socket(u32::from(Ipv4Addr::new(10, 0, 0, 1)), 1000);
+    assert_eq!(
+        Filter::Only(Box::new([one, r])).to_string(),
+        "only 10.0.0.1/32:1000,10.1.0.0/16:10-20"
+    );
+    assert_eq!(
+        Filter::Except(Box::new([one])).to_string(),
+        "except 10.0.0.1/32:1000"
+    );
 }
 
 #[test]

@@ -103,7 +103,6 @@ fn member_room(apps: &mut [Option<App>], m: SockRef, len: usize) -> bool {
 
 impl SocketTable {
     /// The groups this shard orders (snapshots).
-    #[allow(dead_code)]
     pub(in crate::poll) fn groups(&self) -> &GroupTable<SockRef> {
         &self.groups.table
     }

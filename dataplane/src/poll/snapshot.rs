@@ -1,5 +1,6 @@
-//! Introspection snapshots (`rdsctl info`): the sockets of the table and the connections and
-//! paths of every transport, copied out by the poll core for the control thread.
+//! Introspection snapshots (`rdsctl info`): the sockets and multicast groups of the table and
+//! the connections and paths of every transport, copied out by the poll core for the control
+//! thread.
 //!
 //! The control thread asks with [`super::Cmd::Snapshot`] through the ordinary command queue, so
 //! the poll core builds a snapshot only between two passes, when such a command is waiting:
@@ -9,7 +10,9 @@
 //! serialises it off the poll core.
 
 use super::PollCore;
+use crate::group::MemberFlags;
 use crate::seam::ConnSnapshot;
+use rustc_hash::FxHashMap;
 use shm_api::ring::RingMemory;
 use std::net::Ipv4Addr;
 use std::sync::atomic::Ordering;
@@ -48,6 +51,65 @@ pub struct SockSnapshot {
     pub pollable: bool,
 }
 
+/// A socket of a group (its creator or a member), by its bound address.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct GroupSockSnapshot {
+    /// App index (the control connection's slot).
+    pub app: usize,
+    /// Socket slot in the app's region.
+    pub slot: u32,
+    /// The app's pid (filled in by the control thread).
+    pub pid: i32,
+    /// Bound address, if bound.
+    pub addr: Option<Ipv4Addr>,
+    /// Bound port (0 if unbound).
+    pub port: u16,
+}
+
+/// One membership of a group.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct GroupMemberSnapshot {
+    /// The member socket.
+    #[serde(flatten)]
+    pub sock: GroupSockSnapshot,
+    /// Its `GROUP_*` flag bits (`shm_api::ctrl::GROUP_LOOPBACK`, `GROUP_DROP_WHEN_FULL`).
+    pub flags: u32,
+    /// LOOPBACK: it receives what its own socket sends to the group.
+    pub loopback: bool,
+    /// DROP_WHEN_FULL: skipped (and counted) while full instead of holding the group back.
+    pub drop_when_full: bool,
+    /// Its filter: `all`, `only RULE,...` or `except RULE,...` (a rule is
+    /// `addr/prefix:first-last`).
+    pub filter: String,
+}
+
+/// One multicast group of a poll thread.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct GroupSnapshot {
+    /// The poll thread that orders it.
+    pub shard: usize,
+    /// Group address (224.0.0.0/4).
+    pub addr: Ipv4Addr,
+    /// Group port.
+    pub port: u16,
+    /// Which incarnation (a group created again gets a new epoch and starts at seq 1).
+    pub epoch: u64,
+    /// The creator's socket, while it is open.
+    pub creator: Option<GroupSockSnapshot>,
+    /// Members, in the order they joined.
+    pub members: Vec<GroupMemberSnapshot>,
+    /// Sequence number of the last message delivered (0: none yet).
+    pub last_seq: u64,
+    /// Messages numbered and delivered (to zero or more members).
+    pub sends: u64,
+    /// Copies delivered (one per target).
+    pub deliveries: u64,
+    /// DROP_WHEN_FULL members skipped for lack of room.
+    pub drops_full: u64,
+    /// Members whose filter rejected a message.
+    pub filtered: u64,
+}
+
 /// What the poll core copies out for `rdsctl info`.
 #[derive(Clone, Debug, Default)]
 pub struct PollSnapshot {
@@ -55,6 +117,8 @@ pub struct PollSnapshot {
     pub sockets: Vec<SockSnapshot>,
     /// Connections of every network transport.
     pub connections: Vec<ConnSnapshot>,
+    /// Multicast groups of every poll thread asked so far, by address and port.
+    pub groups: Vec<GroupSnapshot>,
     /// Transports, in routing order.
     pub transports: Vec<&'static str>,
     /// Poll threads whose sockets are in `sockets` (the control thread asks each in turn).
@@ -62,7 +126,8 @@ pub struct PollSnapshot {
 }
 
 impl PollCore {
-    /// Copies out sockets, connections and paths (slow path: on a Snapshot command only).
+    /// Copies out sockets, groups, connections and paths (slow path: on a Snapshot command
+    /// only).
     pub(super) fn snapshot(&mut self) -> PollSnapshot {
         let mut out = PollSnapshot {
             shards_seen: self.table.shard() + 1,
@@ -91,10 +156,61 @@ impl PollCore {
                 pollable: s.readiness_on,
             });
         });
+        self.snapshot_groups(&mut out);
         for t in self.transports.iter_mut() {
             out.transports.push(t.name());
             t.snapshot(&mut out.connections);
         }
         out
+    }
+}
+
+impl PollCore {
+    /// This shard's groups, sorted by address and port; sockets named by the bound addresses
+    /// `out.sockets` already holds.
+    fn snapshot_groups(&self, out: &mut PollSnapshot) {
+        let bound: FxHashMap<(usize, u32), (Option<Ipv4Addr>, u16)> = out
+            .sockets
+            .iter()
+            .map(|s| ((s.app, s.slot), (s.addr, s.port)))
+            .collect();
+        let sock = |r: super::SockRef| {
+            let (addr, port) = bound.get(&(r.app, r.slot)).copied().unwrap_or_default();
+            GroupSockSnapshot {
+                app: r.app,
+                slot: r.slot,
+                pid: 0,
+                addr,
+                port,
+            }
+        };
+        let shard = self.table.shard();
+        let start = out.groups.len();
+        for g in self.table.groups().groups() {
+            out.groups.push(GroupSnapshot {
+                shard,
+                addr: Ipv4Addr::from(g.addr.addr()),
+                port: g.addr.port(),
+                epoch: g.epoch,
+                creator: g.creator.map(sock),
+                members: g
+                    .members
+                    .iter()
+                    .map(|m| GroupMemberSnapshot {
+                        sock: sock(m.sock),
+                        flags: m.flags.bits(),
+                        loopback: m.flags.contains(MemberFlags::LOOPBACK),
+                        drop_when_full: m.flags.contains(MemberFlags::DROP_WHEN_FULL),
+                        filter: m.filter.to_string(),
+                    })
+                    .collect(),
+                last_seq: g.last_seq,
+                sends: g.counters.sends,
+                deliveries: g.counters.deliveries,
+                drops_full: g.counters.drops_full,
+                filtered: g.counters.filtered,
+            });
+        }
+        out.groups[start..].sort_by_key(|g| (g.addr, g.port));
     }
 }
