@@ -71,7 +71,6 @@ const OTHERS: &[(&str, Table)] = &[
             ("layout", &["ring"]),
             ("ring", &["sync"]),
             // A child of `socket` (`#[path]`), in its own file: `Socket::group_*`.
-            ("group", &["ctrl"]),
             ("ctrl", &[]),
             ("hoptrace", &[]),
             ("sync", &[]),

@@ -468,47 +468,58 @@ fn info_and_stats_show_groups_members_and_their_counters() {
 }
 
 #[test]
-fn info_lists_the_groups_of_every_poll_thread() {
+fn info_lists_the_groups_ordered_by_shard_0_with_senders_on_every_poll_thread() {
     use shm_api::GroupFlags;
     use std::net::{Ipv4Addr, SocketAddrV4};
     let d = Daemon::start(&["--poll-core", "-2", "--poll-core", "-2"]);
-    // One app per poll thread, each with a group of its own and one member in it.
-    let apps: Vec<_> = (0..2).map(|_| d.attach()).collect();
-    let mut threads: Vec<usize> = apps.iter().map(|a| a.poll_thread()).collect();
-    threads.sort();
-    assert_eq!(threads, [0, 1]);
+    // One app per poll thread: shard 0's owns two groups with a member each, and each app
+    // sends one message to each group.
+    let mut apps: Vec<_> = (0..2).map(|_| d.attach()).collect();
+    apps.sort_by_key(|a| a.poll_thread());
+    assert_eq!(
+        apps.iter().map(|a| a.poll_thread()).collect::<Vec<_>>(),
+        [0, 1]
+    );
+    let group = |i: u16| SocketAddrV4::new(Ipv4Addr::new(239, 9, 9, 1 + i as u8), 6000);
     let mut socks = Vec::new();
-    for (i, a) in apps.iter().enumerate() {
-        let group = SocketAddrV4::new(Ipv4Addr::new(239, 9, 9, 1 + i as u8), 6000);
-        let c = a.socket().unwrap();
-        c.bind(lo(4400 + 2 * i as u16)).unwrap();
-        c.group_create(group).unwrap();
-        let m = a.socket().unwrap();
-        m.bind(lo(4401 + 2 * i as u16)).unwrap();
-        m.group_join(group, GroupFlags::LOOPBACK).unwrap();
-        m.send_to(b"x", group).unwrap();
+    for i in 0..2u16 {
+        let c = apps[0].socket().unwrap();
+        c.bind(lo(4400 + 2 * i)).unwrap();
+        c.group_create(group(i)).unwrap();
+        let m = apps[0].socket().unwrap();
+        m.bind(lo(4401 + 2 * i)).unwrap();
+        m.group_join(group(i), GroupFlags::LOOPBACK).unwrap();
         socks.extend([c, m]);
+    }
+    let far = apps[1].socket().unwrap();
+    far.bind(lo(4410)).unwrap();
+    for i in 0..2u16 {
+        socks[0].send_to(b"x", group(i)).unwrap();
+        far.send_to(b"y", group(i)).unwrap();
+    }
+    let mut buf = [0u8; 8];
+    for i in 0..2 {
+        for _ in 0..2 {
+            socks[2 * i + 1].recv_from(&mut buf).unwrap();
+        }
     }
     let doc = rdsctl(&d.socket, &["--json", "info", "-g"]).ok().json();
     let groups = doc["groups"].as_array().expect("groups");
     assert_eq!(groups.len(), 2, "{groups:?}");
     for (i, g) in groups.iter().enumerate() {
         assert_eq!(g["addr"].as_str(), Some(&*format!("239.9.9.{}", 1 + i)));
-        assert_eq!(
-            g["shard"].as_u64(),
-            Some(apps[i].poll_thread() as u64),
-            "{g}"
-        );
+        assert_eq!(g["shard"].as_u64(), Some(0), "{g}");
         assert_eq!(g["creator"]["port"].as_u64(), Some(4400 + 2 * i as u64));
         assert_eq!(g["members"][0]["port"].as_u64(), Some(4401 + 2 * i as u64));
         assert_eq!(g["members"][0]["addr"].as_str(), Some("127.0.0.1"));
         assert_eq!(
             (g["sends"].as_u64(), g["deliveries"].as_u64()),
-            (Some(1), Some(1))
+            (Some(2), Some(2))
         );
+        assert_eq!(g["full"].as_bool(), Some(false));
     }
     // The counters are summed over the poll threads.
-    assert_eq!(d.stat("group_sends"), 2);
+    assert_eq!(d.stat("group_sends"), 4);
     assert_eq!(d.stat("groups_created"), 2);
 }
 

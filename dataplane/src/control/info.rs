@@ -17,7 +17,7 @@
 //!
 //! A group is `{ "shard", "addr", "port", "epoch", "creator": {app, slot, pid, addr, port} |
 //! null, "members": [ {app, slot, pid, addr, port, flags, loopback, drop_when_full, filter} ],
-//! "members_truncated": n, "last_seq", "sends", "deliveries", "drops_full", "filtered" }`
+//! "members_truncated": n, "last_seq", "sends", "deliveries", "drops_full", "filtered", "full" }`
 //! (`poll::snapshot::GroupSnapshot`), sorted by address and port.
 //!
 //! A reply is one datagram: lists that would not fit are cut (each `*_truncated` says by how

@@ -129,6 +129,11 @@ impl SocketTable {
         Ok(())
     }
 
+    /// Whether `g` is full (its bit set: a member without DROP_WHEN_FULL is congested).
+    pub(in crate::poll) fn group_full(&self, g: GroupAddr) -> bool {
+        self.groups.full.contains(&g)
+    }
+
     /// With several poll threads, shard 0 owns and orders every group; sockets of the others
     /// may send to groups (their messages cross to shard 0 in order) but not create or join
     /// them yet: EXDEV, as a rename(2) across filesystems.

@@ -108,6 +108,8 @@ pub struct GroupSnapshot {
     pub drops_full: u64,
     /// Members whose filter rejected a message.
     pub filtered: u64,
+    /// A member without DROP_WHEN_FULL is congested: senders wait (EAGAIN, no POLLOUT).
+    pub full: bool,
 }
 
 /// What the poll core copies out for `rdsctl info`.
@@ -209,6 +211,7 @@ impl PollCore {
                 deliveries: g.counters.deliveries,
                 drops_full: g.counters.drops_full,
                 filtered: g.counters.filtered,
+                full: self.table.group_full(g.addr),
             });
         }
         out.groups[start..].sort_by_key(|g| (g.addr, g.port));
