@@ -519,6 +519,9 @@ impl Rng {
     }
 }
 
+/// Messages received, as (sender port, sequence number).
+type Received = Vec<(u16, u64)>;
+
 /// Whether `part` appears in `whole` in order (not necessarily contiguous).
 fn is_subsequence<T: PartialEq>(part: &[T], whole: &[T]) -> bool {
     let mut it = whole.iter();
@@ -570,7 +573,8 @@ fn churn_run(seed: u64) {
         }
         let a = sc.spawn(|| take(&stable[0], total));
         let b = sc.spawn(|| take(&stable[1], total));
-        let mut live: Vec<(Socket, bool, Vec<(u16, u64)>)> = Vec::new();
+        // (socket, DROP_WHEN_FULL, received so far) of every live churning membership.
+        let mut live: Vec<(Socket, bool, Received)> = Vec::new();
         let mut port = 20_000u16;
         while !a.is_finished() || !b.is_finished() || ended.len() < 10 {
             match rng.below(4) {
