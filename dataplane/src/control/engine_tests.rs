@@ -594,6 +594,7 @@ fn info_gathers_a_snapshot_from_every_poll_thread_in_turn() {
             deliveries: 9,
             drops_full: 0,
             filtered: 0,
+            full: false,
         };
         let snap = PollSnapshot {
             sockets: vec![sock(shard as u32)],
