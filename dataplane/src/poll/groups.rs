@@ -434,10 +434,17 @@ impl SocketTable {
         if let Some(s) = self.sock(from) {
             s.group_blocked = false;
         }
-        for &to in &targets {
-            // Every target said it fits, and nothing ran on this thread since: all succeed.
-            let d = self.deliver_to(to, src.0, src.1, payload);
+        // Every target said it fits, and nothing ran on this thread since: every push
+        // succeeds. Pushed everywhere first, then published: an app can only see the message
+        // once it is in every target's ring (a crash of rdsd between two publishes is the
+        // remaining window, see ARCHITECTURE.md).
+        targets.retain(|&to| {
+            let d = self.push_rx(to, src.0, src.1, payload);
             debug_assert!(d != Delivered::Full, "{to:?} refused a checked fan-out");
+            d == Delivered::Yes
+        });
+        for &to in &targets {
+            self.publish_rx(to, len);
         }
         self.groups.targets = targets;
         GroupSent::Done

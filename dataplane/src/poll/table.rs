@@ -959,6 +959,23 @@ impl SocketTable {
         sport: u16,
         payload: &MsgBytes<'_>,
     ) -> Delivered {
+        let d = self.push_rx(to, faddr, sport, payload);
+        if d == Delivered::Yes {
+            self.publish_rx(to, payload.len());
+        }
+        d
+    }
+
+    /// The first half of [`Self::deliver_to`]: the record is in `to`'s rx ring but not
+    /// visible to the app until [`Self::publish_rx`] (a group fan-out pushes into every target
+    /// first, then publishes them all).
+    pub(super) fn push_rx(
+        &mut self,
+        to: SockRef,
+        faddr: u32,
+        sport: u16,
+        payload: &MsgBytes<'_>,
+    ) -> Delivered {
         let len = payload.len();
         let Some(app) = self.apps.get_mut(to.app).and_then(|a| a.as_mut()) else {
             return Delivered::NoSocket;
@@ -985,18 +1002,7 @@ impl SocketTable {
             }
         });
         match pushed {
-            Ok(()) => {
-                sock.rx.publish();
-                sock.rx_produced += len as u64;
-                let produced = sock.rx_produced;
-                let ctl = app.region.slot_control(to.slot);
-                ctl.rx_produced_bytes.store(produced, Ordering::Release);
-                if wake_slot(ctl, RECV_WAITERS) {
-                    Stats::bump(&self.stats.app_wakeups);
-                }
-                self.after_enqueue(to);
-                Delivered::Yes
-            }
+            Ok(()) => Delivered::Yes,
             Err(PushError::Full) => {
                 Stats::bump(&self.stats.rx_ring_full);
                 Delivered::Full
@@ -1007,6 +1013,26 @@ impl SocketTable {
                 Delivered::NoSocket
             }
         }
+    }
+
+    /// The second half of [`Self::deliver_to`]: publishes what was pushed into `to`'s rx ring
+    /// (the last record being `len` bytes), wakes its receivers and marks congestion.
+    pub(super) fn publish_rx(&mut self, to: SockRef, len: usize) {
+        let Some(app) = self.apps.get_mut(to.app).and_then(|a| a.as_mut()) else {
+            return;
+        };
+        let Some(sock) = app.socks[to.slot as usize].as_mut() else {
+            return;
+        };
+        sock.rx.publish();
+        sock.rx_produced += len as u64;
+        let produced = sock.rx_produced;
+        let ctl = app.region.slot_control(to.slot);
+        ctl.rx_produced_bytes.store(produced, Ordering::Release);
+        if wake_slot(ctl, RECV_WAITERS) {
+            Stats::bump(&self.stats.app_wakeups);
+        }
+        self.after_enqueue(to);
     }
 
     pub(super) fn next_rand(&mut self) -> u64 {
