@@ -129,6 +129,9 @@ counters! {
     groups_created,
     /// Memberships that ended by a close or an app's death rather than a leave.
     group_members_closed,
+    /// Copies of group messages for members of another poll thread lost because rdsd already
+    /// kept 64 MiB for that thread (it has not taken its messages for that long).
+    group_remote_lost,
 }
 }
 

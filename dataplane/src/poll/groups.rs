@@ -16,7 +16,7 @@
 //! - **Lifetime**: a group holds a reference on its address's congestion entry from create to
 //!   death; closing a socket (and an app's death or eviction) leaves all its groups.
 
-use super::{App, SockRef, SocketTable};
+use super::{token_of, App, Envelope, ShardLink, SockRef, SocketTable};
 use crate::group::{
     Filter, GroupAddr, GroupError, GroupTable, MemberFlags, SendDecision, Sender, SenderRule,
 };
@@ -36,6 +36,20 @@ struct Staging {
     rules: Vec<SenderRule>,
 }
 
+/// A creator or member of shard 0's groups served by another poll thread: what shard 0
+/// knows of it (from its `Note::GroupOp`, kept current by `Note::CongBit`).
+#[derive(Clone, Copy, Debug)]
+pub(in crate::poll) struct Remote {
+    /// Its poll thread.
+    pub shard: usize,
+    /// Its socket's incarnation there.
+    pub gen: u32,
+    /// Its bound address.
+    pub bound: Option<(u32, u16)>,
+    /// Whether its port is congested (queue above SO_RCVBUF).
+    pub congested: bool,
+}
+
 /// One shard's groups and what the glue keeps beside them.
 pub(super) struct Groups {
     table: GroupTable<SockRef>,
@@ -48,6 +62,10 @@ pub(super) struct Groups {
     scratch: Vec<GroupAddr>,
     /// Filters being assembled, per member socket.
     staging: FxHashMap<SockRef, Staging>,
+    /// Creators and members of other poll threads (shard 0 only).
+    remote: FxHashMap<SockRef, Remote>,
+    /// Their bound addresses, for the congestion notes of their shards.
+    remote_by_addr: FxHashMap<(u32, u16), SockRef>,
 }
 
 impl Groups {
@@ -59,6 +77,7 @@ impl Groups {
         if empty {
             assert!(self.table.is_empty(), "no group outlives its sockets");
             assert!(self.full.is_empty() && self.staging.is_empty());
+            assert!(self.remote.is_empty() && self.remote_by_addr.is_empty());
         }
     }
 
@@ -69,6 +88,8 @@ impl Groups {
             targets: Vec::new(),
             scratch: Vec::new(),
             staging: FxHashMap::default(),
+            remote: FxHashMap::default(),
+            remote_by_addr: FxHashMap::default(),
         }
     }
 }
@@ -88,7 +109,18 @@ fn group_addr(addr: Ipv4Addr, port: u16) -> Result<GroupAddr, i32> {
 /// Whether member `m` takes a record of `len` bytes now: below SO_RCVBUF and room in its rx
 /// ring. A member whose socket is gone has "room": the delivery skips it (closes leave their
 /// groups at once, so this is only a guard).
-fn member_room(apps: &mut [Option<App>], m: SockRef, len: usize) -> bool {
+fn member_room(
+    apps: &mut [Option<App>],
+    remote: &FxHashMap<SockRef, Remote>,
+    link: Option<&ShardLink>,
+    m: SockRef,
+    len: usize,
+) -> bool {
+    if let Some(x) = remote.get(&m) {
+        // Another shard's socket: not congested, and nothing waiting for room towards its
+        // shard (the copy goes into the pair ring, or is kept until it fits).
+        return !x.congested && link.is_none_or(|l| !l.has_kept(x.shard));
+    }
     let Some(s) = apps
         .get_mut(m.app)
         .and_then(|a| a.as_mut())
@@ -108,14 +140,8 @@ impl SocketTable {
     }
 
     /// GroupCreate: `r` creates `addr:port`.
-    pub(in crate::poll) fn group_create(
-        &mut self,
-        r: SockRef,
-        addr: Ipv4Addr,
-        port: u16,
-    ) -> Result<(), i32> {
+    fn group_create(&mut self, r: SockRef, addr: Ipv4Addr, port: u16) -> Result<(), i32> {
         let g = group_addr(addr, port)?;
-        self.owns_groups()?;
         if self.groups.table.exists(g) {
             return Err(libc::EADDRINUSE);
         }
@@ -134,21 +160,99 @@ impl SocketTable {
         self.groups.full.contains(&g)
     }
 
-    /// With several poll threads, shard 0 owns and orders every group; sockets of the others
-    /// may send to groups (their messages cross to shard 0 in order) but not create or join
-    /// them yet: EXDEV, as a rename(2) across filesystems.
-    fn owns_groups(&self) -> Result<(), i32> {
-        if self.shard == 0 {
-            Ok(())
-        } else {
-            Err(libc::EXDEV)
+    /// A group request (create, join, leave, filter) on shard 0, which orders every group:
+    /// of its own socket `r` (`remote` None), or of socket `r` of another shard, as its
+    /// `Note::GroupOp` describes it. Success registers a remote socket, so that its close,
+    /// its congestion and its deliveries find it.
+    pub(in crate::poll) fn group_op(
+        &mut self,
+        r: SockRef,
+        remote: Option<Remote>,
+        req: shm_api::ctrl::Request,
+    ) -> Result<(), i32> {
+        use shm_api::ctrl::Request;
+        debug_assert_eq!(self.shard, 0, "shard 0 orders every group");
+        let res = match req {
+            Request::GroupCreate { addr, port, .. } => self.group_create(r, addr, port),
+            Request::GroupJoin {
+                addr,
+                port,
+                flags,
+                update,
+                ..
+            } => {
+                let bound = match remote {
+                    Some(x) => x.bound,
+                    None => self.sock(r).and_then(|s| s.bound),
+                };
+                self.group_join(r, bound, addr, port, flags, update)
+            }
+            Request::GroupLeave { addr, port, .. } => self.group_leave(r, addr, port),
+            Request::GroupFilter {
+                addr, port, step, ..
+            } => self.group_filter(r, addr, port, step),
+            _ => Err(libc::EINVAL),
+        };
+        if let (Ok(()), Some(x)) = (res, remote) {
+            if !self.groups.table.groups_of(r).is_empty() {
+                self.groups.remote.insert(r, x);
+                if let Some(b) = x.bound {
+                    self.groups.remote_by_addr.insert(b, r);
+                }
+                // A member that joined congested makes the group full at once.
+                self.groups_member_congestion(r);
+            }
         }
+        res
+    }
+
+    /// Shard 0: socket `r` of shard `shard` (incarnation `gen`) closed.
+    pub(in crate::poll) fn groups_remote_closed(&mut self, r: SockRef, shard: usize, gen: u32) {
+        match self.groups.remote.get(&r) {
+            Some(x) if x.shard == shard && x.gen == gen => {}
+            // Not known, or an older incarnation whose index a newer socket took meanwhile.
+            _ => return,
+        }
+        self.groups_socket_closed(r);
+    }
+
+    /// Shard 0: the congestion of another shard's port `(addr, port)` changed.
+    pub(in crate::poll) fn groups_remote_congestion(&mut self, addr: u32, port: u16, on: bool) {
+        let Some(&r) = self.groups.remote_by_addr.get(&(addr, port)) else {
+            return;
+        };
+        if let Some(x) = self.groups.remote.get_mut(&r) {
+            x.congested = on;
+        }
+        self.groups_member_congestion(r);
+    }
+
+    /// The bound address of a group's socket of another shard (snapshots).
+    pub(in crate::poll) fn group_remote_bound(&self, r: SockRef) -> Option<(u32, u16)> {
+        self.groups.remote.get(&r).and_then(|x| x.bound)
+    }
+
+    /// A group message shard 0 numbered, for member `token` of this shard: `Full` while its
+    /// ring has no room (the pair ring waits), `NoSocket` if that socket is gone.
+    pub(in crate::poll) fn group_deliver_forwarded(
+        &mut self,
+        token: u64,
+        faddr: u32,
+        sport: u16,
+        payload: &MsgBytes<'_>,
+    ) -> Delivered {
+        let (r, gen) = super::sock_of_token(token);
+        if self.sock(r).is_none_or(|s| s.gen != gen) {
+            return Delivered::NoSocket;
+        }
+        self.deliver_to(r, faddr, sport, payload)
     }
 
     /// GroupJoin: `r` (bound) joins `addr:port`, or changes its flags (`update`).
-    pub(in crate::poll) fn group_join(
+    fn group_join(
         &mut self,
         r: SockRef,
+        bound: Option<(u32, u16)>,
         addr: Ipv4Addr,
         port: u16,
         flags: u32,
@@ -156,8 +260,7 @@ impl SocketTable {
     ) -> Result<(), i32> {
         let g = group_addr(addr, port)?;
         let flags = MemberFlags::from_bits(flags).map_err(GroupError::errno)?;
-        self.owns_groups()?;
-        if self.sock(r).expect("live").bound.is_none() {
+        if bound.is_none() {
             // A member receives: like any receiver it needs an address.
             return Err(libc::ENOTCONN);
         }
@@ -172,22 +275,22 @@ impl SocketTable {
     }
 
     /// GroupLeave.
-    pub(in crate::poll) fn group_leave(
-        &mut self,
-        r: SockRef,
-        addr: Ipv4Addr,
-        port: u16,
-    ) -> Result<(), i32> {
+    fn group_leave(&mut self, r: SockRef, addr: Ipv4Addr, port: u16) -> Result<(), i32> {
         let g = group_addr(addr, port)?;
         self.groups.table.leave(g, r).map_err(GroupError::errno)?;
         self.groups.staging.remove(&r);
+        if self.groups.table.groups_of(r).is_empty() {
+            if let Some(b) = self.groups.remote.remove(&r).and_then(|x| x.bound) {
+                self.groups.remote_by_addr.remove(&b);
+            }
+        }
         self.group_changed(g);
         Ok(())
     }
 
     /// GroupFilter: one rule of `r`'s new filter on `addr:port`; the filter replaces the old
     /// one when its last rule arrives.
-    pub(in crate::poll) fn group_filter(
+    fn group_filter(
         &mut self,
         r: SockRef,
         addr: Ipv4Addr,
@@ -294,6 +397,11 @@ impl SocketTable {
             }
         }
         self.groups.table.close_socket(r);
+        if let Some(x) = self.groups.remote.remove(&r) {
+            if let Some(b) = x.bound {
+                self.groups.remote_by_addr.remove(&b);
+            }
+        }
         for &g in &list {
             self.group_changed(g);
         }
@@ -329,8 +437,11 @@ impl SocketTable {
 
     /// Brings `g`'s full bit in line with its members.
     fn refresh_full(&mut self, g: GroupAddr) {
-        let apps = &self.apps;
+        let (apps, remote) = (&self.apps, &self.groups.remote);
         let congested = |m: SockRef| {
+            if let Some(x) = remote.get(&m) {
+                return x.congested;
+            }
             apps.get(m.app)
                 .and_then(|a| a.as_ref())
                 .and_then(|a| a.socks.get(m.slot as usize))
@@ -372,6 +483,34 @@ impl SocketTable {
         self.dview.header().cong_seq.fetch_add(1, Ordering::Release);
     }
 
+    /// The copy of a numbered group message for member `to` of shard `x.shard`.
+    fn forward_group_copy(
+        &mut self,
+        to: SockRef,
+        x: Remote,
+        src: (u32, u16),
+        payload: &MsgBytes<'_>,
+    ) {
+        let Some((laddr, dport)) = x.bound else {
+            return;
+        };
+        let env = Envelope::GroupDeliver {
+            laddr,
+            faddr: src.0,
+            sport: src.1,
+            dport,
+            token: token_of(to, x.gen),
+        };
+        let link = self
+            .link
+            .as_mut()
+            .expect("remote members exist with several shards");
+        if link.forward_or_keep(x.shard, env, payload).is_err() {
+            // rdsd keeps 64 MiB for that shard already: it has not read for that long.
+            Stats::bump(&self.stats.group_remote_lost);
+        }
+    }
+
     /// One message from `from` (bound to `src`) to group `addr:port`: fan it out to every
     /// eligible member or to none.
     pub(in crate::poll) fn group_send(
@@ -392,13 +531,16 @@ impl SocketTable {
             addr: src.0,
             port: src.1,
         };
-        let apps = &mut self.apps;
-        let decision = self
-            .groups
-            .table
-            .send(g, sender, len, |m| member_room(apps, m, len));
-        let mut targets = std::mem::take(&mut self.groups.targets);
+        let (apps, link) = (&mut self.apps, self.link.as_ref());
+        let Groups {
+            table,
+            remote,
+            targets,
+            ..
+        } = &mut self.groups;
+        let mut targets = std::mem::take(targets);
         targets.clear();
+        let decision = table.send(g, sender, len, |m| member_room(apps, remote, link, m, len));
         match decision {
             Err(_) => {
                 Stats::bump(&self.stats.group_no_group);
@@ -439,6 +581,11 @@ impl SocketTable {
         // once it is in every target's ring (a crash of rdsd between two publishes is the
         // remaining window, see ARCHITECTURE.md).
         targets.retain(|&to| {
+            if let Some(&x) = self.groups.remote.get(&to) {
+                // A member of another shard: its copy crosses in the pair ring, in order.
+                self.forward_group_copy(to, x, src, payload);
+                return false;
+            }
             let d = self.push_rx(to, src.0, src.1, payload);
             debug_assert!(d != Delivered::Full, "{to:?} refused a checked fan-out");
             d == Delivered::Yes

@@ -258,10 +258,9 @@ impl PollCore {
                 break;
             };
             let app = cmd.app();
-            let reply = self.handle_cmd(seq, cmd);
-            // The control thread keeps no more commands outstanding than `replies` holds.
-            if self.table.chans().replies.push((seq, app, reply)).is_err() {
-                tracing::error!(seq, app, "control reply queue full; answer lost");
+            // `None`: shard 0 answers (a group request, see `forward_group_request`).
+            if let Some(reply) = self.handle_cmd(seq, cmd) {
+                self.reply(seq, app, reply);
             }
             work += 1;
         }
@@ -306,6 +305,13 @@ impl PollCore {
         work
     }
 
+    fn reply(&self, seq: u64, app: usize, reply: CmdReply) {
+        // The control thread keeps no more commands outstanding than `replies` holds.
+        if self.table.chans().replies.push((seq, app, reply)).is_err() {
+            tracing::error!(seq, app, "control reply queue full; answer lost");
+        }
+    }
+
     /// Takes what other shards sent: notes, then messages, in order per pair ring, stopping
     /// at one whose destination cannot take it yet. Never inlined: a symbol of its own for
     /// profiles (`bench/shards-callgrind.sh`), at one call per pass.
@@ -320,7 +326,7 @@ impl PollCore {
         for from in (0..n).filter(|&f| f != me) {
             while let Some(note) = self.table.link().and_then(|l| l.take_note(from)) {
                 work += 1;
-                self.apply_note(note);
+                self.apply_note(from, note);
             }
         }
         let mut inp = std::mem::take(&mut self.table.link_mut().expect("link").inp);
@@ -356,7 +362,7 @@ impl PollCore {
         work
     }
 
-    fn apply_note(&mut self, note: shard::Note) {
+    fn apply_note(&mut self, from: usize, note: shard::Note) {
         use crate::seam::Upcalls as _;
         match note {
             shard::Note::Release { token, len } => self.table.release(token, len),
@@ -366,7 +372,36 @@ impl PollCore {
                 }
             }
             shard::Note::CongBit { addr, port, on } => {
-                self.table.local_cong_changed(addr, port, on)
+                self.table.local_cong_changed(addr, port, on);
+                self.table.groups_remote_congestion(addr, port, on);
+            }
+            shard::Note::GroupOp {
+                seq,
+                app,
+                member,
+                gen,
+                bound,
+                req,
+            } => {
+                let remote = table::Remote {
+                    shard: from,
+                    gen,
+                    bound,
+                    congested: false,
+                };
+                let res = self.table.group_op(member, Some(remote), req);
+                self.reply(
+                    seq,
+                    app,
+                    CmdReply::Reply(match res {
+                        Ok(()) => Reply::ok(0),
+                        Err(e) => Reply::err(e),
+                    }),
+                );
+                self.table.wake_control();
+            }
+            shard::Note::GroupSockClosed { member, gen } => {
+                self.table.groups_remote_closed(member, from, gen)
             }
             shard::Note::Uncongested { mask } => self.table.notify_uncongested(mask),
         }
@@ -375,6 +410,16 @@ impl PollCore {
     /// One message from shard `from`; false if it must wait (its destination is full).
     fn take_forwarded(&mut self, from: usize, env: shard::Envelope, payload: MsgBytes<'_>) -> bool {
         match env {
+            shard::Envelope::GroupDeliver {
+                faddr,
+                sport,
+                token,
+                ..
+            } => {
+                self.table
+                    .group_deliver_forwarded(token, faddr, sport, &payload)
+                    != crate::seam::Delivered::Full
+            }
             shard::Envelope::Deliver {
                 laddr,
                 faddr,
@@ -697,15 +742,15 @@ impl PollCore {
         }
     }
 
-    fn handle_cmd(&mut self, seq: u64, cmd: Cmd) -> CmdReply {
-        match cmd {
+    fn handle_cmd(&mut self, seq: u64, cmd: Cmd) -> Option<CmdReply> {
+        Some(match cmd {
             Cmd::Attach {
                 app,
                 region,
                 doorbell,
             } => {
                 if !self.table.chans().take(app, seq) {
-                    return CmdReply::Withdrawn(Some(region));
+                    return Some(CmdReply::Withdrawn(Some(region)));
                 }
                 let (region_id, region) = self.table.attach(app, region, doorbell);
                 for t in self.transports.iter_mut() {
@@ -740,7 +785,10 @@ impl PollCore {
                 readiness,
             } => {
                 if !self.table.chans().take(app, seq) {
-                    return CmdReply::Withdrawn(None);
+                    return Some(CmdReply::Withdrawn(None));
+                }
+                if self.forward_group_request(seq, app, req) {
+                    return None;
                 }
                 CmdReply::Reply(match self.handle_request(app, req, readiness) {
                     Ok(v) => Reply::ok(v),
@@ -749,13 +797,57 @@ impl PollCore {
             }
             Cmd::Snapshot { app, .. } => {
                 if !self.table.chans().take(app, seq) {
-                    return CmdReply::Withdrawn(None);
+                    return Some(CmdReply::Withdrawn(None));
                 }
                 // Counters summed lazily by the transports are made exact for the same view.
                 self.publish_counters();
                 CmdReply::Snapshot(Box::new(self.snapshot()))
             }
+        })
+    }
+
+    /// On a shard other than 0, a group request (create, join, leave, filter) of a live
+    /// socket goes to shard 0, which orders every group, as a note with what it needs to know
+    /// of the socket; shard 0 answers the control thread. True if it went.
+    fn forward_group_request(&mut self, seq: u64, app: usize, req: Request) -> bool {
+        let slot = match req {
+            Request::GroupCreate { slot, .. }
+            | Request::GroupJoin { slot, .. }
+            | Request::GroupLeave { slot, .. }
+            | Request::GroupFilter { slot, .. } => slot,
+            _ => return false,
+        };
+        if self.table.shard() == 0 || self.table.is_evicted(app) {
+            return false;
         }
+        let member = SockRef { app, slot };
+        let Some(s) = self.table.sock(member) else {
+            return false;
+        };
+        s.grouped = true;
+        let note = shard::Note::GroupOp {
+            seq,
+            app,
+            member,
+            gen: s.gen,
+            bound: s.bound,
+            req,
+        };
+        let congested = s.congested;
+        let (addr_port, link) = (s.bound, self.table.link_mut().expect("several shards"));
+        link.note(0, note);
+        if let (true, Some((addr, port))) = (congested, addr_port) {
+            // Shard 0 learns the member's congestion from the notes that follow.
+            link.note(
+                0,
+                shard::Note::CongBit {
+                    addr,
+                    port,
+                    on: true,
+                },
+            );
+        }
+        true
     }
 
     fn live_sock(&mut self, app: usize, slot: u32) -> Result<SockRef, i32> {
@@ -834,34 +926,13 @@ impl PollCore {
                 self.close_sock(r);
                 Ok(0)
             }
-            Request::GroupCreate { slot, addr, port } => {
+            Request::GroupCreate { slot, .. }
+            | Request::GroupJoin { slot, .. }
+            | Request::GroupLeave { slot, .. }
+            | Request::GroupFilter { slot, .. } => {
+                // Shard 0 (other shards forward these, `forward_group_request`).
                 let r = self.live_sock(app, slot)?;
-                self.table.group_create(r, addr, port).map(|()| 0)
-            }
-            Request::GroupJoin {
-                slot,
-                addr,
-                port,
-                flags,
-                update,
-            } => {
-                let r = self.live_sock(app, slot)?;
-                self.table
-                    .group_join(r, addr, port, flags, update)
-                    .map(|()| 0)
-            }
-            Request::GroupLeave { slot, addr, port } => {
-                let r = self.live_sock(app, slot)?;
-                self.table.group_leave(r, addr, port).map(|()| 0)
-            }
-            Request::GroupFilter {
-                slot,
-                addr,
-                port,
-                step,
-            } => {
-                let r = self.live_sock(app, slot)?;
-                self.table.group_filter(r, addr, port, step).map(|()| 0)
+                self.table.group_op(r, None, req).map(|()| 0)
             }
             Request::GroupConnect { slot, addr, port } => {
                 let r = self.live_sock(app, slot)?;

@@ -52,6 +52,7 @@ const SHARD_MASK: u64 = 0x3f << SHARD_SHIFT;
 const ENVELOPE_LEN: usize = 24;
 const KIND_DELIVER: u8 = 1;
 const KIND_SEND: u8 = 2;
+const KIND_GROUP_DELIVER: u8 = 3;
 
 /// The token shard 0 carries for a send forwarded from `shard` (token `t` there).
 pub(super) fn forwarded_token(shard: usize, t: u64) -> u64 {
@@ -84,6 +85,19 @@ pub(super) enum Note {
     CongBit { addr: u32, port: u16, on: bool },
     /// Ports (monitor mask) are uncongested: wake blocked senders and monitors.
     Uncongested { mask: u64 },
+    /// A group request of socket `member` (incarnation `gen`, bound to `bound`) of another
+    /// shard, for shard 0, which orders every group and answers control command `seq` of
+    /// `app` itself.
+    GroupOp {
+        seq: u64,
+        app: usize,
+        member: super::SockRef,
+        gen: u32,
+        bound: Option<(u32, u16)>,
+        req: shm_api::ctrl::Request,
+    },
+    /// A socket of another shard that made group requests closed: it leaves its groups.
+    GroupSockClosed { member: super::SockRef, gen: u32 },
 }
 
 /// What a pair ring carries, decoded.
@@ -100,6 +114,16 @@ pub(super) enum Envelope {
     },
     /// Send to a remote host through shard 0's transports; `token` names the sender there.
     Send {
+        laddr: u32,
+        faddr: u32,
+        sport: u16,
+        dport: u16,
+        token: u64,
+    },
+    /// A group message (already numbered by shard 0) for member `token` (socket and
+    /// incarnation, `table::token_of`) of the receiving shard, bound at `(laddr, dport)`;
+    /// dropped if that socket is gone.
+    GroupDeliver {
         laddr: u32,
         faddr: u32,
         sport: u16,
@@ -125,6 +149,13 @@ impl Envelope {
                 dport,
                 token,
             } => (KIND_SEND, laddr, faddr, sport, dport, token),
+            Envelope::GroupDeliver {
+                laddr,
+                faddr,
+                sport,
+                dport,
+                token,
+            } => (KIND_GROUP_DELIVER, laddr, faddr, sport, dport, token),
         };
         let mut b = [0u8; ENVELOPE_LEN];
         b[0] = kind;
@@ -151,6 +182,13 @@ impl Envelope {
                 token,
             },
             KIND_SEND => Envelope::Send {
+                laddr,
+                faddr,
+                sport,
+                dport,
+                token,
+            },
+            KIND_GROUP_DELIVER => Envelope::GroupDeliver {
                 laddr,
                 faddr,
                 sport,
@@ -366,6 +404,25 @@ impl ShardLink {
         Ok(())
     }
 
+    /// Whether messages for shard `to` wait in the kept queue (its pair ring was full).
+    pub(super) fn has_kept(&self, to: usize) -> bool {
+        self.kept.iter().any(|k| k.0 == to)
+    }
+
+    /// Queues a message that must go (a group message already numbered): kept in order if
+    /// the pair ring is full. `Err(())` only past `MAX_KEPT_BYTES`.
+    pub(super) fn forward_or_keep(
+        &mut self,
+        to: usize,
+        env: Envelope,
+        payload: &crate::seam::MsgBytes<'_>,
+    ) -> Result<(), ()> {
+        let closing = std::mem::replace(&mut self.closing, true);
+        let r = self.forward(to, env, payload);
+        self.closing = closing;
+        r
+    }
+
     /// While set, a message that finds its pair ring full is copied and kept (sent first, in
     /// order, as soon as there is room) instead of refused: a closing socket's sent messages
     /// are delivered, not dropped, whatever the other shard's backlog. Bounded by one tx ring
@@ -548,6 +605,13 @@ mod tests {
                 sport: 3,
                 dport: 4,
                 token: 0x0123_4567_89ab,
+            },
+            Envelope::GroupDeliver {
+                laddr: 5,
+                faddr: 6,
+                sport: 7,
+                dport: 8,
+                token: 9,
             },
         ] {
             assert_eq!(Envelope::parse(&e.emit()), e);

@@ -177,7 +177,12 @@ impl PollCore {
             .map(|s| ((s.app, s.slot), (s.addr, s.port)))
             .collect();
         let sock = |r: super::SockRef| {
-            let (addr, port) = bound.get(&(r.app, r.slot)).copied().unwrap_or_default();
+            let (addr, port) = bound.get(&(r.app, r.slot)).copied().unwrap_or_else(|| {
+                // A socket of another poll thread (shard 0 orders every group).
+                self.table
+                    .group_remote_bound(r)
+                    .map_or((None, 0), |(a, p)| (Some(Ipv4Addr::from(a)), p))
+            });
             GroupSockSnapshot {
                 app: r.app,
                 slot: r.slot,

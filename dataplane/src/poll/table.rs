@@ -26,8 +26,8 @@ pub use super::sock_ref::SockRef;
 
 #[path = "groups.rs"]
 mod groups;
-pub(super) use groups::GroupSent;
 use groups::Groups;
+pub(super) use groups::{GroupSent, Remote};
 
 #[derive(Clone, Copy)]
 pub(super) struct Cancel {
@@ -81,6 +81,8 @@ pub(super) struct Sock {
     pub group_dest: Option<crate::group::GroupAddr>,
     /// The record at the head of the tx ring waits for a full group (counted once per wait).
     pub group_blocked: bool,
+    /// It made group requests that shard 0 handled (its close must reach shard 0).
+    pub grouped: bool,
 }
 
 /// One attached process.
@@ -351,6 +353,7 @@ impl SocketTable {
             holds: VecDeque::with_capacity(SOCK_HOLDS),
             group_dest: None,
             group_blocked: false,
+            grouped: false,
         });
         self.open_socks.push(SockRef { app, slot });
         Stats::bump(&self.stats.sockets_opened);
@@ -748,6 +751,17 @@ impl SocketTable {
             self.unref_cong_entry(b.0);
         }
         self.groups_socket_closed(r);
+        if s.grouped {
+            if let Some(l) = self.link.as_mut().filter(|l| l.shard != 0) {
+                l.note(
+                    0,
+                    Note::GroupSockClosed {
+                        member: r,
+                        gen: s.gen,
+                    },
+                );
+            }
+        }
         s.bound
     }
 
