@@ -74,11 +74,13 @@ pub enum Request {
     /// would not fit in one reply datagram are cut and their `truncated` count says how many
     /// entries are missing.
     Info { sections: u32 },
-    /// Create the multicast group `addr:port` (224.0.0.0/4); the socket does not join it.
+    /// Create the multicast group `addr:port` (224.0.0.0/4) with `GROUP_CREATE_*` flags; the
+    /// socket does not join it.
     GroupCreate {
         slot: u32,
         addr: Ipv4Addr,
         port: u16,
+        flags: u32,
     },
     /// Join group `addr:port` with `GROUP_*` flags, or change the flags of a membership
     /// (`update`).
@@ -116,6 +118,8 @@ pub const GROUP_LOOPBACK: u32 = 1;
 /// Membership flag: a member with a full receive buffer is skipped (and counted) instead of
 /// holding the group back.
 pub const GROUP_DROP_WHEN_FULL: u32 = 2;
+/// Create flag: sockets of any uid may join (without it: the creator's uid and root only).
+pub const GROUP_CREATE_OPEN: u32 = 1;
 /// Rules one member filter holds at most (every send runs every member's filter).
 pub const GROUP_FILTER_MAX_RULES: usize = 16;
 
@@ -281,9 +285,12 @@ impl Request {
             Request::Close { slot } => (OP_CLOSE, slot, 0, 0, 0, 0),
             Request::Stats => (OP_STATS, 0, 0, 0, 0, 0),
             Request::Info { sections } => (OP_INFO, 0, 0, 0, 0, sections as u64),
-            Request::GroupCreate { slot, addr, port } => {
-                (OP_GROUP_CREATE, slot, addr.into(), port, 0, 0)
-            }
+            Request::GroupCreate {
+                slot,
+                addr,
+                port,
+                flags,
+            } => (OP_GROUP_CREATE, slot, addr.into(), port, 0, flags as u64),
             Request::GroupJoin {
                 slot,
                 addr,
@@ -379,7 +386,12 @@ impl Request {
             OP_CLOSE => Request::Close { slot },
             OP_STATS => Request::Stats,
             OP_INFO => Request::Info { sections: bytes()? },
-            OP_GROUP_CREATE => Request::GroupCreate { slot, addr, port },
+            OP_GROUP_CREATE => Request::GroupCreate {
+                slot,
+                addr,
+                port,
+                flags: bytes()?,
+            },
             OP_GROUP_JOIN => Request::GroupJoin {
                 slot,
                 addr,
@@ -638,6 +650,7 @@ mod tests {
                 slot: 1,
                 addr: Ipv4Addr::new(239, 1, 2, 3),
                 port: 5000,
+                flags: GROUP_CREATE_OPEN,
             },
             Request::GroupJoin {
                 slot: 1,

@@ -392,6 +392,45 @@ fn a_group_lives_while_its_creator_or_a_member_does() {
     );
 }
 
+/// A group's members read what anyone sends it: only the creator's uid and root may join,
+/// unless the creator made it open. And one app cannot take every group or every congestion
+/// entry of the host.
+#[test]
+fn joins_follow_the_creators_uid_and_groups_are_bounded_per_app_and_address() {
+    let d = Daemon::start(&[]);
+    // Let other users reach the control socket (the test's temp dir is world-readable).
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let app = d.attach();
+    let creator = bound(&app, 9491);
+    let (closed, open) = (group(5090), group(5091));
+    creator.group_create(closed).unwrap();
+    creator.group_create_open(open).unwrap();
+    let mut nobody = d.app(&["join-as", "65534", "127.0.0.1:9492", &closed.to_string()]);
+    assert_eq!(nobody.expect("refused errno"), libc::EACCES.to_string());
+    let mut other = d.app(&["join-as", "65534", "127.0.0.1:9493", &open.to_string()]);
+    other.expect("joined");
+    creator.send_to(&seq_payload(7, 8), open).unwrap();
+    assert_eq!(other.expect("got"), "7");
+    // 64 groups per app: the creator has 2, so 62 more fit, on 62 more addresses.
+    let more = |i: u16| SocketAddrV4::new(Ipv4Addr::new(239, 2, (i >> 8) as u8, i as u8), 1);
+    for i in 0..62 {
+        creator.group_create(more(i)).unwrap();
+    }
+    assert_eq!(errno_of(creator.group_create(more(62))), libc::ENOBUFS);
+    // 64 group addresses per host: another app can add groups on those, not a 65th address.
+    // The creator's groups use 63 addresses (239.1.2.3 and 62 more): one more address fits.
+    let app2 = d.attach();
+    let s2 = bound(&app2, 9494);
+    s2.group_create(more(63)).unwrap();
+    assert_eq!(errno_of(s2.group_create(more(64))), libc::ENOBUFS);
+    s2.group_create(SocketAddrV4::new(*more(0).ip(), 2))
+        .unwrap();
+    // Closing the creator gives them back.
+    drop(creator);
+    s2.group_create(more(64)).unwrap();
+}
+
 /// Members SIGKILLed mid-stream: the two that hold the group back die while senders wait on
 /// them, the two that read get every message in one order, and nothing is half-delivered.
 #[test]
@@ -582,31 +621,48 @@ fn churn_run(seed: u64) {
         s.set_recv_buffer_size(1 << 20).unwrap();
         s.group_join(g, GroupFlags::NONE).unwrap();
     }
-    const EACH: u64 = 1500;
-    let total = 3 * EACH as usize;
+    // The senders go on until enough memberships came and went during the traffic, then
+    // each sends an end marker; the stable members read up to the third marker.
+    const END: u64 = u64::MAX;
+    const CHURNS: usize = 12;
+    let stop = std::sync::atomic::AtomicBool::new(false);
     let mut rng = Rng(seed | 1);
     // (flags, received) of every churning membership, in the order they ended.
     let mut ended: Vec<(bool, Vec<(u16, u64)>)> = Vec::new();
-    let (global, other) = std::thread::scope(|sc| {
+    let read_to_end = |s: &Socket| {
+        let mut got: Received = Vec::new();
+        while got.iter().filter(|m| m.1 == END).count() < 3 {
+            got.extend(take(s, 1));
+        }
+        got
+    };
+    let (global, other, sent) = std::thread::scope(|sc| {
+        let mut counts = Vec::new();
         for (k, s) in senders.iter().enumerate() {
             let mut r = Rng((seed + k as u64 + 1) * 0x9e37_79b9);
-            sc.spawn(move || {
-                for i in 0..EACH {
+            let stop = &stop;
+            counts.push(sc.spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
                     let len = 8 + r.below(3000) as usize;
                     s.send_to(&seq_payload(i, len), g).unwrap();
-                    if i % 4 == 0 {
+                    i += 1;
+                    if i.is_multiple_of(4) {
                         // Spread the traffic over the churn (pacing only; nothing is timed).
                         std::thread::sleep(Duration::from_micros(100));
                     }
                 }
-            });
+                s.send_to(&seq_payload(END, 8), g).unwrap();
+                i
+            }));
         }
-        let a = sc.spawn(|| take(&stable[0], total));
-        let b = sc.spawn(|| take(&stable[1], total));
+        let a = sc.spawn(|| read_to_end(&stable[0]));
+        let b = sc.spawn(|| read_to_end(&stable[1]));
         // (socket, DROP_WHEN_FULL, received so far) of every live churning membership.
         let mut live: Vec<(Socket, bool, Received)> = Vec::new();
         let mut port = 20_000u16;
-        while !a.is_finished() || !b.is_finished() || ended.len() < 10 {
+        let mut during = 0;
+        while during < CHURNS {
             match rng.below(4) {
                 0 if live.len() < 3 => {
                     let s = app.socket().unwrap();
@@ -636,27 +692,32 @@ fn churn_run(seed: u64) {
                         s.group_leave(g).unwrap();
                     }
                     drop(s);
+                    during += usize::from(!got.is_empty());
                     ended.push((drop_when_full, got));
                 }
                 _ => std::thread::yield_now(),
             }
         }
+        // The last members leave before the senders stop: none holds their last sends back.
         for (s, drop_when_full, mut got) in live.drain(..) {
             got.extend(drain(&s));
             ended.push((drop_when_full, got));
         }
-        (a.join().unwrap(), b.join().unwrap())
+        stop.store(true, Ordering::Relaxed);
+        let sent: Vec<u64> = counts.into_iter().map(|c| c.join().unwrap()).collect();
+        (a.join().unwrap(), b.join().unwrap(), sent)
     });
     assert_eq!(global, other, "seed {seed}: the stable members disagree");
-    let mut per_sender = global.clone();
-    per_sender.sort();
-    per_sender.dedup();
-    assert_eq!(per_sender.len(), total, "seed {seed}: every message, once");
-    let during = ended.iter().filter(|e| !e.1.is_empty()).count();
-    assert!(
-        during >= 5,
-        "seed {seed}: too little churn during the traffic ({during})"
-    );
+    for (k, s) in senders.iter().enumerate() {
+        let port = s.local_addr().unwrap().port();
+        let seqs: Vec<u64> = global.iter().filter(|m| m.0 == port).map(|m| m.1).collect();
+        let mut want: Vec<u64> = (0..sent[k]).collect();
+        want.push(END);
+        assert_eq!(
+            seqs, want,
+            "seed {seed}: every message of sender {port}, once, in order"
+        );
+    }
     for (i, (drop_when_full, got)) in ended.iter().enumerate() {
         if got.is_empty() {
             continue;

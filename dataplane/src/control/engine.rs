@@ -62,6 +62,8 @@ pub enum Command<H: Host> {
         app: usize,
         region: H::Region,
         doorbell: H::Fd,
+        /// The app's uid (SO_PEERCRED): who may join the groups it creates.
+        uid: u32,
     },
     /// The app is gone. Never withdrawn.
     Detach { app: usize },
@@ -607,6 +609,7 @@ impl<H: Host> Engine<H> {
                 app: i,
                 region: a.region,
                 doorbell: a.doorbell,
+                uid,
             },
             Waiting::Attach {
                 fds: a.fds,

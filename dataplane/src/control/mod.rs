@@ -137,10 +137,12 @@ fn to_cmd(c: Command<Syscalls>) -> Cmd {
             app,
             region,
             doorbell,
+            uid,
         } => Cmd::Attach {
             app,
             region,
             doorbell,
+            uid,
         },
         Command::Detach { app } => Cmd::Detach { app },
         Command::Request {
@@ -162,10 +164,12 @@ fn from_cmd(c: Cmd) -> Command<Syscalls> {
             app,
             region,
             doorbell,
+            uid,
         } => Command::Attach {
             app,
             region,
             doorbell,
+            uid,
         },
         Cmd::Detach { app } => Command::Detach { app },
         Cmd::Request {

@@ -132,6 +132,7 @@ impl AppSession {
             app: 0,
             region,
             doorbell: doorbell.into(),
+            uid: 1000,
         });
         assert!(matches!(reply, CmdReply::Attached));
     }
@@ -216,6 +217,7 @@ impl AppSession {
                         slot,
                         addr: group,
                         port,
+                        flags: u32::from(arg >> 7),
                     },
                     9 => Request::GroupJoin {
                         slot,

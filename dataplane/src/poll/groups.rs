@@ -50,6 +50,24 @@ pub(in crate::poll) struct Remote {
     pub congested: bool,
 }
 
+/// Groups one app may have created at once: a group holds its address's congestion entry and
+/// every send scans it, so one app must not take them all.
+const MAX_GROUPS_PER_APP: u32 = 64;
+/// Multicast addresses that groups may use at once: each holds one of the daemon region's 256
+/// congestion entries, which local addresses and peers need too.
+const MAX_GROUP_ADDRS: usize = 64;
+
+/// Who created a group, and who may join it.
+#[derive(Clone, Copy, Debug)]
+struct Meta {
+    /// The creator's app (its count of created groups).
+    app: usize,
+    /// The creator's uid.
+    uid: u32,
+    /// Any uid may join (`GROUP_CREATE_OPEN`).
+    open: bool,
+}
+
 /// One shard's groups and what the glue keeps beside them.
 pub(super) struct Groups {
     table: GroupTable<SockRef>,
@@ -66,6 +84,12 @@ pub(super) struct Groups {
     remote: FxHashMap<SockRef, Remote>,
     /// Their bound addresses, for the congestion notes of their shards.
     remote_by_addr: FxHashMap<(u32, u16), SockRef>,
+    /// Creator and access of every live group.
+    meta: FxHashMap<GroupAddr, Meta>,
+    /// Live groups created, per app.
+    per_app: FxHashMap<usize, u32>,
+    /// Live groups per multicast address.
+    addrs: FxHashMap<u32, u32>,
 }
 
 impl Groups {
@@ -78,6 +102,7 @@ impl Groups {
             assert!(self.table.is_empty(), "no group outlives its sockets");
             assert!(self.full.is_empty() && self.staging.is_empty());
             assert!(self.remote.is_empty() && self.remote_by_addr.is_empty());
+            assert!(self.meta.is_empty() && self.per_app.is_empty() && self.addrs.is_empty());
         }
     }
 
@@ -90,6 +115,9 @@ impl Groups {
             staging: FxHashMap::default(),
             remote: FxHashMap::default(),
             remote_by_addr: FxHashMap::default(),
+            meta: FxHashMap::default(),
+            per_app: FxHashMap::default(),
+            addrs: FxHashMap::default(),
         }
     }
 }
@@ -140,10 +168,25 @@ impl SocketTable {
     }
 
     /// GroupCreate: `r` creates `addr:port`.
-    fn group_create(&mut self, r: SockRef, addr: Ipv4Addr, port: u16) -> Result<(), i32> {
+    fn group_create(
+        &mut self,
+        r: SockRef,
+        uid: u32,
+        addr: Ipv4Addr,
+        port: u16,
+        flags: u32,
+    ) -> Result<(), i32> {
         let g = group_addr(addr, port)?;
+        if flags & !shm_api::ctrl::GROUP_CREATE_OPEN != 0 {
+            return Err(libc::EINVAL);
+        }
         if self.groups.table.exists(g) {
             return Err(libc::EADDRINUSE);
+        }
+        let mine = self.groups.per_app.get(&r.app).copied().unwrap_or(0);
+        let new_addr = !self.groups.addrs.contains_key(&g.addr());
+        if mine >= MAX_GROUPS_PER_APP || (new_addr && self.groups.addrs.len() >= MAX_GROUP_ADDRS) {
+            return Err(libc::ENOBUFS);
         }
         // The group's full bit lives in its address's congestion entry.
         self.ref_cong_entry(g.addr())?;
@@ -152,6 +195,16 @@ impl SocketTable {
             return Err(e.errno());
         }
         Stats::bump(&self.stats.groups_created);
+        self.groups.meta.insert(
+            g,
+            Meta {
+                app: r.app,
+                uid,
+                open: flags & shm_api::ctrl::GROUP_CREATE_OPEN != 0,
+            },
+        );
+        *self.groups.per_app.entry(r.app).or_default() += 1;
+        *self.groups.addrs.entry(g.addr()).or_default() += 1;
         Ok(())
     }
 
@@ -167,13 +220,20 @@ impl SocketTable {
     pub(in crate::poll) fn group_op(
         &mut self,
         r: SockRef,
-        remote: Option<Remote>,
+        remote: Option<(Remote, u32)>,
         req: shm_api::ctrl::Request,
     ) -> Result<(), i32> {
         use shm_api::ctrl::Request;
         debug_assert_eq!(self.shard, 0, "shard 0 orders every group");
+        let uid = match remote {
+            Some((_, uid)) => uid,
+            None => self.app_uid(r.app),
+        };
+        let remote = remote.map(|(x, _)| x);
         let res = match req {
-            Request::GroupCreate { addr, port, .. } => self.group_create(r, addr, port),
+            Request::GroupCreate {
+                addr, port, flags, ..
+            } => self.group_create(r, uid, addr, port, flags),
             Request::GroupJoin {
                 addr,
                 port,
@@ -185,7 +245,7 @@ impl SocketTable {
                     Some(x) => x.bound,
                     None => self.sock(r).and_then(|s| s.bound),
                 };
-                self.group_join(r, bound, addr, port, flags, update)
+                self.group_join(r, uid, bound, addr, port, flags, update)
             }
             Request::GroupLeave { addr, port, .. } => self.group_leave(r, addr, port),
             Request::GroupFilter {
@@ -249,9 +309,11 @@ impl SocketTable {
     }
 
     /// GroupJoin: `r` (bound) joins `addr:port`, or changes its flags (`update`).
+    #[allow(clippy::too_many_arguments)]
     fn group_join(
         &mut self,
         r: SockRef,
+        uid: u32,
         bound: Option<(u32, u16)>,
         addr: Ipv4Addr,
         port: u16,
@@ -266,6 +328,15 @@ impl SocketTable {
         }
         let done = if update {
             self.groups.table.set_flags(g, r, flags)
+        } else if self
+            .groups
+            .meta
+            .get(&g)
+            .is_some_and(|m| !m.open && uid != m.uid && uid != 0)
+        {
+            // Its members read what anyone sends it: the creator's uid decides, as a socket
+            // file's owner does.
+            return Err(libc::EACCES);
         } else {
             self.groups.table.join(g, r, flags, Filter::All)
         };
@@ -433,6 +504,20 @@ impl SocketTable {
             self.set_group_bit(g, false);
         }
         self.unref_cong_entry(g.addr());
+        if let Some(m) = self.groups.meta.remove(&g) {
+            if let Some(n) = self.groups.per_app.get_mut(&m.app) {
+                *n -= 1;
+                if *n == 0 {
+                    self.groups.per_app.remove(&m.app);
+                }
+            }
+            if let Some(n) = self.groups.addrs.get_mut(&g.addr()) {
+                *n -= 1;
+                if *n == 0 {
+                    self.groups.addrs.remove(&g.addr());
+                }
+            }
+        }
     }
 
     /// Brings `g`'s full bit in line with its members.

@@ -158,6 +158,7 @@ impl Rig {
             app,
             region,
             doorbell: a.into(),
+            uid: 1000,
         });
         assert!(matches!(reply, CmdReply::Attached));
         rings

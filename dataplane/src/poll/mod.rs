@@ -55,6 +55,8 @@ pub enum Cmd {
         app: usize,
         region: AppRegion,
         doorbell: OwnedFd,
+        /// The app's uid (who may join the groups it creates).
+        uid: u32,
     },
     /// The app is gone: release everything and hand the region back. Never withdrawn.
     Detach { app: usize },
@@ -378,6 +380,7 @@ impl PollCore {
             shard::Note::GroupOp {
                 seq,
                 app,
+                uid,
                 member,
                 gen,
                 bound,
@@ -389,7 +392,7 @@ impl PollCore {
                     bound,
                     congested: false,
                 };
-                let res = self.table.group_op(member, Some(remote), req);
+                let res = self.table.group_op(member, Some((remote, uid)), req);
                 self.reply(
                     seq,
                     app,
@@ -748,11 +751,12 @@ impl PollCore {
                 app,
                 region,
                 doorbell,
+                uid,
             } => {
                 if !self.table.chans().take(app, seq) {
                     return Some(CmdReply::Withdrawn(Some(region)));
                 }
-                let (region_id, region) = self.table.attach(app, region, doorbell);
+                let (region_id, region) = self.table.attach(app, region, doorbell, uid);
                 for t in self.transports.iter_mut() {
                     // Registration (zero-copy transports) happens here, once per app.
                     t.region_attached(region_id, region.base(), region.len());
@@ -825,16 +829,18 @@ impl PollCore {
             return false;
         };
         s.grouped = true;
+        let (gen, bound, congested) = (s.gen, s.bound, s.congested);
+        let uid = self.table.app_uid(app);
         let note = shard::Note::GroupOp {
             seq,
             app,
+            uid,
             member,
-            gen: s.gen,
-            bound: s.bound,
+            gen,
+            bound,
             req,
         };
-        let congested = s.congested;
-        let (addr_port, link) = (s.bound, self.table.link_mut().expect("several shards"));
+        let (addr_port, link) = (bound, self.table.link_mut().expect("several shards"));
         link.note(0, note);
         if let (true, Some((addr, port))) = (congested, addr_port) {
             // Shard 0 learns the member's congestion from the notes that follow.

@@ -91,6 +91,7 @@ pub(super) enum Note {
     GroupOp {
         seq: u64,
         app: usize,
+        uid: u32,
         member: super::SockRef,
         gen: u32,
         bound: Option<(u32, u16)>,

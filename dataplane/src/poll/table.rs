@@ -105,6 +105,8 @@ struct App {
     /// bounded per park (`readiness::drain`). A futex word in the region would not do: a parked
     /// core must also wait on transport sockets, and poll(2) can't wait on futexes.
     pub doorbell: std::os::fd::OwnedFd,
+    /// Its uid (SO_PEERCRED): who may join the groups its sockets create.
+    pub uid: u32,
 }
 
 /// The sockets of one poll core. It keeps its invariants itself (its fields are private):
@@ -274,6 +276,7 @@ impl SocketTable {
         app: usize,
         region: AppRegion,
         doorbell: std::os::fd::OwnedFd,
+        uid: u32,
     ) -> (u64, &AppRegion) {
         let region_id = self.next_region;
         self.next_region += 1;
@@ -287,6 +290,7 @@ impl SocketTable {
             socks: (0..n).map(|_| None).collect(),
             evicted: false,
             doorbell,
+            uid,
         });
         (region_id, &a.region)
     }
@@ -692,6 +696,14 @@ impl SocketTable {
         }
         let _ = self.chans.evictions.push(app);
         self.wake_control();
+    }
+
+    /// `app`'s uid (`u32::MAX`, nobody's, if it is not attached).
+    pub(super) fn app_uid(&self, app: usize) -> u32 {
+        self.apps
+            .get(app)
+            .and_then(|a| a.as_ref())
+            .map_or(u32::MAX, |a| a.uid)
     }
 
     pub(super) fn is_evicted(&self, app: usize) -> bool {

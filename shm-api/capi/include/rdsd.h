@@ -24,12 +24,15 @@
 
 // `setsockopt(SOL_RDS, RDSD_GROUP_CREATE, &(struct sockaddr_in){group}, sizeof)`: creates the
 // group; it lives while this socket is open or it has members. The creator does not join.
-// EADDRINUSE if it exists, ENOBUFS past rdsd's limit of groups.
+// Sockets of the creator's uid (and root) may join it; with
+// `&(struct rdsd_group_req){group, RDSD_GROUP_OPEN}` and its size, any uid may. EADDRINUSE if
+// it exists, ENOBUFS past rdsd's limits (64 groups per process, 64 group addresses).
 #define RDSD_GROUP_CREATE 10001
 
 // `setsockopt(SOL_RDS, RDSD_GROUP_JOIN, &(struct rdsd_group_req){group, flags}, sizeof)`:
 // joins the group with `RDSD_GROUP_*` flags. The socket must be bound (ENOTCONN); ENOENT if
-// there is no such group, EADDRINUSE if already a member, ENOBUFS past rdsd's member limit.
+// there is no such group, EADDRINUSE if already a member, ENOBUFS past rdsd's member limit,
+// EACCES if the creator had another uid and did not create it open.
 #define RDSD_GROUP_JOIN 10002
 
 // `setsockopt(SOL_RDS, RDSD_GROUP_LEAVE, &(struct sockaddr_in){group}, sizeof)`: leaves the
@@ -45,6 +48,10 @@
 // this socket's filter on the group, for every later message. `len` may stop after the
 // `nrules` rules used. EADDRNOTAVAIL if not a member.
 #define RDSD_GROUP_FILTER 10005
+
+// Create flag (`RDSD_GROUP_CREATE` with a `struct rdsd_group_req`): sockets of any uid may
+// join.
+#define RDSD_GROUP_OPEN 1
 
 // Membership flag: the member receives what its own socket sends to the group.
 #define RDSD_GROUP_LOOPBACK 1

@@ -44,11 +44,14 @@ pub const RDSD_INFO_COUNTERS: c_int = 10000;
 
 /// `setsockopt(SOL_RDS, RDSD_GROUP_CREATE, &(struct sockaddr_in){group}, sizeof)`: creates the
 /// group; it lives while this socket is open or it has members. The creator does not join.
-/// EADDRINUSE if it exists, ENOBUFS past rdsd's limit of groups.
+/// Sockets of the creator's uid (and root) may join it; with
+/// `&(struct rdsd_group_req){group, RDSD_GROUP_OPEN}` and its size, any uid may. EADDRINUSE if
+/// it exists, ENOBUFS past rdsd's limits (64 groups per process, 64 group addresses).
 pub const RDSD_GROUP_CREATE: c_int = 10001;
 /// `setsockopt(SOL_RDS, RDSD_GROUP_JOIN, &(struct rdsd_group_req){group, flags}, sizeof)`:
 /// joins the group with `RDSD_GROUP_*` flags. The socket must be bound (ENOTCONN); ENOENT if
-/// there is no such group, EADDRINUSE if already a member, ENOBUFS past rdsd's member limit.
+/// there is no such group, EADDRINUSE if already a member, ENOBUFS past rdsd's member limit,
+/// EACCES if the creator had another uid and did not create it open.
 pub const RDSD_GROUP_JOIN: c_int = 10002;
 /// `setsockopt(SOL_RDS, RDSD_GROUP_LEAVE, &(struct sockaddr_in){group}, sizeof)`: leaves the
 /// group. EADDRNOTAVAIL if not a member, ENOENT if there is no such group. Closing the socket
@@ -62,6 +65,9 @@ pub const RDSD_GROUP_SET_FLAGS: c_int = 10004;
 /// `nrules` rules used. EADDRNOTAVAIL if not a member.
 pub const RDSD_GROUP_FILTER: c_int = 10005;
 
+/// Create flag (`RDSD_GROUP_CREATE` with a `struct rdsd_group_req`): sockets of any uid may
+/// join.
+pub const RDSD_GROUP_OPEN: u32 = 1;
 /// Membership flag: the member receives what its own socket sends to the group.
 pub const RDSD_GROUP_LOOPBACK: u32 = 1;
 /// Membership flag: while its receive buffer is full the member is skipped (and counted)

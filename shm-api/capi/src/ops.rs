@@ -614,6 +614,20 @@ pub unsafe fn setsockopt(
             }
             e.transport.store(t, Ordering::Relaxed);
         }
+        (crate::RDSD_SOL_RDS, crate::RDSD_GROUP_CREATE)
+            if len as usize >= std::mem::size_of::<crate::rdsd_group_req>() =>
+        {
+            // SAFETY: forwarded contract (the length covers a struct rdsd_group_req).
+            let r: crate::rdsd_group_req =
+                unsafe { read_opt(val, len, std::mem::size_of::<crate::rdsd_group_req>()) }?;
+            let g = group_addr(&r.group)?;
+            match r.flags {
+                0 => s.group_create(g),
+                crate::RDSD_GROUP_OPEN => s.group_create_open(g),
+                _ => return Err(libc::EINVAL),
+            }
+            .map_err(os)?;
+        }
         (crate::RDSD_SOL_RDS, crate::RDSD_GROUP_CREATE) => {
             // SAFETY: forwarded contract.
             let g = unsafe { read_group(val, len) }?;

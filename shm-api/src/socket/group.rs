@@ -8,8 +8,8 @@
 
 use super::{errno, Socket};
 use crate::ctrl::{
-    FilterMode, FilterRule, FilterStep, Request, GROUP_DROP_WHEN_FULL, GROUP_FILTER_MAX_RULES,
-    GROUP_LOOPBACK,
+    FilterMode, FilterRule, FilterStep, Request, GROUP_CREATE_OPEN, GROUP_DROP_WHEN_FULL,
+    GROUP_FILTER_MAX_RULES, GROUP_LOOPBACK,
 };
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -70,21 +70,33 @@ fn check_group(group: SocketAddrV4) -> io::Result<()> {
 }
 
 impl Socket {
-    /// Creates `group` (224.0.0.0/4, port not 0). The socket does not join it; the group
-    /// lives while this socket is open or it has members. EADDRINUSE if it exists, ENOBUFS
-    /// past rdsd's limits, EINVAL for an address outside 224.0.0.0/4.
+    /// Creates `group` (224.0.0.0/4, port not 0), which sockets of this process's uid (and
+    /// root) may join. The socket does not join it; the group lives while this socket is open
+    /// or it has members. EADDRINUSE if it exists, ENOBUFS past rdsd's limits (64 groups per
+    /// process, 64 group addresses per host), EINVAL for an address outside 224.0.0.0/4.
     pub fn group_create(&self, group: SocketAddrV4) -> io::Result<()> {
+        self.group_create_flags(group, 0)
+    }
+
+    /// Like [`Socket::group_create`], but sockets of any uid may join.
+    pub fn group_create_open(&self, group: SocketAddrV4) -> io::Result<()> {
+        self.group_create_flags(group, GROUP_CREATE_OPEN)
+    }
+
+    fn group_create_flags(&self, group: SocketAddrV4, flags: u32) -> io::Result<()> {
         check_group(group)?;
         self.client.request(Request::GroupCreate {
             slot: self.slot,
             addr: *group.ip(),
             port: group.port(),
+            flags,
         })?;
         Ok(())
     }
 
     /// Joins `group` (the socket must be bound: ENOTCONN otherwise). ENOENT if there is no
-    /// such group, EADDRINUSE if already a member, ENOBUFS past rdsd's member limit.
+    /// such group, EADDRINUSE if already a member, ENOBUFS past rdsd's member limit, EACCES
+    /// if the group's creator had another uid and did not make it open (root may join any).
     pub fn group_join(&self, group: SocketAddrV4, flags: GroupFlags) -> io::Result<()> {
         self.group_join_inner(group, flags, false)
     }

@@ -34,6 +34,9 @@ fn main() {
     if cmd == "attach-as" {
         return attach_as(&args);
     }
+    if cmd == "join-as" {
+        return join_as(&args);
+    }
     let rdsd = Rdsd::attach().unwrap_or_else(|e| fail(format!("attach: {e}")));
     match cmd {
         // recv ADDR COUNT [RCVBUF]: receive COUNT sequence-numbered messages, check order.
@@ -633,6 +636,33 @@ fn attach_as(args: &[String]) {
     say("done");
     drop(quiet);
     std::thread::sleep(Duration::from_secs(600));
+}
+
+/// join-as UID ADDR GROUP: as UID, binds ADDR and joins GROUP; prints "joined" and then
+/// "got SEQ" for the first message, or "refused errno N".
+fn join_as(args: &[String]) {
+    let uid: u32 = arg(args, 1, "uid");
+    let addr: SocketAddrV4 = arg(args, 2, "addr");
+    let group: SocketAddrV4 = arg(args, 3, "group");
+    // SAFETY: credential syscalls on this process; no memory is passed.
+    let gid_set = unsafe { libc::setresgid(uid, uid, uid) } == 0;
+    // SAFETY: as above (the uid after the gid, while we may still change the gid).
+    if !gid_set || unsafe { libc::setresuid(uid, uid, uid) } != 0 {
+        fail(format!("setresuid: {}", std::io::Error::last_os_error()));
+    }
+    let rdsd = Rdsd::attach().unwrap_or_else(|e| fail(format!("attach: {e}")));
+    let s = rdsd.socket().unwrap();
+    s.bind(addr).unwrap_or_else(|e| fail(format!("bind: {e}")));
+    if let Err(e) = s.group_join(group, shm_api::GroupFlags::NONE) {
+        say(format!("refused errno {}", e.raw_os_error().unwrap_or(-1)));
+        return;
+    }
+    say("joined");
+    let mut buf = [0u8; 64];
+    let (n, _) = s
+        .recv_from(&mut buf)
+        .unwrap_or_else(|e| fail(format!("recv: {e}")));
+    say(format!("got {}", payload_seq(&buf[..n])));
 }
 
 fn reattach() -> Rdsd {
