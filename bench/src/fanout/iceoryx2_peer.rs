@@ -15,10 +15,10 @@ fn err<E: std::fmt::Debug>(what: &'static str) -> impl FnOnce(E) -> anyhow::Erro
     move |e| anyhow!("iceoryx2 {what}: {e:?}")
 }
 
-pub fn run_iceoryx2(a: &FanoutArgs, n: usize, idx: usize) -> Result<FanoutResult> {
+pub fn run_iceoryx2(a: &FanoutArgs, n: usize, run_no: u16) -> Result<FanoutResult> {
     // Its default config (no iceoryx2.toml) is what we want: no warning about it.
     set_log_level_from_env_or(LogLevel::Error);
-    let base = format!("rds-bench/fanout/{}/{idx}", std::process::id());
+    let base = format!("rds-bench/fanout/{}/{run_no}", std::process::id());
     let data_name = format!("{base}/data");
     let wake_name = format!("{base}/wake");
     let node = NodeBuilder::new()

@@ -54,6 +54,13 @@ pub struct FanoutArgs {
     /// Throughput phase: at most this many messages not yet received by every member.
     #[arg(long, default_value_t = 64)]
     pub window: u64,
+    /// Rounds over all group sizes and implementations; each row merges its rounds (latency
+    /// histograms added, the median round's msgs/s and sender time).
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
+    /// The spawned rdsd, whose CPU time per message is shown.
+    #[arg(skip)]
+    pub rdsd_pid: Option<u32>,
     /// Implementations to run (comma-separated: group, rds, unix, iceoryx2).
     #[arg(long, value_delimiter = ',', default_value = "group,rds,unix,iceoryx2")]
     pub impls: Vec<Impl>,
@@ -104,9 +111,55 @@ pub struct FanoutResult {
     pub msgs_per_s: f64,
     /// Throughput phase: the sender's mean time inside its send calls per message.
     pub send_ns_mean: f64,
+    /// Throughput phase: rdsd's CPU time (all its threads) per message, if we know its pid.
+    pub rdsd_cpu_ns: Option<f64>,
+    /// Throughput phase: this process's CPU time (sender and members) per message.
+    pub app_cpu_ns: f64,
     /// Messages received by all members together (checked against the expected count).
     pub delivered: u64,
     pub expected: u64,
+}
+
+impl FanoutResult {
+    fn clone_figures(&self) -> FanoutResult {
+        FanoutResult {
+            imp: self.imp,
+            members: self.members,
+            last_member: self.last_member.clone(),
+            send_call: self.send_call.clone(),
+            msgs_per_s: self.msgs_per_s,
+            send_ns_mean: self.send_ns_mean,
+            rdsd_cpu_ns: self.rdsd_cpu_ns,
+            app_cpu_ns: self.app_cpu_ns,
+            delivered: self.delivered,
+            expected: self.expected,
+        }
+    }
+}
+
+/// One row out of several rounds: latencies over all of them, the median round's throughput
+/// and sender time, all deliveries.
+fn merge(mut rounds: Vec<FanoutResult>) -> FanoutResult {
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut tput: Vec<f64> = rounds.iter().map(|r| r.msgs_per_s).collect();
+    let mut send: Vec<f64> = rounds.iter().map(|r| r.send_ns_mean).collect();
+    let mut app: Vec<f64> = rounds.iter().map(|r| r.app_cpu_ns).collect();
+    let mut daemon: Vec<f64> = rounds.iter().filter_map(|r| r.rdsd_cpu_ns).collect();
+    let mut out = rounds.remove(0);
+    for r in &rounds {
+        out.last_member.add(&r.last_member).expect("same bounds");
+        out.send_call.add(&r.send_call).expect("same bounds");
+        out.delivered += r.delivered;
+        out.expected += r.expected;
+    }
+    out.msgs_per_s = median(&mut tput);
+    out.send_ns_mean = median(&mut send);
+    out.app_cpu_ns = median(&mut app);
+    out.rdsd_cpu_ns = (!daemon.is_empty()).then(|| median(&mut daemon));
+    out
 }
 
 /// What the member threads and the sender share.
@@ -125,7 +178,8 @@ struct Shared {
     received: Vec<crossbeam_utils::CachePadded<AtomicU64>>,
     /// Throughput phase: the sender sleeps until every member has this many (u64::MAX: awake).
     wait_for: AtomicU64,
-    /// Throughput phase: when the last member got the last message.
+    /// Throughput phase: when the last member got the last message (complete once every
+    /// member's count is `total`).
     finished_ns: AtomicU64,
     failed: AtomicBool,
     sender: Thread,
@@ -152,6 +206,10 @@ impl Shared {
 
     /// Member `m` got message `seq` (its `seq`-th, checked by the caller) at `now`.
     fn got(&self, m: usize, seq: u64, now: u64) {
+        if seq + 1 == self.total {
+            // Before the count: once every count says done, the latest time is in.
+            self.finished_ns.fetch_max(now, Ordering::SeqCst);
+        }
         self.received[m].store(seq + 1, Ordering::SeqCst);
         if seq < self.one_in_flight {
             let before = self.acks.fetch_add(1, Ordering::SeqCst);
@@ -161,9 +219,6 @@ impl Shared {
                 self.sender.unpark();
             }
             return;
-        }
-        if seq + 1 == self.total {
-            self.finished_ns.fetch_max(now, Ordering::SeqCst);
         }
         if seq + 1 >= self.wait_for.load(Ordering::SeqCst) {
             self.sender.unpark();
@@ -214,6 +269,29 @@ impl Shared {
         *min_seen = self.min_received();
         r
     }
+}
+
+/// CPU time of every thread of process `pid` so far, in ns (schedstat: nanosecond clock,
+/// unlike the 10 ms ticks of /proc/PID/stat).
+fn process_cpu_ns(pid: u32) -> Option<u64> {
+    let mut sum = 0;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let stat = std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok()?;
+        sum += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(sum)
+}
+
+/// CPU time of this process so far, in ns (getrusage counts threads that have exited too).
+fn own_cpu_ns() -> u64 {
+    // SAFETY: getrusage writes one rusage into the zeroed struct we pass.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru
+    };
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    (us(ru.ru_utime) + us(ru.ru_stime)) * 1_000
 }
 
 /// The receive loop of member `m`: `recv` fills the buffer and returns the length.
@@ -272,6 +350,7 @@ fn sender_loop(
     }
     let mut in_sends = 0u64;
     let mut min_seen = sh.one_in_flight;
+    let cpu0 = (a.rdsd_pid.and_then(process_cpu_ns), own_cpu_ns());
     let start = mono_ns();
     for seq in sh.one_in_flight..sh.total {
         sh.wait_window(seq, a.window, &mut min_seen)?;
@@ -280,7 +359,10 @@ fn sender_loop(
         send(&msg)?;
         in_sends += mono_ns() - t0;
     }
-    sh.wait(|| sh.finished_ns.load(Ordering::SeqCst) != 0)?;
+    sh.wait_for.store(sh.total, Ordering::SeqCst);
+    sh.wait(|| sh.min_received() >= sh.total)?;
+    let cpu1 = (a.rdsd_pid.and_then(process_cpu_ns), own_cpu_ns());
+    let per_msg = |d: u64| d as f64 / a.messages as f64;
     let elapsed = sh.finished_ns.load(Ordering::SeqCst).saturating_sub(start);
     Ok(FanoutResult {
         imp,
@@ -289,6 +371,11 @@ fn sender_loop(
         send_call,
         msgs_per_s: a.messages as f64 / (elapsed.max(1) as f64 / 1e9),
         send_ns_mean: in_sends as f64 / a.messages.max(1) as f64,
+        rdsd_cpu_ns: match (cpu0.0, cpu1.0) {
+            (Some(x), Some(y)) => Some(per_msg(y.saturating_sub(x))),
+            _ => None,
+        },
+        app_cpu_ns: per_msg(cpu1.1.saturating_sub(cpu0.1)),
         delivered: 0,
         expected: sh.total * sh.members as u64,
     })
@@ -399,12 +486,12 @@ fn run_group(
     target: &Target,
     rdsd: &Rdsd,
     n: usize,
-    idx: usize,
+    run_no: u16,
 ) -> Result<FanoutResult> {
     let m = rds_members(target, n)?;
     let (tx, tx_addr) = bound_socket(rdsd)?;
     tx.set_send_timeout(Some(Duration::from_secs(10)))?;
-    let group = SocketAddrV4::new(Ipv4Addr::new(239, 20, 0, 1), 5000 + idx as u16);
+    let group = SocketAddrV4::new(Ipv4Addr::new(239, 20, 0, 1), 5000u16.wrapping_add(run_no));
     tx.group_create(group).context("group_create")?;
     for (s, _) in &m.socks {
         s.group_join(group, GroupFlags::NONE)
@@ -487,29 +574,47 @@ pub fn cmd(mut a: FanoutArgs) -> Result<()> {
     if a.members.iter().any(|&n| n == 0 || n > 1024) {
         bail!("--members: each group size must be 1..=1024");
     }
-    if a.messages == 0 || a.latency_count == 0 || a.window == 0 {
-        bail!("--messages, --latency-count and --window must be at least 1");
+    if a.messages == 0 || a.latency_count == 0 || a.window == 0 || a.repeat == 0 {
+        bail!("--messages, --latency-count, --window and --repeat must be at least 1");
     }
     // Members sleep in recv: rdsd on its default idle strategy, as for `blocking`.
     a.daemon.idle.get_or_insert_with(|| "backoff".into());
     let target = Target::open(&a.daemon)?;
+    a.rdsd_pid = target.pid();
     let rdsd = target.attach()?;
     println!(
-        "rds-bench fanout: {} B messages; per implementation and group size {} one-in-flight (+{} warm-up), then {} with a window of {}; members are threads with blocking receives",
-        a.size, a.latency_count, a.warmup, a.messages, a.window
+        "rds-bench fanout: {} B messages; per implementation, group size and round {} one-in-flight (+{} warm-up), then {} with a window of {}; {} round(s); members are threads with blocking receives",
+        a.size, a.latency_count, a.warmup, a.messages, a.window, a.repeat
     );
     println!("  rdsd: {}", target.describe());
     let stats0 = rdsd.stats()?;
+    // Rounds over every (size, implementation) pair, so that a burst of load from the rest of
+    // the machine hits them all alike; each pair's rounds are then merged.
+    let mut runs: Vec<FanoutResult> = Vec::new();
+    let mut run_no = 0u16;
+    for _ in 0..a.repeat {
+        for &n in &a.members {
+            for &imp in &a.impls {
+                run_no += 1;
+                let r = match imp {
+                    Impl::Group => run_group(&a, &target, &rdsd, n, run_no)?,
+                    Impl::Rds => run_rds(&a, &target, &rdsd, n)?,
+                    Impl::Unix => run_unix(&a, n)?,
+                    Impl::Iceoryx2 => iceoryx2_peer::run_iceoryx2(&a, n, run_no)?,
+                };
+                runs.push(r);
+            }
+        }
+    }
     let mut results: Vec<FanoutResult> = Vec::new();
-    for (idx, &n) in a.members.iter().enumerate() {
+    for &n in &a.members {
         for &imp in &a.impls {
-            let r = match imp {
-                Impl::Group => run_group(&a, &target, &rdsd, n, idx)?,
-                Impl::Rds => run_rds(&a, &target, &rdsd, n)?,
-                Impl::Unix => run_unix(&a, n)?,
-                Impl::Iceoryx2 => iceoryx2_peer::run_iceoryx2(&a, n, idx)?,
-            };
-            results.push(r);
+            let mine: Vec<FanoutResult> = runs
+                .iter()
+                .filter(|r| r.members == n && r.imp == imp)
+                .map(FanoutResult::clone_figures)
+                .collect();
+            results.push(merge(mine));
         }
     }
     let stats1 = rdsd.stats()?;
@@ -543,7 +648,7 @@ fn ratio(x: f64, base: Option<f64>) -> String {
 fn print_table(a: &FanoutArgs, results: &[FanoutResult]) {
     println!();
     println!(
-        "  {:>3} {:<34} {:>9} {:>9} {:>9} {:>9} {:>9} | {:>8} {:>8} | {:>8} {:>8}",
+        "  {:>3} {:<34} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} | {:>8} {:>8} | {:>8} {:>8}",
         "N",
         "",
         "last p50",
@@ -551,6 +656,8 @@ fn print_table(a: &FanoutArgs, results: &[FanoutResult]) {
         "msgs/s",
         "send p50",
         "send/msg",
+        "rdsd/msg",
+        "app/msg",
         "p50 /rds",
         "tput/rds",
         "p50 /unx",
@@ -564,7 +671,7 @@ fn print_table(a: &FanoutArgs, results: &[FanoutResult]) {
         for r in &rows {
             let p50 = pct(&r.last_member, 0.5) as f64;
             println!(
-                "  {:>3} {:<34} {:>9} {:>9} {:>9} {:>9} {:>9} | {:>8} {:>8} | {:>8} {:>8}",
+                "  {:>3} {:<34} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} | {:>8} {:>8} | {:>8} {:>8}",
                 n,
                 r.imp.label(n),
                 fmt_ns(p50),
@@ -572,6 +679,11 @@ fn print_table(a: &FanoutArgs, results: &[FanoutResult]) {
                 fmt_rate(r.msgs_per_s),
                 fmt_ns(pct(&r.send_call, 0.5) as f64),
                 fmt_ns(r.send_ns_mean),
+                match (r.imp, r.rdsd_cpu_ns) {
+                    (Impl::Group | Impl::Rds, Some(c)) => fmt_ns(c),
+                    _ => "-".into(),
+                },
+                fmt_ns(r.app_cpu_ns),
                 ratio(p50, rds.map(|b| pct(&b.last_member, 0.5) as f64)),
                 ratio(r.msgs_per_s, rds.map(|b| b.msgs_per_s)),
                 ratio(p50, unx.map(|b| pct(&b.last_member, 0.5) as f64)),
@@ -582,6 +694,7 @@ fn print_table(a: &FanoutArgs, results: &[FanoutResult]) {
     println!();
     println!("  last p50/p99: send until the last member has it, one in flight; msgs/s: each to all N members, window {}", a.window);
     println!("  send p50: the sender's time in its send call(s) per message, one in flight; send/msg: the same, mean, throughput phase");
+    println!("  rdsd/msg, app/msg: CPU time per message in the throughput phase, of rdsd (all threads, its backoff spinning and yielding included: an upper bound) and of this process (sender and members)");
     // The target: one group send to 16 members costs less than 4 unicast sends.
     for &n in &a.members {
         let find = |i: Impl| results.iter().find(|r| r.members == n && r.imp == i);
@@ -590,6 +703,19 @@ fn print_table(a: &FanoutArgs, results: &[FanoutResult]) {
             // calls divided by N). End to end: unicast messages/s counts N sends each.
             let unicast_call = u.send_ns_mean / n as f64;
             let unicast_sends_per_s = u.msgs_per_s * n as f64;
+            if let (Some(gc), Some(uc)) = (g.rdsd_cpu_ns, u.rdsd_cpu_ns) {
+                println!(
+                    "  N={n}: rdsd CPU per group send {} vs per unicast send {} ({:.2} unicast sends)",
+                    fmt_ns(gc),
+                    fmt_ns(uc / n as f64),
+                    gc / (uc / n as f64).max(1e-9)
+                );
+                println!(
+                    "RESULT fanout_rdsd_cpu members={n} group_ns={gc:.0} unicast_ns={:.0} rdsd_cost_in_unicast_sends={:.3}",
+                    uc / n as f64,
+                    gc / (uc / n as f64).max(1e-9)
+                );
+            }
             println!(
                 "  N={n}: sender per group send {} vs per unicast send {} ({:.2} unicast sends); end to end a group send costs {:.2} unicast sends ({} group msgs/s vs {} unicast sends/s)",
                 fmt_ns(g.send_ns_mean),
@@ -611,7 +737,7 @@ fn print_table(a: &FanoutArgs, results: &[FanoutResult]) {
     println!();
     for r in results {
         println!(
-            "RESULT fanout impl={} members={} size={} p50_ns={} p99_ns={} msgs_per_s={:.0} send_p50_ns={} send_mean_ns={:.0} delivered={} expected={}",
+            "RESULT fanout impl={} members={} size={} p50_ns={} p99_ns={} msgs_per_s={:.0} send_p50_ns={} send_mean_ns={:.0} app_cpu_ns={:.0} delivered={} expected={}",
             r.imp.key(),
             r.members,
             a.size,
@@ -620,6 +746,7 @@ fn print_table(a: &FanoutArgs, results: &[FanoutResult]) {
             r.msgs_per_s,
             pct(&r.send_call, 0.5),
             r.send_ns_mean,
+            r.app_cpu_ns,
             r.delivered,
             r.expected
         );
