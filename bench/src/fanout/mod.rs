@@ -703,19 +703,6 @@ fn print_table(a: &FanoutArgs, results: &[FanoutResult]) {
             // calls divided by N). End to end: unicast messages/s counts N sends each.
             let unicast_call = u.send_ns_mean / n as f64;
             let unicast_sends_per_s = u.msgs_per_s * n as f64;
-            if let (Some(gc), Some(uc)) = (g.rdsd_cpu_ns, u.rdsd_cpu_ns) {
-                println!(
-                    "  N={n}: rdsd CPU per group send {} vs per unicast send {} ({:.2} unicast sends)",
-                    fmt_ns(gc),
-                    fmt_ns(uc / n as f64),
-                    gc / (uc / n as f64).max(1e-9)
-                );
-                println!(
-                    "RESULT fanout_rdsd_cpu members={n} group_ns={gc:.0} unicast_ns={:.0} rdsd_cost_in_unicast_sends={:.3}",
-                    uc / n as f64,
-                    gc / (uc / n as f64).max(1e-9)
-                );
-            }
             println!(
                 "  N={n}: sender per group send {} vs per unicast send {} ({:.2} unicast sends); end to end a group send costs {:.2} unicast sends ({} group msgs/s vs {} unicast sends/s)",
                 fmt_ns(g.send_ns_mean),
