@@ -109,7 +109,7 @@ section measured elsewhere, the pinned many-core comparison, is kept as written 
 instruction counts in \`bench/results/shards-section.md\` (\`bench/shards-callgrind.sh\`); the wake-up
 figures in \`bench/results/wakeup-section.md\`; the userspace-TCP instruction counts in
 \`bench/results/utcp-callgrind-section.md\` (\`bench/utcp-callgrind.sh\`); the multicast fan-out
-figures in \`bench/results/fanout-section.md\` (\`rds-bench fanout\`).
+figures in \`bench/results/fanout-section.md\` (\`rds-bench fanout\`, \`bench/fanout-callgrind.sh\`).
 
 EOF
     cat bench/results/pinned-section.md
