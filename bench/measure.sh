@@ -108,13 +108,15 @@ section measured elsewhere, the pinned many-core comparison, is kept as written 
 \`bench/results/pinned-section.md\` (it comes from \`bench/pinned-bench.sh\`); the poll-thread
 instruction counts in \`bench/results/shards-section.md\` (\`bench/shards-callgrind.sh\`); the wake-up
 figures in \`bench/results/wakeup-section.md\`; the userspace-TCP instruction counts in
-\`bench/results/utcp-callgrind-section.md\` (\`bench/utcp-callgrind.sh\`).
+\`bench/results/utcp-callgrind-section.md\` (\`bench/utcp-callgrind.sh\`); the multicast fan-out
+figures in \`bench/results/fanout-section.md\` (\`rds-bench fanout\`, \`bench/fanout-callgrind.sh\`).
 
 EOF
     cat bench/results/pinned-section.md
     cat bench/results/shards-section.md
     cat bench/results/wakeup-section.md
     cat bench/results/utcp-callgrind-section.md
+    cat bench/results/fanout-section.md
     cat <<EOF
 ## What runs
 

@@ -8,6 +8,7 @@
 //! rds-bench rtt  [--socket PATH | --spawn-rdsd RDSD] [--count N] [--warmup N] [--size B] [--app-core C]
 //! rds-bench tput [--socket PATH | --spawn-rdsd RDSD] [--count N] [--size B] [--app-core C]
 //! rds-bench blocking [--socket PATH | --spawn-rdsd RDSD] [--count N] [--wake-samples N]
+//! rds-bench fanout [--socket PATH | --spawn-rdsd RDSD] [--members 1,4,16,64] [--size B] [--messages N]
 //! ```
 //!
 //! The default mode uses a running rdsd (`--socket`, `$RDSD_SOCKET` or the default control
@@ -19,6 +20,7 @@
 
 mod blocking;
 mod daemon;
+mod fanout;
 mod rds;
 mod stress;
 mod unix;
@@ -60,6 +62,9 @@ enum Cmd {
     /// Applications that sleep in recv: two-process blocking round trip next to AF_UNIX,
     /// wake-up latency after rdsd parked, idle CPU (rdsd on its default idle strategy).
     Blocking(blocking::BlockingArgs),
+    /// Multicast fan-out: one sender, N member threads; an rdsd group next to N unicast rdsd
+    /// sends, N AF_UNIX SOCK_SEQPACKET sends and iceoryx2 publish-subscribe, same run.
+    Fanout(fanout::FanoutArgs),
     /// (internal) wake-up receiver of `blocking`.
     #[command(name = "__rds-wake", hide = true)]
     RdsWake {
@@ -508,6 +513,7 @@ fn main() -> ExitCode {
         Cmd::Rtt(a) => cmd_rtt(a),
         Cmd::Tput(a) => cmd_tput(a),
         Cmd::Blocking(a) => blocking::cmd(a),
+        Cmd::Fanout(a) => fanout::cmd(a),
         Cmd::RdsWake { socket } => blocking::wake_echo_main(&socket),
         Cmd::UnixEcho {
             fd,

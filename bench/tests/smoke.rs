@@ -24,15 +24,7 @@ fn run(args: &[&str]) -> String {
 
 #[test]
 fn every_subcommand_runs() {
-    let rdsd = Path::new(env!("CARGO_BIN_EXE_rds-bench")).with_file_name("rdsd");
-    rdsd_tests::require!(
-        if rdsd.exists() {
-            Ok(())
-        } else {
-            Err(format!("{} is not built", rdsd.display()))
-        },
-        "cargo build --workspace --bins (tests/run.sh does it)"
-    );
+    require_rdsd();
     // Nothing pinned: tests share the machine.
     let out = run(&[
         "rtt",
@@ -105,6 +97,73 @@ fn every_subcommand_runs() {
     );
     assert!(out.contains("RESULT blocking rdsd_p50_ns="), "{out}");
     assert!(out.contains("RESULT idle cpu_alone_pct="), "{out}");
+}
+
+fn require_rdsd() {
+    let rdsd = Path::new(env!("CARGO_BIN_EXE_rds-bench")).with_file_name("rdsd");
+    rdsd_tests::require!(
+        if rdsd.exists() {
+            Ok(())
+        } else {
+            Err(format!("{} is not built", rdsd.display()))
+        },
+        "cargo build --workspace --bins (tests/run.sh does it)"
+    );
+}
+
+/// `key=value` out of a RESULT line.
+fn field(line: &str, key: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key}= in {line}"))
+}
+
+/// Tiny fan-out: every implementation, two group sizes; every member must have received every
+/// message (rds-bench checks each sequence number and source; here the counts).
+#[test]
+fn fanout_every_member_gets_every_message() {
+    require_rdsd();
+    let (warmup, latency, messages) = (5u64, 20u64, 300u64);
+    let out = run(&[
+        "fanout",
+        "--poll-core",
+        "-2",
+        "--members",
+        "1,3",
+        "--warmup",
+        &warmup.to_string(),
+        "--latency-count",
+        &latency.to_string(),
+        "--messages",
+        &messages.to_string(),
+        "--window",
+        "8",
+    ]);
+    let per_member = warmup + latency + messages;
+    for imp in ["group", "rds-unicast", "unix-seqpacket", "iceoryx2"] {
+        for n in [1u64, 3] {
+            let line = out
+                .lines()
+                .find(|l| l.starts_with(&format!("RESULT fanout impl={imp} members={n} ")))
+                .unwrap_or_else(|| panic!("no {imp} row for {n} members:\n{out}"));
+            assert_eq!(field(line, "expected"), per_member * n, "{line}");
+            assert_eq!(field(line, "delivered"), per_member * n, "{line}");
+        }
+    }
+    // One group send per message, one delivery per member: rdsd did the fan-out.
+    let counters = out
+        .lines()
+        .find(|l| l.starts_with("RESULT fanout_counters "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(field(counters, "group_sends"), 2 * per_member, "{counters}");
+    assert_eq!(
+        field(counters, "group_deliveries"),
+        4 * per_member,
+        "{counters}"
+    );
+    assert_eq!(field(counters, "group_drops_full"), 0, "{counters}");
+    assert!(out.contains("RESULT fanout_target members=3 "), "{out}");
 }
 
 #[test]

@@ -97,6 +97,7 @@ const OTHERS: &[(&str, Table)] = &[
         "bench/src",
         &[
             ("blocking", &["daemon", "rds", "unix", "util"]),
+            ("fanout", &["daemon", "rds", "unix", "util"]),
             ("stress", &["daemon", "unix", "util"]),
             ("rds", &["util"]),
             ("unix", &["util"]),
