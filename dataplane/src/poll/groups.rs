@@ -144,7 +144,8 @@ fn member_room(
     m: SockRef,
     len: usize,
 ) -> bool {
-    if let Some(x) = remote.get(&m) {
+    // (Most groups have no member on another shard: skip the hash then.)
+    if let Some(x) = (!remote.is_empty()).then(|| remote.get(&m)).flatten() {
         // Another shard's socket: not congested, and nothing waiting for room towards its
         // shard (the copy goes into the pair ring, or is kept until it fits).
         return !x.congested && link.is_none_or(|l| !l.has_kept(x.shard));
@@ -665,8 +666,10 @@ impl SocketTable {
         // succeeds. Pushed everywhere first, then published: an app can only see the message
         // once it is in every target's ring (a crash of rdsd between two publishes is the
         // remaining window, see ARCHITECTURE.md).
+        let any_remote = !self.groups.remote.is_empty();
         targets.retain(|&to| {
-            if let Some(&x) = self.groups.remote.get(&to) {
+            let remote = any_remote.then(|| self.groups.remote.get(&to)).flatten();
+            if let Some(&x) = remote {
                 // A member of another shard: its copy crosses in the pair ring, in order.
                 self.forward_group_copy(to, x, src, payload);
                 return false;
@@ -675,9 +678,7 @@ impl SocketTable {
             debug_assert!(d != Delivered::Full, "{to:?} refused a checked fan-out");
             d == Delivered::Yes
         });
-        for &to in &targets {
-            self.publish_rx(to, len);
-        }
+        self.publish_rx_many(&targets, len);
         self.groups.targets = targets;
         GroupSent::Done
     }

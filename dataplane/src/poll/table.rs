@@ -7,7 +7,7 @@ use super::shard::{self, Envelope, Fabric, Note, ShardLink};
 use super::{Channels, Cmd};
 use crate::config::Config;
 use crate::seam::{Delivered, Incoming, MsgBytes, Upcalls};
-use crate::shm::region::{wake_slot, AppRegion, DaemonRegion};
+use crate::shm::region::{wake_slot, wake_slot_after_fence, AppRegion, DaemonRegion};
 use crate::stats::Stats;
 use rds_proto::wire::CongMap;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -523,19 +523,15 @@ impl SocketTable {
         }
     }
 
-    /// After a message was queued on `to`: mark its port congested above SO_RCVBUF.
-    fn after_enqueue(&mut self, to: SockRef) {
-        let consumed = self.ctl(to).rx_consumed_bytes.load(Ordering::Acquire);
+    /// `to`'s queue went above SO_RCVBUF: mark its port congested (and its groups full).
+    fn mark_congested(&mut self, to: SockRef) {
         let s = self.sock(to).expect("receiver open");
-        let queued = s.rx_produced.saturating_sub(consumed);
-        if queued > s.rcvbuf as u64 && !s.congested {
-            s.congested = true;
-            let (addr, port) = s.bound.expect("receivers are bound");
-            self.set_cong_bit(addr, port, true);
-            self.congested.push(to);
-            Stats::bump(&self.stats.cong_marked);
-            self.groups_member_congestion(to);
-        }
+        s.congested = true;
+        let (addr, port) = s.bound.expect("receivers are bound");
+        self.set_cong_bit(addr, port, true);
+        self.congested.push(to);
+        Stats::bump(&self.stats.cong_marked);
+        self.groups_member_congestion(to);
     }
 
     fn set_cong_bit(&mut self, addr: u32, port: u16, on: bool) {
@@ -1052,13 +1048,55 @@ impl SocketTable {
         };
         sock.rx.publish();
         sock.rx_produced += len as u64;
-        let produced = sock.rx_produced;
         let ctl = app.region.slot_control(to.slot);
-        ctl.rx_produced_bytes.store(produced, Ordering::Release);
+        ctl.rx_produced_bytes
+            .store(sock.rx_produced, Ordering::Release);
         if wake_slot(ctl, RECV_WAITERS) {
             Stats::bump(&self.stats.app_wakeups);
         }
-        self.after_enqueue(to);
+        // Above SO_RCVBUF: mark the port congested.
+        let consumed = ctl.rx_consumed_bytes.load(Ordering::Acquire);
+        let over = sock.rx_produced.saturating_sub(consumed) > u64::from(sock.rcvbuf);
+        if over && !sock.congested {
+            self.mark_congested(to);
+        }
+    }
+
+    /// [`Self::publish_rx`] for every socket of `targets` (each got one record of `len`
+    /// bytes): publishes them all, then makes one fence for their wake-ups.
+    pub(super) fn publish_rx_many(&mut self, targets: &[SockRef], len: usize) {
+        for &to in targets {
+            let Some(app) = self.apps.get_mut(to.app).and_then(|a| a.as_mut()) else {
+                continue;
+            };
+            let Some(sock) = app.socks[to.slot as usize].as_mut() else {
+                continue;
+            };
+            sock.rx.publish();
+            sock.rx_produced += len as u64;
+            let ctl = app.region.slot_control(to.slot);
+            ctl.rx_produced_bytes
+                .store(sock.rx_produced, Ordering::Release);
+        }
+        // Pairs with the receivers' fence between announcing they wait and looking again.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        for &to in targets {
+            let Some(app) = self.apps.get_mut(to.app).and_then(|a| a.as_mut()) else {
+                continue;
+            };
+            let Some(sock) = app.socks[to.slot as usize].as_mut() else {
+                continue;
+            };
+            let ctl = app.region.slot_control(to.slot);
+            if wake_slot_after_fence(ctl, RECV_WAITERS) {
+                Stats::bump(&self.stats.app_wakeups);
+            }
+            let consumed = ctl.rx_consumed_bytes.load(Ordering::Acquire);
+            let over = sock.rx_produced.saturating_sub(consumed) > u64::from(sock.rcvbuf);
+            if over && !sock.congested {
+                self.mark_congested(to);
+            }
+        }
     }
 
     pub(super) fn next_rand(&mut self) -> u64 {

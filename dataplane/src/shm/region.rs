@@ -348,8 +348,14 @@ impl DaemonRegion {
 /// itself. One fence, and a syscall only when such a thread waits; true if it made one.
 #[must_use = "count the wake-up (Stats::app_wakeups)"]
 pub fn wake_slot(ctl: &SlotControl, whom: u32) -> bool {
-    use std::sync::atomic::{fence, Ordering};
-    fence(Ordering::SeqCst);
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    wake_slot_after_fence(ctl, whom)
+}
+
+/// [`wake_slot`] for a caller that changed several slots' state and then made the SeqCst fence
+/// once for all of them (a group fan-out).
+pub fn wake_slot_after_fence(ctl: &SlotControl, whom: u32) -> bool {
+    use std::sync::atomic::Ordering;
     if ctl.waiters.load(Ordering::Relaxed) & whom != 0 {
         ctl.wake_seq.fetch_add(1, Ordering::Release);
         sys::futex_wake(&ctl.wake_seq);
