@@ -109,7 +109,8 @@ section measured elsewhere, the pinned many-core comparison, is kept as written 
 instruction counts in \`bench/results/shards-section.md\` (\`bench/shards-callgrind.sh\`); the wake-up
 figures in \`bench/results/wakeup-section.md\`; the userspace-TCP instruction counts in
 \`bench/results/utcp-callgrind-section.md\` (\`bench/utcp-callgrind.sh\`); the multicast fan-out
-figures in \`bench/results/fanout-section.md\` (\`rds-bench fanout\`, \`bench/fanout-callgrind.sh\`).
+figures in \`bench/results/fanout-section.md\` (\`rds-bench fanout\`, \`bench/fanout-callgrind.sh\`); the
+library's batching in \`bench/results/batch-section.md\` (\`bench/batch-callgrind.sh\`).
 
 EOF
     cat bench/results/pinned-section.md
@@ -117,6 +118,7 @@ EOF
     cat bench/results/wakeup-section.md
     cat bench/results/utcp-callgrind-section.md
     cat bench/results/fanout-section.md
+    cat bench/results/batch-section.md
     cat <<EOF
 ## What runs
 

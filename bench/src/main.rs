@@ -127,6 +127,10 @@ struct TputArgs {
     /// Message size in bytes.
     #[arg(long, default_value_t = 64)]
     size: usize,
+    /// Messages per send call: 1 sends one at a time; more uses `Socket::send_batch`
+    /// (sendmmsg), which publishes each batch to rdsd at once.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
     /// CPU of the sender thread, and of the rdsd receiver thread unless --receiver-core.
     #[arg(long)]
     app_core: Option<usize>,
@@ -425,7 +429,15 @@ fn cmd_tput(a: TputArgs) -> Result<()> {
             .collect::<Vec<_>>()
             .join(", then ")
     );
-    let r = rds::tput(&rdsd, a.count, a.size, a.app_core, rx_core, yield_every)?;
+    let r = rds::tput(
+        &rdsd,
+        a.count,
+        a.size,
+        a.app_core,
+        rx_core,
+        yield_every,
+        a.batch,
+    )?;
     drop(rdsd);
     target.stop()?;
     let mut base = Vec::new();

@@ -30,6 +30,43 @@ pub fn bound_socket(rdsd: &Rdsd) -> Result<(Socket, SocketAddrV4)> {
 
 /// Sends on a non-blocking socket, retrying while the ring is full or the peer congested.
 #[inline]
+/// Sends every message of `msgs` to `to` with `Socket::send_batch` (non-blocking), going on
+/// from where a partial batch stopped; returns the retries.
+fn send_batch_spin(
+    s: &Socket,
+    msgs: &[Vec<u8>],
+    to: SocketAddrV4,
+    bo: &mut Backoff,
+    stop: Option<&AtomicBool>,
+) -> Result<u64> {
+    let mut retries = 0u64;
+    let mut done = 0;
+    let mut since: Option<Instant> = None;
+    let mut batch: Vec<(&[u8], Option<SocketAddrV4>)> = Vec::with_capacity(msgs.len());
+    while done < msgs.len() {
+        batch.clear();
+        batch.extend(msgs[done..].iter().map(|m| (&m[..], Some(to))));
+        match s.send_batch(&batch, true) {
+            Ok(n) => done += n,
+            Err(e) if would_block(&e) => {
+                retries += 1;
+                bo.snooze();
+                if bo.should_check() {
+                    if stop.is_some_and(|f| f.load(Ordering::Relaxed)) {
+                        bail!("stopped by the other thread");
+                    }
+                    let t = *since.get_or_insert_with(Instant::now);
+                    if t.elapsed() > STALL_LIMIT {
+                        bail!("send to {to} found no room for {STALL_LIMIT:?} (is rdsd's poll thread running?)");
+                    }
+                }
+            }
+            Err(e) => return Err(e).with_context(|| format!("send_batch to {to}")),
+        }
+    }
+    Ok(retries)
+}
+
 fn send_spin(
     s: &Socket,
     buf: &[u8],
@@ -134,6 +171,7 @@ pub fn rtt(
 /// One-way stream from a sender thread (socket A) to a receiver thread (socket B) of the same
 /// process. Both busy-poll; they give the CPU away every `yield_every` misses because on a small
 /// machine they may share a core (0 = never).
+#[allow(clippy::too_many_arguments)]
 pub fn tput(
     rdsd: &Rdsd,
     count: u64,
@@ -141,6 +179,7 @@ pub fn tput(
     sender_core: Option<usize>,
     receiver_core: Option<usize>,
     yield_every: u32,
+    batch: usize,
 ) -> Result<Throughput> {
     if count < 2 {
         bail!("--count must be at least 2");
@@ -183,6 +222,20 @@ pub fn tput(
                 let mut msg = vec![0xC3u8; size];
                 let mut bo = Backoff::yielding(yield_every);
                 let mut retries = 0;
+                if batch > 1 {
+                    // sendmmsg-style: `batch` messages per call, published together.
+                    let mut msgs = vec![vec![0xC3u8; size]; batch];
+                    let mut i = 0;
+                    while i < count {
+                        let n = (count - i).min(batch as u64) as usize;
+                        for (k, m) in msgs[..n].iter_mut().enumerate() {
+                            stamp(m, i + k as u64);
+                        }
+                        retries += send_batch_spin(&a, &msgs[..n], b_addr, &mut bo, Some(&stop))?;
+                        i += n as u64;
+                    }
+                    return Ok(retries);
+                }
                 for i in 0..count {
                     stamp(&mut msg, i);
                     retries += send_spin(&a, &msg, b_addr, &mut bo, Some(&stop))?;

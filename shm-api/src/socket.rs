@@ -652,11 +652,68 @@ impl Socket {
         self.send_inner(buf, dest, dontwait)
     }
 
+    /// sendmmsg(2): sends `msgs` (payload, destination or `None` for the connected one) in
+    /// order, and publishes them to rdsd together: one release of the tx ring, one update of
+    /// the sent bytes and at most one doorbell for the batch instead of one per message. A
+    /// blocking call waits as `send` would (publishing what it pushed before it sleeps).
+    /// Returns how many were sent; if one fails after others were sent, the count so far (as
+    /// sendmmsg: its error is for the next call), else its error.
+    pub fn send_batch(
+        &self,
+        msgs: &[(&[u8], Option<SocketAddrV4>)],
+        dontwait: bool,
+    ) -> io::Result<usize> {
+        let mut tx = lock(&self.tx);
+        let mut pending = false;
+        let mut sent = 0;
+        for &(buf, dest) in msgs {
+            if let Err(e) = self.push_one(&mut tx, buf, dest, dontwait, &mut pending) {
+                self.flush_tx(&mut tx, &mut pending);
+                return if sent > 0 { Ok(sent) } else { Err(e) };
+            }
+            sent += 1;
+        }
+        self.flush_tx(&mut tx, &mut pending);
+        Ok(sent)
+    }
+
     fn send_inner(
         &self,
         buf: &[u8],
         dest: Option<SocketAddrV4>,
         dontwait: bool,
+    ) -> io::Result<usize> {
+        let mut tx = lock(&self.tx);
+        let mut pending = false;
+        let r = self.push_one(&mut tx, buf, dest, dontwait, &mut pending);
+        self.flush_tx(&mut tx, &mut pending);
+        r
+    }
+
+    /// Makes what `push_one` pushed visible to rdsd: the sent bytes (for POLLOUT), the
+    /// ring's producer position, and the doorbell if the poll thread sleeps.
+    fn flush_tx(&self, tx: &mut TxSide, pending: &mut bool) {
+        if !std::mem::take(pending) {
+            return;
+        }
+        let c = &*self.client;
+        c.slot_control(self.slot)
+            .tx_sent_bytes
+            .store(tx.sent, Ordering::Release);
+        tx.producer.publish();
+        c.ring_doorbell_after_send();
+    }
+
+    /// Pushes one message onto the tx ring, not yet published (`pending` set), waiting as a
+    /// send does for congestion and send-buffer room; before it waits or gives up it
+    /// publishes what is pending, so that rdsd can drain it.
+    fn push_one(
+        &self,
+        tx: &mut TxSide,
+        buf: &[u8],
+        dest: Option<SocketAddrV4>,
+        dontwait: bool,
+        pending: &mut bool,
     ) -> io::Result<usize> {
         if let Some(d) = dest {
             // A multicast address is a group (port 0 names none).
@@ -679,7 +736,6 @@ impl Socket {
         let ctl = c.slot_control(self.slot);
         let dest_ip = u32::from(*dest.ip());
         let mut deadline = None;
-        let mut tx = lock(&self.tx);
         loop {
             if c.dead.load(Ordering::Relaxed) {
                 return Err(daemon_gone());
@@ -687,6 +743,7 @@ impl Socket {
             if c.daemon_view
                 .is_congested(dest_ip, dest.port(), &mut tx.cong_hint)
             {
+                self.flush_tx(tx, pending);
                 if nonblock && is_group(dest) {
                     // A member without DROP_WHEN_FULL is full: nobody got the message.
                     return Err(errno(libc::EAGAIN));
@@ -717,13 +774,12 @@ impl Socket {
             match pushed {
                 Ok(()) => {
                     tx.sent += buf.len() as u64;
-                    ctl.tx_sent_bytes.store(tx.sent, Ordering::Release);
-                    tx.producer.publish();
-                    c.ring_doorbell_after_send();
+                    *pending = true;
                     return Ok(buf.len());
                 }
                 Err(PushError::TooLarge) => return Err(errno(libc::EMSGSIZE)),
                 Err(PushError::Full) => {
+                    self.flush_tx(tx, pending);
                     if nonblock {
                         c.check_alive()?;
                         c.ring_doorbell();

@@ -1,7 +1,8 @@
 /* fd-level behaviour of AF_RDS sockets under rdsd-run (tests/tests/preload.rs): flags from
  * socket(), fcntl O_NONBLOCK, connect + write/read, writev/readv, FIONREAD, MSG_TRUNC, dup and
- * dup2 and close, SO_RCVTIMEO, a receiver blocked in another thread, epoll on a mixed set, and
- * exec closing FD_CLOEXEC sockets only. Plain socket API; prints "FDOPS OK". */
+ * dup2 and close, SO_RCVTIMEO, a receiver blocked in another thread, epoll on a mixed set,
+ * sendmmsg (one batch for rdsd), and exec closing FD_CLOEXEC sockets only. Plain socket API;
+ * prints "FDOPS OK". */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -98,6 +99,38 @@ int main(void)
 	CHECK(sendto(a, "0123456789", 10, 0, (struct sockaddr *)&ba, sizeof ba) == 10);
 	CHECK(wait_in(b));
 	CHECK(recv(b, buf, 4, MSG_TRUNC) == 10);
+
+	/* sendmmsg: 8 messages (one gathered from two iovecs, one to an explicit address) in
+	 * one call, each msg_len set, received in order */
+	{
+		struct mmsghdr mv[8];
+		struct iovec iv[9];
+		char pay[8][8];
+		memset(mv, 0, sizeof mv);
+		for (int k = 0; k < 8; k++) {
+			snprintf(pay[k], sizeof pay[k], "mm%d", k);
+			iv[k].iov_base = pay[k];
+			iv[k].iov_len = strlen(pay[k]);
+			mv[k].msg_hdr.msg_iov = &iv[k];
+			mv[k].msg_hdr.msg_iovlen = 1;
+		}
+		iv[8] = (struct iovec){ "+", 1 };
+		struct iovec two[2] = { iv[3], iv[8] };
+		mv[3].msg_hdr.msg_iov = two;
+		mv[3].msg_hdr.msg_iovlen = 2;
+		mv[5].msg_hdr.msg_name = &ba;
+		mv[5].msg_hdr.msg_namelen = sizeof ba;
+		CHECK(sendmmsg(a, mv, 8, 0) == 8);
+		for (int k = 0; k < 8; k++) {
+			CHECK(mv[k].msg_len == (k == 3 ? 4u : 3u));
+			CHECK(wait_in(b));
+			ssize_t n = recv(b, buf, sizeof buf, 0);
+			CHECK(n == (k == 3 ? 4 : 3));
+			CHECK(memcmp(buf, pay[k], 3) == 0);
+		}
+		CHECK(sendmmsg(a, mv, 0, 0) == 0);
+		CHECK(sendmmsg(a, mv, 1, MSG_OOB) == -1 && errno == EOPNOTSUPP);
+	}
 
 	/* dup, close of the original, dup2 onto another number */
 	int c = dup(b);

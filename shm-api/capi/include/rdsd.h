@@ -11,6 +11,8 @@
 #include <sys/types.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
+/* sendmmsg's message vector (sys/socket.h defines it with _GNU_SOURCE). */
+struct mmsghdr;
 
 // The address family of RDS (`AF_RDS`/`PF_RDS`).
 #define RDSD_AF_RDS 21
@@ -146,6 +148,10 @@ ssize_t rdsd_sendto(int fd,
 
 // Sends one message gathered from `msg->msg_iov` to `msg->msg_name`.
 ssize_t rdsd_sendmsg(int fd, const struct msghdr *msg, int flags);
+
+// sendmmsg(2): sends up to `vlen` messages (at most 1024) as one batch to rdsd, setting each
+// `msg_len`; returns how many were sent, or -1 with errno if none was.
+int rdsd_sendmmsg(int fd, struct mmsghdr *msgvec, unsigned int vlen, int flags);
 
 // Receives one message (MSG_PEEK, MSG_TRUNC, MSG_DONTWAIT as in rds(7)).
 ssize_t rdsd_recv(int fd, void *buf, size_t len, int flags);

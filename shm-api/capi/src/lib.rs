@@ -231,6 +231,19 @@ pub unsafe extern "C" fn rdsd_sendmsg(fd: c_int, msg: *const msghdr, flags: c_in
     ret_len(unsafe { ops::sendmsg(fd, msg, flags) })
 }
 
+/// sendmmsg(2): sends up to `vlen` messages (at most 1024) as one batch to rdsd, setting each
+/// `msg_len`; returns how many were sent, or -1 with errno if none was.
+#[no_mangle]
+pub unsafe extern "C" fn rdsd_sendmmsg(
+    fd: c_int,
+    msgvec: *mut libc::mmsghdr,
+    vlen: libc::c_uint,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: as for sendmmsg(2).
+    ret_int(unsafe { ops::sendmmsg(fd, msgvec, vlen, flags) }.map(|n| n as c_int))
+}
+
 /// Receives one message (MSG_PEEK, MSG_TRUNC, MSG_DONTWAIT as in rds(7)).
 #[no_mangle]
 pub unsafe extern "C" fn rdsd_recv(

@@ -320,6 +320,93 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Result<usi
     })
 }
 
+/// sendmmsg(2): the messages go to rdsd as one batch (`Socket::send_batch`: one release of
+/// the tx ring and at most one doorbell). Each `msg_len` is set for the messages sent; the
+/// count is returned, or the first message's error if none was sent. At most 1024 messages
+/// per call (UIO_MAXIOV, as Linux).
+pub unsafe fn sendmmsg(
+    fd: c_int,
+    msgvec: *mut libc::mmsghdr,
+    vlen: libc::c_uint,
+    flags: c_int,
+) -> Result<usize, i32> {
+    let e = entry(fd)?;
+    if flags & !(libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC | libc::MSG_ZEROCOPY) != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let n = (vlen as usize).min(1024);
+    if n == 0 {
+        return Ok(0);
+    }
+    if msgvec.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: the caller gives `vlen` valid mmsghdrs.
+    let msgs = unsafe { std::slice::from_raw_parts_mut(msgvec, n) };
+    // Payloads: single iovecs in place; gathered ones copied into one buffer first.
+    enum Payload<'a> {
+        InPlace(&'a [u8]),
+        Gathered(std::ops::Range<usize>),
+    }
+    let mut gathered: Vec<u8> = Vec::new();
+    let mut spans: Vec<(Payload<'_>, Option<SocketAddrV4>)> = Vec::with_capacity(n);
+    let mut first_err = None;
+    for m in msgs.iter() {
+        let h = &m.msg_hdr;
+        let dest = if h.msg_name.is_null() || h.msg_namelen == 0 {
+            Ok(None)
+        } else {
+            // SAFETY: forwarded contract (msg_namelen bytes at msg_name).
+            unsafe { read_addr(h.msg_name as *const sockaddr, h.msg_namelen) }.map(Some)
+        };
+        let dest = match dest {
+            Ok(d) => d,
+            Err(err) => {
+                first_err = Some(err);
+                break;
+            }
+        };
+        // SAFETY: forwarded contract.
+        let iov = unsafe { iovecs(h.msg_iov, h.msg_iovlen) };
+        if iov.len() == 1 {
+            // SAFETY: one iovec of iov_len readable bytes, alive for this call.
+            let b =
+                unsafe { std::slice::from_raw_parts(iov[0].iov_base as *const u8, iov[0].iov_len) };
+            spans.push((Payload::InPlace(b), dest));
+        } else {
+            let start = gathered.len();
+            for v in iov.iter().filter(|v| v.iov_len > 0) {
+                // SAFETY: each iovec has iov_len readable bytes.
+                gathered.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+                });
+            }
+            spans.push((Payload::Gathered(start..gathered.len()), dest));
+        }
+    }
+    let batch: Vec<(&[u8], Option<SocketAddrV4>)> = spans
+        .iter()
+        .map(|(p, d)| {
+            let b = match p {
+                Payload::InPlace(b) => *b,
+                Payload::Gathered(r) => &gathered[r.clone()],
+            };
+            (b, *d)
+        })
+        .collect();
+    if batch.is_empty() {
+        return Err(first_err.unwrap_or(libc::EINVAL));
+    }
+    let sent = e
+        .socket()?
+        .send_batch(&batch, flags & libc::MSG_DONTWAIT != 0)
+        .map_err(|err| timeout_is_eagain(os(err)))?;
+    for (m, (b, _)) in msgs.iter_mut().zip(&batch).take(sent) {
+        m.msg_len = b.len() as libc::c_uint;
+    }
+    Ok(sent)
+}
+
 fn recv_flags(flags: c_int) -> RecvFlags {
     RecvFlags {
         peek: flags & libc::MSG_PEEK != 0,

@@ -166,6 +166,25 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn sendmmsg(
+    fd: c_int,
+    msgvec: *mut libc::mmsghdr,
+    vlen: libc::c_uint,
+    flags: c_int,
+) -> c_int {
+    if table::is_ours(fd) {
+        // SAFETY: sendmmsg's contract.
+        return len(unsafe { ops::sendmmsg(fd, msgvec, vlen, flags) }) as c_int;
+    }
+    // SAFETY: libc's sendmmsg.
+    unsafe {
+        next!(sendmmsg: fn(c_int, *mut libc::mmsghdr, libc::c_uint, c_int) -> c_int)(
+            fd, msgvec, vlen, flags,
+        )
+    }
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     if table::is_ours(fd) {
         // SAFETY: write's contract.
