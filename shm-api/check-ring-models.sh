@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Model checks for the shared-memory record ring (src/ring.rs):
 #   1. loom: tests/loom_ring.rs (every interleaving of producer/consumer, data races on every
-#      ring byte, hostile counters, a side dying mid-operation).
+#      ring byte, hostile counters, a side dying mid-operation; the commit point of a group
+#      fan-out, src/gate.rs).
 #   2. Miri: the ring unit tests (undefined behaviour, provenance, data races).
 # Exits non-zero if either fails. If Miri (or the rust-src it needs) is not available, the Miri
 # part prints "SKIP: miri unavailable" and does not fail the script.

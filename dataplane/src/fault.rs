@@ -47,3 +47,35 @@ pub fn rdma_qp_error_every() -> Option<u64> {
 pub fn rdma_qp_error_every() -> Option<u64> {
     None
 }
+
+/// `RDSD_TEST_DIE_IN_FANOUT=N` (N > 0): at the N-th multicast fan-out to two or more members
+/// of one poll thread, rdsd kills itself (SIGKILL) right after publishing the first member's
+/// copy: a crash in the middle of a fan-out, on demand.
+#[cfg(feature = "fault-injection")]
+pub fn die_in_fanout() -> Option<u64> {
+    let n: u64 = std::env::var("RDSD_TEST_DIE_IN_FANOUT")
+        .ok()?
+        .parse()
+        .ok()
+        .filter(|&n| n > 0)?;
+    tracing::warn!(
+        fanout = n,
+        "RDSD_TEST_DIE_IN_FANOUT is set: test-only crash in a fan-out armed"
+    );
+    Some(n)
+}
+
+/// Without the `fault-injection` feature: never armed.
+#[cfg(not(feature = "fault-injection"))]
+pub fn die_in_fanout() -> Option<u64> {
+    None
+}
+
+/// Kills this process as a crash would: no destructor, no flush, nothing after.
+pub fn die_now() -> ! {
+    // SAFETY: plain syscalls on our own process.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGKILL);
+    }
+    std::process::abort()
+}

@@ -15,8 +15,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// "RDSDSHM1", little-endian.
 pub const SHM_MAGIC: u64 = u64::from_le_bytes(*b"RDSDSHM1");
 /// Version of this layout and of the control protocol (2: request ids in the control protocol,
-/// one doorbell socket per app instead of a shared eventfd).
-pub const LAYOUT_VERSION: u32 = 4;
+/// one doorbell socket per app instead of a shared eventfd; 5: group copies are gated by a
+/// commit, [`RX_FLAG_GROUP`]).
+pub const LAYOUT_VERSION: u32 = 5;
 /// Largest RDS payload (`RDS_MAX_MSG_SIZE`).
 pub const MAX_MSG_SIZE: usize = 1 << 20;
 /// Default `SO_SNDBUF` / `SO_RCVBUF` (half of Linux's usual `wmem_default`, as RDS uses).
@@ -103,7 +104,31 @@ pub struct SlotControl {
     _pad_c: AtomicU32,
     /// Congestion-update mask for monitor mode (rdsd ORs bits in, the app takes them).
     pub cong_notify: AtomicU64,
-    _pad_d: [AtomicU64; 12],
+    /// Ring position just past the last group copy ([`RX_FLAG_GROUP`]) pushed into the rx
+    /// ring. Stored before [`Self::group_gate_stamp`].
+    pub group_gate_end: AtomicU64,
+    /// The fan-out that pushed that copy (compared with [`DaemonView::group_commit`]).
+    pub group_gate_stamp: AtomicU64,
+    _pad_d: [AtomicU64; 10],
+}
+
+/// Rx record flag: a multicast group copy. It may be read only once its fan-out is committed:
+/// unless it is the slot's last group copy ([`SlotControl::group_gate_end`]) with a stamp
+/// above [`DaemonView::group_commit`]. rdsd pushes and publishes the copy into every member's
+/// ring, then commits with one store; if it dies between the two, no member reads the
+/// message (all or none across a crash).
+pub const RX_FLAG_GROUP: u16 = 1;
+
+/// Whether the group copy whose record ends at `record_end` is still uncommitted (not to be
+/// read yet; never, if rdsd died): [`crate::gate::pending`] on this slot's words.
+#[cfg(not(loom))]
+pub fn group_copy_pending(ctl: &SlotControl, daemon: &DaemonView, record_end: u64) -> bool {
+    crate::gate::pending(
+        &ctl.group_gate_end,
+        &ctl.group_gate_stamp,
+        daemon.group_commit(),
+        record_end,
+    )
 }
 
 #[cfg(not(loom))]
@@ -196,8 +221,12 @@ pub const SLEEP_FLAGS_OFFSET: usize = 128;
 /// Offset of the congestion table (entries) in the daemon region.
 pub const CONG_TABLE_OFFSET: usize = 4096;
 const _: () = assert!(SLEEP_FLAGS_OFFSET + MAX_POLL_THREADS * 128 <= CONG_TABLE_OFFSET);
+/// Offset of the group commit word ([`DaemonView::group_commit`]), on a cache line of its own
+/// after the congestion table.
+pub const GROUP_COMMIT_OFFSET: usize = CONG_TABLE_OFFSET + CONG_ENTRIES * 8;
 /// Offset of the first congestion map in the daemon region.
 pub const CONG_MAPS_OFFSET: usize = 8192;
+const _: () = assert!(GROUP_COMMIT_OFFSET + 128 <= CONG_MAPS_OFFSET);
 /// Bytes of the daemon region.
 pub const DAEMON_REGION_LEN: usize = CONG_MAPS_OFFSET + CONG_ENTRIES * CONG_MAP_BYTES;
 
@@ -247,6 +276,13 @@ impl DaemonView {
         assert!(shard < MAX_POLL_THREADS);
         // SAFETY: in bounds (asserted: 128 + 31 * 128 <= CONG_TABLE_OFFSET), aligned, atomics.
         unsafe { &*(self.base.add(SLEEP_FLAGS_OFFSET + shard * 128) as *const AtomicU32) }
+    }
+
+    /// The last multicast fan-out committed by the poll thread that orders the groups (shard
+    /// 0): a group copy stamped above it is not to be read yet ([`group_copy_pending`]).
+    pub fn group_commit(&self) -> &AtomicU64 {
+        // SAFETY: in bounds and 128-byte aligned (const-asserted above), an atomic only.
+        unsafe { &*(self.base.add(GROUP_COMMIT_OFFSET) as *const AtomicU64) }
     }
 
     /// Row `i` of the congestion table.

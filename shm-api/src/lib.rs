@@ -26,6 +26,7 @@
 //! control protocol); rdsd links them too.
 
 pub mod ctrl;
+pub mod gate;
 pub mod hoptrace;
 #[cfg(not(loom))]
 pub mod layout;

@@ -263,6 +263,11 @@ impl<M: RingMemory> Producer<M> {
         self.push_with(header, |mem, off| mem.write(off, payload))
     }
 
+    /// Position just past the last record pushed (published or not; monotonic).
+    pub fn position(&self) -> u64 {
+        self.head
+    }
+
     /// Makes everything pushed so far visible to the consumer.
     pub fn publish(&mut self) {
         self.mem.producer().store(self.head, Ordering::Release);

@@ -4,8 +4,9 @@
 
 use crate::ctrl::{HelloInfo, Reply, Request, MAX_DATAGRAM, REQUEST_LEN};
 use crate::layout::{
-    cong_monitor_bit, AppRegionHeader, DaemonView, RegionGeometry, SlotControl, DAEMON_REGION_LEN,
-    DEFAULT_BUF, LAYOUT_VERSION, MAX_BUF, MAX_MSG_SIZE, MIN_BUF, SHM_MAGIC,
+    cong_monitor_bit, group_copy_pending, AppRegionHeader, DaemonView, RegionGeometry, SlotControl,
+    DAEMON_REGION_LEN, DEFAULT_BUF, LAYOUT_VERSION, MAX_BUF, MAX_MSG_SIZE, MIN_BUF, RX_FLAG_GROUP,
+    SHM_MAGIC,
 };
 use crate::ring::{Consumer, Producer, PushError, RawRing, RecordHeader};
 use crate::sys::{self, Mapping};
@@ -823,10 +824,10 @@ impl Socket {
         let mut deadline = None;
         let mut rx = lock(&self.rx);
         loop {
-            if c.dead.load(Ordering::Relaxed) {
-                return Err(daemon_gone());
-            }
-            if self.monitor.load(Ordering::Relaxed) {
+            // Once rdsd is gone, what it delivered is still read out (then the error): a
+            // group message is at all its members or at none, whoever noticed first.
+            let dead = c.dead.load(Ordering::Relaxed);
+            if !dead && self.monitor.load(Ordering::Relaxed) {
                 let mask = ctl.cong_notify.load(Ordering::Acquire);
                 if mask != 0 {
                     if !flags.peek {
@@ -844,6 +845,22 @@ impl Socket {
                 .consumer
                 .peek()
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+            let pending = rec.is_some_and(|r| {
+                r.header.flags & RX_FLAG_GROUP != 0
+                    && group_copy_pending(ctl, &c.daemon_view, r.end())
+            });
+            if pending {
+                // A group copy whose fan-out is not committed yet: rdsd commits it right after
+                // publishing every member's copy, or never if it died in between.
+                if dead || c.check_alive().is_err() {
+                    return Err(daemon_gone());
+                }
+                if nonblock {
+                    return Err(errno(libc::EAGAIN));
+                }
+                std::thread::yield_now();
+                continue;
+            }
             if let Some(rec) = rec {
                 let full = rec.header.len as usize;
                 let copied = rx.consumer.read_payload(&rec, buf);
@@ -853,7 +870,9 @@ impl Socket {
                     rx.consumer.release();
                     rx.consumed += full as u64;
                     ctl.rx_consumed_bytes.store(rx.consumed, Ordering::Release);
-                    c.ring_doorbell();
+                    if !dead {
+                        c.ring_doorbell();
+                    }
                 }
                 return Ok(RecvMsg {
                     len: if flags.trunc { full } else { copied },
@@ -861,6 +880,9 @@ impl Socket {
                     truncated: full > buf.len(),
                     cong_update: None,
                 });
+            }
+            if dead {
+                return Err(daemon_gone());
             }
             if nonblock {
                 c.check_alive()?;

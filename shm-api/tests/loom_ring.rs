@@ -586,3 +586,69 @@ fn hostile_peer_scribbles_counters_at_producer_attach() {
         },
     );
 }
+
+/// The words of `shm_api::gate` for two member slots and the daemon region.
+struct GateWords {
+    end: [AtomicU64; 2],
+    stamp: [AtomicU64; 2],
+    commit: AtomicU64,
+}
+
+/// (h) The commit point of a group fan-out (`shm_api::gate`): the writer (rdsd) pushes fan-out
+/// g's copy into two members' rings, gates it and publishes each ring, then commits; fan-outs
+/// 1 and 2. Member 0 reads what `gate::pending` lets it, at every interleaving. Whenever it
+/// reads copy g, fan-out g is committed and member 1's copy of g is published: stopping the
+/// writer at any point (rdsd dying) never leaves a message read by one member that another
+/// cannot read. And a copy seen committed stays so (member 0 never skips one).
+#[test]
+fn group_gate_reads_only_committed_copies() {
+    check("group_gate_reads_only_committed_copies", Some(3), || {
+        use shm_api::gate::{commit, gate, pending};
+        let rings = [LoomMemory::new(), LoomMemory::new()];
+        let w = Arc::new(GateWords {
+            end: [AtomicU64::new(0), AtomicU64::new(0)],
+            stamp: [AtomicU64::new(0), AtomicU64::new(0)],
+            commit: AtomicU64::new(0),
+        });
+        let writer = {
+            let (w, rings) = (w.clone(), rings.clone());
+            thread::spawn(move || {
+                let mut p = rings.map(Producer::new);
+                for g in 1..=2u32 {
+                    for (m, p) in p.iter_mut().enumerate() {
+                        let (h, payload) = rec(g, 8);
+                        p.push(h, &payload).expect("room for two copies");
+                        gate(&w.end[m], &w.stamp[m], p.position(), u64::from(g));
+                    }
+                    for p in p.iter_mut() {
+                        p.publish();
+                    }
+                    commit(&w.commit, u64::from(g));
+                }
+            })
+        };
+        let mut c = Consumer::new(rings[0].clone());
+        let mut next = 1u64;
+        for _ in 0..3 {
+            if let Some(r) = c.peek().expect("valid ring") {
+                if !pending(&w.end[0], &w.stamp[0], &w.commit, r.end()) {
+                    let g = u64::from(r.header.port - 1000);
+                    assert_eq!(g, next, "copies are read in order, none skipped");
+                    assert!(
+                        w.commit.load(Ordering::Acquire) >= g,
+                        "copy {g} read before its fan-out was committed"
+                    );
+                    assert!(
+                        rings[1].producer().load(Ordering::Acquire) >= g * record_size(8) as u64,
+                        "copy {g} read while member 1's copy was not published"
+                    );
+                    c.consume(&r);
+                    c.release();
+                    next += 1;
+                }
+            }
+            thread::yield_now();
+        }
+        writer.join().unwrap();
+    });
+}

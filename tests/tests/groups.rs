@@ -740,3 +740,57 @@ fn churn_run(seed: u64) {
         }
     }
 }
+
+/// rdsd killed in the middle of a fan-out (the fault-injection build SIGKILLs itself right
+/// after publishing the first member's copy of the 40th message): no member reads that
+/// message although one copy sits published in a ring; every member, in two apps, reads the
+/// 39 before it, whatever it noticed first, then learns that rdsd is gone. Without the commit
+/// point the first member reads 40 and the others 39.
+#[test]
+fn a_crash_in_the_middle_of_a_fanout_delivers_the_message_to_nobody() {
+    // One poll thread, whatever RDSD_TESTS_POLL_THREADS says: the hook fires in a fan-out to
+    // two or more members of the thread that orders the group.
+    let mut d =
+        Daemon::start_with_faults(&[("RDSD_TEST_DIE_IN_FANOUT", "40")], &["--poll-core", "-2"]);
+    let (a1, a2) = (d.attach(), d.attach());
+    let g = group(5100);
+    let sender = bound(&a1, 9601);
+    sender.group_create(g).unwrap();
+    let members = [bound(&a1, 9602), bound(&a2, 9603), bound(&a2, 9604)];
+    for m in &members {
+        m.set_recv_buffer_size(1 << 20).unwrap();
+        m.group_join(g, GroupFlags::NONE).unwrap();
+    }
+    let mut sent = 0u64;
+    for i in 0..60u64 {
+        if sender.send_to(&seq_payload(i, 64), g).is_err() {
+            break;
+        }
+        sent += 1;
+    }
+    assert!(sent >= 40, "the sender stopped at {sent}");
+    let child = d.child.as_mut().expect("running");
+    wait_for(
+        || child.try_wait().ok().flatten().is_some(),
+        LIMIT,
+        "rdsd to die in the 40th fan-out",
+    );
+    // The second app learns of the death before it reads (a request fails): it still reads
+    // what was committed.
+    assert!(a2.socket().is_err(), "rdsd is dead");
+    let mut buf = vec![0u8; 4096];
+    for (k, m) in members.iter().enumerate() {
+        let mut got = Vec::new();
+        let err = loop {
+            match m.recv_from(&mut buf) {
+                Ok((n, from)) => {
+                    assert_eq!(from, lo(9601));
+                    got.push(payload_seq(&buf[..n]));
+                }
+                Err(e) => break e,
+            }
+        };
+        assert!(shm_api::is_daemon_gone(&err), "member {k}: {err}");
+        assert_eq!(got, (0..39).collect::<Vec<u64>>(), "member {k}");
+    }
+}

@@ -68,7 +68,8 @@ const OTHERS: &[(&str, Table)] = &[
         "shm-api/src",
         &[
             ("socket", &["ctrl", "layout", "ring", "sys"]),
-            ("layout", &["ring"]),
+            ("layout", &["gate", "ring"]),
+            ("gate", &["sync"]),
             ("ring", &["sync"]),
             // A child of `socket` (`#[path]`), in its own file: `Socket::group_*`.
             ("ctrl", &[]),

@@ -90,6 +90,9 @@ pub(super) struct Groups {
     per_app: FxHashMap<usize, u32>,
     /// Live groups per multicast address.
     addrs: FxHashMap<u32, u32>,
+    /// Fan-outs made so far: the stamp of the last one, which the daemon region's
+    /// `group_commit` reaches once its copies are all published.
+    fanouts: u64,
 }
 
 impl Groups {
@@ -118,6 +121,7 @@ impl Groups {
             meta: FxHashMap::default(),
             per_app: FxHashMap::default(),
             addrs: FxHashMap::default(),
+            fanouts: 0,
         }
     }
 }
@@ -666,7 +670,12 @@ impl SocketTable {
         // succeeds. Pushed everywhere first, then published: an app can only see the message
         // once it is in every target's ring (a crash of rdsd between two publishes is the
         // remaining window, see ARCHITECTURE.md).
+        // Each local copy is gated by this fan-out's stamp and published; the commit store in
+        // `publish_rx_many` then makes them readable together, so a crash of rdsd between
+        // two publishes leaves the message read by nobody.
         let any_remote = !self.groups.remote.is_empty();
+        self.groups.fanouts += 1;
+        let stamp = self.groups.fanouts;
         targets.retain(|&to| {
             let remote = any_remote.then(|| self.groups.remote.get(&to)).flatten();
             if let Some(&x) = remote {
@@ -674,11 +683,11 @@ impl SocketTable {
                 self.forward_group_copy(to, x, src, payload);
                 return false;
             }
-            let d = self.push_rx(to, src.0, src.1, payload);
+            let d = self.push_rx_group_copy(to, src.0, src.1, payload, stamp);
             debug_assert!(d != Delivered::Full, "{to:?} refused a checked fan-out");
             d == Delivered::Yes
         });
-        self.publish_rx_many(&targets, len);
+        self.publish_rx_many(&targets, len, stamp);
         self.groups.targets = targets;
         GroupSent::Done
     }

@@ -12,7 +12,7 @@ use crate::stats::Stats;
 use rds_proto::wire::CongMap;
 use rustc_hash::{FxHashMap, FxHashSet};
 use shm_api::layout::{cong_monitor_bit, DaemonView, SlotControl, CONG_ENTRIES};
-use shm_api::layout::{RECV_WAITERS, SEND_WAITERS};
+use shm_api::layout::{RECV_WAITERS, RX_FLAG_GROUP, SEND_WAITERS};
 use shm_api::ring::{Consumer, Producer, PushError, RawRing, Record, RecordHeader, RingMemory};
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
@@ -157,6 +157,9 @@ pub struct SocketTable {
     next_region: u64,
     /// The multicast groups this shard orders (`groups.rs`).
     groups: Groups,
+    /// TEST ONLY (`crate::fault::die_in_fanout`): fan-outs left before rdsd kills itself
+    /// between two of a fan-out's publishes.
+    test_die_in_fanout: Option<u64>,
 }
 
 impl SocketTable {
@@ -203,6 +206,7 @@ impl SocketTable {
             regions_gone: Vec::with_capacity(64),
             next_region: 1,
             groups: Groups::new(),
+            test_die_in_fanout: crate::fault::die_in_fanout(),
         }
     }
 
@@ -998,6 +1002,33 @@ impl SocketTable {
         sport: u16,
         payload: &MsgBytes<'_>,
     ) -> Delivered {
+        let header = RecordHeader::data(payload.len() as u32, faddr, sport);
+        self.push_rx_record(to, header, payload, None)
+    }
+
+    /// [`Self::push_rx`] for a multicast fan-out's copy: flagged [`RX_FLAG_GROUP`], with the
+    /// slot's gate naming it and its fan-out `stamp`, so the app reads it only once the
+    /// fan-out is committed (`publish_rx_many`).
+    pub(super) fn push_rx_group_copy(
+        &mut self,
+        to: SockRef,
+        faddr: u32,
+        sport: u16,
+        payload: &MsgBytes<'_>,
+        stamp: u64,
+    ) -> Delivered {
+        let mut header = RecordHeader::data(payload.len() as u32, faddr, sport);
+        header.flags = RX_FLAG_GROUP;
+        self.push_rx_record(to, header, payload, Some(stamp))
+    }
+
+    fn push_rx_record(
+        &mut self,
+        to: SockRef,
+        header: RecordHeader,
+        payload: &MsgBytes<'_>,
+        gate: Option<u64>,
+    ) -> Delivered {
         let len = payload.len();
         let Some(app) = self.apps.get_mut(to.app).and_then(|a| a.as_mut()) else {
             return Delivered::NoSocket;
@@ -1005,7 +1036,6 @@ impl SocketTable {
         let Some(sock) = app.socks[to.slot as usize].as_mut() else {
             return Delivered::NoSocket;
         };
-        let header = RecordHeader::data(len as u32, faddr, sport);
         let trace = self.cfg.trace_hops;
         let pushed = sock.rx.push_with(header, |mem, off| {
             // SAFETY: `off..off + len` lies in the receiver's rx ring data area (reserved by
@@ -1024,7 +1054,18 @@ impl SocketTable {
             }
         });
         match pushed {
-            Ok(()) => Delivered::Yes,
+            Ok(()) => {
+                if let Some(stamp) = gate {
+                    let ctl = app.region.slot_control(to.slot);
+                    shm_api::gate::gate(
+                        &ctl.group_gate_end,
+                        &ctl.group_gate_stamp,
+                        sock.rx.position(),
+                        stamp,
+                    );
+                }
+                Delivered::Yes
+            }
             Err(PushError::Full) => {
                 Stats::bump(&self.stats.rx_ring_full);
                 Delivered::Full
@@ -1062,10 +1103,11 @@ impl SocketTable {
         }
     }
 
-    /// [`Self::publish_rx`] for every socket of `targets` (each got one record of `len`
-    /// bytes): publishes them all, then makes one fence for their wake-ups.
-    pub(super) fn publish_rx_many(&mut self, targets: &[SockRef], len: usize) {
-        for &to in targets {
+    /// [`Self::publish_rx`] for every socket of `targets` (each got one group copy of `len`
+    /// bytes, stamped `stamp`): publishes them all, commits the fan-out with one store (the
+    /// copies become readable together), then makes one fence for their wake-ups.
+    pub(super) fn publish_rx_many(&mut self, targets: &[SockRef], len: usize, stamp: u64) {
+        for (i, &to) in targets.iter().enumerate() {
             let Some(app) = self.apps.get_mut(to.app).and_then(|a| a.as_mut()) else {
                 continue;
             };
@@ -1077,7 +1119,18 @@ impl SocketTable {
             let ctl = app.region.slot_control(to.slot);
             ctl.rx_produced_bytes
                 .store(sock.rx_produced, Ordering::Release);
+            if i == 0 && targets.len() > 1 {
+                if let Some(n) = &mut self.test_die_in_fanout {
+                    // TEST ONLY (`crate::fault::die_in_fanout`): a crash between two publishes.
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        crate::fault::die_now();
+                    }
+                }
+            }
         }
+        // The commit point: one store makes every copy readable.
+        shm_api::gate::commit(self.dview.group_commit(), stamp);
         // Pairs with the receivers' fence between announcing they wait and looking again.
         std::sync::atomic::fence(Ordering::SeqCst);
         for &to in targets {
