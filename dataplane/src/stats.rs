@@ -80,6 +80,10 @@ counters! {
     /// Futex wake-ups of app threads blocked in a send or a receive (one per change that a
     /// blocked thread waits for: a delivery wakes receivers, a release wakes senders).
     app_wakeups,
+    /// Publishes of an rx ring by a unicast delivery: one per message, except for local
+    /// deliveries taken off one sender's tx ring in one burst, which publish each receiver's
+    /// ring once per burst.
+    rx_publishes,
     /// Times a network path stopped reading because a receiver's rx ring was full (the message
     /// waits in rdsd and TCP's window pushes back on the sender; nothing is dropped).
     rx_paused,

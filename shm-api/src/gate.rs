@@ -15,12 +15,14 @@ use crate::sync::{AtomicU64, Ordering};
 /// Names the copy just pushed (ending at ring position `end`) as fan-out `stamp`'s, before
 /// the ring is published. End first: a reader that sees a newer end sees everything the
 /// writer did before it, the previous fan-out's commit included.
+#[inline]
 pub fn gate(end_word: &AtomicU64, stamp_word: &AtomicU64, end: u64, stamp: u64) {
     end_word.store(end, Ordering::Release);
     stamp_word.store(stamp, Ordering::Release);
 }
 
 /// Makes every copy of fan-out `stamp` readable (after every member's ring is published).
+#[inline]
 pub fn commit(commit_word: &AtomicU64, stamp: u64) {
     commit_word.store(stamp, Ordering::Release);
 }
@@ -29,6 +31,7 @@ pub fn commit(commit_word: &AtomicU64, stamp: u64) {
 /// it is its slot's gated copy and its stamp is above the commit. A stamp newer than the
 /// record's comes with a newer end (stored before it, both with release), and a newer end
 /// means the record's own fan-out was committed before it.
+#[inline]
 pub fn pending(
     end_word: &AtomicU64,
     stamp_word: &AtomicU64,

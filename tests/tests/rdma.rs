@@ -754,8 +754,9 @@ fn rdma_exactly_once_two_guests_one_path() {
         // No syscall per message on the poll core over RDMA: no socket calls at all (the
         // TCP run, measured the same way, shows them), and besides `write` (Soft-RoCE's
         // doorbell: librxe's ibv_post_send is a write to the uverbs device, where real HCAs
-        // write a mapped doorbell register) and `futex` (waking the blocked app), fewer
-        // calls than messages: those of parking when idle (poll, eventfd reads, CQ arming).
+        // write a mapped doorbell register), `futex` (waking the blocked app) and
+        // `sched_yield` (idling), fewer calls than messages: those of parking when idle (poll,
+        // eventfd reads, CQ arming).
         let (sr, st) = (syscalls(&b, "rdma"), syscalls(&b, "tcp"));
         eprintln!("SYSCALLS poll thread, rate run: rdma {sr:?}\nSYSCALLS tcp {st:?}");
         let socket_calls = |m: &std::collections::HashMap<String, u64>| -> u64 {
@@ -774,9 +775,12 @@ fn rdma_exactly_once_two_guests_one_path() {
             "socket calls on the RDMA poll core: {sr:?}"
         );
         let messages = 2.0 * rdma_rate * 3.0;
+        // `sched_yield` is the idle backoff's yield phase: it grows with the idle time of the
+        // window, not with the messages (a loaded TCG run at ~100 round trips/s made 341
+        // against 139 other calls), so it is not counted against them.
         let other: u64 = sr
             .iter()
-            .filter(|(k, _)| *k != "write" && *k != "futex")
+            .filter(|(k, _)| !matches!(k.as_str(), "write" | "futex" | "sched_yield"))
             .map(|(_, v)| v)
             .sum();
         assert!(

@@ -517,3 +517,46 @@ fn send_batch_sends_in_order_and_counts_what_went() {
     }
     assert!(b.recv_msg(&mut buf, nb()).is_err(), "nothing more");
 }
+
+/// rdsd moves a burst off one tx ring and publishes each local receiver's rx ring once at its
+/// end (issue 18, item 2), counted, not timed: 64 messages sent as one batch to one receiver
+/// cost 1 rx publish; 64 alternating between two receivers cost 2; everything arrives, in
+/// order. (One publish per message before: 64 and 64.)
+#[test]
+fn a_burst_publishes_each_receivers_ring_once() {
+    let d = Daemon::start(&[]);
+    let r = d.attach();
+    let a = r.socket().unwrap();
+    let (b, c) = (r.socket().unwrap(), r.socket().unwrap());
+    a.bind(lo(7811)).unwrap();
+    b.bind(lo(7812)).unwrap();
+    c.bind(lo(7813)).unwrap();
+    let payloads: Vec<Vec<u8>> = (0..64).map(|i| seq_payload(i, 64)).collect();
+    let mut buf = vec![0u8; 256];
+    for (receivers, want) in [(&[lo(7812)][..], 1), (&[lo(7812), lo(7813)][..], 2)] {
+        let before = (d.exact_stat("rx_publishes"), d.exact_stat("loop_delivered"));
+        let batch: Vec<(&[u8], Option<SocketAddrV4>)> = payloads
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (&p[..], Some(receivers[i % receivers.len()])))
+            .collect();
+        assert_eq!(a.send_batch(&batch, false).unwrap(), 64);
+        for (i, _) in payloads.iter().enumerate() {
+            let s = if receivers[i % receivers.len()] == lo(7812) {
+                &b
+            } else {
+                &c
+            };
+            let (n, from) = recv_within(s, &mut buf);
+            assert_eq!((payload_seq(&buf[..n]), from), (i as u64, lo(7811)));
+        }
+        let publishes = d.exact_stat("rx_publishes") - before.0;
+        assert_eq!(d.exact_stat("loop_delivered") - before.1, 64);
+        assert_eq!(
+            publishes,
+            want,
+            "rx publishes for one burst of 64 to {} receiver(s)",
+            receivers.len()
+        );
+    }
+}

@@ -667,27 +667,23 @@ impl SocketTable {
             s.group_blocked = false;
         }
         // Every target said it fits, and nothing ran on this thread since: every push
-        // succeeds. Pushed everywhere first, then published: an app can only see the message
-        // once it is in every target's ring (a crash of rdsd between two publishes is the
-        // remaining window, see ARCHITECTURE.md).
-        // Each local copy is gated by this fan-out's stamp and published; the commit store in
-        // `publish_rx_many` then makes them readable together, so a crash of rdsd between
-        // two publishes leaves the message read by nobody.
-        let any_remote = !self.groups.remote.is_empty();
-        self.groups.fanouts += 1;
-        let stamp = self.groups.fanouts;
-        targets.retain(|&to| {
-            let remote = any_remote.then(|| self.groups.remote.get(&to)).flatten();
-            if let Some(&x) = remote {
+        // succeeds.
+        if !self.groups.remote.is_empty() {
+            targets.retain(|&to| {
+                let Some(&x) = self.groups.remote.get(&to) else {
+                    return true;
+                };
                 // A member of another shard: its copy crosses in the pair ring, in order.
                 self.forward_group_copy(to, x, src, payload);
-                return false;
-            }
-            let d = self.push_rx_group_copy(to, src.0, src.1, payload, stamp);
-            debug_assert!(d != Delivered::Full, "{to:?} refused a checked fan-out");
-            d == Delivered::Yes
-        });
-        self.publish_rx_many(&targets, len, stamp);
+                false
+            });
+        }
+        // Every local copy is gated by this fan-out's stamp and published, then one commit
+        // store makes them readable together: a crash of rdsd between two publishes leaves
+        // the message read by nobody.
+        self.groups.fanouts += 1;
+        let stamp = self.groups.fanouts;
+        self.fan_out_copies(&mut targets, src.0, src.1, payload, stamp);
         self.groups.targets = targets;
         GroupSent::Done
     }

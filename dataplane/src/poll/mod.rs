@@ -518,8 +518,16 @@ impl PollCore {
         }
     }
 
-    /// Moves up to TX_BATCH messages off one socket's tx ring.
+    /// Moves up to TX_BATCH messages off one socket's tx ring, as one burst: each local
+    /// receiver's rx ring is published once, at its end.
     fn drain_tx(&mut self, from: SockRef) -> usize {
+        self.table.begin_rx_burst();
+        let done = self.drain_tx_burst(from);
+        self.table.end_rx_burst();
+        done
+    }
+
+    fn drain_tx_burst(&mut self, from: SockRef) -> usize {
         let mut done = 0;
         while done < TX_BATCH {
             let Some(s) = self.table.sock(from) else {

@@ -109,6 +109,10 @@ struct App {
     pub uid: u32,
 }
 
+/// Receivers one burst of local deliveries remembers before it publishes early (a burst
+/// moves at most `TX_BATCH` messages, so this is never reached in steady state).
+const RX_BURST_TARGETS: usize = super::TX_BATCH;
+
 /// The sockets of one poll core. It keeps its invariants itself (its fields are private):
 /// - `open_socks` lists every open socket, `readiness_socks` those with readiness on and
 ///   `congested` those marked congested (`open_sock`, `enable_readiness`, `close_sock_now`);
@@ -160,6 +164,10 @@ pub struct SocketTable {
     /// TEST ONLY (`crate::fault::die_in_fanout`): fan-outs left before rdsd kills itself
     /// between two of a fan-out's publishes.
     test_die_in_fanout: Option<u64>,
+    /// Set while the poll thread moves one sender's burst (`begin_rx_burst`).
+    rx_burst_on: bool,
+    /// The receivers that burst pushed into, and the bytes each got (published at its end).
+    rx_burst: Vec<(SockRef, usize)>,
 }
 
 impl SocketTable {
@@ -207,6 +215,8 @@ impl SocketTable {
             next_region: 1,
             groups: Groups::new(),
             test_die_in_fanout: crate::fault::die_in_fanout(),
+            rx_burst_on: false,
+            rx_burst: Vec::with_capacity(RX_BURST_TARGETS),
         }
     }
 
@@ -987,14 +997,54 @@ impl SocketTable {
     ) -> Delivered {
         let d = self.push_rx(to, faddr, sport, payload);
         if d == Delivered::Yes {
-            self.publish_rx(to, payload.len());
+            if self.rx_burst_on {
+                self.note_rx_burst(to, payload.len());
+            } else {
+                self.publish_rx(to, payload.len());
+            }
         }
         d
     }
 
+    /// From now until [`Self::end_rx_burst`], deliveries push without publishing: the poll
+    /// thread is moving one sender's burst, and each receiver's ring is published (and its
+    /// receivers woken, its congestion checked) once at the end instead of per message.
+    pub(super) fn begin_rx_burst(&mut self) {
+        debug_assert!(self.rx_burst.is_empty());
+        self.rx_burst_on = true;
+    }
+
+    /// Publishes every ring the burst pushed into (each wakes its receivers).
+    pub(super) fn end_rx_burst(&mut self) {
+        self.rx_burst_on = false;
+        self.flush_rx_burst();
+    }
+
+    fn note_rx_burst(&mut self, to: SockRef, len: usize) {
+        // A burst reaches one or a few receivers: a scan from the newest is cheaper than a map.
+        if let Some(e) = self.rx_burst.iter_mut().rev().find(|(r, _)| *r == to) {
+            e.1 += len;
+            return;
+        }
+        if self.rx_burst.len() == self.rx_burst.capacity() {
+            // Never in steady state (a burst has at most TX_BATCH messages): publish rather
+            // than grow.
+            self.flush_rx_burst();
+        }
+        self.rx_burst.push((to, len));
+    }
+
+    fn flush_rx_burst(&mut self) {
+        let mut burst = std::mem::take(&mut self.rx_burst);
+        for &(to, len) in &burst {
+            self.publish_rx(to, len);
+        }
+        burst.clear();
+        self.rx_burst = burst;
+    }
+
     /// The first half of [`Self::deliver_to`]: the record is in `to`'s rx ring but not
-    /// visible to the app until [`Self::publish_rx`] (a group fan-out pushes into every target
-    /// first, then publishes them all).
+    /// visible to the app until [`Self::publish_rx`].
     pub(super) fn push_rx(
         &mut self,
         to: SockRef,
@@ -1003,23 +1053,7 @@ impl SocketTable {
         payload: &MsgBytes<'_>,
     ) -> Delivered {
         let header = RecordHeader::data(payload.len() as u32, faddr, sport);
-        self.push_rx_record(to, header, payload, None)
-    }
-
-    /// [`Self::push_rx`] for a multicast fan-out's copy: flagged [`RX_FLAG_GROUP`], with the
-    /// slot's gate naming it and its fan-out `stamp`, so the app reads it only once the
-    /// fan-out is committed (`publish_rx_many`).
-    pub(super) fn push_rx_group_copy(
-        &mut self,
-        to: SockRef,
-        faddr: u32,
-        sport: u16,
-        payload: &MsgBytes<'_>,
-        stamp: u64,
-    ) -> Delivered {
-        let mut header = RecordHeader::data(payload.len() as u32, faddr, sport);
-        header.flags = RX_FLAG_GROUP;
-        self.push_rx_record(to, header, payload, Some(stamp))
+        self.push_rx_record(to, header, payload)
     }
 
     fn push_rx_record(
@@ -1027,7 +1061,6 @@ impl SocketTable {
         to: SockRef,
         header: RecordHeader,
         payload: &MsgBytes<'_>,
-        gate: Option<u64>,
     ) -> Delivered {
         let len = payload.len();
         let Some(app) = self.apps.get_mut(to.app).and_then(|a| a.as_mut()) else {
@@ -1054,18 +1087,7 @@ impl SocketTable {
             }
         });
         match pushed {
-            Ok(()) => {
-                if let Some(stamp) = gate {
-                    let ctl = app.region.slot_control(to.slot);
-                    shm_api::gate::gate(
-                        &ctl.group_gate_end,
-                        &ctl.group_gate_stamp,
-                        sock.rx.position(),
-                        stamp,
-                    );
-                }
-                Delivered::Yes
-            }
+            Ok(()) => Delivered::Yes,
             Err(PushError::Full) => {
                 Stats::bump(&self.stats.rx_ring_full);
                 Delivered::Full
@@ -1088,6 +1110,7 @@ impl SocketTable {
             return;
         };
         sock.rx.publish();
+        Stats::bump(&self.stats.rx_publishes);
         sock.rx_produced += len as u64;
         let ctl = app.region.slot_control(to.slot);
         ctl.rx_produced_bytes
@@ -1103,23 +1126,68 @@ impl SocketTable {
         }
     }
 
-    /// [`Self::publish_rx`] for every socket of `targets` (each got one group copy of `len`
-    /// bytes, stamped `stamp`): publishes them all, commits the fan-out with one store (the
-    /// copies become readable together), then makes one fence for their wake-ups.
-    pub(super) fn publish_rx_many(&mut self, targets: &[SockRef], len: usize, stamp: u64) {
-        for (i, &to) in targets.iter().enumerate() {
+    /// A multicast fan-out's copies into this thread's `targets` (each checked to have room
+    /// for `payload`, nothing ran since): for each, the copy flagged [`RX_FLAG_GROUP`], its
+    /// slot's gate naming it with `stamp`, the ring published; then the commit (one store:
+    /// every copy readable at once, `shm_api::gate`), one fence and the wake-ups. A target
+    /// whose socket is gone is dropped from `targets` (closes leave their groups at once, so
+    /// this is only a guard).
+    pub(super) fn fan_out_copies(
+        &mut self,
+        targets: &mut Vec<SockRef>,
+        faddr: u32,
+        sport: u16,
+        payload: &MsgBytes<'_>,
+        stamp: u64,
+    ) {
+        let len = payload.len();
+        let mut header = RecordHeader::data(len as u32, faddr, sport);
+        header.flags = RX_FLAG_GROUP;
+        let trace = self.cfg.trace_hops;
+        let many = targets.len() > 1;
+        let mut kept = 0;
+        for i in 0..targets.len() {
+            let to = targets[i];
             let Some(app) = self.apps.get_mut(to.app).and_then(|a| a.as_mut()) else {
                 continue;
             };
             let Some(sock) = app.socks[to.slot as usize].as_mut() else {
                 continue;
             };
+            let pushed = sock.rx.push_with(header, |mem, off| {
+                // SAFETY: as in `push_rx_record`: `off..off + len` lies in the member's rx
+                // ring data area, reserved for this record; the source is another buffer.
+                unsafe { payload.copy_to(mem.data_ptr().add(off)) };
+                if trace {
+                    // SAFETY: the same `len` bytes, not yet published to the app.
+                    unsafe {
+                        shm_api::hoptrace::stamp_shared(
+                            mem.data_ptr().add(off),
+                            len,
+                            shm_api::hoptrace::Slot::Deliver,
+                        )
+                    };
+                }
+            });
+            if pushed.is_err() {
+                debug_assert!(false, "{to:?} refused a checked fan-out");
+                Stats::bump(&self.stats.rx_ring_full);
+                continue;
+            }
+            let ctl = app.region.slot_control(to.slot);
+            shm_api::gate::gate(
+                &ctl.group_gate_end,
+                &ctl.group_gate_stamp,
+                sock.rx.position(),
+                stamp,
+            );
             sock.rx.publish();
             sock.rx_produced += len as u64;
-            let ctl = app.region.slot_control(to.slot);
             ctl.rx_produced_bytes
                 .store(sock.rx_produced, Ordering::Release);
-            if i == 0 && targets.len() > 1 {
+            targets[kept] = to;
+            kept += 1;
+            if many && kept == 1 {
                 if let Some(n) = &mut self.test_die_in_fanout {
                     // TEST ONLY (`crate::fault::die_in_fanout`): a crash between two publishes.
                     *n = n.saturating_sub(1);
@@ -1129,11 +1197,12 @@ impl SocketTable {
                 }
             }
         }
+        targets.truncate(kept);
         // The commit point: one store makes every copy readable.
         shm_api::gate::commit(self.dview.group_commit(), stamp);
         // Pairs with the receivers' fence between announcing they wait and looking again.
         std::sync::atomic::fence(Ordering::SeqCst);
-        for &to in targets {
+        for &to in targets.iter() {
             let Some(app) = self.apps.get_mut(to.app).and_then(|a| a.as_mut()) else {
                 continue;
             };
