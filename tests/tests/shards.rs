@@ -313,3 +313,28 @@ fn the_send_buffer_covers_messages_until_the_other_thread_delivers_them() {
         assert_eq!(rx.recv(&mut buf).unwrap(), 1000);
     }
 }
+
+/// A burst that crosses between poll threads is published into the receiver's rx ring once
+/// (issue 18, item 2), counted: 64 messages sent as one batch by an app of one thread to a
+/// socket of an app of another cost 1 rx publish (the receiving thread takes them off the pair
+/// ring as one burst), and arrive in order.
+#[test]
+fn a_burst_from_another_thread_publishes_the_receivers_ring_once() {
+    let d = daemon();
+    let (tx_app, rx_app) = (d.attach(), d.attach());
+    assert_ne!(tx_app.poll_thread(), rx_app.poll_thread());
+    let a = tx_app.socket().unwrap();
+    let b = rx_app.socket().unwrap();
+    a.bind(lo(7821)).unwrap();
+    b.bind(lo(7822)).unwrap();
+    let payloads: Vec<Vec<u8>> = (0..64u64).map(|i| i.to_le_bytes().to_vec()).collect();
+    let batch: Vec<_> = payloads.iter().map(|p| (&p[..], Some(lo(7822)))).collect();
+    let before = d.exact_stat("rx_publishes");
+    assert_eq!(a.send_batch(&batch, false).unwrap(), 64);
+    let mut buf = [0u8; 64];
+    for i in 0..64u64 {
+        let (n, from) = b.recv_from(&mut buf).unwrap();
+        assert_eq!((&buf[..n], from), (&i.to_le_bytes()[..], lo(7821)));
+    }
+    assert_eq!(d.exact_stat("rx_publishes") - before, 1);
+}

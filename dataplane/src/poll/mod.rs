@@ -335,6 +335,8 @@ impl PollCore {
         let mut stalled = 0u64;
         for (from, ring) in inp.iter_mut().enumerate().filter(|&(f, _)| f != me) {
             let mut taken = 0;
+            // One burst per pair ring: each receiver's rx ring is published once, at its end.
+            self.table.begin_rx_burst();
             while taken < TX_BATCH {
                 let rec = match ring.peek() {
                     Ok(Some(r)) => r,
@@ -352,6 +354,7 @@ impl PollCore {
                 ring.consume(&rec);
                 taken += 1;
             }
+            self.table.end_rx_burst();
             if taken > 0 {
                 ring.release();
                 work += taken;

@@ -1102,6 +1102,7 @@ impl SocketTable {
 
     /// The second half of [`Self::deliver_to`]: publishes what was pushed into `to`'s rx ring
     /// (the last record being `len` bytes), wakes its receivers and marks congestion.
+    #[inline]
     pub(super) fn publish_rx(&mut self, to: SockRef, len: usize) {
         let Some(app) = self.apps.get_mut(to.app).and_then(|a| a.as_mut()) else {
             return;
