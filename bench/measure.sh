@@ -110,7 +110,8 @@ instruction counts in \`bench/results/shards-section.md\` (\`bench/shards-callgr
 figures in \`bench/results/wakeup-section.md\`; the userspace-TCP instruction counts in
 \`bench/results/utcp-callgrind-section.md\` (\`bench/utcp-callgrind.sh\`); the multicast fan-out
 figures in \`bench/results/fanout-section.md\` (\`rds-bench fanout\`, \`bench/fanout-callgrind.sh\`); the
-library's batching in \`bench/results/batch-section.md\` (\`bench/batch-callgrind.sh\`).
+batching (sendmmsg, rx publishes per burst) in \`bench/results/batch-section.md\` (\`bench/batch-callgrind.sh\`,
+\`bench/shards-callgrind.sh\`).
 
 EOF
     cat bench/results/pinned-section.md
