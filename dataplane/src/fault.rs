@@ -71,6 +71,26 @@ pub fn die_in_fanout() -> Option<u64> {
     None
 }
 
+/// `RDSD_TEST_STALL_IN_FANOUT=PATH`: while the file PATH exists, a multicast fan-out to two
+/// or more members of one poll thread stops right after publishing the first member's copy
+/// (the poll thread sleeps in 1 ms steps): a fan-out held open between publish and commit
+/// for as long as a test needs.
+#[cfg(feature = "fault-injection")]
+pub fn stall_in_fanout() -> Option<std::path::PathBuf> {
+    let p = std::env::var_os("RDSD_TEST_STALL_IN_FANOUT")?;
+    tracing::warn!(
+        path = ?p,
+        "RDSD_TEST_STALL_IN_FANOUT is set: test-only fan-out stall armed"
+    );
+    Some(p.into())
+}
+
+/// Without the `fault-injection` feature: never armed.
+#[cfg(not(feature = "fault-injection"))]
+pub fn stall_in_fanout() -> Option<std::path::PathBuf> {
+    None
+}
+
 /// Kills this process as a crash would: no destructor, no flush, nothing after.
 pub fn die_now() -> ! {
     // SAFETY: plain syscalls on our own process.

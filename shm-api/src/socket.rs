@@ -849,16 +849,20 @@ impl Socket {
                 r.header.flags & RX_FLAG_GROUP != 0
                     && group_copy_pending(ctl, &c.daemon_view, r.end())
             });
-            if pending {
+            if let Some(r) = rec.filter(|_| pending) {
                 // A group copy whose fan-out is not committed yet: rdsd commits it right after
-                // publishing every member's copy, or never if it died in between.
+                // publishing every member's copy (then wakes the receivers that wait), or
+                // never if it died in between.
                 if dead || c.check_alive().is_err() {
                     return Err(daemon_gone());
                 }
                 if nonblock {
                     return Err(errno(libc::EAGAIN));
                 }
-                std::thread::yield_now();
+                let committed = || !group_copy_pending(ctl, &c.daemon_view, r.end());
+                if !spin_until(committed) {
+                    self.wait(&mut deadline, false, committed)?;
+                }
                 continue;
             }
             if let Some(rec) = rec {

@@ -794,3 +794,71 @@ fn a_crash_in_the_middle_of_a_fanout_delivers_the_message_to_nobody() {
         assert_eq!(got, (0..39).collect::<Vec<u64>>(), "member {k}");
     }
 }
+
+/// A fan-out held open between its first publish and its commit (the fault build's
+/// `RDSD_TEST_STALL_IN_FANOUT`, released when the test removes a file): no member can read
+/// the message, although one copy may already be published; a non-blocking receive says
+/// EAGAIN, a blocking one with SO_RCVTIMEO gives up, and blocking receivers wait until the
+/// commit wakes them, then all three have it.
+#[test]
+fn an_uncommitted_copy_is_read_by_nobody_until_the_commit() {
+    /// The stall's file, removed however the test ends (rdsd would stall until killed).
+    struct Hold(std::path::PathBuf);
+    impl Drop for Hold {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let hold = Hold(std::env::temp_dir().join(format!("rdsd-fanout-hold-{}", std::process::id())));
+    std::fs::write(&hold.0, b"").unwrap();
+    let d = Daemon::start_with_faults(
+        &[("RDSD_TEST_STALL_IN_FANOUT", hold.0.to_str().unwrap())],
+        &["--poll-core", "-2"],
+    );
+    let app = d.attach();
+    let g = group(5101);
+    let sender = bound(&app, 9611);
+    sender.group_create(g).unwrap();
+    let members: Vec<Socket> = (9612..9615).map(|p| bound(&app, p)).collect();
+    for m in &members {
+        m.group_join(g, GroupFlags::NONE).unwrap();
+    }
+    sender.send_to(&seq_payload(7, 64), g).unwrap();
+    wait_for(|| d.stat("group_sends") == 1, LIMIT, "the fan-out to start");
+    let mut buf = [0u8; 128];
+    let nb = RecvFlags {
+        dontwait: true,
+        ..RecvFlags::default()
+    };
+    for _ in 0..200 {
+        for m in &members {
+            assert_eq!(errno_of(m.recv_msg(&mut buf, nb)), libc::EAGAIN);
+        }
+        std::thread::yield_now();
+    }
+    members[0]
+        .set_recv_timeout(Some(Duration::from_millis(20)))
+        .unwrap();
+    assert_eq!(errno_of(members[0].recv(&mut buf)), libc::ETIMEDOUT);
+    members[0].set_recv_timeout(None).unwrap();
+    std::thread::scope(|s| {
+        let readers: Vec<_> = members
+            .iter()
+            .map(|m| {
+                s.spawn(move || {
+                    let mut buf = [0u8; 128];
+                    let (n, from) = m.recv_from(&mut buf).unwrap();
+                    (payload_seq(&buf[..n]), from)
+                })
+            })
+            .collect();
+        // Not a bound on anything: gives the readers time to go to sleep, so the commit's
+        // wake-up is what ends their wait.
+        std::thread::sleep(Duration::from_millis(100));
+        std::fs::remove_file(&hold.0).unwrap();
+        for r in readers {
+            assert_eq!(r.join().unwrap(), (7, lo(9611)));
+        }
+    });
+    assert_eq!(d.stat("group_deliveries"), 3);
+}

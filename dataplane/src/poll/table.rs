@@ -164,6 +164,9 @@ pub struct SocketTable {
     /// TEST ONLY (`crate::fault::die_in_fanout`): fan-outs left before rdsd kills itself
     /// between two of a fan-out's publishes.
     test_die_in_fanout: Option<u64>,
+    /// TEST ONLY (`crate::fault::stall_in_fanout`): while this file exists, a fan-out stops
+    /// between two publishes.
+    test_stall_in_fanout: Option<std::path::PathBuf>,
     /// Set while the poll thread moves one sender's burst (`begin_rx_burst`).
     rx_burst_on: bool,
     /// The receivers that burst pushed into, and the bytes each got (published at its end).
@@ -215,6 +218,7 @@ impl SocketTable {
             next_region: 1,
             groups: Groups::new(),
             test_die_in_fanout: crate::fault::die_in_fanout(),
+            test_stall_in_fanout: crate::fault::stall_in_fanout(),
             rx_burst_on: false,
             rx_burst: Vec::with_capacity(RX_BURST_TARGETS),
         }
@@ -1189,13 +1193,7 @@ impl SocketTable {
             targets[kept] = to;
             kept += 1;
             if many && kept == 1 {
-                if let Some(n) = &mut self.test_die_in_fanout {
-                    // TEST ONLY (`crate::fault::die_in_fanout`): a crash between two publishes.
-                    *n = n.saturating_sub(1);
-                    if *n == 0 {
-                        crate::fault::die_now();
-                    }
-                }
+                self.test_fanout_faults();
             }
         }
         targets.truncate(kept);
@@ -1218,6 +1216,21 @@ impl SocketTable {
             let over = sock.rx_produced.saturating_sub(consumed) > u64::from(sock.rcvbuf);
             if over && !sock.congested {
                 self.mark_congested(to);
+            }
+        }
+    }
+
+    /// TEST ONLY (`crate::fault`): a crash, or a stall, between two publishes of a fan-out.
+    fn test_fanout_faults(&mut self) {
+        if let Some(n) = &mut self.test_die_in_fanout {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                crate::fault::die_now();
+            }
+        }
+        if let Some(path) = &self.test_stall_in_fanout {
+            while path.exists() {
+                std::thread::sleep(std::time::Duration::from_millis(1));
             }
         }
     }
