@@ -537,7 +537,10 @@ fn groups_of_several_poll_threads_are_ordered_by_shard_0() {
             "sender {port} in order"
         );
     }
-    // A full member of poll thread 1 holds back a sender of poll thread 0.
+    // A full member of poll thread 1 holds back a sender of poll thread 0. (The near member
+    // takes all it can: shard 0 hears of the far member's fullness only after what crossed
+    // meanwhile, which may be hundreds of messages on a loaded machine.)
+    near.set_recv_buffer_size(1 << 30).unwrap();
     far.set_recv_buffer_size(1024).unwrap();
     sender0.set_nonblocking(true).unwrap();
     let mut sent = 0u64;
@@ -549,8 +552,12 @@ fn groups_of_several_poll_threads_are_ordered_by_shard_0() {
         assert!(sent < 10_000, "the group never filled");
     };
     assert_eq!(err, Some(libc::EAGAIN));
-    let a = take(&far, sent as usize);
-    let b = take(&near, sent as usize);
+    // Both read at once: neither member's backlog may wait for the other's reader.
+    let (a, b) = std::thread::scope(|sc| {
+        let a = sc.spawn(|| take(&far, sent as usize));
+        let b = sc.spawn(|| take(&near, sent as usize));
+        (a.join().unwrap(), b.join().unwrap())
+    });
     assert_eq!(a, b);
     // Leaving and closing on poll thread 1 reach shard 0.
     far.group_leave(g).unwrap();
