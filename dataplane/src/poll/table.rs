@@ -1056,17 +1056,8 @@ impl SocketTable {
         sport: u16,
         payload: &MsgBytes<'_>,
     ) -> Delivered {
-        let header = RecordHeader::data(payload.len() as u32, faddr, sport);
-        self.push_rx_record(to, header, payload)
-    }
-
-    fn push_rx_record(
-        &mut self,
-        to: SockRef,
-        header: RecordHeader,
-        payload: &MsgBytes<'_>,
-    ) -> Delivered {
         let len = payload.len();
+        let header = RecordHeader::data(len as u32, faddr, sport);
         let Some(app) = self.apps.get_mut(to.app).and_then(|a| a.as_mut()) else {
             return Delivered::NoSocket;
         };
@@ -1160,7 +1151,7 @@ impl SocketTable {
                 continue;
             };
             let pushed = sock.rx.push_with(header, |mem, off| {
-                // SAFETY: as in `push_rx_record`: `off..off + len` lies in the member's rx
+                // SAFETY: as in `push_rx`: `off..off + len` lies in the member's rx
                 // ring data area, reserved for this record; the source is another buffer.
                 unsafe { payload.copy_to(mem.data_ptr().add(off)) };
                 if trace {
