@@ -1064,23 +1064,7 @@ impl SocketTable {
         let Some(sock) = app.socks[to.slot as usize].as_mut() else {
             return Delivered::NoSocket;
         };
-        let trace = self.cfg.trace_hops;
-        let pushed = sock.rx.push_with(header, |mem, off| {
-            // SAFETY: `off..off + len` lies in the receiver's rx ring data area (reserved by
-            // the producer for a record of `len` bytes); the source is a separate buffer or
-            // another ring (rings never overlap, even for a socket sending to itself).
-            unsafe { payload.copy_to(mem.data_ptr().add(off)) };
-            if trace {
-                // SAFETY: the same `len` bytes we just wrote, not yet published to the app.
-                unsafe {
-                    shm_api::hoptrace::stamp_shared(
-                        mem.data_ptr().add(off),
-                        len,
-                        shm_api::hoptrace::Slot::Deliver,
-                    )
-                };
-            }
-        });
+        let pushed = push_copy(&mut sock.rx, header, payload, self.cfg.trace_hops);
         match pushed {
             Ok(()) => Delivered::Yes,
             Err(PushError::Full) => {
@@ -1150,21 +1134,7 @@ impl SocketTable {
             let Some(sock) = app.socks[to.slot as usize].as_mut() else {
                 continue;
             };
-            let pushed = sock.rx.push_with(header, |mem, off| {
-                // SAFETY: as in `push_rx`: `off..off + len` lies in the member's rx
-                // ring data area, reserved for this record; the source is another buffer.
-                unsafe { payload.copy_to(mem.data_ptr().add(off)) };
-                if trace {
-                    // SAFETY: the same `len` bytes, not yet published to the app.
-                    unsafe {
-                        shm_api::hoptrace::stamp_shared(
-                            mem.data_ptr().add(off),
-                            len,
-                            shm_api::hoptrace::Slot::Deliver,
-                        )
-                    };
-                }
-            });
+            let pushed = push_copy(&mut sock.rx, header, payload, trace);
             if pushed.is_err() {
                 debug_assert!(false, "{to:?} refused a checked fan-out");
                 Stats::bump(&self.stats.rx_ring_full);
@@ -1233,6 +1203,34 @@ impl SocketTable {
         self.rng ^= self.rng << 17;
         self.rng
     }
+}
+
+/// Pushes a record carrying `payload` onto a receiver's rx ring (not yet published), stamped
+/// for the latency breakdown when `trace` is on.
+#[inline]
+fn push_copy(
+    rx: &mut Producer<RawRing>,
+    header: RecordHeader,
+    payload: &MsgBytes<'_>,
+    trace: bool,
+) -> Result<(), PushError> {
+    let len = payload.len();
+    rx.push_with(header, |mem, off| {
+        // SAFETY: `off..off + len` lies in the receiver's rx ring data area (reserved by the
+        // producer for a record of `len` bytes); the source is a separate buffer or another
+        // ring (rings never overlap, even for a socket sending to itself).
+        unsafe { payload.copy_to(mem.data_ptr().add(off)) };
+        if trace {
+            // SAFETY: the same `len` bytes we just wrote, not yet published to the app.
+            unsafe {
+                shm_api::hoptrace::stamp_shared(
+                    mem.data_ptr().add(off),
+                    len,
+                    shm_api::hoptrace::Slot::Deliver,
+                )
+            };
+        }
+    })
 }
 
 impl Upcalls for SocketTable {
