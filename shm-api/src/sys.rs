@@ -491,26 +491,32 @@ mod tests {
 
     /// Waits on both words in a thread; `poke` (run once the waiter sleeps) must end the wait
     /// with `want`.
-    fn wait_ended_by(poke: impl FnOnce(&AtomicU32, &AtomicU32), want: EitherWake) {
+    fn wait_ended_by(poke: impl Fn(&AtomicU32, &AtomicU32), want: EitherWake) {
         let words = Arc::new([AtomicU32::new(7), AtomicU32::new(9)]);
         let w = words.clone();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let waiter = std::thread::spawn(move || {
+            // SAFETY: gettid takes no argument and cannot fail.
+            tid_tx
+                .send(unsafe { libc::syscall(libc::SYS_gettid) })
+                .unwrap();
             futex_wait_either(&w[0], 7, &w[1], 9, Some(Duration::from_secs(30)))
         });
-        // Wait on state: the waiter's thread is inside futex_waitv (syscall 449).
-        let pid = std::process::id();
+        // Wait on state: the waiter's own thread is inside futex_waitv (syscall 449). Only
+        // that thread: another test's thread may pass through futex_waitv meanwhile.
+        let tid = tid_rx.recv().unwrap();
+        let syscall = format!("/proc/{}/task/{tid}/syscall", std::process::id());
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        'outer: loop {
+        while !std::fs::read_to_string(&syscall).is_ok_and(|s| s.starts_with("449 ")) {
             assert!(std::time::Instant::now() < deadline, "waiter never slept");
-            for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-                let p = t.unwrap().path().join("syscall");
-                if std::fs::read_to_string(p).is_ok_and(|s| s.starts_with("449 ")) {
-                    break 'outer;
-                }
-            }
             std::thread::yield_now();
         }
-        poke(&words[0], &words[1]);
+        // A thread seen in the syscall may not be queued on the words yet (preempted on its
+        // way in): poke again until it returns (a wake changes no word, so repeats are free).
+        while !waiter.is_finished() {
+            poke(&words[0], &words[1]);
+            std::thread::sleep(Duration::from_millis(1));
+        }
         assert_eq!(waiter.join().unwrap(), want);
     }
 
