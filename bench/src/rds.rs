@@ -28,8 +28,29 @@ pub fn bound_socket(rdsd: &Rdsd) -> Result<(Socket, SocketAddrV4)> {
     Ok((s, a))
 }
 
-/// Sends on a non-blocking socket, retrying while the ring is full or the peer congested.
-#[inline]
+/// One retry of a send that found no room: backs off, and gives up once the other thread
+/// stopped or nothing moved for `STALL_LIMIT` (`since`: when the first retry came).
+fn no_room(
+    bo: &mut Backoff,
+    since: &mut Option<Instant>,
+    stop: Option<&AtomicBool>,
+    to: SocketAddrV4,
+) -> Result<()> {
+    bo.snooze();
+    if bo.should_check() {
+        if stop.is_some_and(|f| f.load(Ordering::Relaxed)) {
+            bail!("stopped by the other thread");
+        }
+        let t = *since.get_or_insert_with(Instant::now);
+        if t.elapsed() > STALL_LIMIT {
+            bail!(
+                "send to {to} found no room for {STALL_LIMIT:?} (is rdsd's poll thread running?)"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Sends every message of `msgs` to `to` with `Socket::send_batch` (non-blocking), going on
 /// from where a partial batch stopped; returns the retries.
 fn send_batch_spin(
@@ -50,16 +71,7 @@ fn send_batch_spin(
             Ok(n) => done += n,
             Err(e) if would_block(&e) => {
                 retries += 1;
-                bo.snooze();
-                if bo.should_check() {
-                    if stop.is_some_and(|f| f.load(Ordering::Relaxed)) {
-                        bail!("stopped by the other thread");
-                    }
-                    let t = *since.get_or_insert_with(Instant::now);
-                    if t.elapsed() > STALL_LIMIT {
-                        bail!("send to {to} found no room for {STALL_LIMIT:?} (is rdsd's poll thread running?)");
-                    }
-                }
+                no_room(bo, &mut since, stop, to)?;
             }
             Err(e) => return Err(e).with_context(|| format!("send_batch to {to}")),
         }
@@ -67,6 +79,8 @@ fn send_batch_spin(
     Ok(retries)
 }
 
+/// Sends on a non-blocking socket, retrying while the ring is full or the peer congested.
+#[inline]
 fn send_spin(
     s: &Socket,
     buf: &[u8],
@@ -81,16 +95,7 @@ fn send_spin(
             Ok(_) => return Ok(retries),
             Err(e) if would_block(&e) => {
                 retries += 1;
-                bo.snooze();
-                if bo.should_check() {
-                    if stop.is_some_and(|f| f.load(Ordering::Relaxed)) {
-                        bail!("stopped by the other thread");
-                    }
-                    let t = *since.get_or_insert_with(Instant::now);
-                    if t.elapsed() > STALL_LIMIT {
-                        bail!("send to {to} found no room for {STALL_LIMIT:?} (is rdsd's poll thread running?)");
-                    }
-                }
+                no_room(bo, &mut since, stop, to)?;
             }
             Err(e) => return Err(e).with_context(|| format!("send_to {to}")),
         }

@@ -66,6 +66,24 @@ fn every_subcommand_runs() {
         "{out}"
     );
     assert!(out.contains("RESULT tput impl=unix-block"), "{out}");
+    // The same with sendmmsg-style batches of 8 (`Socket::send_batch`).
+    let out = run(&[
+        "tput",
+        "--poll-core",
+        "-2",
+        "--peer-core",
+        "-2",
+        "--count",
+        "20000",
+        "--size",
+        "100",
+        "--batch",
+        "8",
+    ]);
+    assert!(
+        out.contains("RESULT tput impl=rdsd size=100 count=20000 "),
+        "{out}"
+    );
 
     let out = run(&[
         "blocking",

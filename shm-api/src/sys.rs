@@ -497,9 +497,8 @@ mod tests {
         let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let waiter = std::thread::spawn(move || {
             // SAFETY: gettid takes no argument and cannot fail.
-            tid_tx
-                .send(unsafe { libc::syscall(libc::SYS_gettid) })
-                .unwrap();
+            let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+            tid_tx.send(tid).unwrap();
             futex_wait_either(&w[0], 7, &w[1], 9, Some(Duration::from_secs(30)))
         });
         // Wait on state: the waiter's own thread is inside futex_waitv (syscall 449). Only
