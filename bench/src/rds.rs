@@ -28,13 +28,14 @@ pub fn bound_socket(rdsd: &Rdsd) -> Result<(Socket, SocketAddrV4)> {
     Ok((s, a))
 }
 
-/// One retry of a send that found no room: backs off, and gives up once the other thread
-/// stopped or nothing moved for `STALL_LIMIT` (`since`: when the first retry came).
-fn no_room(
+/// One retry of a busy-polling send or receive that found nothing to do: backs off, and gives
+/// up once the other thread stopped or nothing moved for `STALL_LIMIT` (`since`: when the
+/// first retry came; `what`: what did not happen, for the error).
+fn back_off(
     bo: &mut Backoff,
     since: &mut Option<Instant>,
     stop: Option<&AtomicBool>,
-    to: SocketAddrV4,
+    what: impl FnOnce() -> String,
 ) -> Result<()> {
     bo.snooze();
     if bo.should_check() {
@@ -44,7 +45,8 @@ fn no_room(
         let t = *since.get_or_insert_with(Instant::now);
         if t.elapsed() > STALL_LIMIT {
             bail!(
-                "send to {to} found no room for {STALL_LIMIT:?} (is rdsd's poll thread running?)"
+                "{} for {STALL_LIMIT:?} (is rdsd's poll thread running?)",
+                what()
             );
         }
     }
@@ -71,7 +73,9 @@ fn send_batch_spin(
             Ok(n) => done += n,
             Err(e) if would_block(&e) => {
                 retries += 1;
-                no_room(bo, &mut since, stop, to)?;
+                back_off(bo, &mut since, stop, || {
+                    format!("send to {to} found no room")
+                })?;
             }
             Err(e) => return Err(e).with_context(|| format!("send_batch to {to}")),
         }
@@ -95,7 +99,9 @@ fn send_spin(
             Ok(_) => return Ok(retries),
             Err(e) if would_block(&e) => {
                 retries += 1;
-                no_room(bo, &mut since, stop, to)?;
+                back_off(bo, &mut since, stop, || {
+                    format!("send to {to} found no room")
+                })?;
             }
             Err(e) => return Err(e).with_context(|| format!("send_to {to}")),
         }
@@ -115,18 +121,7 @@ fn recv_spin(
         match s.recv_from(buf) {
             Ok((n, _)) => return Ok(n),
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                bo.snooze();
-                if bo.should_check() {
-                    if stop.is_some_and(|f| f.load(Ordering::Relaxed)) {
-                        bail!("stopped by the other thread");
-                    }
-                    let t = *since.get_or_insert_with(Instant::now);
-                    if t.elapsed() > STALL_LIMIT {
-                        bail!(
-                            "nothing received for {STALL_LIMIT:?} (is rdsd's poll thread running?)"
-                        );
-                    }
-                }
+                back_off(bo, &mut since, stop, || "nothing received".to_string())?;
             }
             Err(e) => return Err(e).context("recv_from"),
         }

@@ -50,40 +50,27 @@ fn every_subcommand_runs() {
         "{out}"
     );
 
-    let out = run(&[
-        "tput",
-        "--poll-core",
-        "-2",
-        "--peer-core",
-        "-2",
-        "--count",
-        "20000",
-        "--size",
-        "100",
-    ]);
-    assert!(
-        out.contains("RESULT tput impl=rdsd size=100 count=20000 "),
-        "{out}"
-    );
-    assert!(out.contains("RESULT tput impl=unix-block"), "{out}");
-    // The same with sendmmsg-style batches of 8 (`Socket::send_batch`).
-    let out = run(&[
-        "tput",
-        "--poll-core",
-        "-2",
-        "--peer-core",
-        "-2",
-        "--count",
-        "20000",
-        "--size",
-        "100",
-        "--batch",
-        "8",
-    ]);
-    assert!(
-        out.contains("RESULT tput impl=rdsd size=100 count=20000 "),
-        "{out}"
-    );
+    // One message per send, and sendmmsg-style batches of 8 (`Socket::send_batch`).
+    for batch in ["1", "8"] {
+        let out = run(&[
+            "tput",
+            "--poll-core",
+            "-2",
+            "--peer-core",
+            "-2",
+            "--count",
+            "20000",
+            "--size",
+            "100",
+            "--batch",
+            batch,
+        ]);
+        assert!(
+            out.contains("RESULT tput impl=rdsd size=100 count=20000 "),
+            "{out}"
+        );
+        assert!(out.contains("RESULT tput impl=unix-block"), "{out}");
+    }
 
     let out = run(&[
         "blocking",

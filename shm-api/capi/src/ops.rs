@@ -369,9 +369,9 @@ pub unsafe fn sendmmsg(
         // SAFETY: forwarded contract.
         let iov = unsafe { iovecs(h.msg_iov, h.msg_iovlen) };
         if iov.len() == 1 {
+            let (base, n) = (iov[0].iov_base as *const u8, iov[0].iov_len);
             // SAFETY: one iovec of iov_len readable bytes, alive for this call.
-            let b =
-                unsafe { std::slice::from_raw_parts(iov[0].iov_base as *const u8, iov[0].iov_len) };
+            let b = unsafe { std::slice::from_raw_parts(base, n) };
             spans.push((Payload::InPlace(b), dest));
         } else {
             let start = gathered.len();
