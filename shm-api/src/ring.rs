@@ -59,6 +59,7 @@ impl RecordHeader {
         }
     }
 
+    #[inline]
     fn to_bytes(self) -> [u8; RECORD_HEADER_LEN] {
         let mut b = [0u8; RECORD_HEADER_LEN];
         b[0..4].copy_from_slice(&self.len.to_le_bytes());
@@ -70,6 +71,7 @@ impl RecordHeader {
         b
     }
 
+    #[inline]
     fn from_bytes(b: &[u8; RECORD_HEADER_LEN]) -> Self {
         RecordHeader {
             len: u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
@@ -183,10 +185,13 @@ impl<M: RingMemory> Producer<M> {
     /// Whether [`push_with`](Self::push_with) would take a record of `payload_len` bytes now
     /// (the pad it may need at the end of the ring included). A multicast fan-out asks this of
     /// every member before it writes to any, so that its pushes all succeed.
+    ///
+    /// The consumer's position is read only when the space last seen is too small: it lives on
+    /// the consumer's cache line, and a fan-out asks every member.
     pub fn fits(&mut self, payload_len: usize) -> bool {
         let cap = self.mem.capacity();
         let total = record_size(payload_len);
-        if total > cap || self.refresh_tail().is_err() {
+        if total > cap {
             return false;
         }
         let to_end = cap - ((self.head as usize) & (cap - 1));
@@ -195,7 +200,7 @@ impl<M: RingMemory> Producer<M> {
         } else {
             total
         };
-        self.free() >= need
+        self.free() >= need || (self.refresh_tail().is_ok() && self.free() >= need)
     }
 
     /// True if nothing pushed is still unconsumed (as far as the consumer has released).
@@ -497,10 +502,12 @@ mod raw {
         }
 
         /// Start of the data area (for copies straight between two rings).
+        #[inline]
         pub fn data_ptr(&self) -> *mut u8 {
             self.data.as_ptr()
         }
 
+        #[inline]
         fn header(&self) -> &RingHeader {
             // SAFETY: `new`'s contract keeps the header mapped. The peer may write any byte of
             // it at any time, which a reference tolerates only because every byte of
@@ -510,15 +517,19 @@ mod raw {
     }
 
     impl RingMemory for RawRing {
+        #[inline]
         fn producer(&self) -> &AtomicU64 {
             &self.header().producer
         }
+        #[inline]
         fn consumer(&self) -> &AtomicU64 {
             &self.header().consumer
         }
+        #[inline]
         fn capacity(&self) -> usize {
             self.capacity
         }
+        #[inline]
         fn write(&self, off: usize, src: &[u8]) {
             assert!(off <= self.capacity && src.len() <= self.capacity - off);
             // SAFETY: in bounds (checked above). The SPSC protocol gives the producer exclusive
@@ -528,6 +539,7 @@ mod raw {
                 std::ptr::copy_nonoverlapping(src.as_ptr(), self.data.as_ptr().add(off), src.len())
             }
         }
+        #[inline]
         fn read(&self, off: usize, dst: &mut [u8]) {
             assert!(off <= self.capacity && dst.len() <= self.capacity - off);
             // SAFETY: in bounds (checked above); the range was published to us with Acquire.

@@ -559,6 +559,12 @@ impl<M: Copy + Eq + Hash + Debug> GroupTable<M> {
         }))
     }
 
+    /// Exchanges the targets of the last [`Self::send`] with `v` (a caller that keeps them past
+    /// the decision, without copying; both vectors keep their capacity).
+    pub fn swap_targets(&mut self, v: &mut Vec<M>) {
+        std::mem::swap(&mut self.targets, v);
+    }
+
     /// Who would block a message of `len` bytes from `sender` now (the same answer as
     /// [`Self::send`] would give, without deciding): POLLOUT towards `group` is clear iff this
     /// is `Ok(None)`.

@@ -652,7 +652,6 @@ impl SocketTable {
                 return GroupSent::Blocked;
             }
             Ok(SendDecision::Deliver(d)) => {
-                targets.extend_from_slice(d.targets);
                 let st = &self.stats;
                 Stats::bump(&st.group_sends);
                 st.group_deliveries
@@ -663,6 +662,8 @@ impl SocketTable {
                     .fetch_add(d.filtered.into(), Ordering::Relaxed);
             }
         }
+        // The decision's targets are ours now (no copy); the table keeps our spare vector.
+        self.groups.table.swap_targets(&mut targets);
         if let Some(s) = self.sock(from) {
             s.group_blocked = false;
         }

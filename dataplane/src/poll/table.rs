@@ -460,16 +460,16 @@ impl SocketTable {
     #[inline]
     pub(super) unsafe fn tx_record<'m>(&self, from: SockRef, rec: &Record) -> TxRecord<'m> {
         let app = self.apps[from.app].as_ref().expect("sender app");
-        let ring = app.region.tx_ring(from.slot);
         let sock = app.socks[from.slot as usize].as_ref();
+        // The socket's consumer holds the ring already (no new view per message).
+        let data = match sock {
+            Some(s) => s.tx.memory().data_ptr(),
+            None => app.region.tx_ring(from.slot).data_ptr(),
+        };
         // SAFETY: the ring consumer validated payload_offset + len against the data area,
         // which stays mapped while the app is in the table (the caller's promise).
-        let payload = unsafe {
-            MsgBytes::from_shared(
-                ring.data_ptr().add(rec.payload_offset),
-                rec.header.len as usize,
-            )
-        };
+        let payload =
+            unsafe { MsgBytes::from_shared(data.add(rec.payload_offset), rec.header.len as usize) };
         TxRecord {
             payload,
             gen: sock.map_or(0, |s| s.gen),

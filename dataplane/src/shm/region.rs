@@ -4,7 +4,7 @@
 use crate::config::HugepageMode;
 use shm_api::layout::{
     AppRegionHeader, DaemonHeader, DaemonView, RegionGeometry, SlotControl, DAEMON_REGION_LEN,
-    LAYOUT_VERSION, SHM_MAGIC,
+    LAYOUT_VERSION, SHM_MAGIC, SLOTS_OFFSET,
 };
 use shm_api::ring::RawRing;
 use shm_api::sys::{self, Mapping, HUGE_PAGE};
@@ -54,6 +54,8 @@ pub struct AppRegion {
     map: ManuallyDrop<Mapping>,
     fd: OwnedFd,
     geometry: RegionGeometry,
+    /// `geometry.slot_len()`, kept: every delivery finds its slot's control block.
+    slot_len: usize,
     hugetlb: bool,
     released: bool,
 }
@@ -110,6 +112,7 @@ impl AppRegion {
             map: ManuallyDrop::new(map),
             fd,
             geometry,
+            slot_len: geometry.slot_len(),
             hugetlb,
             released: false,
         }
@@ -158,11 +161,13 @@ impl AppRegion {
     /// Slot `slot`'s control block. Every field in it may be scribbled on by the app.
     pub fn slot_control(&self, slot: u32) -> &SlotControl {
         assert!(slot < self.geometry.max_sockets);
+        let off = SLOTS_OFFSET + slot as usize * self.slot_len;
+        debug_assert_eq!(off, self.geometry.slot_offset(slot));
         // SAFETY: in bounds by construction of the geometry and page aligned. The app writes this
         // memory at will, which is sound only because every byte of SlotControl, padding
         // included, is an atomic (interior-mutable): the reference asserts nothing immutable,
         // and every access through it is an atomic load/store/RMW.
-        unsafe { &*(self.map.as_ptr().add(self.geometry.slot_offset(slot)) as *const SlotControl) }
+        unsafe { &*(self.map.as_ptr().add(off) as *const SlotControl) }
     }
 
     /// Slot `slot`'s tx ring (app → rdsd).
