@@ -48,9 +48,10 @@ pub fn rdma_qp_error_every() -> Option<u64> {
     None
 }
 
-/// `RDSD_TEST_DIE_IN_FANOUT=N` (N > 0): at the N-th multicast fan-out to two or more members
-/// of one poll thread, rdsd kills itself (SIGKILL) right after publishing the first member's
-/// copy: a crash in the middle of a fan-out, on demand.
+/// `RDSD_TEST_DIE_IN_FANOUT=N` (N > 0): a crash in the middle of a fan-out, on demand. Counted
+/// per poll thread: shard 0 kills rdsd (SIGKILL) at the N-th fan-out of two or more copies,
+/// right after publishing its first local copy; another poll thread at the N-th group copy it
+/// publishes for shard 0, right after that publish.
 #[cfg(feature = "fault-injection")]
 pub fn die_in_fanout() -> Option<u64> {
     let n: u64 = std::env::var("RDSD_TEST_DIE_IN_FANOUT")
@@ -71,8 +72,9 @@ pub fn die_in_fanout() -> Option<u64> {
     None
 }
 
-/// `RDSD_TEST_STALL_IN_FANOUT=PATH`: while the file PATH exists, a multicast fan-out to two
-/// or more members of one poll thread stops right after publishing the first member's copy
+/// `RDSD_TEST_STALL_IN_FANOUT=PATH`: while the file PATH exists, a multicast fan-out of two
+/// or more copies stops right after publishing the first (on shard 0; on another poll thread
+/// after each group copy it publishes)
 /// (the poll thread sleeps in 1 ms steps): a fan-out held open between publish and commit
 /// for as long as a test needs.
 #[cfg(feature = "fault-injection")]

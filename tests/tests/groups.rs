@@ -802,6 +802,59 @@ fn a_crash_in_the_middle_of_a_fanout_delivers_the_message_to_nobody() {
     }
 }
 
+/// The same crash with the members on two poll threads: shard 0 orders the group and has one
+/// member; two members are served by poll thread 1, whose copies cross in the pair ring.
+/// Shard 0 commits a fan-out only once poll thread 1 reports its copies published, so rdsd
+/// dying right after thread 1 published the first copy of message 19 (the fault build counts,
+/// on thread 1, the group copies it publishes: the 39th) leaves message 19 read by nobody,
+/// although that member has it in its ring. Without the wait the far members read 19 (and
+/// later ones) that the near member never gets.
+#[test]
+fn a_crash_while_copies_cross_poll_threads_delivers_the_message_to_nobody() {
+    let mut d = Daemon::start_with_faults(
+        &[("RDSD_TEST_DIE_IN_FANOUT", "39")],
+        &["--poll-core", "-2", "--poll-core", "-2"],
+    );
+    let mut apps = [d.attach(), d.attach()];
+    apps.sort_by_key(|a| a.poll_thread());
+    let [near, far] = apps;
+    assert_eq!((near.poll_thread(), far.poll_thread()), (0, 1));
+    let g = group(5110);
+    let sender = bound(&near, 9611);
+    sender.group_create(g).unwrap();
+    let members = [bound(&near, 9612), bound(&far, 9613), bound(&far, 9614)];
+    for m in &members {
+        m.set_recv_buffer_size(1 << 20).unwrap();
+        m.group_join(g, GroupFlags::NONE).unwrap();
+    }
+    for i in 0..60u64 {
+        if sender.send_to(&seq_payload(i, 64), g).is_err() {
+            break;
+        }
+    }
+    let child = d.child.as_mut().expect("running");
+    wait_for(
+        || child.try_wait().ok().flatten().is_some(),
+        LIMIT,
+        "rdsd to die at the 39th copy on poll thread 1",
+    );
+    let mut buf = vec![0u8; 4096];
+    for (k, m) in members.iter().enumerate() {
+        let mut got = Vec::new();
+        let err = loop {
+            match m.recv_from(&mut buf) {
+                Ok((n, from)) => {
+                    assert_eq!(from, lo(9611));
+                    got.push(payload_seq(&buf[..n]));
+                }
+                Err(e) => break e,
+            }
+        };
+        assert!(shm_api::is_daemon_gone(&err), "member {k}: {err}");
+        assert_eq!(got, (0..19).collect::<Vec<u64>>(), "member {k}");
+    }
+}
+
 /// A fan-out held open between its first publish and its commit (the fault build's
 /// `RDSD_TEST_STALL_IN_FANOUT`, released when the test removes a file): no member can read
 /// the message, although one copy may already be published; a non-blocking receive says

@@ -16,7 +16,7 @@
 //! - **Lifetime**: a group holds a reference on its address's congestion entry from create to
 //!   death; closing a socket (and an app's death or eviction) leaves all its groups.
 
-use super::{token_of, App, Envelope, ShardLink, SockRef, SocketTable};
+use super::{token_of, App, Envelope, Note, ShardLink, SockRef, SocketTable};
 use crate::group::{
     Filter, GroupAddr, GroupError, GroupTable, MemberFlags, SendDecision, Sender, SenderRule,
 };
@@ -93,6 +93,24 @@ pub(super) struct Groups {
     /// Fan-outs made so far: the stamp of the last one, which the daemon region's
     /// `group_commit` reaches once its copies are all published.
     fanouts: u64,
+    /// Shard 0: the fan-out whose copies on other poll threads are not all published yet; no
+    /// other fan-out starts before it commits (see `shm_api::gate`).
+    awaiting: Option<Awaiting>,
+    /// Shard 0: the local members of the awaiting fan-out, woken at its commit.
+    commit_wait: Vec<SockRef>,
+    /// Another shard: the members it published copies for, with their fan-out's stamp, until
+    /// shard 0 says that fan-out is committed (then they are woken).
+    published: Vec<(SockRef, u64)>,
+}
+
+/// A fan-out of shard 0 waiting for its copies on other poll threads.
+#[derive(Clone, Copy, Debug)]
+struct Awaiting {
+    stamp: u64,
+    /// Copies not yet reported published.
+    copies_left: u32,
+    /// The shards that have copies (told of the commit).
+    shards: u64,
 }
 
 impl Groups {
@@ -106,6 +124,7 @@ impl Groups {
             assert!(self.full.is_empty() && self.staging.is_empty());
             assert!(self.remote.is_empty() && self.remote_by_addr.is_empty());
             assert!(self.meta.is_empty() && self.per_app.is_empty() && self.addrs.is_empty());
+            assert!(self.awaiting.is_none() && self.published.is_empty());
         }
     }
 
@@ -122,6 +141,9 @@ impl Groups {
             per_app: FxHashMap::default(),
             addrs: FxHashMap::default(),
             fanouts: 0,
+            awaiting: None,
+            commit_wait: Vec::new(),
+            published: Vec::new(),
         }
     }
 }
@@ -297,20 +319,82 @@ impl SocketTable {
         self.groups.remote.get(&r).and_then(|x| x.bound)
     }
 
-    /// A group message shard 0 numbered, for member `token` of this shard: `Full` while its
-    /// ring has no room (the pair ring waits), `NoSocket` if that socket is gone.
+    /// A copy of shard 0's fan-out `stamp` for member `token` of this shard: `Full` while its
+    /// ring has no room (the pair ring waits), `NoSocket` if that socket is gone. Otherwise
+    /// the copy is published gated (unreadable until shard 0 commits `stamp`), and shard 0
+    /// hears that it is (also when the member is gone: nothing to wait for).
     pub(in crate::poll) fn group_deliver_forwarded(
         &mut self,
         token: u64,
         faddr: u32,
         sport: u16,
         payload: &MsgBytes<'_>,
+        stamp: u64,
     ) -> Delivered {
         let (r, gen) = super::sock_of_token(token);
-        if self.sock(r).is_none_or(|s| s.gen != gen) {
-            return Delivered::NoSocket;
+        let d = match self.sock(r) {
+            Some(s) if s.gen == gen => {
+                if !s.rx.fits(payload.len()) {
+                    Stats::bump(&self.stats.rx_ring_full);
+                    return Delivered::Full;
+                }
+                if self.push_group_copy(r, faddr, sport, payload, stamp) {
+                    self.groups.published.push((r, stamp));
+                    Delivered::Yes
+                } else {
+                    Delivered::NoSocket
+                }
+            }
+            _ => Delivered::NoSocket,
+        };
+        self.link
+            .as_mut()
+            .expect("copies come from shard 0")
+            .note(0, Note::GroupPublished { stamp });
+        if d == Delivered::Yes {
+            self.test_fanout_faults();
         }
-        self.deliver_to(r, faddr, sport, payload)
+        d
+    }
+
+    /// Shard 0: one copy of fan-out `stamp` on another poll thread is published (or its member
+    /// is gone). The last one commits the fan-out: every copy readable at once, the local
+    /// members woken, the other shards told to wake theirs.
+    pub(in crate::poll) fn group_copy_published(&mut self, stamp: u64) {
+        let Some(a) = self.groups.awaiting.as_mut() else {
+            debug_assert!(false, "a copy of fan-out {stamp} that nobody awaits");
+            return;
+        };
+        debug_assert_eq!(a.stamp, stamp);
+        a.copies_left -= 1;
+        if a.copies_left > 0 {
+            return;
+        }
+        let shards = a.shards;
+        self.groups.awaiting = None;
+        shm_api::gate::commit(self.dview.group_commit(), stamp);
+        let mut local = std::mem::take(&mut self.groups.commit_wait);
+        self.wake_group_members(local.iter().copied());
+        local.clear();
+        self.groups.commit_wait = local;
+        let link = self.link.as_mut().expect("copies on other shards");
+        for k in (1..64).filter(|k| shards & (1 << k) != 0) {
+            link.note(k, Note::GroupCommitted { stamp });
+        }
+    }
+
+    /// Another shard: fan-outs up to `stamp` are committed; wake the members of this shard
+    /// they reached.
+    pub(in crate::poll) fn group_committed(&mut self, stamp: u64) {
+        let mut published = std::mem::take(&mut self.groups.published);
+        self.wake_group_members(
+            published
+                .iter()
+                .filter(|&&(_, s)| s <= stamp)
+                .map(|&(r, _)| r),
+        );
+        published.retain(|&(_, s)| s > stamp);
+        self.groups.published = published;
     }
 
     /// GroupJoin: `r` (bound) joins `addr:port`, or changes its flags (`update`).
@@ -573,16 +657,18 @@ impl SocketTable {
         self.dview.header().cong_seq.fetch_add(1, Ordering::Release);
     }
 
-    /// The copy of a numbered group message for member `to` of shard `x.shard`.
+    /// The copy of fan-out `stamp` for member `to` of shard `x.shard`; true if it is on its
+    /// way (in the pair ring, or kept until it fits), so that shard will report it published.
     fn forward_group_copy(
         &mut self,
         to: SockRef,
         x: Remote,
         src: (u32, u16),
         payload: &MsgBytes<'_>,
-    ) {
+        stamp: u64,
+    ) -> bool {
         let Some((laddr, dport)) = x.bound else {
-            return;
+            return false;
         };
         let env = Envelope::GroupDeliver {
             laddr,
@@ -590,6 +676,7 @@ impl SocketTable {
             sport: src.1,
             dport,
             token: token_of(to, x.gen),
+            stamp,
         };
         let link = self
             .link
@@ -598,7 +685,9 @@ impl SocketTable {
         if link.forward_or_keep(x.shard, env, payload).is_err() {
             // rdsd keeps 64 MiB for that shard already: it has not read for that long.
             Stats::bump(&self.stats.group_remote_lost);
+            return false;
         }
+        true
     }
 
     /// One message from `from` (bound to `src`) to group `addr:port`: fan it out to every
@@ -615,6 +704,11 @@ impl SocketTable {
             Stats::bump(&self.stats.group_no_group);
             return GroupSent::Done;
         };
+        if self.groups.awaiting.is_some() {
+            // The last fan-out waits for its copies on other poll threads (a thread round
+            // trip): it must commit before another starts.
+            return GroupSent::Blocked;
+        }
         let len = payload.len();
         let sender = Sender {
             sock: from,
@@ -667,24 +761,41 @@ impl SocketTable {
         if let Some(s) = self.sock(from) {
             s.group_blocked = false;
         }
-        // Every target said it fits, and nothing ran on this thread since: every push
-        // succeeds.
+        // Every copy, here or on another poll thread, is gated by this fan-out's stamp and
+        // published; then one commit store makes them readable together: a crash of rdsd
+        // between two publishes leaves the message read by nobody.
+        self.groups.fanouts += 1;
+        let stamp = self.groups.fanouts;
+        let copies = targets.len();
+        let mut away = Awaiting {
+            stamp,
+            copies_left: 0,
+            shards: 0,
+        };
         if !self.groups.remote.is_empty() {
             targets.retain(|&to| {
                 let Some(&x) = self.groups.remote.get(&to) else {
                     return true;
                 };
                 // A member of another shard: its copy crosses in the pair ring, in order.
-                self.forward_group_copy(to, x, src, payload);
+                if self.forward_group_copy(to, x, src, payload, stamp) {
+                    away.copies_left += 1;
+                    away.shards |= 1 << x.shard;
+                }
                 false
             });
         }
-        // Every local copy is gated by this fan-out's stamp and published, then one commit
-        // store makes them readable together: a crash of rdsd between two publishes leaves
-        // the message read by nobody.
-        self.groups.fanouts += 1;
-        let stamp = self.groups.fanouts;
-        self.fan_out_copies(&mut targets, src.0, src.1, payload, stamp);
+        // Every target said it fits, and nothing ran on this thread since: every push
+        // succeeds.
+        let commit = away.copies_left == 0;
+        self.fan_out_copies(&mut targets, src.0, src.1, payload, stamp, copies, commit);
+        if !commit {
+            // Committed (and the local members woken) once the other shards report their
+            // copies published (`group_copy_published`).
+            self.groups.awaiting = Some(away);
+            debug_assert!(self.groups.commit_wait.is_empty());
+            std::mem::swap(&mut self.groups.commit_wait, &mut targets);
+        }
         self.groups.targets = targets;
         GroupSent::Done
     }

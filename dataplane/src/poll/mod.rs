@@ -410,6 +410,8 @@ impl PollCore {
                 self.table.groups_remote_closed(member, from, gen)
             }
             shard::Note::Uncongested { mask } => self.table.notify_uncongested(mask),
+            shard::Note::GroupPublished { stamp } => self.table.group_copy_published(stamp),
+            shard::Note::GroupCommitted { stamp } => self.table.group_committed(stamp),
         }
     }
 
@@ -420,10 +422,11 @@ impl PollCore {
                 faddr,
                 sport,
                 token,
+                stamp,
                 ..
             } => {
                 self.table
-                    .group_deliver_forwarded(token, faddr, sport, &payload)
+                    .group_deliver_forwarded(token, faddr, sport, &payload, stamp)
                     != crate::seam::Delivered::Full
             }
             shard::Envelope::Deliver {

@@ -48,8 +48,9 @@ const NOTES_PER_PAIR: usize = 1 << 14;
 pub(super) const FORWARDED: u64 = 1 << 62;
 const SHARD_SHIFT: u32 = 56;
 const SHARD_MASK: u64 = 0x3f << SHARD_SHIFT;
-/// Bytes of the envelope in front of each payload in a pair ring.
-const ENVELOPE_LEN: usize = 24;
+/// Bytes of the envelope in front of each payload in a pair ring (a 64-byte message still
+/// takes 112 bytes of ring: records are padded to 16).
+const ENVELOPE_LEN: usize = 32;
 const KIND_DELIVER: u8 = 1;
 const KIND_SEND: u8 = 2;
 const KIND_GROUP_DELIVER: u8 = 3;
@@ -99,6 +100,11 @@ pub(super) enum Note {
     },
     /// A socket of another shard that made group requests closed: it leaves its groups.
     GroupSockClosed { member: super::SockRef, gen: u32 },
+    /// (k → 0) One copy of fan-out `stamp` is published, gated, in a member's ring of shard k
+    /// (or its member is gone): shard 0 commits the fan-out once every copy is.
+    GroupPublished { stamp: u64 },
+    /// (0 → k) Fan-outs up to `stamp` are committed: wake the members they reached.
+    GroupCommitted { stamp: u64 },
 }
 
 /// What a pair ring carries, decoded.
@@ -123,40 +129,43 @@ pub(super) enum Envelope {
     },
     /// A group message (already numbered by shard 0) for member `token` (socket and
     /// incarnation, `table::token_of`) of the receiving shard, bound at `(laddr, dport)`;
-    /// dropped if that socket is gone.
+    /// dropped if that socket is gone. `stamp` names its fan-out (`shm_api::gate`), which
+    /// shard 0 commits once this copy is published.
     GroupDeliver {
         laddr: u32,
         faddr: u32,
         sport: u16,
         dport: u16,
         token: u64,
+        stamp: u64,
     },
 }
 
 impl Envelope {
     fn emit(&self) -> [u8; ENVELOPE_LEN] {
-        let (kind, laddr, faddr, sport, dport, token) = match *self {
+        let (kind, laddr, faddr, sport, dport, token, stamp) = match *self {
             Envelope::Deliver {
                 laddr,
                 faddr,
                 sport,
                 dport,
                 token,
-            } => (KIND_DELIVER, laddr, faddr, sport, dport, token),
+            } => (KIND_DELIVER, laddr, faddr, sport, dport, token, 0),
             Envelope::Send {
                 laddr,
                 faddr,
                 sport,
                 dport,
                 token,
-            } => (KIND_SEND, laddr, faddr, sport, dport, token),
+            } => (KIND_SEND, laddr, faddr, sport, dport, token, 0),
             Envelope::GroupDeliver {
                 laddr,
                 faddr,
                 sport,
                 dport,
                 token,
-            } => (KIND_GROUP_DELIVER, laddr, faddr, sport, dport, token),
+                stamp,
+            } => (KIND_GROUP_DELIVER, laddr, faddr, sport, dport, token, stamp),
         };
         let mut b = [0u8; ENVELOPE_LEN];
         b[0] = kind;
@@ -165,6 +174,7 @@ impl Envelope {
         b[12..14].copy_from_slice(&sport.to_le_bytes());
         b[14..16].copy_from_slice(&dport.to_le_bytes());
         b[16..24].copy_from_slice(&token.to_le_bytes());
+        b[24..32].copy_from_slice(&stamp.to_le_bytes());
         b
     }
 
@@ -174,6 +184,7 @@ impl Envelope {
         let u16_at = |i: usize| u16::from_le_bytes(b[i..i + 2].try_into().expect("2 bytes"));
         let (laddr, faddr, sport, dport) = (u32_at(4), u32_at(8), u16_at(12), u16_at(14));
         let token = u64::from_le_bytes(b[16..24].try_into().expect("8 bytes"));
+        let stamp = u64::from_le_bytes(b[24..32].try_into().expect("8 bytes"));
         match b[0] {
             KIND_DELIVER => Envelope::Deliver {
                 laddr,
@@ -195,6 +206,7 @@ impl Envelope {
                 sport,
                 dport,
                 token,
+                stamp,
             },
             k => unreachable!("pair ring record of kind {k}"),
         }
@@ -613,6 +625,7 @@ mod tests {
                 sport: 7,
                 dport: 8,
                 token: 9,
+                stamp: 0x0102_0304_0506_0708,
             },
         ] {
             assert_eq!(Envelope::parse(&e.emit()), e);

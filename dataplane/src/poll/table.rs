@@ -1107,11 +1107,13 @@ impl SocketTable {
     }
 
     /// A multicast fan-out's copies into this thread's `targets` (each checked to have room
-    /// for `payload`, nothing ran since): for each, the copy flagged [`RX_FLAG_GROUP`], its
-    /// slot's gate naming it with `stamp`, the ring published; then the commit (one store:
-    /// every copy readable at once, `shm_api::gate`), one fence and the wake-ups. A target
-    /// whose socket is gone is dropped from `targets` (closes leave their groups at once, so
-    /// this is only a guard).
+    /// for `payload`, nothing ran since): for each, [`Self::push_group_copy`]. With `commit`,
+    /// then the commit (one store: every copy readable at once, `shm_api::gate`) and the
+    /// wake-ups; without, shard 0 commits once the copies on other poll threads are published
+    /// too (`groups.rs`). A target whose socket is gone is dropped from `targets` (closes
+    /// leave their groups at once, so this is only a guard). `copies` counts the fan-out's
+    /// copies on every thread (for the test-only fault hooks).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn fan_out_copies(
         &mut self,
         targets: &mut Vec<SockRef>,
@@ -1119,50 +1121,75 @@ impl SocketTable {
         sport: u16,
         payload: &MsgBytes<'_>,
         stamp: u64,
+        copies: usize,
+        commit: bool,
     ) {
-        let len = payload.len();
-        let mut header = RecordHeader::data(len as u32, faddr, sport);
-        header.flags = RX_FLAG_GROUP;
-        let trace = self.cfg.trace_hops;
-        let many = targets.len() > 1;
         let mut kept = 0;
         for i in 0..targets.len() {
             let to = targets[i];
-            let Some(app) = self.apps.get_mut(to.app).and_then(|a| a.as_mut()) else {
-                continue;
-            };
-            let Some(sock) = app.socks[to.slot as usize].as_mut() else {
-                continue;
-            };
-            let pushed = push_copy(&mut sock.rx, header, payload, trace);
-            if pushed.is_err() {
-                debug_assert!(false, "{to:?} refused a checked fan-out");
-                Stats::bump(&self.stats.rx_ring_full);
+            if !self.push_group_copy(to, faddr, sport, payload, stamp) {
                 continue;
             }
-            let ctl = app.region.slot_control(to.slot);
-            shm_api::gate::gate(
-                &ctl.group_gate_end,
-                &ctl.group_gate_stamp,
-                sock.rx.position(),
-                stamp,
-            );
-            sock.rx.publish();
-            sock.rx_produced += len as u64;
-            ctl.rx_produced_bytes
-                .store(sock.rx_produced, Ordering::Release);
             targets[kept] = to;
             kept += 1;
-            if many && kept == 1 {
+            if copies > 1 && kept == 1 {
                 self.test_fanout_faults();
             }
         }
         targets.truncate(kept);
-        // The commit point: one store makes every copy readable.
-        shm_api::gate::commit(self.dview.group_commit(), stamp);
+        if commit {
+            // The commit point: one store makes every copy readable.
+            shm_api::gate::commit(self.dview.group_commit(), stamp);
+            self.wake_group_members(targets.iter().copied());
+        }
+    }
+
+    /// One group copy into `to`'s rx ring (checked to have room): flagged [`RX_FLAG_GROUP`],
+    /// its slot's gate naming it with fan-out `stamp`, the ring published. False if `to` is
+    /// gone.
+    #[inline]
+    pub(super) fn push_group_copy(
+        &mut self,
+        to: SockRef,
+        faddr: u32,
+        sport: u16,
+        payload: &MsgBytes<'_>,
+        stamp: u64,
+    ) -> bool {
+        let len = payload.len();
+        let mut header = RecordHeader::data(len as u32, faddr, sport);
+        header.flags = RX_FLAG_GROUP;
+        let Some(app) = self.apps.get_mut(to.app).and_then(|a| a.as_mut()) else {
+            return false;
+        };
+        let Some(sock) = app.socks[to.slot as usize].as_mut() else {
+            return false;
+        };
+        if push_copy(&mut sock.rx, header, payload, self.cfg.trace_hops).is_err() {
+            debug_assert!(false, "{to:?} refused a checked group copy");
+            Stats::bump(&self.stats.rx_ring_full);
+            return false;
+        }
+        let ctl = app.region.slot_control(to.slot);
+        shm_api::gate::gate(
+            &ctl.group_gate_end,
+            &ctl.group_gate_stamp,
+            sock.rx.position(),
+            stamp,
+        );
+        sock.rx.publish();
+        sock.rx_produced += len as u64;
+        ctl.rx_produced_bytes
+            .store(sock.rx_produced, Ordering::Release);
+        true
+    }
+
+    /// After a commit: wakes the members that sleep in recv and marks those above SO_RCVBUF
+    /// congested.
+    pub(super) fn wake_group_members(&mut self, members: impl Iterator<Item = SockRef>) {
         // Pairs with the receivers' fence between announcing they wait and looking again.
         std::sync::atomic::fence(Ordering::SeqCst);
-        for &to in targets.iter() {
+        for to in members {
             let Some(app) = self.apps.get_mut(to.app).and_then(|a| a.as_mut()) else {
                 continue;
             };
@@ -1182,7 +1209,7 @@ impl SocketTable {
     }
 
     /// TEST ONLY (`crate::fault`): a crash, or a stall, between two publishes of a fan-out.
-    fn test_fanout_faults(&mut self) {
+    pub(super) fn test_fanout_faults(&mut self) {
         if let Some(n) = &mut self.test_die_in_fanout {
             *n = n.saturating_sub(1);
             if *n == 0 {
