@@ -85,7 +85,7 @@ log "tests again with two poll threads"
 # sit on different threads and their messages cross between them.
 RDSD_TESTS_POLL_THREADS=2 cargo test -p rdsd-tests --no-fail-fast \
     --test socket_api --test hostile --test delivery --test congestion --test multihost \
-    --test isolation --test rdsctl --test wakeup --test groups
+    --test isolation --test rdsctl --test wakeup --test groups --test group_hosts
 
 log "ring model checks"
 bash shm-api/check-ring-models.sh

@@ -241,6 +241,8 @@ fn sock_name(s: Option<&Value>) -> String {
 }
 
 /// `-g`: multicast groups (rdsd's extension): one row per group, one line per member below.
+/// The last column is the creator's socket, or `owner ADDR` for a group another host orders
+/// (a member host of a group ordered here is a member at `ADDR:65534`).
 pub fn groups(doc: &Value) -> String {
     let mut out = String::from("RDS groups:\n");
     let _ = writeln!(
@@ -271,7 +273,11 @@ pub fn groups(doc: &Value) -> String {
             num(g, "deliveries"),
             num(g, "drops_full"),
             num(g, "filtered"),
-            sock_name(g.get("creator").filter(|c| !c.is_null())),
+            match g.get("owner").and_then(Value::as_str) {
+                // A group another host orders, mirrored here for its local members.
+                Some(owner) => format!("owner {owner}"),
+                None => sock_name(g.get("creator").filter(|c| !c.is_null())),
+            },
         );
         for m in members {
             let flags: Vec<&str> = ["loopback", "drop_when_full"]

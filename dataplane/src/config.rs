@@ -67,6 +67,7 @@ struct RawConfig {
     max_regions_per_uid: u32,
     metrics_listen: String,
     trace_hops: bool,
+    group_owners: Vec<String>,
 }
 
 /// rdsd's validated configuration.
@@ -127,6 +128,9 @@ pub struct Config {
     /// Stamp traced messages at each hop of the poll core (`shm_api::hoptrace`): the latency
     /// breakdown of `rds-bench --breakdown`. Off: one flag test per message.
     pub trace_hops: bool,
+    /// Multicast group addresses ordered by another host: `(groups, owner)`, the first match
+    /// wins. A group outside every entry (or whose owner is a local address) is local.
+    pub group_owners: Vec<(Prefix, Ipv4Addr)>,
     /// The transports' `[sections]`, as written (`[dpdk]`, `[rdma]`; none by default).
     pub sections: Sections,
 }
@@ -221,6 +225,10 @@ pub struct Overrides {
     /// Stamp messages that carry a hop-trace block (rds-bench --breakdown) at each hop.
     #[arg(long)]
     pub trace_hops: bool,
+    /// PREFIX=OWNER: multicast groups in PREFIX are ordered by host OWNER (repeatable;
+    /// replaces the configured list).
+    #[arg(long = "group-owner")]
+    pub group_owners: Vec<String>,
 }
 
 fn merge(base: &mut toml::Table, over: toml::Table) {
@@ -235,6 +243,25 @@ fn ms(v: u64, key: &str) -> Result<std::time::Duration> {
         bail!("{key} must be 1..=600000 (got {v})");
     }
     Ok(std::time::Duration::from_millis(v))
+}
+
+/// `PREFIX=OWNER` of `group_owners`: PREFIX inside 224.0.0.0/4, OWNER a unicast address.
+fn parse_group_owner(e: &str) -> Result<(Prefix, Ipv4Addr)> {
+    let (prefix, owner) = e
+        .split_once('=')
+        .with_context(|| format!("group_owners entry {e:?} is not PREFIX=OWNER"))?;
+    let prefix: Prefix = prefix.trim().parse()?;
+    let owner: Ipv4Addr = owner
+        .trim()
+        .parse()
+        .with_context(|| format!("group_owners entry {e:?}: bad owner address"))?;
+    if !prefix.addr.is_multicast() || prefix.len < 4 {
+        bail!("group_owners entry {e:?}: the prefix must lie inside 224.0.0.0/4");
+    }
+    if owner.is_multicast() || owner.is_unspecified() || owner.is_broadcast() {
+        bail!("group_owners entry {e:?}: the owner must be a host's unicast address");
+    }
+    Ok((prefix, owner))
 }
 
 fn core(n: i64, ncpu: usize) -> Result<Option<usize>> {
@@ -336,9 +363,23 @@ impl Config {
                 })?),
             },
             trace_hops: raw.trace_hops || over.trace_hops,
+            group_owners: Vec::new(),
             sections,
         };
         let mut cfg = cfg;
+        let owners = if over.group_owners.is_empty() {
+            &raw.group_owners
+        } else {
+            &over.group_owners
+        };
+        cfg.group_owners = owners
+            .iter()
+            .map(|e| parse_group_owner(e))
+            .collect::<Result<Vec<_>>>()?;
+        // A group this host owns is local: only entries naming another host remain.
+        let local = cfg.local_addrs.clone();
+        cfg.group_owners
+            .retain(|(_, owner)| !local.iter().any(|p| p.contains(*owner)));
         cfg.state_file = match (&over.state_file, raw.state_file.as_str()) {
             (Some(p), _) => p.clone(),
             (None, "") => cfg.control_socket.with_extension("rxseq"),
@@ -439,5 +480,39 @@ mod tests {
                 .metrics_listen,
             None
         );
+    }
+
+    #[test]
+    fn group_owners_name_other_hosts_and_bad_entries_fail() {
+        let with = |entries: &[&str]| {
+            Config::load(
+                None,
+                &Overrides {
+                    local_addrs: vec!["10.0.0.2/32".into()],
+                    group_owners: entries.iter().map(|e| e.to_string()).collect(),
+                    ..Default::default()
+                },
+            )
+        };
+        assert!(Config::load(None, &Overrides::default())
+            .unwrap()
+            .group_owners
+            .is_empty());
+        let c = with(&["239.1.0.0/16=10.0.0.1", "239.2.0.0/16=10.0.0.2"]).unwrap();
+        // The second names this host: its groups are local.
+        assert_eq!(
+            c.group_owners,
+            vec![("239.1.0.0/16".parse().unwrap(), "10.0.0.1".parse().unwrap())]
+        );
+        for bad in [
+            "239.1.0.0/16",
+            "10.0.0.0/8=10.0.0.1",
+            "0.0.0.0/0=10.0.0.1",
+            "239.1.0.0/16=239.0.0.1",
+            "239.1.0.0/16=nowhere",
+        ] {
+            let e = with(&[bad]).unwrap_err();
+            assert!(format!("{e:#}").contains("group_owners"), "{bad}: {e:#}");
+        }
     }
 }

@@ -77,6 +77,18 @@ impl<'a> MsgBytes<'a> {
         unsafe { std::ptr::copy_nonoverlapping(self.ptr, dst, self.len) }
     }
 
+    /// Appends a copy to `v`.
+    pub fn append_to(&self, v: &mut Vec<u8>) {
+        let at = v.len();
+        v.reserve(self.len);
+        // SAFETY: `v` has room for `len` more bytes after reserve, and rdsd's own vector
+        // cannot overlap the source; the new length covers exactly the bytes just written.
+        unsafe {
+            self.copy_to(v.as_mut_ptr().add(at));
+            v.set_len(at + self.len);
+        }
+    }
+
     /// Replaces `v`'s contents with a copy (reusing its capacity).
     pub fn copy_into(&self, v: &mut Vec<u8>) {
         v.clear();

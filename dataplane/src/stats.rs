@@ -136,6 +136,20 @@ counters! {
     /// Copies of group messages for members of another poll thread lost because rdsd already
     /// kept 64 MiB for that thread (it has not taken its messages for that long).
     group_remote_lost,
+    /// Owner: member hosts accepted into a group (a host's `Join`).
+    group_host_joins,
+    /// Member host: joins the owner refused (no such group there, not open): the local
+    /// memberships of that group were dropped.
+    group_host_refused,
+    /// Member host: messages of local apps forwarded to the owner of their group.
+    group_host_sends,
+    /// Owner: numbered messages sent to member hosts (one per host per message).
+    group_host_data,
+    /// Group protocol messages that could not be sent (no route to the host, or past 4096
+    /// hosts), or about a group the receiving host does not have (answered with `Leave`).
+    group_host_lost,
+    /// Group protocol messages refused: malformed, or not from the group port.
+    group_wire_bad,
 }
 }
 

@@ -580,6 +580,7 @@ fn info_gathers_a_snapshot_from_every_poll_thread_in_turn() {
             port: 5000,
             epoch: 1,
             creator: None,
+            owner: None,
             members: vec![GroupMemberSnapshot {
                 sock: GroupSockSnapshot {
                     app,

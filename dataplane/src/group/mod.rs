@@ -1,5 +1,6 @@
 //! Local multicast groups (issue 20): the rules of the multicast Unix sockets proposal on RDS
-//! sockets, as a deterministic state machine without I/O. Not wired into the poll thread yet.
+//! sockets, as a deterministic state machine without I/O (`poll/groups.rs` wires it to the
+//! poll thread; [`wire`] is the protocol between hosts for members on other hosts).
 //!
 //! A group is an RDS address in 224.0.0.0/4 plus a port ([`GroupAddr`]). A socket creates it,
 //! sockets join and leave it; it lives while its creator's socket is open or it has members. A
@@ -40,6 +41,7 @@ mod filter;
 mod model_tests;
 #[cfg(test)]
 mod tests;
+pub mod wire;
 
 pub use filter::{Filter, FilterInput, SenderRule};
 
@@ -436,6 +438,38 @@ impl<M: Copy + Eq + Hash + Debug> GroupTable<M> {
         });
         self.note_socket(sock, group);
         Ok(())
+    }
+
+    /// Like [`Self::join`], but a missing group is opened without a creator first: a host's
+    /// mirror of a group another host orders (it lives while it has members). ENOBUFS past
+    /// [`GroupLimits::max_groups`].
+    pub fn join_open(
+        &mut self,
+        group: GroupAddr,
+        sock: M,
+        flags: MemberFlags,
+        filter: Filter,
+    ) -> Result<(), GroupError> {
+        if !self.groups.contains_key(&group) {
+            filter.check()?;
+            if self.groups.len() >= self.limits.max_groups {
+                return Err(GroupError::TooManyGroups);
+            }
+            self.epochs += 1;
+            self.groups.insert(
+                group,
+                Group {
+                    epoch: self.epochs,
+                    creator: None,
+                    members: Vec::new(),
+                    last_seq: 0,
+                    counters: GroupCounters::default(),
+                },
+            );
+        }
+        let r = self.join(group, sock, flags, filter);
+        self.remove_if_dead(group);
+        r
     }
 
     fn member_mut(&mut self, group: GroupAddr, sock: M) -> Result<&mut Member<M>, GroupError> {

@@ -16,7 +16,9 @@
 //! - **Lifetime**: a group holds a reference on its address's congestion entry from create to
 //!   death; closing a socket (and an app's death or eviction) leaves all its groups.
 
+use super::group_hosts::{member_host, GroupHosts};
 use super::{token_of, App, Envelope, Note, ShardLink, SockRef, SocketTable};
+use crate::group::wire::GroupMsg;
 use crate::group::{
     Filter, GroupAddr, GroupError, GroupTable, MemberFlags, SendDecision, Sender, SenderRule,
 };
@@ -167,9 +169,14 @@ fn member_room(
     apps: &mut [Option<App>],
     remote: &FxHashMap<SockRef, Remote>,
     link: Option<&ShardLink>,
+    hosts: &GroupHosts,
     m: SockRef,
     len: usize,
 ) -> bool {
+    if let Some(h) = member_host(m) {
+        // Another host: room while its window is not full.
+        return hosts.room(h);
+    }
     // (Most groups have no member on another shard: skip the hash then.)
     if let Some(x) = (!remote.is_empty()).then(|| remote.get(&m)).flatten() {
         // Another shard's socket: not congested, and nothing waiting for room towards its
@@ -206,6 +213,10 @@ impl SocketTable {
         let g = group_addr(addr, port)?;
         if flags & !shm_api::ctrl::GROUP_CREATE_OPEN != 0 {
             return Err(libc::EINVAL);
+        }
+        if self.group_owner(g).is_some() {
+            // `group_owners` says another host orders it: create it there.
+            return Err(libc::EADDRNOTAVAIL);
         }
         if self.groups.table.exists(g) {
             return Err(libc::EADDRINUSE);
@@ -397,6 +408,55 @@ impl SocketTable {
         self.groups.published = published;
     }
 
+    /// Owner: member host `m` joins `g`. Across hosts only groups created open may be
+    /// joined (this host cannot vouch for another host's uids). The errno of a refusal, or 0.
+    pub(super) fn group_host_join(&mut self, g: GroupAddr, m: SockRef) -> i32 {
+        match self.groups.meta.get(&g) {
+            // Not created here (or only mirrored here).
+            None => return libc::ENOENT,
+            Some(meta) if !meta.open => return libc::EACCES,
+            Some(_) => {}
+        }
+        match self.groups.table.join(g, m, MemberFlags::NONE, Filter::All) {
+            Ok(()) | Err(GroupError::AlreadyMember) => {
+                self.refresh_full(g);
+                0
+            }
+            Err(e) => e.errno(),
+        }
+    }
+
+    /// Owner: member host `m` has no member of `g` left.
+    pub(super) fn group_host_leave(&mut self, g: GroupAddr, m: SockRef) {
+        if self.groups.table.leave(g, m).is_ok() {
+            self.group_changed(g);
+        }
+    }
+
+    /// Member host: the owner refused our join of `g`: every local membership of it ends.
+    pub(super) fn group_dissolve(&mut self, g: GroupAddr) {
+        let members: Vec<SockRef> = self
+            .groups
+            .table
+            .group(g)
+            .map(|v| v.members.iter().map(|m| m.sock).collect())
+            .unwrap_or_default();
+        for r in members {
+            let _ = self.groups.table.leave(g, r);
+            if self.groups.table.groups_of(r).is_empty() {
+                if let Some(b) = self.groups.remote.remove(&r).and_then(|x| x.bound) {
+                    self.groups.remote_by_addr.remove(&b);
+                }
+            }
+        }
+        self.group_changed(g);
+    }
+
+    /// The group socket of another poll thread bound at `bound`, if one made group requests.
+    pub(super) fn group_remote_sock(&self, bound: (u32, u16)) -> Option<SockRef> {
+        self.groups.remote_by_addr.get(&bound).copied()
+    }
+
     /// GroupJoin: `r` (bound) joins `addr:port`, or changes its flags (`update`).
     #[allow(clippy::too_many_arguments)]
     fn group_join(
@@ -415,8 +475,21 @@ impl SocketTable {
             // A member receives: like any receiver it needs an address.
             return Err(libc::ENOTCONN);
         }
+        let owner = self.group_owner(g);
         let done = if update {
             self.groups.table.set_flags(g, r, flags)
+        } else if let Some(owner) = owner {
+            // Ordered by another host: this host's mirror of it (the owner decides who may
+            // join: only groups created open).
+            let fresh = !self.groups.table.exists(g);
+            self.groups
+                .table
+                .join_open(g, r, flags, Filter::All)
+                .map_err(GroupError::errno)?;
+            if fresh {
+                self.mirror_opened(g, owner, bound.expect("checked").0);
+            }
+            Ok(())
         } else if self
             .groups
             .meta
@@ -589,6 +662,13 @@ impl SocketTable {
             self.refresh_full(g);
             return;
         }
+        if self.mirror_closed(g) {
+            // A mirror holds no congestion entry and has no creator.
+            if self.groups.full.remove(&g) {
+                self.set_group_bit(g, false);
+            }
+            return;
+        }
         if self.groups.full.remove(&g) {
             self.set_group_bit(g, false);
         }
@@ -691,7 +771,7 @@ impl SocketTable {
     }
 
     /// One message from `from` (bound to `src`) to group `addr:port`: fan it out to every
-    /// eligible member or to none.
+    /// eligible member or to none; to a group another host orders, send it to that host.
     pub(in crate::poll) fn group_send(
         &mut self,
         from: SockRef,
@@ -704,6 +784,33 @@ impl SocketTable {
             Stats::bump(&self.stats.group_no_group);
             return GroupSent::Done;
         };
+        self.group_send_as(from, src, g, payload, false)
+    }
+
+    /// [`Self::group_send`] of a decoded group; `numbered` for a message another host sent
+    /// here to be fanned out (an owner's `Data`, a member host's `Send` to its owner): never
+    /// sent on to another owner.
+    pub(super) fn group_send_as(
+        &mut self,
+        from: SockRef,
+        src: (u32, u16),
+        g: GroupAddr,
+        payload: &MsgBytes<'_>,
+        numbered: bool,
+    ) -> GroupSent {
+        if let Some(owner) = self.group_owner(g).filter(|_| !numbered) {
+            if !self.host_room(owner) {
+                return GroupSent::Blocked;
+            }
+            Stats::bump(&self.stats.group_host_sends);
+            let head = GroupMsg::Send {
+                group: g,
+                from: src,
+                payload: &[],
+            };
+            self.queue_to_host(owner, src.0, head, Some(payload));
+            return GroupSent::Done;
+        }
         if self.groups.awaiting.is_some() {
             // The last fan-out waits for its copies on other poll threads (a thread round
             // trip): it must commit before another starts.
@@ -715,7 +822,7 @@ impl SocketTable {
             addr: src.0,
             port: src.1,
         };
-        let (apps, link) = (&mut self.apps, self.link.as_ref());
+        let (apps, link, hosts) = (&mut self.apps, self.link.as_ref(), &self.hosts);
         let Groups {
             table,
             remote,
@@ -724,7 +831,10 @@ impl SocketTable {
         } = &mut self.groups;
         let mut targets = std::mem::take(targets);
         targets.clear();
-        let decision = table.send(g, sender, len, |m| member_room(apps, remote, link, m, len));
+        let decision = table.send(g, sender, len, |m| {
+            member_room(apps, remote, link, hosts, m, len)
+        });
+        let seq;
         match decision {
             Err(_) => {
                 Stats::bump(&self.stats.group_no_group);
@@ -746,6 +856,7 @@ impl SocketTable {
                 return GroupSent::Blocked;
             }
             Ok(SendDecision::Deliver(d)) => {
+                seq = d.seq;
                 let st = &self.stats;
                 Stats::bump(&st.group_sends);
                 st.group_deliveries
@@ -772,6 +883,23 @@ impl SocketTable {
             copies_left: 0,
             shards: 0,
         };
+        if targets.iter().any(|&t| member_host(t).is_some()) {
+            targets.retain(|&to| {
+                let Some(host) = member_host(to) else {
+                    return true;
+                };
+                // A member host: the numbered message goes there once, in the group's order.
+                Stats::bump(&self.stats.group_host_data);
+                let head = GroupMsg::Data {
+                    group: g,
+                    seq,
+                    from: src,
+                    payload: &[],
+                };
+                self.queue_to_host(host, 0, head, Some(payload));
+                false
+            });
+        }
         if !self.groups.remote.is_empty() {
             targets.retain(|&to| {
                 let Some(&x) = self.groups.remote.get(&to) else {

@@ -23,6 +23,7 @@ mod sock_ref;
 mod table;
 
 use crate::config::Config;
+use crate::group::wire::GROUP_PORT;
 use crate::seam::{MsgBytes, OutMsg, SendOutcome, Transport};
 use crate::shm::region::{AppRegion, DaemonRegion};
 use crate::stats::Stats;
@@ -281,9 +282,13 @@ impl PollCore {
             }
         }
         work += self.table.check_congested();
+        // Group messages for other hosts: those of this pass's sends before the transports
+        // run (they go out in this pass), those their deliveries made after.
+        work += self.flush_group_out();
         for t in self.transports.iter_mut() {
             work += t.poll(&mut self.table);
         }
+        work += self.flush_group_out();
         for addr in self.table.drain_cong_changed() {
             for t in self.transports.iter_mut() {
                 t.local_congestion_changed(addr);
@@ -516,6 +521,57 @@ impl PollCore {
                 }
             }
         }
+    }
+
+    /// Hands the group messages queued for other hosts (`table/group_hosts.rs`) to the
+    /// transports; one flag test when there are none.
+    fn flush_group_out(&mut self) -> usize {
+        if !self.table.group_out_pending() {
+            return 0;
+        }
+        let mut work = 0;
+        for i in 0..self.table.host_links() {
+            let Some((addr, laddr, token, buf)) = self.table.take_host_out(i) else {
+                continue;
+            };
+            let dest = Ipv4Addr::from(addr);
+            let mut at = 0;
+            while at + 4 <= buf.len() {
+                let n = u32::from_le_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as usize;
+                let bytes = &buf[at + 4..at + 4 + n];
+                let Some(t) = self.transports.iter_mut().find(|t| t.routes_to(dest)) else {
+                    Stats::bump(&self.table.stats().group_host_lost);
+                    at += 4 + n;
+                    continue;
+                };
+                let msg = OutMsg {
+                    laddr,
+                    faddr: addr,
+                    sport: GROUP_PORT,
+                    dport: GROUP_PORT,
+                    payload: MsgBytes::from_slice(bytes),
+                    token,
+                    in_place: None,
+                };
+                self.table.group_host_sending(i, n as u64);
+                match t.send(&mut self.table, msg) {
+                    SendOutcome::Queued | SendOutcome::QueuedInPlace => {}
+                    // Kept, in order, for the next pass.
+                    SendOutcome::Blocked => {
+                        self.table.group_host_released(i, n as u64);
+                        break;
+                    }
+                    SendOutcome::Delivered | SendOutcome::Dropped => {
+                        self.table.group_host_released(i, n as u64);
+                        Stats::bump(&self.table.stats().group_host_lost)
+                    }
+                }
+                at += 4 + n;
+                work += 1;
+            }
+            self.table.put_host_out(i, buf, at);
+        }
+        work
     }
 
     fn publish_counters(&self) {

@@ -96,7 +96,11 @@ pub struct GroupSnapshot {
     pub epoch: u64,
     /// The creator's socket, while it is open.
     pub creator: Option<GroupSockSnapshot>,
-    /// Members, in the order they joined.
+    /// The host that orders it, if another host does (this host mirrors it for its local
+    /// members); `None`: ordered here.
+    pub owner: Option<Ipv4Addr>,
+    /// Members, in the order they joined. A member host of a group ordered here is one
+    /// member: app `usize::MAX`, the host's address, port `GROUP_PORT`.
     pub members: Vec<GroupMemberSnapshot>,
     /// Sequence number of the last message delivered (0: none yet).
     pub last_seq: u64,
@@ -177,6 +181,15 @@ impl PollCore {
             .map(|s| ((s.app, s.slot), (s.addr, s.port)))
             .collect();
         let sock = |r: super::SockRef| {
+            if let Some(host) = super::table::member_host(r) {
+                return GroupSockSnapshot {
+                    app: r.app,
+                    slot: 0,
+                    pid: 0,
+                    addr: Some(Ipv4Addr::from(host)),
+                    port: crate::group::wire::GROUP_PORT,
+                };
+            }
             let (addr, port) = bound.get(&(r.app, r.slot)).copied().unwrap_or_else(|| {
                 // A socket of another poll thread (shard 0 orders every group).
                 self.table
@@ -200,6 +213,7 @@ impl PollCore {
                 port: g.addr.port(),
                 epoch: g.epoch,
                 creator: g.creator.map(sock),
+                owner: self.table.group_mirror_owner(g.addr),
                 members: g
                     .members
                     .iter()

@@ -27,6 +27,11 @@ pub use super::sock_ref::SockRef;
 #[path = "groups.rs"]
 mod groups;
 use groups::Groups;
+#[path = "group_hosts.rs"]
+mod group_hosts;
+use crate::group::wire::GROUP_PORT;
+pub(in crate::poll) use group_hosts::member_host;
+use group_hosts::GroupHosts;
 pub(super) use groups::{GroupSent, Remote};
 
 #[derive(Clone, Copy)]
@@ -161,6 +166,8 @@ pub struct SocketTable {
     next_region: u64,
     /// The multicast groups this shard orders (`groups.rs`).
     groups: Groups,
+    /// Their members on other hosts, and the groups other hosts order (`group_hosts.rs`).
+    hosts: GroupHosts,
     /// TEST ONLY (`crate::fault::die_in_fanout`): fan-outs left before rdsd kills itself
     /// between two of a fan-out's publishes.
     test_die_in_fanout: Option<u64>,
@@ -189,6 +196,7 @@ impl SocketTable {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64)
             ^ (shard as u64) << 48;
+        let hosts = GroupHosts::new(&cfg);
         SocketTable {
             link: (fabric.shards() > 1).then(|| fabric.link(shard)),
             fabric,
@@ -217,6 +225,7 @@ impl SocketTable {
             regions_gone: Vec::with_capacity(64),
             next_region: 1,
             groups: Groups::new(),
+            hosts,
             test_die_in_fanout: crate::fault::die_in_fanout(),
             test_stall_in_fanout: crate::fault::stall_in_fanout(),
             rx_burst_on: false,
@@ -388,6 +397,10 @@ impl SocketTable {
     pub(super) fn bind(&mut self, r: SockRef, addr: Ipv4Addr, port: u16) -> Result<u16, i32> {
         if addr.is_unspecified() || addr.is_broadcast() || addr.is_multicast() || port == 1 {
             return Err(libc::EINVAL);
+        }
+        if port == GROUP_PORT {
+            // rdsd's own: the group protocol between hosts.
+            return Err(libc::EADDRINUSE);
         }
         if self.sock(r).expect("live").bound.is_some() {
             return Err(libc::EINVAL);
@@ -1262,6 +1275,9 @@ fn push_copy(
 
 impl Upcalls for SocketTable {
     fn deliver(&mut self, m: Incoming<'_>) -> Delivered {
+        if m.dport == GROUP_PORT {
+            return self.group_wire_in(&m);
+        }
         let Some(&to) = self.binds.get(&(m.laddr, m.dport)) else {
             if let Some(d) = self.forward_delivery(&m) {
                 return d;
@@ -1296,6 +1312,10 @@ impl Upcalls for SocketTable {
             return;
         }
         let (r, gen) = sock_of_token(token);
+        if let Some(host) = group_hosts::host_of_token(r) {
+            self.group_host_released(host, len);
+            return;
+        }
         let Some(s) = self.sock(r) else { return };
         if s.gen != gen {
             return;
@@ -1348,7 +1368,7 @@ fn free_port(binds: &FxHashMap<(u32, u16), u8>, addr: u32, rand: u64) -> Option<
     let start = 2 + (rand % 65534) as u32;
     (0..65534u32)
         .map(|i| (2 + (start - 2 + i) % 65534) as u16)
-        .find(|&p| !binds.contains_key(&(addr, p)))
+        .find(|&p| p != GROUP_PORT && !binds.contains_key(&(addr, p)))
 }
 
 /// The token a network transport carries for a message: which socket (and which incarnation

@@ -63,7 +63,9 @@ fn main() {
             }
             say(format!("received {expect}"));
         }
-        // send SRC DST COUNT LEN: send COUNT sequence-numbered messages (blocking).
+        // send SRC DST COUNT LEN [hold]: send COUNT sequence-numbered messages (blocking); with
+        // "hold", keep the socket open afterwards until killed (a close drops what rdsd has
+        // not sent yet, as in rds(7)).
         "send" => {
             let src: SocketAddrV4 = arg(&args, 1, "src");
             let dst: SocketAddrV4 = arg(&args, 2, "dst");
@@ -76,6 +78,11 @@ fn main() {
                     .unwrap_or_else(|e| fail(format!("send {i}: {e}")));
             }
             say(format!("sent {count}"));
+            if args.get(5).is_some_and(|a| a == "hold") {
+                loop {
+                    std::thread::sleep(Duration::from_secs(3600));
+                }
+            }
         }
         // hold ADDR: bind and sleep (to be killed).
         "hold" => {
@@ -290,6 +297,27 @@ fn main() {
                 }
             }
             say(format!("done {count} {digest:016x}"));
+        }
+        // group-create ADDR GROUP OPEN: binds ADDR, creates GROUP (any uid may join if OPEN is
+        // 1), prints "created" (or "error ERRNO"), then holds it until killed.
+        "group-create" => {
+            let addr: SocketAddrV4 = arg(&args, 1, "addr");
+            let group: SocketAddrV4 = arg(&args, 2, "group");
+            let open: u8 = arg(&args, 3, "open");
+            let s = rdsd.socket().unwrap();
+            s.bind(addr).unwrap_or_else(|e| fail(format!("bind: {e}")));
+            let r = if open == 1 {
+                s.group_create_open(group)
+            } else {
+                s.group_create(group)
+            };
+            match r {
+                Ok(()) => say("created"),
+                Err(e) => say(format!("error {}", e.raw_os_error().unwrap_or(0))),
+            }
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
         }
         // fanout SRC COUNT DST...: one socket sends COUNT messages to each destination in turn.
         "fanout" => {
