@@ -7,9 +7,9 @@
 # the copies into the members' rx rings and the wake-ups of members asleep in recv), divided
 # by the messages of the run; it includes drain_tx's look at every open socket in passes that
 # find nothing (more sockets, more such passes while 64 members wake up: an upper bound). The
-# group's SocketTable::group_send inclusive (decision, copies, wake-ups) runs only for a
-# message: compared with the unicast upper bound it favours the group. The apps' own
-# instructions are not counted.
+# group's SocketTable::group_send_as inclusive (decision, copies, wake-ups; `group_send` is
+# inlined into its callers) runs only for a message: compared with the unicast upper bound it
+# favours the group. The apps' own instructions are not counted.
 #
 # usage: bench/fanout-callgrind.sh ["MEMBERS..."] [MESSAGES]   (release build: cargo build --release)
 set -euo pipefail
@@ -41,7 +41,7 @@ run() {
     callgrind_annotate --inclusive=yes --threshold=100 "$out/callgrind.$imp".* 2>/dev/null |
         awk -v m=$((messages + lat + warm)) -v imp="$imp" '{v = $1; gsub(",", "", v); v += 0}
              /PollCore::drain_tx( |$)/ {if (v > tx) tx = v}
-             /SocketTable>::group_send( |$)/ {if (v > gs) gs = v}
+             /SocketTable>::group_send(_as)?( |$)/ {if (v > gs) gs = v}
              END {printf "%s %d %d %d\n", imp, m, tx / m, gs / m}'
 }
 

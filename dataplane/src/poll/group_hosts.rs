@@ -206,8 +206,15 @@ impl SocketTable {
     }
 
     /// Whether messages wait for [`Self::take_host_out`] (one flag test per pass otherwise).
-    pub(in crate::poll) fn group_out_pending(&mut self) -> bool {
-        std::mem::take(&mut self.hosts.pending)
+    #[inline]
+    pub(in crate::poll) fn group_out_pending(&self) -> bool {
+        self.hosts.pending
+    }
+
+    /// The flusher takes every link's messages (those it cannot send come back with
+    /// [`Self::put_host_out`], which raises the flag again).
+    pub(in crate::poll) fn group_out_taken(&mut self) {
+        self.hosts.pending = false;
     }
 
     /// Hosts with a link (indices for [`Self::take_host_out`]).
