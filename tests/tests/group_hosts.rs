@@ -219,3 +219,70 @@ fn an_unreachable_member_host_gets_everything_in_order_once_back() {
     sender.kill();
     creator.kill();
 }
+
+/// A member host applies its members' flags to the owner's messages: two sockets of host 1
+/// are members and senders, one with LOOPBACK (it gets its own messages back, through the
+/// owner, in the group's order) and one without (it gets only the other's); the owner's
+/// member gets both streams in the order the LOOPBACK member saw them.
+#[test]
+fn a_member_host_applies_loopback_to_its_own_senders() {
+    let lab = lab(2);
+    let h = &lab.hosts;
+    let g = "239.77.0.5:5000";
+    let mut creator = h[0].d().app(&["group-create", &h[0].at(7000), g, "1"]);
+    creator.expect_within("created", LIMIT);
+    let go = std::env::temp_dir().join(format!("rdsd-group-go-{}", std::process::id()));
+    let _ = std::fs::remove_file(&go);
+    let go_s = go.to_str().expect("utf-8 path");
+    const COUNT: u64 = 200;
+    let (each, both) = (COUNT.to_string(), (2 * COUNT).to_string());
+    let mut with = h[1]
+        .d()
+        .app(&["group-talk", &h[1].at(7001), g, "1", &each, &both, go_s]);
+    let mut without = h[1]
+        .d()
+        .app(&["group-talk", &h[1].at(7002), g, "0", &each, &each, go_s]);
+    let mut owner_side = h[0].d().app(&[
+        "group-member",
+        &h[0].at(7003),
+        g,
+        "0",
+        "1048576",
+        "1",
+        &both,
+    ]);
+    for a in [&mut with, &mut without, &mut owner_side] {
+        a.expect_within("joined", LIMIT);
+    }
+    wait_for(
+        || h[0].d().stat("group_host_joins") == 1,
+        LIMIT,
+        "the owner to take the member host",
+    );
+    std::fs::write(&go, b"").unwrap();
+    let got_with = with.expect_within("done", LIMIT);
+    let got_without = without.expect_within("done", LIMIT);
+    let got_owner = owner_side.expect_within("done", LIMIT);
+    let _ = std::fs::remove_file(&go);
+    // "EXPECT DIGEST own K"
+    let field = |s: &str, i: usize| s.split_whitespace().nth(i).unwrap_or("").to_string();
+    assert_eq!(
+        field(&got_with, 3),
+        each,
+        "LOOPBACK: its own {COUNT}: {got_with}"
+    );
+    assert_eq!(
+        field(&got_without, 3),
+        "0",
+        "no LOOPBACK: none of its own: {got_without}"
+    );
+    assert_eq!(
+        got_owner,
+        format!("{both} {}", field(&got_with, 1)),
+        "the owner's member saw what the LOOPBACK member saw, in the same order"
+    );
+    assert_eq!(h[1].d().stat("group_host_sends"), 2 * COUNT);
+    for a in [&mut with, &mut without, &mut owner_side, &mut creator] {
+        a.kill();
+    }
+}

@@ -298,6 +298,46 @@ fn main() {
             }
             say(format!("done {count} {digest:016x}"));
         }
+        // group-talk ADDR GROUP FLAGS COUNT EXPECT GO: binds ADDR, joins GROUP with FLAGS,
+        // prints "joined"; once the file GO exists sends COUNT messages to the group, then
+        // receives EXPECT and prints "done EXPECT DIGEST own K" (the digest as group-member's,
+        // K the messages from its own socket).
+        "group-talk" => {
+            let addr: SocketAddrV4 = arg(&args, 1, "addr");
+            let group: SocketAddrV4 = arg(&args, 2, "group");
+            let flags: u32 = arg(&args, 3, "flags");
+            let count: u64 = arg(&args, 4, "count");
+            let expect: u64 = arg(&args, 5, "expect");
+            let go = std::path::PathBuf::from(&args[6]);
+            let s = rdsd.socket().unwrap();
+            s.set_recv_buffer_size(1 << 20).unwrap();
+            s.bind(addr).unwrap_or_else(|e| fail(format!("bind: {e}")));
+            s.group_join(group, shm_api::GroupFlags::from_bits(flags))
+                .unwrap_or_else(|e| fail(format!("join: {e}")));
+            say("joined");
+            while !go.exists() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            for i in 0..count {
+                s.send_to(&seq_payload(i, 100), group)
+                    .unwrap_or_else(|e| fail(format!("send {i}: {e}")));
+            }
+            let mut buf = vec![0u8; 1 << 16];
+            let (mut digest, mut own) = (0xcbf2_9ce4_8422_2325u64, 0);
+            for _ in 0..expect {
+                let (n, from) = s
+                    .recv_from(&mut buf)
+                    .unwrap_or_else(|e| fail(format!("recv: {e}")));
+                own += u64::from(from == addr);
+                for v in [u64::from(from.port()), payload_seq(&buf[..n])] {
+                    digest = (digest ^ v).wrapping_mul(0x100_0000_01b3);
+                }
+            }
+            say(format!("done {expect} {digest:016x} own {own}"));
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
         // group-create ADDR GROUP OPEN: binds ADDR, creates GROUP (any uid may join if OPEN is
         // 1), prints "created" (or "error ERRNO"), then holds it until killed.
         "group-create" => {
