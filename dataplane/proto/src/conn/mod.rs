@@ -441,6 +441,13 @@ impl<P: AsRef<[u8]>> Connection<P> {
         self.events.pop_front()
     }
 
+    /// Whether [`Connection::poll_event`] has something (a pass with nothing to drain costs
+    /// one test).
+    #[inline]
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// When [`Connection::handle_timeout`] should next be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.tx
