@@ -785,20 +785,30 @@ fn a_crash_in_the_middle_of_a_fanout_delivers_the_message_to_nobody() {
     // The second app learns of the death before it reads (a request fails): it still reads
     // what was committed.
     assert!(a2.socket().is_err(), "rdsd is dead");
-    let mut buf = vec![0u8; 4096];
     for (k, m) in members.iter().enumerate() {
-        let mut got = Vec::new();
-        let err = loop {
-            match m.recv_from(&mut buf) {
-                Ok((n, from)) => {
-                    assert_eq!(from, lo(9601));
-                    got.push(payload_seq(&buf[..n]));
-                }
-                Err(e) => break e,
+        assert_eq!(
+            read_until_gone(m, lo(9601)),
+            (0..39).collect::<Vec<u64>>(),
+            "member {k}"
+        );
+    }
+}
+
+/// What `m` still reads from `sender` after rdsd died, until the library says rdsd is gone.
+fn read_until_gone(m: &Socket, sender: SocketAddrV4) -> Vec<u64> {
+    let mut buf = vec![0u8; 4096];
+    let mut got = Vec::new();
+    loop {
+        match m.recv_from(&mut buf) {
+            Ok((n, from)) => {
+                assert_eq!(from, sender);
+                got.push(payload_seq(&buf[..n]));
             }
-        };
-        assert!(shm_api::is_daemon_gone(&err), "member {k}: {err}");
-        assert_eq!(got, (0..39).collect::<Vec<u64>>(), "member {k}");
+            Err(e) => {
+                assert!(shm_api::is_daemon_gone(&e), "{e}");
+                return got;
+            }
+        }
     }
 }
 
@@ -838,20 +848,12 @@ fn a_crash_while_copies_cross_poll_threads_delivers_the_message_to_nobody() {
         LIMIT,
         "rdsd to die at the 39th copy on poll thread 1",
     );
-    let mut buf = vec![0u8; 4096];
     for (k, m) in members.iter().enumerate() {
-        let mut got = Vec::new();
-        let err = loop {
-            match m.recv_from(&mut buf) {
-                Ok((n, from)) => {
-                    assert_eq!(from, lo(9611));
-                    got.push(payload_seq(&buf[..n]));
-                }
-                Err(e) => break e,
-            }
-        };
-        assert!(shm_api::is_daemon_gone(&err), "member {k}: {err}");
-        assert_eq!(got, (0..19).collect::<Vec<u64>>(), "member {k}");
+        assert_eq!(
+            read_until_gone(m, lo(9611)),
+            (0..19).collect::<Vec<u64>>(),
+            "member {k}"
+        );
     }
 }
 

@@ -395,6 +395,13 @@ impl<M: Copy + Eq + Hash + Debug> GroupTable<M> {
         if self.groups.contains_key(&group) {
             return Err(GroupError::GroupExists);
         }
+        self.open(group, Some(creator))?;
+        self.note_socket(creator, group);
+        Ok(())
+    }
+
+    /// A new, empty incarnation of `group`. ENOBUFS past [`GroupLimits::max_groups`].
+    fn open(&mut self, group: GroupAddr, creator: Option<M>) -> Result<(), GroupError> {
         if self.groups.len() >= self.limits.max_groups {
             return Err(GroupError::TooManyGroups);
         }
@@ -403,13 +410,12 @@ impl<M: Copy + Eq + Hash + Debug> GroupTable<M> {
             group,
             Group {
                 epoch: self.epochs,
-                creator: Some(creator),
+                creator,
                 members: Vec::new(),
                 last_seq: 0,
                 counters: GroupCounters::default(),
             },
         );
-        self.note_socket(creator, group);
         Ok(())
     }
 
@@ -452,20 +458,7 @@ impl<M: Copy + Eq + Hash + Debug> GroupTable<M> {
     ) -> Result<(), GroupError> {
         if !self.groups.contains_key(&group) {
             filter.check()?;
-            if self.groups.len() >= self.limits.max_groups {
-                return Err(GroupError::TooManyGroups);
-            }
-            self.epochs += 1;
-            self.groups.insert(
-                group,
-                Group {
-                    epoch: self.epochs,
-                    creator: None,
-                    members: Vec::new(),
-                    last_seq: 0,
-                    counters: GroupCounters::default(),
-                },
-            );
+            self.open(group, None)?;
         }
         let r = self.join(group, sock, flags, filter);
         self.remove_if_dead(group);

@@ -20,6 +20,16 @@ fn say(s: impl AsRef<str>) {
     let _ = out.flush();
 }
 
+/// FNV-1a over (sender port, sequence) pairs in arrival order: two members that got the same
+/// messages in the same order print the same digest.
+const DIGEST_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+fn digest_step(digest: u64, port: u16, seq: u64) -> u64 {
+    [u64::from(port), seq]
+        .into_iter()
+        .fold(digest, |d, v| (d ^ v).wrapping_mul(0x100_0000_01b3))
+}
+
 fn fail(s: impl AsRef<str>) -> ! {
     say(format!("FAIL {}", s.as_ref()));
     std::process::exit(1)
@@ -287,14 +297,12 @@ fn main() {
                 }
             }
             let mut buf = vec![0u8; 1 << 20];
-            let mut digest = 0xcbf2_9ce4_8422_2325u64;
+            let mut digest = DIGEST_START;
             for _ in 0..count {
                 let (n, from) = s
                     .recv_from(&mut buf)
                     .unwrap_or_else(|e| fail(format!("recv: {e}")));
-                for v in [u64::from(from.port()), payload_seq(&buf[..n])] {
-                    digest = (digest ^ v).wrapping_mul(0x100_0000_01b3);
-                }
+                digest = digest_step(digest, from.port(), payload_seq(&buf[..n]));
             }
             say(format!("done {count} {digest:016x}"));
         }
@@ -323,15 +331,13 @@ fn main() {
                     .unwrap_or_else(|e| fail(format!("send {i}: {e}")));
             }
             let mut buf = vec![0u8; 1 << 16];
-            let (mut digest, mut own) = (0xcbf2_9ce4_8422_2325u64, 0);
+            let (mut digest, mut own) = (DIGEST_START, 0);
             for _ in 0..expect {
                 let (n, from) = s
                     .recv_from(&mut buf)
                     .unwrap_or_else(|e| fail(format!("recv: {e}")));
                 own += u64::from(from == addr);
-                for v in [u64::from(from.port()), payload_seq(&buf[..n])] {
-                    digest = (digest ^ v).wrapping_mul(0x100_0000_01b3);
-                }
+                digest = digest_step(digest, from.port(), payload_seq(&buf[..n]));
             }
             say(format!("done {expect} {digest:016x} own {own}"));
             loop {
