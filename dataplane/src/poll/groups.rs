@@ -883,7 +883,7 @@ impl SocketTable {
             copies_left: 0,
             shards: 0,
         };
-        if targets.iter().any(|&t| member_host(t).is_some()) {
+        if self.host_links() > 0 && targets.iter().any(|&t| member_host(t).is_some()) {
             targets.retain(|&to| {
                 let Some(host) = member_host(to) else {
                     return true;
