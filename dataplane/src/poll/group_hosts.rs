@@ -97,8 +97,6 @@ struct HostLink {
 #[derive(Clone, Copy, Debug)]
 struct Mirror {
     owner: u32,
-    /// The owner accepted our `Join`.
-    joined: bool,
 }
 
 /// Shard 0's state for groups across hosts.
@@ -200,11 +198,6 @@ impl SocketTable {
         self.hosts.pending = true;
     }
 
-    /// A member host of a group ordered here: room for another message.
-    pub(super) fn host_room(&self, addr: u32) -> bool {
-        self.hosts.room(addr)
-    }
-
     /// Whether messages wait for [`Self::take_host_out`] (one flag test per pass otherwise).
     #[inline]
     pub(in crate::poll) fn group_out_pending(&self) -> bool {
@@ -261,13 +254,7 @@ impl SocketTable {
 
     /// A local socket (bound at `laddr`) opened the mirror of `g`, owned by `owner`.
     pub(super) fn mirror_opened(&mut self, g: GroupAddr, owner: u32, laddr: u32) {
-        self.hosts.mirrors.insert(
-            g,
-            Mirror {
-                owner,
-                joined: false,
-            },
-        );
+        self.hosts.mirrors.insert(g, Mirror { owner });
         self.queue_to_host(owner, laddr, GroupMsg::Join { group: g }, None);
     }
 
@@ -327,19 +314,16 @@ impl SocketTable {
             }
             GroupMsg::Leave { .. } => self.group_host_leave(g, host_member(host)),
             GroupMsg::Joined { errno, .. } => {
-                let ours = self.hosts.mirrors.get_mut(&g).filter(|m| m.owner == host);
-                match ours {
-                    Some(m) if errno == 0 => m.joined = true,
-                    Some(_) => {
-                        Stats::bump(&self.stats.group_host_refused);
-                        tracing::warn!(
-                            group = %Ipv4Addr::from(g.addr()), port = g.port(),
-                            owner = %Ipv4Addr::from(host), errno,
-                            "the owner refused this host's join: its members here are dropped"
-                        );
-                        self.group_dissolve(g);
-                    }
-                    None => {}
+                // Joined (errno 0) needs nothing; a refusal ends our mirror.
+                let ours = self.hosts.mirrors.get(&g).is_some_and(|m| m.owner == host);
+                if ours && errno != 0 {
+                    Stats::bump(&self.stats.group_host_refused);
+                    tracing::warn!(
+                        group = %Ipv4Addr::from(g.addr()), port = g.port(),
+                        owner = %Ipv4Addr::from(host), errno,
+                        "the owner refused this host's join: its members here are dropped"
+                    );
+                    self.group_dissolve(g);
                 }
             }
             GroupMsg::Send { from, payload, .. } => {

@@ -799,7 +799,7 @@ impl SocketTable {
         numbered: bool,
     ) -> GroupSent {
         if let Some(owner) = self.group_owner(g).filter(|_| !numbered) {
-            if !self.host_room(owner) {
+            if !self.hosts.room(owner) {
                 return GroupSent::Blocked;
             }
             Stats::bump(&self.stats.group_host_sends);
