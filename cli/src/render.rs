@@ -85,13 +85,21 @@ pub fn connections(doc: &Value) -> String {
     let mut out = String::from("RDS connections:\n");
     let _ = writeln!(
         out,
-        "  {:>15} {:>15} {:>9} {:>10} {:>6} {:>5} {:>10} {:>10}",
-        "LocalAddr", "RemoteAddr", "Transport", "State", "Active", "Paths", "Gen", "PeerGen"
+        "  {:>15} {:>15} {:>9} {:>10} {:>6} {:>5} {:>10} {:>10} {:>4}",
+        "LocalAddr",
+        "RemoteAddr",
+        "Transport",
+        "State",
+        "Active",
+        "Paths",
+        "Gen",
+        "PeerGen",
+        "Poll"
     );
     for c in list(doc, "connections") {
         let _ = writeln!(
             out,
-            "  {:>15} {:>15} {:>9} {:>10} {:>6} {:>5} {:>10} {:>10}",
+            "  {:>15} {:>15} {:>9} {:>10} {:>6} {:>5} {:>10} {:>10} {:>4}",
             field(c, "laddr"),
             field(c, "faddr"),
             field(c, "transport"),
@@ -100,6 +108,7 @@ pub fn connections(doc: &Value) -> String {
             field(c, "npaths"),
             num(c, "generation"),
             num(c, "peer_generation"),
+            num(c, "shard"),
         );
     }
     truncated(&mut out, doc, "connections");
@@ -375,7 +384,7 @@ mod tests {
                         {"app": 1, "slot": 1, "addr": null, "port": 0}],
             "sockets_truncated": 3,
             "connections": [{"transport": "tcp", "laddr": "10.0.0.1", "faddr": "10.0.0.2",
-                "state": "up", "active": true, "generation": 5, "peer_generation": 6,
+                "state": "up", "active": true, "generation": 5, "peer_generation": 6, "shard": 1,
                 "npaths": 8, "paths": [{"index": 0, "state": "up", "next_tx_seq": 12,
                 "next_rx_seq": 9, "queued_msgs": 1, "unacked_msgs": 2, "tx_stream_bytes": 500,
                 "unacked_bytes": 96, "rx_paused": false}]}],
@@ -428,7 +437,7 @@ mod tests {
         let row: Vec<&str> = n.lines().nth(2).unwrap().split_whitespace().collect();
         assert_eq!(
             row,
-            ["10.0.0.1", "10.0.0.2", "tcp", "up", "yes", "8", "5", "6"]
+            ["10.0.0.1", "10.0.0.2", "tcp", "up", "yes", "8", "5", "6", "1"]
         );
         let p = paths(&d);
         let row: Vec<&str> = p.lines().nth(2).unwrap().split_whitespace().collect();

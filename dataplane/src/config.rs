@@ -388,8 +388,9 @@ impl Config {
         if cfg.paths == 0 || cfg.paths > 8 {
             bail!("paths must be 1..=8 (got {})", cfg.paths);
         }
-        if cfg.max_apps == 0 || cfg.max_apps > 4096 {
-            bail!("max_apps must be 1..=4096");
+        // A release token has 12 bits of app index; index 4095 names rdsd's own host links.
+        if cfg.max_apps == 0 || cfg.max_apps > 4095 {
+            bail!("max_apps must be 1..=4095");
         }
         if cfg.max_apps_per_uid == 0 || cfg.max_regions_per_uid == 0 {
             bail!("max_apps_per_uid and max_regions_per_uid must be at least 1");
@@ -424,6 +425,34 @@ impl Config {
     pub fn is_local(&self, ip: Ipv4Addr) -> bool {
         self.local_addrs.iter().any(|p| p.contains(ip))
     }
+
+    /// Poll threads that each drive a kernel-TCP transport of their own: all of them when
+    /// this host talks to the network over kernel TCP only; 1 (shard 0) when a `[dpdk]` or
+    /// `[rdma]` section is present, whose single device or context shard 0 drives.
+    pub fn net_shards(&self) -> usize {
+        if self.sections.names().next().is_some() || !self.wants_network() {
+            1
+        } else {
+            self.poll_cores.len()
+        }
+    }
+
+    /// The poll thread that owns the RDS connection `(laddr, faddr)` and all its paths: a
+    /// hash of the address pair, so both the sender's shard and the accept thread find it
+    /// without asking anyone.
+    pub fn conn_shard(&self, laddr: u32, faddr: u32) -> usize {
+        conn_shard(self.net_shards(), laddr, faddr)
+    }
+}
+
+/// [`Config::conn_shard`] for `shards` kernel-TCP poll threads.
+pub fn conn_shard(shards: usize, laddr: u32, faddr: u32) -> usize {
+    if shards <= 1 {
+        return 0;
+    }
+    // Fibonacci hashing: neighbouring addresses (a cluster's) spread over the shards.
+    let key = (u64::from(laddr) << 32) | u64::from(faddr);
+    ((key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % shards as u64) as usize
 }
 
 #[cfg(test)]

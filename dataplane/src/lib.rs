@@ -83,8 +83,6 @@ pub fn run(cfg: Config, shutdown: Arc<AtomicBool>) -> Result<()> {
         daemon.view(),
         poll::shard::open_rebind(&cfg),
     ));
-    // Shard 0 drives every transport; the others deliver locally and forward the rest to it.
-    let mut transports = Some(transport::build(&cfg, &stats).context("starting the transports")?);
     let shard_stats: Vec<Arc<stats::Stats>> = (0..shards)
         .map(|k| {
             if k == 0 {
@@ -95,13 +93,12 @@ pub fn run(cfg: Config, shutdown: Arc<AtomicBool>) -> Result<()> {
         })
         .collect();
     stats.count_others(shard_stats[1..].to_vec());
+    // Every shard delivers locally; each of `net_shards` drives kernel TCP for the
+    // connections it owns; shard 0 drives the DPDK port or the RDMA context.
+    let transports =
+        transport::build_shards(&cfg, &shard_stats).context("starting the transports")?;
     let mut poll_threads = Vec::with_capacity(shards);
-    for (k, sstats) in shard_stats.into_iter().enumerate() {
-        let list = match transports.take() {
-            Some(list) => list,
-            None => vec![Box::new(transport::loopback::Loopback::new(&cfg, &sstats))
-                as Box<dyn seam::Transport>],
-        };
+    for (k, (sstats, list)) in shard_stats.into_iter().zip(transports).enumerate() {
         let core = poll::PollCore::shard(
             cfg.clone(),
             sstats,

@@ -257,6 +257,8 @@ pub struct PathSnapshot {
 pub struct ConnSnapshot {
     /// Transport name (`tcp`).
     pub transport: &'static str,
+    /// The poll thread that owns the connection and polls its paths (set by the poll core).
+    pub shard: usize,
     /// Local address.
     pub laddr: Ipv4Addr,
     /// Peer address.

@@ -314,3 +314,70 @@ fn malformed_peer_drops_only_its_connection() {
     assert_eq!(r.expect("received"), "500");
     assert_eq!(s.wait(), 0);
 }
+
+/// `rdsctl info -n --json` of `d`: its connections.
+fn connections_of(d: &Daemon) -> Vec<serde_json::Value> {
+    let out = std::process::Command::new(bin_dir().join("rdsctl"))
+        .arg("-s")
+        .arg(&d.socket)
+        .args(["info", "-n", "--json"])
+        .output()
+        .expect("rdsctl");
+    assert!(out.status.success(), "rdsctl: {out:?}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    doc["connections"].as_array().expect("connections").clone()
+}
+
+/// Kernel TCP on two poll threads (issue 18): each connection, with every path of it, is
+/// owned by one thread (a hash of the address pair), both ends agree without asking, and
+/// messages cross between the apps' threads and the connections' threads in order, exactly
+/// once, both ways.
+#[test]
+fn connections_are_spread_over_the_poll_threads_and_lose_nothing() {
+    let two = ["--poll-core", "-2", "--poll-core", "-2", "--paths", "2"];
+    let lab = Lab::new(3, 3, &two);
+    let h = &lab.hosts;
+    let mut sinks: Vec<App> = h
+        .iter()
+        .map(|x| x.d().app(&["recv-multi", &x.at(6000), "4000"]))
+        .collect();
+    for s in &mut sinks {
+        s.expect("bound");
+    }
+    // Two apps per host: the sink on one thread, the sender on the other (fewest apps first).
+    let senders: Vec<App> = (0..3)
+        .map(|i| {
+            let others: Vec<String> = (0..3).filter(|&j| j != i).map(|j| h[j].at(6000)).collect();
+            h[i].d()
+                .app(&["fanout", &h[i].at(6001), "2000", &others[0], &others[1]])
+        })
+        .collect();
+    for s in &mut sinks {
+        assert_eq!(s.expect("received"), "4000 sources 2");
+    }
+    for s in senders {
+        assert_eq!(s.wait(), 0);
+    }
+    let mut owners = Vec::new();
+    for x in h {
+        let conns = connections_of(x.d());
+        let mut peers: Vec<&str> = conns.iter().map(|c| c["faddr"].as_str().unwrap()).collect();
+        peers.sort();
+        peers.dedup();
+        assert_eq!(
+            peers.len(),
+            2,
+            "one connection per peer, on one thread: {conns:?}"
+        );
+        assert_eq!(conns.len(), 2, "{conns:?}");
+        for c in &conns {
+            let shard = c["shard"].as_u64().expect("shard");
+            assert!(shard < 2, "{c}");
+            owners.push(shard);
+        }
+        assert_eq!(x.d().stat("tcp_delivered"), 4000);
+    }
+    eprintln!("connection owners: {owners:?}");
+    // Six address pairs: on every lab subnet both threads own some.
+    assert!(owners.contains(&0) && owners.contains(&1), "{owners:?}");
+}

@@ -691,7 +691,7 @@ fn ping_and_info_between_two_rdsd() {
     assert!(
         text.lines().any(|l| {
             let w: Vec<&str> = l.split_whitespace().collect();
-            w.len() == 8 && w[..5] == [a0.as_str(), a1.as_str(), "tcp", "up", "yes"]
+            w.len() == 9 && w[..5] == [a0.as_str(), a1.as_str(), "tcp", "up", "yes"]
         }),
         "{text}"
     );

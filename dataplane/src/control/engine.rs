@@ -738,6 +738,13 @@ impl<H: Host> Engine<H> {
                         g.shards_seen = snap.shards_seen;
                         g.sockets.extend(snap.sockets);
                         g.groups.extend(snap.groups);
+                        // Each shard's own connections (kernel TCP on several poll threads).
+                        g.connections.extend(snap.connections);
+                        for t in snap.transports {
+                            if !g.transports.contains(&t) {
+                                g.transports.push(t);
+                            }
+                        }
                         g
                     }
                 };

@@ -37,9 +37,10 @@ use std::net::Ipv4Addr;
 const HOST_APP: usize = usize::MAX;
 /// The app index of the sender of a message that another host's app sent.
 const REMOTE_SENDER_APP: usize = usize::MAX - 1;
-/// The app bits of a release token for bytes queued to a host (below `shard::FORWARDED`;
-/// no app has that index).
-const TOKEN_APP: usize = 0x3_ffff;
+/// The app bits of a release token for bytes queued to a host: no app has that index
+/// (`max_apps` ≤ 4095), and it fits the token's 12 app bits, so a token forwarded to the
+/// shard that owns the host's connection (`shard::forwarded_token`) comes back intact.
+const TOKEN_APP: usize = 0xfff;
 /// Hosts this host exchanges group messages with (a token names one in 12 bits).
 const MAX_HOSTS: usize = 4096;
 /// Bytes queued for a member host and not yet acknowledged before the group waits for it.

@@ -539,26 +539,46 @@ impl PollCore {
                 continue;
             };
             let dest = Ipv4Addr::from(addr);
+            let owner = self.table.net_owner(laddr, addr);
             let mut at = 0;
             while at + 4 <= buf.len() {
                 let n = u32::from_le_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as usize;
-                let bytes = &buf[at + 4..at + 4 + n];
-                let Some(t) = self.transports.iter_mut().find(|t| t.routes_to(dest)) else {
-                    Stats::bump(&self.table.stats().group_host_lost);
-                    at += 4 + n;
-                    continue;
-                };
-                let msg = OutMsg {
-                    laddr,
-                    faddr: addr,
-                    sport: GROUP_PORT,
-                    dport: GROUP_PORT,
-                    payload: MsgBytes::from_slice(bytes),
-                    token,
-                    in_place: None,
-                };
+                let payload = MsgBytes::from_slice(&buf[at + 4..at + 4 + n]);
                 self.table.group_host_sending(i, n as u64);
-                match t.send(&mut self.table, msg) {
+                let outcome = if owner != self.table.shard() {
+                    // The host's connection is another shard's: its release comes back as a
+                    // note (`Upcalls::release` of the forwarded token).
+                    let env = shard::Envelope::Send {
+                        laddr,
+                        faddr: addr,
+                        sport: GROUP_PORT,
+                        dport: GROUP_PORT,
+                        token,
+                    };
+                    match self
+                        .table
+                        .link_mut()
+                        .expect("several shards")
+                        .forward(owner, env, &payload)
+                    {
+                        Ok(()) => SendOutcome::Queued,
+                        Err(()) => SendOutcome::Blocked,
+                    }
+                } else if let Some(t) = self.transports.iter_mut().find(|t| t.routes_to(dest)) {
+                    let msg = OutMsg {
+                        laddr,
+                        faddr: addr,
+                        sport: GROUP_PORT,
+                        dport: GROUP_PORT,
+                        payload,
+                        token,
+                        in_place: None,
+                    };
+                    t.send(&mut self.table, msg)
+                } else {
+                    SendOutcome::Dropped
+                };
+                match outcome {
                     SendOutcome::Queued | SendOutcome::QueuedInPlace => {}
                     // Kept, in order, for the next pass.
                     SendOutcome::Blocked => {
@@ -649,7 +669,7 @@ impl PollCore {
         let dest = Ipv4Addr::from(rec.header.addr);
         if dest.is_multicast() && self.table.shard() != 0 {
             // Shard 0 owns and orders every group: the message crosses in this ring's order.
-            return self.forward_send(from, src, rec);
+            return self.forward_send(0, from, src, rec);
         }
         if dest.is_multicast() {
             // SAFETY: as below: peeked, not consumed, its app in the table for this call.
@@ -669,10 +689,17 @@ impl PollCore {
             if let Some(o) = self.forward_local(from, src, rec) {
                 return o;
             }
+            if self.table.net_shards() > 1 {
+                // The connection to a remote host is one shard's: the message takes its ring.
+                let owner = self.table.net_owner(src.0, rec.header.addr);
+                if owner != self.table.shard() && !self.table.cfg().is_local(dest) {
+                    return self.forward_send(owner, from, src, rec);
+                }
+            }
         }
         let Some(t) = self.transports.iter_mut().find(|t| t.routes_to(dest)) else {
-            if self.table.shard() != 0 {
-                return self.forward_send(from, src, rec);
+            if self.table.shard() != 0 && self.table.net_shards() == 1 {
+                return self.forward_send(0, from, src, rec);
             }
             Stats::bump(&self.table.stats().drop_no_route);
             return Outcome::Done;
@@ -751,9 +778,10 @@ impl PollCore {
         })
     }
 
-    /// A send to a remote host from a shard without transports: to shard 0, whose transport
-    /// gives the bytes back (`Note::Release`) when the peer acknowledged them.
-    fn forward_send(&mut self, from: SockRef, src: (u32, u16), rec: &Record) -> Outcome {
+    /// A send to a remote host (or a group) from a shard that does not carry it: to shard
+    /// `to`, whose transport gives the bytes back (`Note::Release`) when the peer
+    /// acknowledged them.
+    fn forward_send(&mut self, to: usize, from: SockRef, src: (u32, u16), rec: &Record) -> Outcome {
         // SAFETY: as in `route`: peeked, not consumed, its app in the table for this call.
         let sent = unsafe { self.table.tx_record(from, rec) };
         let env = shard::Envelope::Send {
@@ -763,23 +791,26 @@ impl PollCore {
             dport: rec.header.port,
             token: token_of(from, sent.gen),
         };
-        let link = self
-            .table
-            .link_mut()
-            .expect("shards other than 0 have a link");
-        match link.forward(0, env, &sent.payload) {
+        let link = self.table.link_mut().expect("several shards have a link");
+        match link.forward(to, env, &sent.payload) {
             Ok(()) => Outcome::Queued,
             Err(()) => Outcome::Blocked,
         }
     }
 
-    /// RDS_CANCEL_SENT_TO (or a drain cancel) for every transport, shard 0's included.
+    /// RDS_CANCEL_SENT_TO (or a drain cancel) for every transport, other shards' included.
     fn cancel_everywhere(&mut self, laddr: u32, sport: u16, dest: Option<(u32, u16)>) {
         for t in self.transports.iter_mut() {
             t.cancel(laddr, sport, dest);
         }
-        if let Some(l) = self.table.link_mut().filter(|l| l.shard != 0) {
-            l.note(0, shard::Note::Cancel { laddr, sport, dest });
+        let note = shard::Note::Cancel { laddr, sport, dest };
+        let all = self.table.net_shards() > 1;
+        if let Some(l) = self.table.link_mut() {
+            if all {
+                l.note_all(note);
+            } else if l.shard != 0 {
+                l.note(0, note);
+            }
         }
     }
 

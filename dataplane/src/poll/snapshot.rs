@@ -167,6 +167,9 @@ impl PollCore {
             out.transports.push(t.name());
             t.snapshot(&mut out.connections);
         }
+        for c in out.connections.iter_mut() {
+            c.shard = self.table.shard();
+        }
         out
     }
 }

@@ -154,6 +154,9 @@ pub struct SocketTable {
     shard: usize,
     /// This shard's end of the fabric; `None` with one poll thread.
     link: Option<ShardLink>,
+    /// Poll threads with a kernel-TCP transport, each owning the connections
+    /// `config::conn_shard` gives it (1: shard 0 drives every network transport).
+    net_shards: usize,
     /// Set while delivering what another shard forwarded: never forwarded again.
     from_fabric: bool,
     /// Messages offered in place (zero copy), see `inplace`.
@@ -199,6 +202,7 @@ impl SocketTable {
         let hosts = GroupHosts::new(&cfg);
         SocketTable {
             link: (fabric.shards() > 1).then(|| fabric.link(shard)),
+            net_shards: cfg.net_shards().min(fabric.shards()),
             fabric,
             shard,
             from_fabric: false,
@@ -253,6 +257,16 @@ impl SocketTable {
     #[inline]
     pub(super) fn shard(&self) -> usize {
         self.shard
+    }
+
+    /// See the field: 1, or every poll thread drives kernel TCP for the connections it owns.
+    pub(super) fn net_shards(&self) -> usize {
+        self.net_shards
+    }
+
+    /// The poll thread whose transports carry messages from `laddr` to the remote `faddr`.
+    pub(super) fn net_owner(&self, laddr: u32, faddr: u32) -> usize {
+        crate::config::conn_shard(self.net_shards, laddr, faddr)
     }
 
     /// This shard's end of the fabric; `None` with one poll thread.
@@ -566,10 +580,18 @@ impl SocketTable {
     }
 
     fn set_cong_bit(&mut self, addr: u32, port: u16, on: bool) {
-        match self.link.as_mut().filter(|l| l.shard != 0) {
-            // Shard 0 keeps the maps its transports send to peers.
-            Some(l) => l.note(0, Note::CongBit { addr, port, on }),
-            None => self.local_cong_changed(addr, port, on),
+        if self.net_shards > 1 {
+            // Every shard sends the maps to the peers of the connections it owns.
+            self.local_cong_changed(addr, port, on);
+            if let Some(l) = self.link.as_mut() {
+                l.note_all(Note::CongBit { addr, port, on });
+            }
+        } else {
+            match self.link.as_mut().filter(|l| l.shard != 0) {
+                // Shard 0 keeps the maps its transports send to peers.
+                Some(l) => l.note(0, Note::CongBit { addr, port, on }),
+                None => self.local_cong_changed(addr, port, on),
+            }
         }
         if let Some(&(idx, _)) = self.cong_entries.get(&addr) {
             let word = &self.dview.map(idx)[port as usize / 64];
@@ -979,8 +1001,12 @@ impl SocketTable {
         if self.from_fabric {
             return None;
         }
-        let l = self.link.as_mut()?;
-        let to = l.owner(m.laddr, m.dport)?;
+        let to = self.link.as_mut()?.owner(m.laddr, m.dport)?;
+        Some(self.forward_to(to, m))
+    }
+
+    /// A message from the network into the pair ring to shard `to` (`Full`: the ring is).
+    fn forward_to(&mut self, to: usize, m: &Incoming<'_>) -> Delivered {
         let env = Envelope::Deliver {
             laddr: m.laddr,
             faddr: m.faddr,
@@ -988,10 +1014,13 @@ impl SocketTable {
             dport: m.dport,
             token: 0,
         };
-        Some(match l.forward(to, env, &m.payload) {
+        let Some(l) = self.link.as_mut() else {
+            return Delivered::NoSocket;
+        };
+        match l.forward(to, env, &m.payload) {
             Ok(()) => Delivered::Yes,
             Err(()) => Delivered::Full,
-        })
+        }
     }
 
     /// Delivers a message another shard forwarded (never forwarded again: a binding that
@@ -1276,6 +1305,10 @@ fn push_copy(
 impl Upcalls for SocketTable {
     fn deliver(&mut self, m: Incoming<'_>) -> Delivered {
         if m.dport == GROUP_PORT {
+            if self.shard != 0 && !self.from_fabric {
+                // Shard 0 keeps the groups: the host's connection may be this shard's.
+                return self.forward_to(0, &m);
+            }
             return self.group_wire_in(&m);
         }
         let Some(&to) = self.binds.get(&(m.laddr, m.dport)) else {

@@ -16,7 +16,6 @@ use rds_proto::wire::MAX_PATHS;
 use rds_proto::{AcceptError, Connection, Event, Instant, PathState};
 use rustc_hash::FxHashMap;
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,8 +49,9 @@ pub struct EndpointConfig {
     pub local: Vec<Prefix>,
     /// Paths offered per peer (1..=8).
     pub npaths: u8,
-    /// Where the receive state survives restarts (`None`: not persisted).
-    pub state_file: Option<PathBuf>,
+    /// Where the receive state survives restarts (`None`: not persisted); shared by the
+    /// endpoints of several poll threads, each writing the slots of its own connections.
+    pub state: Option<Arc<RxStateFile>>,
 }
 
 /// Which group of the daemon's counters an endpoint bumps.
@@ -115,7 +115,7 @@ pub struct Endpoint<L: Link, C: Clock = MonotonicClock> {
     pass: u32,
     stats: Arc<Stats>,
     group: StatsGroup,
-    persist: Option<RxStateFile>,
+    persist: Option<Arc<RxStateFile>>,
     restored: u32,
     /// What passes cost, published with the other counters (`NetStats::passes` ...).
     cost: PassCost,
@@ -161,14 +161,8 @@ fn random_seed() -> u64 {
 }
 
 impl<L: Link> Endpoint<L> {
-    /// An endpoint over `link` on the monotonic clock, with a random seed. Fails only if the
-    /// state file cannot be opened.
-    pub fn new(
-        link: L,
-        cfg: EndpointConfig,
-        stats: Arc<Stats>,
-        group: StatsGroup,
-    ) -> std::io::Result<Endpoint<L>> {
+    /// An endpoint over `link` on the monotonic clock, with a random seed.
+    pub fn new(link: L, cfg: EndpointConfig, stats: Arc<Stats>, group: StatsGroup) -> Endpoint<L> {
         Endpoint::with_clock(
             link,
             cfg,
@@ -191,23 +185,20 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
         group: StatsGroup,
         clock: C,
         seed: u64,
-    ) -> std::io::Result<Endpoint<L, C>> {
+    ) -> Endpoint<L, C> {
         let mut generation = (seed ^ (seed >> 29)) as u32;
         if generation == 0 {
             generation = 1;
         }
-        let persist = match &cfg.state_file {
-            Some(p) => Some(RxStateFile::open(p)?),
-            None => None,
-        };
+        let persist = cfg.state.clone();
         tracing::info!(
             transport = cfg.name,
             generation,
             paths = cfg.npaths,
-            state = ?cfg.state_file,
+            persisted = persist.is_some(),
             "RDS endpoint ready"
         );
-        Ok(Endpoint {
+        Endpoint {
             link,
             cfg,
             generation,
@@ -224,7 +215,7 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
             cost: PassCost::default(),
             wrote: false,
             parked: Vec::new(),
-        })
+        }
     }
 
     /// Connections whose receive state came from the state file.
@@ -279,7 +270,7 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
                 return None;
             }
         };
-        let persist = self.persist.as_mut().and_then(|f| f.slot_for(laddr, faddr));
+        let persist = self.persist.as_ref().and_then(|f| f.slot_for(laddr, faddr));
         if let (Some(f), Some(slot)) = (&self.persist, persist) {
             let (peer_generation, next_rx_seq) = f.load(slot);
             if next_rx_seq.iter().any(|&s| s != 0) {
@@ -514,7 +505,7 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
         if hold.stash_pos < hold.stash.len() {
             let stash = std::mem::take(&mut hold.stash);
             let pos = hold.stash_pos;
-            let cx = Ctx::new(now, path, self.persist.as_ref(), &self.stats, self.group);
+            let cx = Ctx::new(now, path, self.persist.as_deref(), &self.stats, self.group);
             let id = (c.laddr, c.faddr, c.persist);
             let used = feed(&mut c.engine, &mut c.rx[path], id, up, cx, &stash[pos..]);
             let hold = &mut c.rx[path];
@@ -589,7 +580,7 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
             input = true;
             budget = budget.saturating_sub(data.len().max(1));
             work += 1;
-            let cx = Ctx::new(now, path, self.persist.as_ref(), &self.stats, self.group);
+            let cx = Ctx::new(now, path, self.persist.as_deref(), &self.stats, self.group);
             let id = (c.laddr, c.faddr, c.persist);
             let used = feed(&mut c.engine, &mut c.rx[path], id, up, cx, data);
             if c.rx[path].held.is_some() {
@@ -1004,6 +995,7 @@ impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
             };
             out.push(ConnSnapshot {
                 transport: self.cfg.name,
+                shard: 0,
                 laddr: ip(c.laddr),
                 faddr: ip(c.faddr),
                 state,

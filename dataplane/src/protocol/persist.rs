@@ -9,13 +9,15 @@
 //! (spec §7) instead of being delivered a second time.
 //!
 //! The file is rdsd's alone ([`LockedMap`]); a file of the wrong size or magic is
-//! reinitialised.
+//! reinitialised. Several poll threads share one file (each writes only the slots of the
+//! connections it owns; claiming a slot takes a lock, at connection setup only).
 
 use crate::statefile::LockedMap;
 use rds_proto::wire::MAX_PATHS;
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"RDSDRXSQ");
 const VERSION: u32 = 1;
@@ -39,17 +41,33 @@ const FILE_LEN: usize = HEADER + SLOTS * SLOT_LEN;
 /// The mapped state file.
 pub struct RxStateFile {
     file: LockedMap,
-    used: usize,
+    /// Slots claimed (a prefix of the file): the lock serialises claims.
+    used: Mutex<usize>,
 }
 
-// SAFETY: MmapMut is Send; the raw atomics inside are accessed through &self / &mut self,
-// and only by the poll thread that owns the endpoint.
+// SAFETY: MmapMut is Send; the mapping is only read and written through the atomics of its
+// slots (`slot`), and slots are claimed under `used`'s lock.
 unsafe impl Send for RxStateFile {}
+// SAFETY: as for Send: through `&self`, the mapping is touched only by atomic loads and stores
+// and by claims under the lock; each claimed slot's stores come from the one poll thread that
+// owns its connection.
+unsafe impl Sync for RxStateFile {}
+
+impl std::fmt::Debug for RxStateFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RxStateFile({} slots used)", self.used())
+    }
+}
 
 impl RxStateFile {
     /// Opens (or creates) the file and locks it for this process.
     pub fn open(path: &Path) -> io::Result<RxStateFile> {
         Ok(RxStateFile::adopt(LockedMap::open(path, FILE_LEN)?))
+    }
+
+    /// [`RxStateFile::open`], to be shared by the endpoints of several poll threads.
+    pub fn open_shared(path: &Path) -> io::Result<Arc<RxStateFile>> {
+        RxStateFile::open(path).map(Arc::new)
     }
 
     /// A state file whose first bytes are `bytes` (fuzz targets and tests).
@@ -72,16 +90,25 @@ impl RxStateFile {
             map[8..12].copy_from_slice(&VERSION.to_le_bytes());
             map[12..16].copy_from_slice(&(SLOTS as u32).to_le_bytes());
         }
-        let mut f = RxStateFile { file, used: 0 };
-        f.used = (0..SLOTS)
+        let f = RxStateFile {
+            file,
+            used: Mutex::new(0),
+        };
+        let used = (0..SLOTS)
             .take_while(|&i| f.slot(i).used.load(Ordering::Relaxed) != 0)
             .count();
+        *f.claims() = used;
         f
+    }
+
+    fn claims(&self) -> std::sync::MutexGuard<'_, usize> {
+        // A panic while claiming leaves a consistent count (it is written last).
+        self.used.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Connections with a slot.
     pub fn used(&self) -> usize {
-        self.used
+        *self.claims()
     }
 
     fn slot(&self, i: usize) -> &Slot {
@@ -93,17 +120,18 @@ impl RxStateFile {
     }
 
     /// The slot of a connection, claiming a free one for a new connection; `None` when full.
-    pub fn slot_for(&mut self, laddr: u32, faddr: u32) -> Option<usize> {
-        if let Some(i) = (0..self.used).find(|&i| {
+    pub fn slot_for(&self, laddr: u32, faddr: u32) -> Option<usize> {
+        let mut used = self.claims();
+        if let Some(i) = (0..*used).find(|&i| {
             let s = self.slot(i);
             s.laddr.load(Ordering::Relaxed) == laddr && s.faddr.load(Ordering::Relaxed) == faddr
         }) {
             return Some(i);
         }
-        if self.used == SLOTS {
+        if *used == SLOTS {
             return None;
         }
-        let i = self.used;
+        let i = *used;
         let s = self.slot(i);
         s.laddr.store(laddr, Ordering::Relaxed);
         s.faddr.store(faddr, Ordering::Relaxed);
@@ -112,7 +140,7 @@ impl RxStateFile {
             q.store(0, Ordering::Relaxed);
         }
         s.used.store(1, Ordering::Release);
-        self.used += 1;
+        *used += 1;
         Some(i)
     }
 
@@ -162,7 +190,7 @@ mod tests {
         let path = dir.join("rx.state");
         let _ = std::fs::remove_file(&path);
         {
-            let mut f = RxStateFile::open(&path).unwrap();
+            let f = RxStateFile::open(&path).unwrap();
             let a = f.slot_for(1, 2).unwrap();
             let b = f.slot_for(1, 3).unwrap();
             assert_ne!(a, b);
@@ -178,7 +206,7 @@ mod tests {
                 "locked by the first opener"
             );
         }
-        let mut f = RxStateFile::open(&path).unwrap();
+        let f = RxStateFile::open(&path).unwrap();
         let a = f.slot_for(1, 2).unwrap();
         let (gen, seqs) = f.load(a);
         assert_eq!(gen, 77);
@@ -189,7 +217,7 @@ mod tests {
         drop(f);
         // A scribbled file is reinitialised, not trusted.
         std::fs::write(&path, b"garbage").unwrap();
-        let mut f = RxStateFile::open(&path).unwrap();
+        let f = RxStateFile::open(&path).unwrap();
         let a = f.slot_for(1, 2).unwrap();
         assert_eq!(f.load(a), (0, [0; MAX_PATHS]));
         let _ = std::fs::remove_dir_all(&dir);

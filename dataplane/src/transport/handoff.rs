@@ -19,26 +19,50 @@ pub struct Handoff<T> {
     queue: Arc<ArrayQueue<T>>,
     wake: Arc<OwnedFd>,
     stop: Arc<AtomicBool>,
+    /// The thread, held (and stopped and joined on drop) by the first receiving end only.
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl<T: Send + 'static> Handoff<T> {
     /// Starts thread `name`: each time `fd` is readable it calls `produce`, which hands over
     /// every item ready now (it must not block: `fd` is non-blocking).
-    pub fn spawn<F>(name: &str, fd: RawFd, mut produce: F) -> io::Result<Handoff<T>>
+    pub fn spawn<F>(name: &str, fd: RawFd, produce: F) -> io::Result<Handoff<T>>
     where
         F: FnMut(&mut dyn FnMut(T)) + Send + 'static,
     {
-        // SAFETY: eventfd with a valid flag set; the descriptor is owned from here on.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if efd < 0 {
-            return Err(io::Error::last_os_error());
+        let mut ends = Handoff::spawn_sharded(name, fd, 1, |_: &T| 0, produce)?;
+        Ok(ends.pop().expect("one end"))
+    }
+
+    /// [`Handoff::spawn`] with `ends` receiving ends (one per poll thread): each item goes to
+    /// end `route(&item)` (taken modulo `ends`). The first end owns the thread.
+    pub fn spawn_sharded<F, R>(
+        name: &str,
+        fd: RawFd,
+        ends: usize,
+        route: R,
+        mut produce: F,
+    ) -> io::Result<Vec<Handoff<T>>>
+    where
+        F: FnMut(&mut dyn FnMut(T)) + Send + 'static,
+        R: Fn(&T) -> usize + Send + 'static,
+    {
+        let ends = ends.max(1);
+        let mut wakes = Vec::with_capacity(ends);
+        for _ in 0..ends {
+            // SAFETY: eventfd with a valid flag set; the descriptor is owned from here on.
+            let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+            if efd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: a fresh descriptor nobody else owns.
+            wakes.push(Arc::new(unsafe { OwnedFd::from_raw_fd(efd) }));
         }
-        // SAFETY: a fresh descriptor nobody else owns.
-        let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(efd) });
-        let queue = Arc::new(ArrayQueue::new(QUEUE));
+        let queues: Vec<Arc<ArrayQueue<T>>> = (0..ends)
+            .map(|_| Arc::new(ArrayQueue::new(QUEUE)))
+            .collect();
         let stop = Arc::new(AtomicBool::new(false));
-        let (q, w, s) = (queue.clone(), wake.clone(), stop.clone());
+        let (qs, ws, s) = (queues.clone(), wakes.clone(), stop.clone());
         let thread = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
@@ -52,15 +76,23 @@ impl<T: Send + 'static> Handoff<T> {
                     if unsafe { libc::poll(&mut pfd, 1, TICK_MS) } <= 0 {
                         continue;
                     }
-                    produce(&mut |item| push(&q, &w, &s, item));
+                    produce(&mut |item| {
+                        let k = route(&item) % qs.len();
+                        push(&qs[k], &ws[k], &s, item)
+                    });
                 }
             })?;
-        Ok(Handoff {
-            queue,
-            wake,
-            stop,
-            thread: Some(thread),
-        })
+        let mut thread = Some(thread);
+        Ok(queues
+            .into_iter()
+            .zip(wakes)
+            .map(|(queue, wake)| Handoff {
+                queue,
+                wake,
+                stop: stop.clone(),
+                thread: thread.take(),
+            })
+            .collect())
     }
 
     /// The next item, if one waits (no syscall).
@@ -110,8 +142,8 @@ fn push<T>(q: &ArrayQueue<T>, wake: &OwnedFd, stop: &AtomicBool, mut item: T) {
 
 impl<T> Drop for Handoff<T> {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
+            self.stop.store(true, Ordering::Release);
             let _ = t.join();
         }
     }
@@ -152,5 +184,39 @@ mod tests {
         }
         assert_eq!(got, vec![b"one".to_vec(), b"two".to_vec()]);
         drop(h); // joins the thread within a tick
+    }
+
+    #[test]
+    fn sharded_items_reach_the_end_their_route_names() {
+        let (a, b) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        b.set_nonblocking(true).unwrap();
+        let fd = b.as_raw_fd();
+        let ends: Vec<Handoff<u8>> = Handoff::spawn_sharded(
+            "handoff-test",
+            fd,
+            3,
+            |v: &u8| usize::from(*v),
+            move |push| {
+                let mut buf = [0u8; 1];
+                while let Ok(1) = b.recv(&mut buf) {
+                    push(buf[0]);
+                }
+            },
+        )
+        .unwrap();
+        for v in [0u8, 1, 2, 4, 5] {
+            a.send(&[v]).unwrap();
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut got = vec![Vec::new(); 3];
+        while got.iter().map(Vec::len).sum::<usize>() < 5 && std::time::Instant::now() < deadline {
+            for (k, e) in ends.iter().enumerate() {
+                if let Some(v) = e.pop() {
+                    got[k].push(v);
+                }
+            }
+        }
+        assert_eq!(got, vec![vec![0], vec![1, 4], vec![2, 5]]);
+        assert!(!ends[1].arm() && !ends[2].arm(), "all taken");
     }
 }

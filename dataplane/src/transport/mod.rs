@@ -29,12 +29,12 @@ use std::sync::Arc;
 /// line each. [`configure`] runs it to parse and check the config sections, [`build`] to
 /// start the transports.
 fn register(r: &mut Registry<'_>) -> Result<()> {
-    r.always(loopback::build)?;
+    r.every_shard(loopback::build)?;
     // Before kernel TCP: the DPDK port's routes win.
     r.section("dpdk", dpdk::build)?;
     // Before kernel TCP: with an [rdma] section, its routes go over RDMA.
     r.section("rdma", rdma::build)?;
-    r.always(tcp::build)?;
+    r.sharded(tcp::build)?;
     Ok(())
 }
 
@@ -76,22 +76,34 @@ pub fn configure(cfg: &mut Config) -> Result<()> {
     Ok(())
 }
 
-/// The transports of this configuration (after [`configure`]), in routing order.
+/// The transports of this configuration (after [`configure`]) for one poll thread, in
+/// routing order.
 pub fn build(cfg: &Config, stats: &Arc<Stats>) -> Result<Vec<Box<dyn Transport>>> {
+    let mut lists = build_shards(cfg, std::slice::from_ref(stats))?;
+    Ok(lists.pop().expect("one list"))
+}
+
+/// The transports of each poll thread (`stats`: one per thread, in order), in routing order:
+/// loopback on every thread; kernel TCP on each of `Config::net_shards`; the transports of
+/// `[sections]` (one device or context each) on thread 0.
+pub fn build_shards(cfg: &Config, stats: &[Arc<Stats>]) -> Result<Vec<Vec<Box<dyn Transport>>>> {
     if !cfg.sections.configured() && cfg.sections.names().next().is_some() {
         bail!("the transports' sections were not checked (transport::configure)");
     }
     let mut r = Registry(Mode::Build {
         cfg,
         stats,
-        list: Vec::new(),
+        lists: stats.iter().map(|_| Vec::new()).collect(),
     });
     register(&mut r)?;
     match r.0 {
-        Mode::Build { list, .. } => Ok(list),
+        Mode::Build { lists, .. } => Ok(lists),
         Mode::Configure { .. } => unreachable!("build's registry configures nothing"),
     }
 }
+
+/// Builds a transport for some poll threads, given each thread's counters (k-th for thread k).
+type ShardedBuild<T, E> = fn(&Config, &[Arc<Stats>]) -> Result<Vec<T>, E>;
 
 /// What [`register`]'s lines do: check sections, or start transports.
 struct Registry<'a>(Mode<'a>);
@@ -103,14 +115,17 @@ enum Mode<'a> {
     },
     Build {
         cfg: &'a Config,
-        stats: &'a Arc<Stats>,
-        list: Vec<Box<dyn Transport>>,
+        /// One per poll thread.
+        stats: &'a [Arc<Stats>],
+        /// Each poll thread's transports.
+        lists: Vec<Vec<Box<dyn Transport>>>,
     },
 }
 
 impl Registry<'_> {
-    /// A transport without a section; `build` decides from the daemon's keys whether it runs.
-    fn always<T, E>(
+    /// A transport without a section on every poll thread; `build` decides from the daemon's
+    /// keys whether it runs.
+    fn every_shard<T, E>(
         &mut self,
         build: fn(&Config, &Arc<Stats>) -> Result<Option<T>, E>,
     ) -> Result<()>
@@ -118,8 +133,26 @@ impl Registry<'_> {
         T: Transport + 'static,
         E: Into<anyhow::Error>,
     {
-        if let Mode::Build { cfg, stats, list } = &mut self.0 {
-            if let Some(t) = build(cfg, stats).map_err(Into::into)? {
+        if let Mode::Build { cfg, stats, lists } = &mut self.0 {
+            for (list, stats) in lists.iter_mut().zip(stats.iter()) {
+                if let Some(t) = build(cfg, stats).map_err(Into::into)? {
+                    list.push(Box::new(t));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A transport without a section that `build` makes for some of the poll threads (given
+    /// every thread's counters): its k-th result runs on thread k.
+    fn sharded<T, E>(&mut self, build: ShardedBuild<T, E>) -> Result<()>
+    where
+        T: Transport + 'static,
+        E: Into<anyhow::Error>,
+    {
+        if let Mode::Build { cfg, stats, lists } = &mut self.0 {
+            let built = build(cfg, stats).map_err(Into::into)?;
+            for (list, t) in lists.iter_mut().zip(built) {
                 list.push(Box::new(t));
             }
         }
@@ -154,9 +187,9 @@ impl Registry<'_> {
                     }
                 }
             }
-            Mode::Build { cfg, stats, list } => {
+            Mode::Build { cfg, stats, lists } => {
                 if let Some(s) = parse(cfg)? {
-                    list.push(Box::new(build(cfg, &s, stats).map_err(Into::into)?));
+                    lists[0].push(Box::new(build(cfg, &s, &stats[0]).map_err(Into::into)?));
                 }
             }
         }

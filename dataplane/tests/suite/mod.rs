@@ -13,7 +13,9 @@
 
 use rds_proto::wire::CongMap;
 use rdsd::prefix::Prefix;
-use rdsd::protocol::{Clock, Endpoint, EndpointConfig, Link, MonotonicClock, VirtualClock};
+use rdsd::protocol::{
+    Clock, Endpoint, EndpointConfig, Link, MonotonicClock, RxStateFile, VirtualClock,
+};
 use rdsd::seam::{Delivered, Incoming, MsgBytes, OutMsg, SendOutcome, Transport, Upcalls};
 use rdsd::stats::Stats;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -206,10 +208,10 @@ pub fn endpoint<L: Link, C: Clock>(
         routes: vec!["0.0.0.0/0".parse().unwrap()],
         local: vec![me],
         npaths,
-        state_file: state,
+        state: state.map(|p| RxStateFile::open_shared(&p).expect("state file")),
     };
     let stats = Arc::new(Stats::default());
-    Endpoint::with_clock(link, cfg, stats, |s| &s.tcp, clock, seed).unwrap()
+    Endpoint::with_clock(link, cfg, stats, |s| &s.tcp, clock, seed)
 }
 
 pub fn payload(sport: u16, seq: u64, len: usize) -> Vec<u8> {

@@ -78,7 +78,7 @@ pub use eal::{init as start_eal, open_port, Port};
 pub use wire::TcpCounters;
 
 use crate::config::Config;
-use crate::protocol::{Endpoint, EndpointConfig};
+use crate::protocol::{Endpoint, EndpointConfig, RxStateFile};
 use crate::seam::{OutMsg, SendOutcome, Transport, Upcalls};
 use crate::stats::Stats;
 use crate::transport::utcp::{UtcpConfig, UtcpLink};
@@ -137,9 +137,11 @@ pub fn build(cfg: &Config, d: &DpdkConfig, stats: &Arc<Stats>) -> anyhow::Result
         routes: d.routes.clone(),
         local: cfg.local_addrs.clone(),
         npaths: cfg.paths,
-        state_file: Some(cfg.state_file.with_extension("dpdk.rxseq")),
+        state: Some(RxStateFile::open_shared(
+            &cfg.state_file.with_extension("dpdk.rxseq"),
+        )?),
     };
-    let ep = Endpoint::new(link, ep, stats.clone(), |s| &s.dpdk)?;
+    let ep = Endpoint::new(link, ep, stats.clone(), |s| &s.dpdk);
     Ok(DpdkTransport {
         ep,
         stats: stats.clone(),

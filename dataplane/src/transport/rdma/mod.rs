@@ -52,7 +52,8 @@ pub use config::{RawRdma, RdmaConfig};
 
 use crate::config::Config;
 use crate::protocol::{
-    Accepted, ConnectPoll, Endpoint, EndpointConfig, Framing, Link, PoolBuf, Read, Write,
+    Accepted, ConnectPoll, Endpoint, EndpointConfig, Framing, Link, PoolBuf, Read, RxStateFile,
+    Write,
 };
 use crate::seam::MsgBytes;
 use crate::stats::Stats;
@@ -77,9 +78,9 @@ pub fn build(
         routes: r.routes.clone(),
         local: cfg.local_addrs.clone(),
         npaths: cfg.paths,
-        state_file: Some(state.into()),
+        state: Some(RxStateFile::open_shared(std::path::Path::new(&state))?),
     };
-    Endpoint::new(link, ep, stats.clone(), |s| &s.rdma)
+    Ok(Endpoint::new(link, ep, stats.clone(), |s| &s.rdma))
 }
 
 /// How long a doorbell connection may live.

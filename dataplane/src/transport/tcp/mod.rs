@@ -11,7 +11,8 @@
 
 use crate::config::Config;
 use crate::protocol::{
-    Accepted, ConnectPoll, Endpoint, EndpointConfig, Framing, Link, PoolBuf, Read, Write,
+    Accepted, ConnectPoll, Endpoint, EndpointConfig, Framing, Link, PoolBuf, Read, RxStateFile,
+    Write,
 };
 use crate::seam::MsgBytes;
 use crate::stats::Stats;
@@ -28,20 +29,34 @@ const DOORBELL_TTL: Duration = Duration::from_secs(1);
 /// Readiness events taken by one `epoll_wait` (more are taken by a second call).
 const EVENTS: usize = 64;
 
-/// Builds the kernel-TCP transport when the configuration talks to the network.
-pub fn build(cfg: &Config, stats: &Arc<Stats>) -> std::io::Result<Option<Endpoint<TcpLink>>> {
+/// Builds the kernel-TCP transport when the configuration talks to the network: one endpoint
+/// per poll thread of `Config::net_shards` (`stats`: theirs, in order), each owning the
+/// connections `Config::conn_shard` gives it. They share the listener (its thread hands each
+/// accepted connection to its owner) and the receive-state file.
+pub fn build(cfg: &Config, stats: &[Arc<Stats>]) -> std::io::Result<Vec<Endpoint<TcpLink>>> {
     if !cfg.wants_network() {
-        return Ok(None);
+        return Ok(Vec::new());
     }
-    let link = TcpLink::listen(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, cfg.tcp_port))?;
-    let ep = EndpointConfig {
-        name: "tcp",
-        routes: cfg.tcp_routes.clone(),
-        local: cfg.local_addrs.clone(),
-        npaths: cfg.paths,
-        state_file: Some(cfg.state_file.clone()),
-    };
-    Endpoint::new(link, ep, stats.clone(), |s| &s.tcp).map(Some)
+    let shards = cfg.net_shards().min(stats.len());
+    let links = TcpLink::listen_sharded(
+        SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, cfg.tcp_port),
+        shards,
+    )?;
+    let state = RxStateFile::open_shared(&cfg.state_file)?;
+    Ok(links
+        .into_iter()
+        .zip(stats)
+        .map(|(link, stats)| {
+            let ep = EndpointConfig {
+                name: "tcp",
+                routes: cfg.tcp_routes.clone(),
+                local: cfg.local_addrs.clone(),
+                npaths: cfg.paths,
+                state: Some(state.clone()),
+            };
+            Endpoint::new(link, ep, stats.clone(), |s| &s.tcp)
+        })
+        .collect())
 }
 
 /// One path: a connected (or connecting) TCP socket.
@@ -165,37 +180,54 @@ fn accept_one(l: &Socket) -> Option<Accepted<TcpPath>> {
 impl TcpLink {
     /// Listens on `addr` (port 16385 on every address in rdsd).
     pub fn listen(addr: SocketAddrV4) -> std::io::Result<TcpLink> {
+        let mut links = TcpLink::listen_sharded(addr, 1)?;
+        Ok(links.pop().expect("one link"))
+    }
+
+    /// One link per poll thread (`shards` of them) behind one listener on `addr`: the accept
+    /// thread hands each connection to the link of the shard that owns its address pair
+    /// (`config::conn_shard`), so every socket of a connection is polled by its owner only.
+    pub fn listen_sharded(addr: SocketAddrV4, shards: usize) -> std::io::Result<Vec<TcpLink>> {
         let l = Socket::new(Domain::IPV4, Type::STREAM.cloexec(), Some(Protocol::TCP))?;
         l.set_reuse_address(true)?;
         l.set_nonblocking(true)?;
         l.set_nodelay(true)?;
         l.bind(&SockAddr::from(addr))?;
         l.listen(64)?;
-        tracing::info!(%addr, "RDS/TCP listening");
+        tracing::info!(%addr, shards, "RDS/TCP listening");
         let fd = l.as_raw_fd();
-        let accepted =
-            crate::transport::handoff::Handoff::spawn("rdsd-tcp-accept", fd, move |push| {
+        let ends = crate::transport::handoff::Handoff::spawn_sharded(
+            "rdsd-tcp-accept",
+            fd,
+            shards,
+            move |a: &Accepted<TcpPath>| crate::config::conn_shard(shards, a.laddr, a.faddr),
+            move |push| {
                 while let Some(a) = accept_one(&l) {
                     push(a);
                 }
-            })?;
-        // SAFETY: epoll_create1 takes no pointers; a non-negative result is a new descriptor
-        // that nothing else owns.
-        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if ep < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `ep` was just created and is owned by nobody else.
-        let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
-        Ok(TcpLink {
-            port: addr.port(),
-            accepted,
-            doorbells: Vec::new(),
-            epoll,
-            ready: Vec::new(),
-            watched: 0,
-            events: vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS],
-        })
+            },
+        )?;
+        ends.into_iter()
+            .map(|accepted| {
+                // SAFETY: epoll_create1 takes no pointers; a non-negative result is a new
+                // descriptor that nothing else owns.
+                let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+                if ep < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // SAFETY: `ep` was just created and is owned by nobody else.
+                let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
+                Ok(TcpLink {
+                    port: addr.port(),
+                    accepted,
+                    doorbells: Vec::new(),
+                    epoll,
+                    ready: Vec::new(),
+                    watched: 0,
+                    events: vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS],
+                })
+            })
+            .collect()
     }
 
     /// Watches a new path socket. Edge-triggered: an event is queued on each arrival of data,
