@@ -220,6 +220,20 @@ impl Daemon {
     }
 
     /// Counter `name` from [`Daemon::stats`].
+    /// `rdsctl info --json` with `sections` (`-n`, `-g`, ...), parsed.
+    pub fn info_json(&self, sections: &[&str]) -> serde_json::Value {
+        let out = Command::new(bin_dir().join("rdsctl"))
+            .arg("-s")
+            .arg(&self.socket)
+            .arg("info")
+            .args(sections)
+            .arg("--json")
+            .output()
+            .expect("rdsctl");
+        assert!(out.status.success(), "rdsctl: {out:?}");
+        serde_json::from_slice(&out.stdout).expect("json")
+    }
+
     pub fn stat(&self, name: &str) -> u64 {
         stat_from(&self.stats(), name)
     }

@@ -10,15 +10,10 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 /// `rdsctl info -g --json` of `d`: its groups.
 fn groups_of(d: &Daemon) -> Vec<serde_json::Value> {
-    let out = std::process::Command::new(bin_dir().join("rdsctl"))
-        .arg("-s")
-        .arg(&d.socket)
-        .args(["info", "-g", "--json"])
-        .output()
-        .expect("rdsctl");
-    assert!(out.status.success(), "rdsctl: {out:?}");
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-    doc["groups"].as_array().expect("groups").clone()
+    d.info_json(&["-g"])["groups"]
+        .as_array()
+        .expect("groups")
+        .clone()
 }
 
 /// The addresses of the members of group `addr` in `groups`.

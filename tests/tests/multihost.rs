@@ -315,19 +315,6 @@ fn malformed_peer_drops_only_its_connection() {
     assert_eq!(s.wait(), 0);
 }
 
-/// `rdsctl info -n --json` of `d`: its connections.
-fn connections_of(d: &Daemon) -> Vec<serde_json::Value> {
-    let out = std::process::Command::new(bin_dir().join("rdsctl"))
-        .arg("-s")
-        .arg(&d.socket)
-        .args(["info", "-n", "--json"])
-        .output()
-        .expect("rdsctl");
-    assert!(out.status.success(), "rdsctl: {out:?}");
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-    doc["connections"].as_array().expect("connections").clone()
-}
-
 /// Kernel TCP on two poll threads (issue 18): each connection, with every path of it, is
 /// owned by one thread (a hash of the address pair), both ends agree without asking, and
 /// messages cross between the apps' threads and the connections' threads in order, exactly
@@ -360,7 +347,10 @@ fn connections_are_spread_over_the_poll_threads_and_lose_nothing() {
     }
     let mut owners = Vec::new();
     for x in h {
-        let conns = connections_of(x.d());
+        let conns = x.d().info_json(&["-n"])["connections"]
+            .as_array()
+            .expect("connections")
+            .clone();
         let mut peers: Vec<&str> = conns.iter().map(|c| c["faddr"].as_str().unwrap()).collect();
         peers.sort();
         peers.dedup();
