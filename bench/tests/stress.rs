@@ -496,3 +496,59 @@ fn breakdown_refuses_messages_too_short_for_the_trace_block() {
     assert!(!o.status.success(), "{out}");
     assert!(err.contains("--breakdown needs"), "{err}");
 }
+
+/// `--attach-per-task`: every task of both sides attaches on its own (an app each), so an rdsd
+/// with several poll threads spreads them; the traffic is the same.
+#[test]
+fn attach_per_task_gives_every_task_an_app_of_its_own() {
+    need_rdsd();
+    let dir = tmpdir("per-task");
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("rdsd.sock");
+    let bin = Path::new(exe()).with_file_name("rdsd");
+    let mut rdsd = Command::new(&bin)
+        .arg("--control-socket")
+        .arg(&sock)
+        .arg("--state-file")
+        .arg(dir.join("state"))
+        .args(["--poll-core", "-2", "--poll-core", "-2", "--control-core", "-2"])
+        .args(["--hugepages", "off", "--log", "warn"])
+        .spawn()
+        .expect("start rdsd");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !sock.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let s = sock.to_str().unwrap();
+    let out = ok(&[
+        "--pair",
+        "--socket",
+        s,
+        "--attach-per-task",
+        "-t",
+        "3",
+        "-T",
+        "1",
+        "-z",
+        "--json",
+        "--mode",
+        "blocking",
+        "--transports",
+        "rds",
+    ]);
+    let doc: Value = serde_json::from_str(&out).expect("json");
+    assert!(doc["runs"][0]["msgs_per_s"].as_f64().unwrap() > 0.0, "{doc}");
+    let stats = Command::new(Path::new(exe()).with_file_name("rdsctl"))
+        .args(["-s", s, "stats"])
+        .output()
+        .expect("rdsctl");
+    let stats = String::from_utf8_lossy(&stats.stdout).into_owned();
+    let _ = rdsd.kill();
+    let _ = rdsd.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    // --pair's check, then per side one check and one per task.
+    assert!(
+        stats.lines().any(|l| l == "apps_attached 9"),
+        "3 tasks per side, each attached: {stats}"
+    );
+}

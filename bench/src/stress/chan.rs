@@ -13,6 +13,31 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// How one side's RDS channels attach to rdsd.
+pub enum Attach {
+    /// One attachment (one app) for every task of the side.
+    Shared(Rdsd),
+    /// An attachment per task (an app each, as one MPI rank per process is): rdsd spreads
+    /// new apps over its poll threads, so the tasks do too. The path is rdsd's control socket.
+    PerTask(PathBuf),
+}
+
+impl Attach {
+    /// A bound RDS channel for one task.
+    fn open(&self, local: Ipv4Addr, blocking: bool) -> Result<(RdsChan, SocketAddrV4)> {
+        match self {
+            Attach::Shared(rdsd) => RdsChan::open(rdsd, local, blocking),
+            Attach::PerTask(socket) => {
+                // The socket keeps its attachment alive.
+                let rdsd = Rdsd::attach_at(socket).with_context(|| {
+                    format!("a task cannot attach to rdsd at {}", socket.display())
+                })?;
+                RdsChan::open(&rdsd, local, blocking)
+            }
+        }
+    }
+}
+
 /// How long a blocking call sleeps before it looks at the clock and the stop flag.
 pub const SLICE: Duration = Duration::from_millis(100);
 
@@ -516,7 +541,7 @@ fn seqpacket_socket() -> Result<OwnedFd> {
 /// Passive side: opens what `kind` needs on `local` for `tasks` tasks.
 pub fn listen(
     kind: Kind,
-    rdsd: Option<&Rdsd>,
+    rdsd: Option<&Attach>,
     local: Ipv4Addr,
     tasks: u32,
     blocking: bool,
@@ -527,7 +552,7 @@ pub fn listen(
             let mut chans: Vec<Box<dyn Chan>> = Vec::new();
             let mut addrs = Vec::new();
             for _ in 0..tasks {
-                let (c, a) = RdsChan::open(rdsd, local, blocking)?;
+                let (c, a) = rdsd.open(local, blocking)?;
                 chans.push(Box::new(c));
                 addrs.push(a.to_string());
             }
@@ -584,7 +609,7 @@ pub fn listen(
 /// Active side: one channel to the passive side's `addrs` per task.
 pub fn connect(
     kind: Kind,
-    rdsd: Option<&Rdsd>,
+    rdsd: Option<&Attach>,
     local: Ipv4Addr,
     addrs: &[String],
     tasks: u32,
@@ -608,7 +633,7 @@ pub fn connect(
                 let peer: SocketAddrV4 = addrs[i]
                     .parse()
                     .context("bad RDS address from the passive side")?;
-                let (c, _) = RdsChan::open(rdsd, local, blocking)?;
+                let (c, _) = rdsd.open(local, blocking)?;
                 out.push(Box::new(c.to(peer)));
             }
             Kind::Udp => {

@@ -27,7 +27,6 @@ use crate::daemon::{DaemonArgs, Target};
 use anyhow::{bail, Context, Result};
 use chan::Kind;
 use report::{Line, RunResult};
-use shm_api::Rdsd;
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -124,6 +123,12 @@ pub struct StressArgs {
     /// Busy-polling apps, apps that sleep in recv, or both.
     #[arg(long, value_enum, default_value_t = ModeSel::Busy)]
     pub mode: ModeSel,
+    /// Each task attaches to rdsd on its own, an app of its own (as one MPI rank per process
+    /// is), so that rdsd's poll threads share the tasks: rdsd gives each new app to the poll
+    /// thread with the fewest. Default: one attachment (one app) per side, served by one poll
+    /// thread. With --pair, both sides.
+    #[arg(long)]
+    pub attach_per_task: bool,
     /// Run both sides here: start a passive rds-bench on 127.0.0.1 (and, without --socket,
     /// an rdsd of our own), then drive it.
     #[arg(long, conflicts_with = "peer")]
@@ -279,10 +284,21 @@ fn kv(words: &[&str], key: &str) -> Result<u64> {
         .with_context(|| format!("missing {key}= in the HELLO line"))
 }
 
+/// One attachment for the side, or (`--attach-per-task`) one per task; either way, a side
+/// that cannot attach fails here, with a clear error.
+fn attach(a: &StressArgs, t: &Target) -> Result<chan::Attach> {
+    let rdsd = t.attach()?;
+    Ok(if a.attach_per_task {
+        chan::Attach::PerTask(t.socket().to_path_buf())
+    } else {
+        chan::Attach::Shared(rdsd)
+    })
+}
+
 // ---- passive side ---------------------------------------------------------------------------
 
 fn passive(a: &StressArgs, t: &Target) -> Result<()> {
-    let rdsd = t.attach()?;
+    let rdsd = attach(a, t)?;
     let bind = SocketAddrV4::new(a.local.unwrap_or(Ipv4Addr::UNSPECIFIED), a.port);
     let l = TcpListener::bind(bind).with_context(|| format!("cannot listen on {bind}"))?;
     println!("rds-bench passive: listening on {}", l.local_addr()?);
@@ -504,7 +520,7 @@ fn active(a: &StressArgs, t: &Target, port: u16) -> Result<()> {
         );
     }
     let rdsd = if runs.iter().any(|r| r.0 == Kind::Rds) {
-        Some(t.attach()?)
+        Some(attach(a, t)?)
     } else {
         None
     };
@@ -643,7 +659,7 @@ fn active(a: &StressArgs, t: &Target, port: u16) -> Result<()> {
 #[allow(clippy::too_many_arguments)]
 fn active_run(
     ctl: &mut Ctl,
-    rdsd: Option<&Rdsd>,
+    rdsd: Option<&chan::Attach>,
     local: Ipv4Addr,
     p: Params,
     kind: Kind,
@@ -837,6 +853,7 @@ fn pair(a: &StressArgs) -> Result<()> {
     let mut child = Command::new(std::env::current_exe()?)
         .args(["-p", "0", "-r", "127.0.0.1", "--quiet", "--yield-every"])
         .arg(a.yield_every.to_string())
+        .args(a.attach_per_task.then_some("--attach-per-task"))
         .arg("--socket")
         .arg(t.socket())
         .stdin(Stdio::null())
