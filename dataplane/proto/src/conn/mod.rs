@@ -65,6 +65,7 @@
 mod config;
 mod event;
 mod path;
+mod timers;
 
 pub use config::{Config, ConfigError};
 pub use event::{
@@ -83,6 +84,7 @@ use path::{frame_slices, Body, Control, Message, RxPath, TxPath};
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 use std::time::Duration;
+use timers::{Liveness, Timers};
 
 /// One RDS connection to one peer. `P` is the payload type of queued messages (anything that
 /// derefs to bytes: `Vec<u8>`, `bytes::Bytes`, a handle into a shared-memory buffer).
@@ -106,9 +108,6 @@ pub struct Connection<P> {
     peer_knows_our_generation: bool,
     /// A probe pong arrived since path 0 last came up; gates connects of paths > 0.
     path0_confirmed: bool,
-    /// Data on path 0 waits for the first pong on this path-0 connection, until this
-    /// deadline at the latest (see [`Connection::path_up`]); control messages go first.
-    path0_gate: Option<Instant>,
     /// After routing changed, data on paths > 0 waits until the peer has processed what path 0
     /// carried before the switch (per-socket order across the switch).
     fanout_barrier: Option<Barrier>,
@@ -128,21 +127,11 @@ pub struct Connection<P> {
     doorbell_bound: Duration,
     /// Passive side: no doorbell before this instant (`None`: one may ring at once).
     doorbell_next: Option<Instant>,
-    /// Passive side: the doorbell timer, when one is armed.
-    doorbell_at: Option<Instant>,
-    /// Passive side: the liveness check in progress (see [`Connection::handle_accepted`]).
-    liveness: Option<Liveness>,
+    /// Reconnect backoff, doorbell, path-0 data gate and liveness check, with their earliest
+    /// deadline cached.
+    timers: Timers,
     /// Passive side: no liveness check starts before this instant.
     liveness_next: Option<Instant>,
-}
-
-/// A liveness check: which up paths still wait for the pong to their liveness ping, and until
-/// when. One ping per path at most is outstanding, so the first pong to
-/// [`LIVENESS_PORT`] on a waiting path answers it.
-#[derive(Debug, Clone, Copy)]
-struct Liveness {
-    deadline: Instant,
-    waiting: [bool; MAX_PATHS],
 }
 
 /// The fan-out barrier: after the path count changes, a socket's messages may move from path 0
@@ -210,7 +199,6 @@ impl<P: AsRef<[u8]>> Connection<P> {
             peer_sport_idx: false,
             peer_knows_our_generation: false,
             path0_confirmed: false,
-            path0_gate: None,
             fanout_barrier: None,
             path0_pings_started: 0,
             path0_pongs_received: 0,
@@ -220,8 +208,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             counters: Counters::default(),
             doorbell_bound: Duration::ZERO,
             doorbell_next: None,
-            doorbell_at: None,
-            liveness: None,
+            timers: Timers::new(),
             liveness_next: None,
             config,
         };
@@ -410,7 +397,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
     /// May the front of `path`'s queue start now?
     fn data_allowed(&self, path: usize) -> bool {
         if path == 0 {
-            self.path0_gate.is_none()
+            self.timers.path0_gate().is_none()
                 || self.tx[0]
                     .queue
                     .front()
@@ -448,23 +435,21 @@ impl<P: AsRef<[u8]>> Connection<P> {
         !self.events.is_empty()
     }
 
-    /// When [`Connection::handle_timeout`] should next be called.
+    /// When [`Connection::handle_timeout`] should next be called (cached: O(1)).
+    #[inline]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.tx
-            .iter()
-            .filter_map(|t| t.reconnect_at)
-            .chain(self.doorbell_at)
-            .chain(self.path0_gate)
-            .chain(self.liveness.map(|l| l.deadline))
-            .min()
+        self.timers.next()
     }
 
-    /// Runs expired timers (reconnect backoff, doorbell).
+    /// Runs expired timers (reconnect backoff, doorbell, path-0 data gate, liveness check).
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.timers.next().is_none_or(|at| at > now) {
+            return;
+        }
         for path in 0..MAX_PATHS {
-            match self.tx[path].reconnect_at {
+            match self.timers.reconnect_at(path) {
                 Some(at) if at <= now => {
-                    self.tx[path].reconnect_at = None;
+                    self.timers.set_reconnect_at(path, None);
                     if self.wants_path(path) && self.tx[path].state == PathState::Down {
                         self.start_connect(path);
                     }
@@ -472,18 +457,18 @@ impl<P: AsRef<[u8]>> Connection<P> {
                 _ => {}
             }
         }
-        if matches!(self.doorbell_at, Some(at) if at <= now) {
+        if self.timers.doorbell_at().is_some_and(|at| at <= now) {
             self.maybe_ring_doorbell(now);
         }
-        if self.path0_gate.is_some_and(|at| at <= now) {
+        if self.timers.path0_gate().is_some_and(|at| at <= now) {
             // A peer that never answers pings (ping_enable off): send without the proof.
-            self.path0_gate = None;
+            self.timers.set_path0_gate(None);
             self.counters.path0_gate_timeouts += 1;
         }
-        if let Some(check) = self.liveness.filter(|l| l.deadline <= now) {
+        if let Some(check) = self.timers.liveness().filter(|l| l.deadline <= now) {
             // No pong: nothing of the peer's RDS is behind this stream any more (its TCP may
             // still be acknowledged, by a rebooted host's stack or a middlebox).
-            self.liveness = None;
+            self.timers.set_liveness(None);
             for path in 0..MAX_PATHS {
                 if check.waiting[path] && self.tx[path].state == PathState::Up {
                     self.counters.stale_paths_closed += 1;
@@ -507,12 +492,12 @@ impl<P: AsRef<[u8]>> Connection<P> {
     pub fn close(&mut self, now: Instant) {
         self.opened = false;
         for path in 0..MAX_PATHS {
-            self.tx[path].reconnect_at = None;
+            self.timers.set_reconnect_at(path, None);
             // A deliberate close is no failure: reopening connects at once.
             self.tx[path].backoff_bound = Duration::ZERO;
             self.close_path(now, path);
         }
-        self.doorbell_at = None;
+        self.timers.set_doorbell_at(None);
     }
 
     /// Asks the I/O layer to close one path (`Event::Close`); it must then call
@@ -566,7 +551,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             self.counters.accepts_rejected += 1;
             self.opened = true;
             if self.tx[0].state == PathState::Down {
-                self.tx[0].reconnect_at = None;
+                self.timers.set_reconnect_at(0, None);
                 self.start_connect(0);
             }
             return Err(AcceptError::WeConnect);
@@ -589,7 +574,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
                 Some(p) => p,
                 None => {
                     self.check_liveness(now);
-                    if self.liveness.is_some() || self.npaths.is_none() {
+                    if self.timers.liveness().is_some() || self.npaths.is_none() {
                         // Before the handshake, the peer may connect its paths > 0 as soon as
                         // it has our probe (the kernel does), before we have its answer: the
                         // connection waits for the path count rather than being reset.
@@ -618,7 +603,10 @@ impl<P: AsRef<[u8]>> Connection<P> {
     /// handshake ping, whose loss leaves its sender waiting for a pong forever; VM lab f4).
     /// One check at a time, and at most one per timeout however often the peer retries.
     fn check_liveness(&mut self, now: Instant) {
-        if self.active || self.liveness.is_some() || self.liveness_next.is_some_and(|t| t > now) {
+        if self.active
+            || self.timers.liveness().is_some()
+            || self.liveness_next.is_some_and(|t| t > now)
+        {
             return;
         }
         let mut waiting = [false; MAX_PATHS];
@@ -633,7 +621,8 @@ impl<P: AsRef<[u8]>> Connection<P> {
         }
         self.counters.liveness_checks += 1;
         let deadline = now + self.config.liveness_timeout;
-        self.liveness = Some(Liveness { deadline, waiting });
+        self.timers
+            .set_liveness(Some(Liveness { deadline, waiting }));
         self.liveness_next = Some(deadline);
     }
 
@@ -688,15 +677,10 @@ impl<P: AsRef<[u8]>> Connection<P> {
         tx.peer_tcp_sport = None;
         tx.wait_pongs_above = None;
         tx.queue.retain(|m| !m.is_liveness_ping());
-        if let Some(check) = self.liveness.as_mut() {
-            check.waiting[path] = false;
-            if !check.waiting.iter().any(|&w| w) {
-                self.liveness = None;
-            }
-        }
+        self.timers.liveness_path_done(path);
         if path == 0 {
             self.path0_confirmed = false;
-            self.path0_gate = None;
+            self.timers.set_path0_gate(None);
             // Pings and pongs are counted per path-0 connection. An unanswered barrier ping
             // that was never started is still queued and gets its ordinal when written; a
             // started one was dropped above, so a fresh one goes behind what is resent.
@@ -763,7 +747,10 @@ impl<P: AsRef<[u8]>> Connection<P> {
     fn schedule_paths(&mut self, now: Instant) {
         for path in 0..MAX_PATHS {
             let tx = &self.tx[path];
-            if tx.state == PathState::Down && tx.reconnect_at.is_none() && self.wants_path(path) {
+            if tx.state == PathState::Down
+                && self.timers.reconnect_at(path).is_none()
+                && self.wants_path(path)
+            {
                 self.schedule_reconnect(now, path);
             }
         }
@@ -779,9 +766,8 @@ impl<P: AsRef<[u8]>> Connection<P> {
             self.start_connect(path);
         } else {
             let delay = Duration::from_nanos(self.rng.below(duration_nanos(bound)));
-            let tx = &mut self.tx[path];
-            tx.reconnect_at = Some(now + delay);
-            tx.backoff_bound = bound.saturating_mul(2).min(max);
+            self.timers.set_reconnect_at(path, Some(now + delay));
+            self.tx[path].backoff_bound = bound.saturating_mul(2).min(max);
         }
     }
 
@@ -804,24 +790,25 @@ impl<P: AsRef<[u8]>> Connection<P> {
         // The backoff is reset by the first frame the peer sends on this connection, not here:
         // a peer that refuses the connection after TCP's handshake would otherwise see a
         // reconnect storm.
-        tx.reconnect_at = None;
         tx.was_up = true;
         tx.up_since = Some(now);
         self.cong_pending = true;
         self.rx[path].deframer.reset();
         self.counters.paths_up += 1;
+        self.timers.set_reconnect_at(path, None);
         if path == 0 {
             self.path0_confirmed = false;
             self.doorbell_bound = Duration::ZERO;
             self.doorbell_next = None;
-            self.doorbell_at = None;
+            self.timers.set_doorbell_at(None);
             // The data gate (see the crate's deviations): only when nothing queued is a
             // resend, since control messages overtake queued data under it, and a resend
             // behind a newer sequence number would be taken for a duplicate; and not while a
             // fan-out barrier needs its ping behind the data.
             let tx = &self.tx[0];
             let gate = !tx.queue.iter().any(|m| m.retransmit) && self.fanout_barrier.is_none();
-            self.path0_gate = gate.then_some(now + self.config.reconnect_max);
+            self.timers
+                .set_path0_gate(gate.then_some(now + self.config.reconnect_max));
             if gate {
                 // Control messages that never went out go ahead of the data now, in order.
                 let queue = &mut self.tx[0].queue;
@@ -848,11 +835,11 @@ impl<P: AsRef<[u8]>> Connection<P> {
     /// [`Config::reconnect_max`]. Otherwise the timer is (re)armed for the earliest allowed time.
     fn maybe_ring_doorbell(&mut self, now: Instant) {
         if self.active || self.tx[0].state == PathState::Up || !self.has_pending_data() {
-            self.doorbell_at = None;
+            self.timers.set_doorbell_at(None);
             return;
         }
         if let Some(next) = self.doorbell_next.filter(|&next| next > now) {
-            self.doorbell_at = Some(next);
+            self.timers.set_doorbell_at(Some(next));
             return;
         }
         self.events.push_back(Event::Doorbell);
@@ -869,7 +856,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
         let interval = (bound + jitter).min(max).max(bound);
         let next = now + interval;
         self.doorbell_next = Some(next);
-        self.doorbell_at = Some(next);
+        self.timers.set_doorbell_at(Some(next));
         self.doorbell_bound = bound.saturating_mul(2).min(max);
     }
 
@@ -941,7 +928,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             Control::Pong => (0, pong_dport, ExtHeaders::new()),
             Control::LivenessPing => (LIVENESS_PORT, 0, ExtHeaders::new()),
         };
-        let gated = path == 0 && self.path0_gate.is_some();
+        let gated = path == 0 && self.timers.path0_gate().is_some();
         let tx = &mut self.tx[path];
         let seq = tx.take_seq();
         let msg = Message {
@@ -1390,14 +1377,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
     /// A pong to [`LIVENESS_PORT`] arrived on `path`: true (and the path is alive) when the
     /// path's liveness ping waited for it.
     fn liveness_answered(&mut self, path: usize) -> bool {
-        let Some(check) = self.liveness.as_mut().filter(|l| l.waiting[path]) else {
-            return false;
-        };
-        check.waiting[path] = false;
-        if !check.waiting.iter().any(|&w| w) {
-            self.liveness = None;
-        }
-        true
+        self.timers.liveness_path_done(path)
     }
 
     fn handle_probe(&mut self, now: Instant, path: usize, h: &HeaderRepr, is_ping: bool) {
@@ -1447,7 +1427,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             self.peer_knows_our_generation = true;
             if path == 0 {
                 self.path0_confirmed = true;
-                self.path0_gate = None;
+                self.timers.set_path0_gate(None);
                 if h.flags & flags::RETRANSMITTED == 0 {
                     self.path0_pongs_received += 1;
                     let pongs = self.path0_pongs_received;

@@ -162,7 +162,6 @@ pub(crate) struct TxPath<P> {
     /// Copy of the local map taken when a map frame starts, so a change mid-write cannot tear it.
     pub cong_snapshot: Option<CongMap>,
     pub backoff_bound: Duration,
-    pub reconnect_at: Option<Instant>,
     pub was_up: bool,
     /// When the current connection came up (for the reconnect backoff).
     pub up_since: Option<Instant>,
@@ -188,7 +187,6 @@ impl<P: AsRef<[u8]>> TxPath<P> {
             start_offset: 0,
             cong_snapshot: None,
             backoff_bound: Duration::ZERO,
-            reconnect_at: None,
             was_up: false,
             up_since: None,
             peer_tcp_sport: None,
