@@ -5,6 +5,7 @@
 #     bash bench/bundle.sh [OUT_DIR]          # default: target/rdsd-bundle
 #     # on the other host, as root:
 #     tar xzf rdsd-bundle.tar.gz && rdsd-bundle/run.sh      # = bench/pinned-bench.sh
+#     rdsd-bundle/scaling.sh                                 # = bench/scaling-bench.sh
 #
 # Layout: bin/ (rdsd, rds-bench, rdsctl: release builds; ip and strace from this machine),
 # lib/ (every shared library those and the PMDs need, except glibc's own, which the target
@@ -50,7 +51,7 @@ for elf in "$OUT"/bin/* "$OUT"/pmds/*.so; do
         [[ -e "$OUT/lib/$name" ]] || cp -L "$path" "$OUT/lib/$name"
     done
 done
-cp bench/netns-bench.sh bench/pinned-bench.sh "$OUT/bench/"
+cp bench/netns-bench.sh bench/pinned-bench.sh bench/scaling-bench.sh "$OUT/bench/"
 cat >"$OUT/env.sh" <<'EOF'
 # Sourced by run.sh: the bundle's binaries, libraries and DPDK drivers.
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -65,6 +66,14 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/env.sh"
 exec bash "$here/bench/pinned-bench.sh" "$@"
 EOF
-chmod +x "$OUT/run.sh"
+cat >"$OUT/scaling.sh" <<'EOF'
+#!/usr/bin/env bash
+# The poll-thread scaling table from the bundle (arguments and environment:
+# bench/scaling-bench.sh; needs taskset, util-linux).
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+. "$here/env.sh"
+exec bash "$here/bench/scaling-bench.sh" "$@"
+EOF
+chmod +x "$OUT/run.sh" "$OUT/scaling.sh"
 tar czf "$OUT.tar.gz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
 echo "bundle: $OUT ($(du -sh "$OUT" | cut -f1)), $OUT.tar.gz ($(du -sh "$OUT.tar.gz" | cut -f1))"
