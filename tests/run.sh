@@ -82,10 +82,11 @@ fi
 log "tests again with two poll threads"
 # The rds(7) conformance, hostile-app, delivery, congestion and two-host (exactly-once across
 # restarts) suites once more with every test daemon on two poll threads (issue 18): apps then
-# sit on different threads and their messages cross between them.
+# sit on different threads and their messages cross between them, and kernel-TCP connections
+# are spread over both threads (interop: against the Linux kernel's RDS in the VM lab).
 RDSD_TESTS_POLL_THREADS=2 cargo test -p rdsd-tests --no-fail-fast \
     --test socket_api --test hostile --test delivery --test congestion --test multihost \
-    --test isolation --test rdsctl --test wakeup --test groups --test group_hosts
+    --test isolation --test rdsctl --test wakeup --test groups --test group_hosts --test interop
 
 log "ring model checks"
 bash shm-api/check-ring-models.sh
