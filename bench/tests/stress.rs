@@ -511,7 +511,14 @@ fn attach_per_task_gives_every_task_an_app_of_its_own() {
         .arg(&sock)
         .arg("--state-file")
         .arg(dir.join("state"))
-        .args(["--poll-core", "-2", "--poll-core", "-2", "--control-core", "-2"])
+        .args([
+            "--poll-core",
+            "-2",
+            "--poll-core",
+            "-2",
+            "--control-core",
+            "-2",
+        ])
         .args(["--hugepages", "off", "--log", "warn"])
         .spawn()
         .expect("start rdsd");
@@ -537,7 +544,10 @@ fn attach_per_task_gives_every_task_an_app_of_its_own() {
         "rds",
     ]);
     let doc: Value = serde_json::from_str(&out).expect("json");
-    assert!(doc["runs"][0]["msgs_per_s"].as_f64().unwrap() > 0.0, "{doc}");
+    assert!(
+        doc["runs"][0]["msgs_per_s"].as_f64().unwrap() > 0.0,
+        "{doc}"
+    );
     let stats = Command::new(Path::new(exe()).with_file_name("rdsctl"))
         .args(["-s", s, "stats"])
         .output()

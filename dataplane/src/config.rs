@@ -460,6 +460,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn connections_spread_over_the_kernel_tcp_shards() {
+        assert_eq!(conn_shard(1, 7, 9), 0, "one shard owns everything");
+        // One host's peers on a /24: every shard owns some, none more than twice its share.
+        for shards in [2usize, 3, 4, 8] {
+            let mut load = vec![0usize; shards];
+            let me = u32::from(Ipv4Addr::new(10, 0, 0, 1));
+            for peer in 2..=255u32 {
+                let k = conn_shard(shards, me, u32::from(Ipv4Addr::new(10, 0, 0, 0)) | peer);
+                assert!(k < shards);
+                load[k] += 1;
+            }
+            let fair = 254 / shards;
+            assert!(
+                load.iter().all(|&l| l > 0 && l <= 2 * fair),
+                "{shards}: {load:?}"
+            );
+        }
+        // Sharded only while the host talks to the network (a [dpdk] or [rdma] section keeps
+        // every connection on shard 0 too: `transport::tests`).
+        let mut c = Config::load(None, &Overrides::default()).unwrap();
+        c.poll_cores = vec![None, None];
+        c.local_addrs.push("10.9.0.1/32".parse().unwrap());
+        assert_eq!(c.net_shards(), 2);
+        c.local_addrs
+            .retain(|p| p.addr != Ipv4Addr::new(10, 9, 0, 1));
+        assert_eq!(c.net_shards(), 1, "loopback only: no network");
+    }
+
+    #[test]
     fn embedded_default_loads_without_a_file() {
         let c = Config::load(None, &Overrides::default()).unwrap();
         assert!(c.is_local("127.3.4.5".parse().unwrap()));

@@ -204,6 +204,13 @@ impl Daemon {
     }
 
     /// SIGKILLs rdsd and reaps it.
+    /// Starts it again (after [`Daemon::kill`]) with `extra` flags instead of the first ones
+    /// (same control socket and state file).
+    pub fn spawn_with(&mut self, extra: &[&str]) {
+        self.extra = extra.iter().map(|s| s.to_string()).collect();
+        self.spawn();
+    }
+
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();

@@ -196,9 +196,14 @@ fn link_down_for_two_seconds_mid_stream_loses_nothing() {
     assert!(s.expect("sent").starts_with("2000"));
 }
 
-/// Kills and restarts the rdsd of host `victim` while host 0 streams to host 1.
+/// Kills and restarts the rdsd of host `victim` while host 0 streams to host 1 (with `then`
+/// as its flags instead of `first`'s, if given).
 fn restart_mid_stream(victim: usize) -> String {
-    let mut lab = Lab::new(2, 2, &[]);
+    restart_mid_stream_with(victim, &[], None)
+}
+
+fn restart_mid_stream_with(victim: usize, first: &[&str], then: Option<&[&str]>) -> String {
+    let mut lab = Lab::new(2, 2, first);
     let (a0, a1) = (lab.hosts[0].at(9201), lab.hosts[1].at(9200));
     let mut r = lab.hosts[1].d().app(&["recv-resilient", &a1, "2999"]);
     r.expect("bound");
@@ -224,7 +229,16 @@ fn restart_mid_stream(victim: usize) -> String {
         || lab.hosts[survivor].d().stat("tcp_path_down"),
         |&n| n > downs,
     );
-    lab.hosts[victim].daemon.as_mut().unwrap().spawn();
+    match then {
+        Some(flags) => {
+            // Lab::start's flags, then these.
+            let local = format!("{}/32", lab.hosts[victim].addr);
+            let mut all = vec!["--local-addr", &local, "--local-addr", "127.0.0.0/8"];
+            all.extend_from_slice(flags);
+            lab.hosts[victim].daemon.as_mut().unwrap().spawn_with(&all);
+        }
+        None => lab.hosts[victim].daemon.as_mut().unwrap().spawn(),
+    }
     let t = Instant::now();
     let done = r.expect("done");
     eprintln!(
@@ -244,6 +258,20 @@ fn receiver_rdsd_sigkilled_and_restarted_mid_stream() {
 #[test]
 fn sender_rdsd_sigkilled_and_restarted_mid_stream() {
     restart_mid_stream(0);
+}
+
+/// The receive state does not depend on which poll thread owns a connection: a receiver
+/// restarted with two poll threads instead of one (its connection may now be the second
+/// thread's) delivers the rest of the stream exactly once, and so does one restarted with one
+/// instead of two.
+#[test]
+fn restarts_that_change_the_poll_thread_count_lose_and_repeat_nothing() {
+    let (one, two) = (
+        ["--poll-core", "-2"],
+        ["--poll-core", "-2", "--poll-core", "-2"],
+    );
+    restart_mid_stream_with(1, &one, Some(&two));
+    restart_mid_stream_with(1, &two, Some(&one));
 }
 
 #[test]

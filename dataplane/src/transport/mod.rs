@@ -264,4 +264,35 @@ mod tests {
         assert_eq!(list.len(), 1, "loopback only without network addresses");
         assert_eq!(list[0].name(), "loopback");
     }
+
+    #[test]
+    fn kernel_tcp_runs_on_every_poll_thread_unless_a_section_needs_thread_0() {
+        let dir = std::env::temp_dir().join(format!("rdsd-shards-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let over = Overrides {
+            state_file: Some(dir.join("state")),
+            local_addrs: vec!["10.253.0.1/32".into()],
+            tcp_port: Some(0),
+            ..Default::default()
+        };
+        let mut cfg = Config::load(None, &over).unwrap();
+        cfg.poll_cores = vec![None; 3];
+        configure(&mut cfg).unwrap();
+        let stats: Vec<Arc<Stats>> = (0..3).map(|_| Arc::new(Stats::default())).collect();
+        let lists = build_shards(&cfg, &stats).unwrap();
+        let names: Vec<Vec<&str>> = lists
+            .iter()
+            .map(|l| l.iter().map(|t| t.name()).collect())
+            .collect();
+        assert_eq!(names, vec![vec!["loopback", "tcp"]; 3]);
+        drop(lists);
+        let mut cfg = load("[dpdk]\nvdev = \"net_null0\"\naddr = \"10.254.0.1/24\"\n").unwrap();
+        cfg.poll_cores = vec![None; 3];
+        assert_eq!(
+            cfg.net_shards(),
+            1,
+            "the port's shard 0 keeps kernel TCP too"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
