@@ -169,6 +169,11 @@ pub struct PollCore {
     test_stall: Option<std::time::Duration>,
 }
 
+/// From this size on, a message for a socket of another poll thread crosses in place (its
+/// bytes stay in the sender's tx ring until the receiving thread copied them): below it, the
+/// copy into the pair ring costs less than the hold and the release note per message.
+const CROSS_IN_PLACE_MIN: usize = 16 << 10;
+
 /// What happened to one message taken off a tx ring.
 enum Outcome {
     /// Its bytes are free now (delivered, or dropped and counted).
@@ -354,7 +359,10 @@ impl PollCore {
                 };
                 let (env, ptr, len) = shard::open_record(ring, &rec);
                 // SAFETY: `open_record` bounds the payload inside the ring's data area, which
-                // stays allocated (the fabric) and unwritten (not consumed yet) for this call.
+                // stays allocated (the fabric) and unwritten (not consumed yet) for this call;
+                // or, for an in-place delivery, inside the sender's tx ring as its shard
+                // validated it, which the sender's hold keeps mapped (a departed app's region
+                // drains) and out of its producer's reach until this shard's release note.
                 let payload = unsafe { MsgBytes::from_shared(ptr, len) };
                 if !self.take_forwarded(from, env, payload) {
                     stalled |= 1 << from;
@@ -427,6 +435,9 @@ impl PollCore {
     /// One message from shard `from`; false if it must wait (its destination is full).
     fn take_forwarded(&mut self, from: usize, env: shard::Envelope, payload: MsgBytes<'_>) -> bool {
         match env {
+            shard::Envelope::DeliverRef { .. } => {
+                unreachable!("open_record hands in-place deliveries over as Deliver")
+            }
             shard::Envelope::GroupDeliver {
                 faddr,
                 sport,
@@ -763,6 +774,33 @@ impl PollCore {
         let sent = unsafe { self.table.tx_record(from, rec) };
         if self.table.cfg().trace_hops {
             stamp_pickup(&sent.payload);
+        }
+        let closing = self.table.link().is_some_and(|l| l.is_closing());
+        if sent.payload.len() >= CROSS_IN_PLACE_MIN && !closing {
+            // Large: the receiving shard copies it straight from this tx ring, whose space a
+            // hold keeps until its release note (one copy instead of two).
+            if let Some(hold) = self.table.offer_hold(from, sent.pos) {
+                let env = shard::Envelope::DeliverRef {
+                    laddr: addr,
+                    faddr: src.0,
+                    sport: src.1,
+                    dport: port,
+                    token: hold,
+                    ptr: sent.payload.as_ptr() as usize as u64,
+                    len: sent.payload.len() as u32,
+                };
+                let link = self.table.link_mut().expect("checked");
+                return Some(match link.forward_ref(to, env) {
+                    Ok(()) => {
+                        self.table.place_hold(hold);
+                        Outcome::Queued
+                    }
+                    Err(()) => {
+                        self.table.drop_hold(hold);
+                        Outcome::Blocked
+                    }
+                });
+            }
         }
         let env = shard::Envelope::Deliver {
             laddr: addr,

@@ -54,6 +54,7 @@ const ENVELOPE_LEN: usize = 32;
 const KIND_DELIVER: u8 = 1;
 const KIND_SEND: u8 = 2;
 const KIND_GROUP_DELIVER: u8 = 3;
+const KIND_DELIVER_REF: u8 = 4;
 
 /// The token shard 0 carries for a send forwarded from `shard` (token `t` there).
 pub(super) fn forwarded_token(shard: usize, t: u64) -> u64 {
@@ -139,10 +140,24 @@ pub(super) enum Envelope {
         token: u64,
         stamp: u64,
     },
+    /// `Deliver` of a message that stays where it lies, `len` bytes at `ptr` in the sender's
+    /// tx ring, whose space hold `token` keeps (the record is the envelope alone). The
+    /// receiving shard copies it from there and releases the hold with `Note::Release`:
+    /// one copy instead of two for large messages between shards.
+    DeliverRef {
+        laddr: u32,
+        faddr: u32,
+        sport: u16,
+        dport: u16,
+        token: u64,
+        ptr: u64,
+        len: u32,
+    },
 }
 
 impl Envelope {
     fn emit(&self) -> [u8; ENVELOPE_LEN] {
+        let mut len_of_ref = 0u32;
         let (kind, laddr, faddr, sport, dport, token, stamp) = match *self {
             Envelope::Deliver {
                 laddr,
@@ -166,9 +181,24 @@ impl Envelope {
                 token,
                 stamp,
             } => (KIND_GROUP_DELIVER, laddr, faddr, sport, dport, token, stamp),
+            Envelope::DeliverRef {
+                laddr,
+                faddr,
+                sport,
+                dport,
+                token,
+                ptr,
+                len,
+            } => {
+                len_of_ref = len;
+                (KIND_DELIVER_REF, laddr, faddr, sport, dport, token, ptr)
+            }
         };
         let mut b = [0u8; ENVELOPE_LEN];
         b[0] = kind;
+        // A message is at most 1 MiB: 24 bits hold its length.
+        debug_assert!(len_of_ref < 1 << 24);
+        b[1..4].copy_from_slice(&len_of_ref.to_le_bytes()[..3]);
         b[4..8].copy_from_slice(&laddr.to_le_bytes());
         b[8..12].copy_from_slice(&faddr.to_le_bytes());
         b[12..14].copy_from_slice(&sport.to_le_bytes());
@@ -207,6 +237,15 @@ impl Envelope {
                 dport,
                 token,
                 stamp,
+            },
+            KIND_DELIVER_REF => Envelope::DeliverRef {
+                laddr,
+                faddr,
+                sport,
+                dport,
+                token,
+                ptr: stamp,
+                len: u32::from_le_bytes([b[1], b[2], b[3], 0]),
             },
             k => unreachable!("pair ring record of kind {k}"),
         }
@@ -417,6 +456,31 @@ impl ShardLink {
         Ok(())
     }
 
+    /// Queues an in-place delivery (`Envelope::DeliverRef`) for shard `to`: `Err(())` if its
+    /// ring is full or copies wait before it (try again later, or copy). Never kept: the
+    /// caller copies instead while a socket closes.
+    pub(super) fn forward_ref(&mut self, to: usize, env: Envelope) -> Result<(), ()> {
+        debug_assert!(matches!(env, Envelope::DeliverRef { .. }));
+        self.dirty |= 1 << to;
+        if self.closing || self.kept.iter().any(|k| k.0 == to) {
+            return Err(());
+        }
+        let head = env.emit();
+        let header = RecordHeader::data(ENVELOPE_LEN as u32, 0, 0);
+        match self.out[to].push_with(header, |mem, off| {
+            shm_api::ring::RingMemory::write(mem, off, &head)
+        }) {
+            Ok(()) => Ok(()),
+            Err(PushError::Full) => Err(()),
+            Err(PushError::TooLarge) => unreachable!("an envelope fits"),
+        }
+    }
+
+    /// True while a closing socket's messages are kept rather than refused (`set_closing`).
+    pub(super) fn is_closing(&self) -> bool {
+        self.closing
+    }
+
     /// Whether messages for shard `to` wait in the kept queue (its pair ring was full).
     pub(super) fn has_kept(&self, to: usize) -> bool {
         self.kept.iter().any(|k| k.0 == to)
@@ -578,7 +642,9 @@ fn push(
     }
 }
 
-/// A record of a pair ring: its envelope and where its payload lies.
+/// A record of a pair ring: its envelope and where its payload lies: after the envelope, or,
+/// for an in-place delivery (returned as `Envelope::Deliver` with the hold's token), in the
+/// sending app's tx ring, which the hold keeps mapped and unwritten until the release.
 pub(super) fn open_record(ring: &Consumer<RawRing>, rec: &Record) -> (Envelope, *const u8, usize) {
     let mut head = [0u8; ENVELOPE_LEN];
     let n = ring.read_payload(rec, &mut head);
@@ -586,6 +652,25 @@ pub(super) fn open_record(ring: &Consumer<RawRing>, rec: &Record) -> (Envelope, 
         n, ENVELOPE_LEN,
         "pair ring record shorter than its envelope"
     );
+    if let Envelope::DeliverRef {
+        laddr,
+        faddr,
+        sport,
+        dport,
+        token,
+        ptr,
+        len,
+    } = Envelope::parse(&head)
+    {
+        let env = Envelope::Deliver {
+            laddr,
+            faddr,
+            sport,
+            dport,
+            token,
+        };
+        return (env, ptr as usize as *const u8, len as usize);
+    }
     let len = rec.header.len as usize - ENVELOPE_LEN;
     // SAFETY: the consumer validated `payload_offset + header.len` against the data area,
     // which the fabric keeps allocated for as long as this shard's link exists.
@@ -626,6 +711,15 @@ mod tests {
                 dport: 8,
                 token: 9,
                 stamp: 0x0102_0304_0506_0708,
+            },
+            Envelope::DeliverRef {
+                laddr: 10,
+                faddr: 11,
+                sport: 12,
+                dport: 13,
+                token: 1 << 63 | 14,
+                ptr: 0x7f12_3456_7000,
+                len: 1 << 20,
             },
         ] {
             assert_eq!(Envelope::parse(&e.emit()), e);
