@@ -1808,6 +1808,138 @@ fn paths_connect_one_at_a_time_in_index_order() {
     assert_eq!(connects(&mut a), vec![3]);
 }
 
+/// `Connection::open`, which every send calls, does nothing once the connection is opened: the
+/// state changes schedule the paths themselves. A path that goes down (path 0 and a path > 0),
+/// whose connects fail, or that waits for path 0's confirmation, is reconnected by its
+/// reconnect timer however many sends come in between, and the sends add no connect of
+/// their own.
+#[test]
+fn paths_that_go_down_reconnect_while_sends_keep_coming() {
+    let mut now = Instant::ZERO;
+    let map = CongMap::new();
+    let mut a = active_up(now);
+    assert!(feed(&mut a, 0, &probe_pong(1, 2, GEN_B)).is_empty());
+    assert!(events(&mut a).contains(&Event::Connect { path: 1 }));
+    a.handle_connected(now, 1).unwrap();
+    let _ = drain(&mut a, now, 0, &map);
+    assert!(feed(&mut a, 0, &probe_pong(2, 2, GEN_B)).is_empty());
+    let _ = events(&mut a);
+    let sport = [
+        (2000..).find(|&p| a.route(p) == 0).unwrap(),
+        (2000..).find(|&p| a.route(p) == 1).unwrap(),
+    ];
+    let mut token = 0;
+    // Sends on both paths; the engine's events (connects only) after them.
+    let mut send_burst = |a: &mut Connection<Vec<u8>>, now: Instant| -> Vec<usize> {
+        for _ in 0..50 {
+            for &port in &sport {
+                token += 1;
+                a.send(now, port, 10, vec![7; 8], token).unwrap();
+            }
+        }
+        events(a)
+            .into_iter()
+            .map(|e| match e {
+                Event::Connect { path } => path,
+                e => panic!("a send caused {e:?}"),
+            })
+            .collect()
+    };
+    assert!(send_burst(&mut a, now).is_empty());
+
+    // Path 1 drops: path 0 probes again; sends meanwhile connect nothing.
+    a.handle_path_down(now, 1).unwrap();
+    assert!(events(&mut a).is_empty(), "waits for path 0's pong");
+    assert!(send_burst(&mut a, now).is_empty());
+    let _ = drain(&mut a, now, 0, &map);
+    assert!(feed(&mut a, 0, &probe_pong(3, 2, GEN_B)).is_empty());
+    // The pong schedules it (after a backoff: the peer never sent a frame on path 1).
+    let connect_paths = |a: &mut Connection<Vec<u8>>| -> Vec<usize> {
+        events(a)
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Connect { path } => Some(path),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut connects = connect_paths(&mut a);
+    for pong in 4..7 {
+        // Connects that fail, sends in between: the timer survives them.
+        if connects.is_empty() {
+            assert!(send_burst(&mut a, now).is_empty());
+            let at = a.poll_timeout().expect("path 1's reconnect timer");
+            assert!(send_burst(&mut a, now).is_empty());
+            assert_eq!(a.poll_timeout(), Some(at), "sends leave the timer alone");
+            now = at;
+            a.handle_timeout(now);
+            connects = connect_paths(&mut a);
+        }
+        assert_eq!(connects, vec![1]);
+        assert_eq!(a.path_state(1), PathState::Connecting);
+        assert!(send_burst(&mut a, now).is_empty(), "already connecting");
+        // Refused: path 1 waits for a fresh pong on path 0 again, then for its timer.
+        a.handle_path_down(now, 1).unwrap();
+        assert!(connect_paths(&mut a).is_empty());
+        assert!(send_burst(&mut a, now).is_empty());
+        let _ = drain(&mut a, now, 0, &map);
+        assert!(feed(&mut a, 0, &probe_pong(pong, 2, GEN_B)).is_empty());
+        connects = connect_paths(&mut a);
+    }
+    if connects.is_empty() {
+        now = a.poll_timeout().expect("path 1's reconnect timer");
+        a.handle_timeout(now);
+        connects = connect_paths(&mut a);
+    }
+    assert_eq!(connects, vec![1]);
+    a.handle_connected(now, 1).unwrap();
+
+    // Path 0 drops: it reconnects at once (the peer spoke on it), then, refused, by timer.
+    a.handle_path_down(now, 0).unwrap();
+    assert_eq!(events(&mut a), vec![Event::Connect { path: 0 }]);
+    assert!(send_burst(&mut a, now).is_empty());
+    a.handle_path_down(now, 0).unwrap();
+    assert!(events(&mut a).is_empty());
+    assert!(send_burst(&mut a, now).is_empty());
+    now = a.poll_timeout().expect("path 0's reconnect timer");
+    assert!(
+        send_burst(&mut a, now).is_empty(),
+        "not a send: the timer connects"
+    );
+    a.handle_timeout(now);
+    assert_eq!(events(&mut a), vec![Event::Connect { path: 0 }]);
+    assert_eq!(a.path_state(0), PathState::Connecting);
+}
+
+/// A doorbell (an inbound connection to the active side) opens a closed connection as a send
+/// would: every path it wants is connecting or has a reconnect timer. Here path 1, whose timer
+/// the close cleared while path 0, still confirmed, is closing.
+#[test]
+fn a_doorbell_after_close_schedules_every_wanted_path() {
+    let now = Instant::ZERO;
+    let map = CongMap::new();
+    let mut a = active_up(now);
+    assert!(feed(&mut a, 0, &probe_pong(1, 2, GEN_B)).is_empty());
+    assert!(events(&mut a).contains(&Event::Connect { path: 1 }));
+    // The connect fails; the next pong gives path 1 a reconnect timer.
+    a.handle_path_down(now, 1).unwrap();
+    let _ = drain(&mut a, now, 0, &map);
+    assert!(feed(&mut a, 0, &probe_pong(2, 2, GEN_B)).is_empty());
+    assert!(events(&mut a).is_empty());
+    assert!(a.poll_timeout().is_some());
+    a.close(now);
+    assert_eq!(events(&mut a), vec![Event::Close { path: 0 }]);
+    assert_eq!(a.poll_timeout(), None, "closed: no reconnect");
+    assert_eq!(a.handle_accepted(now, 40000), Err(AcceptError::WeConnect));
+    let connects = events(&mut a);
+    assert!(
+        connects.contains(&Event::Connect { path: 1 }) || a.poll_timeout().is_some(),
+        "{connects:?}"
+    );
+    a.handle_path_down(now, 0).unwrap();
+    assert!(events(&mut a).contains(&Event::Connect { path: 0 }));
+}
+
 /// Bytes `from` has for `from_path`, fed to `to` on `to_path`; TCP acknowledges them to `from`
 /// when `acked`. Returns the payloads `to` delivered, recording them in `persisted`.
 fn carry(

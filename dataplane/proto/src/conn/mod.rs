@@ -438,6 +438,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
     /// When [`Connection::handle_timeout`] should next be called (cached: O(1)).
     #[inline]
     pub fn poll_timeout(&self) -> Option<Instant> {
+        self.debug_check_paths_scheduled();
         self.timers.next()
     }
 
@@ -482,7 +483,15 @@ impl<P: AsRef<[u8]>> Connection<P> {
 
     /// Declares the connection wanted: the active side starts connecting path 0 (and later the
     /// other paths). The passive side waits for the peer. [`Connection::send`] implies this.
+    ///
+    /// O(1) once opened (every send calls it): while `opened` holds, every change that can
+    /// make a path wanted schedules it (see `schedule_paths`), so there is nothing to do.
+    #[inline]
     pub fn open(&mut self, now: Instant) {
+        if self.opened {
+            self.debug_check_paths_scheduled();
+            return;
+        }
         self.opened = true;
         self.schedule_paths(now);
     }
@@ -554,6 +563,8 @@ impl<P: AsRef<[u8]>> Connection<P> {
                 self.timers.set_reconnect_at(0, None);
                 self.start_connect(0);
             }
+            // Opened now (after a `close`): the other paths it wants, as `open` would.
+            self.schedule_paths(now);
             return Err(AcceptError::WeConnect);
         }
         let n = self.npaths_effective();
@@ -744,14 +755,51 @@ impl<P: AsRef<[u8]>> Connection<P> {
     }
 
     /// Active side: make sure every wanted path that is down is connecting or has a timer.
+    ///
+    /// Once it has run, that holds until an input of `wants_path`, a path's state or a
+    /// reconnect timer changes, and only these changes can make a down path without a timer
+    /// wanted; each schedules again:
+    ///
+    /// * `opened` becoming true: [`Connection::open`], [`Connection::handle_accepted`];
+    /// * the path count: `set_npaths` (every probe and pong, which also confirms path 0);
+    /// * a path going down: [`Connection::handle_path_down`];
+    /// * a path > 0 coming up (the next one may connect): [`Connection::handle_connected`]
+    ///   (path 0 coming up clears the confirmation, which paths > 0 wait for);
+    /// * a reconnect timer expiring: [`Connection::handle_timeout`] connects the path if it
+    ///   is wanted and down.
+    ///
+    /// The other changes only take wants away (`close`, `close_path`, a failed path, path 0
+    /// down or unconfirmed) or leave no path down without a timer (a connect, a timer set).
+    /// So [`Connection::open`] on an opened connection, every send, has nothing to do; debug
+    /// builds check it there and in [`Connection::poll_timeout`].
     fn schedule_paths(&mut self, now: Instant) {
-        for path in 0..MAX_PATHS {
+        if !self.active || !self.opened {
+            return;
+        }
+        // `wants_path` is false from the path count on.
+        for path in 0..self.npaths_effective() {
             let tx = &self.tx[path];
             if tx.state == PathState::Down
                 && self.timers.reconnect_at(path).is_none()
                 && self.wants_path(path)
             {
                 self.schedule_reconnect(now, path);
+            }
+        }
+    }
+
+    /// Debug builds: no wanted path is down without a reconnect timer (what `schedule_paths`
+    /// establishes and every state change keeps).
+    #[inline]
+    fn debug_check_paths_scheduled(&self) {
+        if cfg!(debug_assertions) {
+            for path in 0..MAX_PATHS {
+                assert!(
+                    !(self.tx[path].state == PathState::Down
+                        && self.timers.reconnect_at(path).is_none()
+                        && self.wants_path(path)),
+                    "path {path} is wanted and down with no reconnect scheduled"
+                );
             }
         }
     }
