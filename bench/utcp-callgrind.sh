@@ -5,9 +5,11 @@
 #
 # userspace TCP: two rdsd in two network namespaces joined by a DPDK memif port pair
 # (TRANSPORT=memif, the default) or by af_packet ports on a veth pair (TRANSPORT=af_packet),
-# one path, both rdsd under callgrind (EAL runs under valgrind: --no-huge, --no-pci); a sender
-# app in the first namespace sends COUNT messages of LEN bytes one way to a receiver app in
-# the second. local: one rdsd, both apps on 127.0.0.1. Needs root, valgrind, DPDK 22.11.
+# PATHS mprds paths (default 1), both rdsd under callgrind (EAL runs under valgrind: --no-huge,
+# --no-pci); a sender app in the first namespace sends COUNT messages of LEN bytes one way to a
+# receiver app in the second. local: one rdsd, both apps on 127.0.0.1. Needs root, valgrind,
+# DPDK 22.11. With PATHS=8 the one sending socket hashes onto one path: the other seven are
+# connected and idle, which is what the 8-path figure measures (their cost per pass).
 #
 # Counted: each rdsd's poll thread, from the receiver's first message (after a one-message
 # warm-up that brings the path up) to its last: the profile is zeroed (callgrind_control -z)
@@ -33,8 +35,9 @@
 #              Timespec::sub_timespec: clock reads and
 #              Instant arithmetic, all callers
 #
-# usage: bench/utcp-callgrind.sh [COUNT] [LEN]
-#        (release build: cargo build --release -p rdsd -p rdsctl -p rdsd-tests --bin rds-testapp;
+# usage: [PATHS=1|8] [TRANSPORT=memif|af_packet] bench/utcp-callgrind.sh [COUNT] [LEN]
+#        (release build: cargo build --release -p rdsd -p rdsctl --bins &&
+#         cargo build --release -p rdsd-tests --bin rds-testapp;
 #         or BIN= a folder with rdsd, rdsctl and rds-testapp)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +46,7 @@ len=${2:-64}
 bin=${BIN:-target/release}
 out=${OUT:-target/utcp-callgrind}
 transport=${TRANSPORT:-memif}
+paths=${PATHS:-1}
 [[ -n "${ANALYZE_ONLY:-}" || "$(id -u)" -eq 0 ]] || { echo "utcp-callgrind.sh: needs root (network namespaces)" >&2; exit 1; }
 command -v valgrind >/dev/null || { echo "valgrind is missing (apt-get install valgrind)" >&2; exit 1; }
 mkdir -p "$out"
@@ -128,14 +132,22 @@ measure() {
         esac
         printf '[dpdk]\nvdev = "%s"\naddr = "10.79.0.%s/24"\nfile_prefix = "%s"\n' \
             "$vdev" "$i" "$tag$side" >"$out/$side.toml"
-        # One path: a one-way stream from one socket uses one TCP connection either way.
-        cg "$tag$side" "$side" -c "$out/$side.toml" --paths 1
+        # A one-way stream from one socket uses one TCP connection whatever the path count;
+        # with PATHS > 1 the others are up and idle.
+        cg "$tag$side" "$side" -c "$out/$side.toml" --paths "$paths"
     done
     for i in $(seq 120); do
         ip netns exec "$A" "$bin/rdsctl" -s "$out/a.sock" ping 10.79.0.2 -I 10.79.0.1 -c 1 -W 1 >/dev/null 2>&1 && break
         ((i < 120)) || { echo "utcp-callgrind.sh: no RDS ping answered over $transport" >&2; exit 1; }
     done
     stream "$A" a 10.79.0.1:7000 "$B" b 10.79.0.2:7001 1
+    # Every path up before counting (connecting paths are not idle ones).
+    for i in $(seq 600); do
+        up=$(ip netns exec "$A" "$bin/rdsctl" -s "$out/a.sock" stats 2>/dev/null | awk '$1 == "dpdk_path_up" {print $2}')
+        ((${up:-0} >= paths)) && break
+        ((i < 600)) || { echo "utcp-callgrind.sh: $paths paths not up over $transport (${up:-0})" >&2; exit 1; }
+        sleep 0.1
+    done
     ZERO=1 stream "$A" a 10.79.0.1:7000 "$B" b 10.79.0.2:7001 "$count"
     idle_window
     stop
@@ -188,7 +200,7 @@ row() { # row SIDE LABEL
         "$(per "$1" 'SocketTable as rdsd::seam::Upcalls>::deliver( |$)')" \
         "$clock"
 }
-echo "$count messages of $len B one way (transport: $transport); instructions per message, inclusive"
+echo "$count messages of $len B one way (transport: $transport, paths: $paths); instructions per message, inclusive"
 echo
 echo "| rdsd | passes/msg | empty pass | pass | work | drain_tx | ep send | dpdk poll | ep tx | iface | egress | rx burst | tx burst | read | deliver | clock |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"

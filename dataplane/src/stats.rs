@@ -253,6 +253,12 @@ counters! {
     tcp_zero_window_rx,
     /// Our segments advertising a zero window.
     tcp_zero_window_tx,
+    /// Passes in which smoltcp's egress ran (something may have gone out: a socket got input
+    /// or changed, or a timer came due).
+    egress_runs,
+    /// Sockets those egress runs dispatched: only those that may have something to send, not
+    /// every path and listener (vendored smoltcp, PATCHES.md item 4).
+    egress_sockets,
 }
 }
 

@@ -416,6 +416,99 @@ fn utcp_partial_writes_around_the_ring_end_keep_the_stream_exact() {
     );
 }
 
+/// smoltcp's egress per 64 B round trip on one busy path, with `paths` paths up between two
+/// links (the others connected and idle): (egress runs, sockets dispatched) per round trip,
+/// both links together.
+fn egress_per_round_trip(paths: usize) -> (f64, f64) {
+    use rdsd::protocol::{ConnectPoll, Link};
+    use rdsd::transport::utcp::UtcpPath;
+    const ROUND_TRIPS: u64 = 200;
+    let mut lab = Lab::new(Faults::default(), 8, Cut::Abort);
+    let mut a = lab.make(suite::A);
+    let mut b = lab.make(suite::B);
+    let (mut pa, mut pb) = (Vec::new(), Vec::new());
+    for k in 0..paths {
+        let mut p = a.connect(suite::A, suite::B, k).unwrap();
+        let mut wait = Wait::new(&lab.clock, Duration::from_secs(5), "a path up");
+        let acc = loop {
+            a.poll_aux();
+            b.poll_aux();
+            if a.poll_connect(&mut p) == ConnectPoll::Up {
+                if let Some(acc) = b.accept() {
+                    break acc;
+                }
+            }
+            wait.pass();
+        };
+        pa.push(p);
+        pb.push(acc.path);
+    }
+    // Settle (last ACKs); the clock stands still from here: no timer comes due.
+    for _ in 0..10 {
+        a.poll_aux();
+        b.poll_aux();
+    }
+    let busy = paths - 1;
+    let count = |a: &MemLink, b: &MemLink| {
+        (
+            a.egress_runs() + b.egress_runs(),
+            a.egress_visits() + b.egress_visits(),
+        )
+    };
+    // One 64 B message from `from` to `to` on the busy path, as the endpoint does it: the
+    // write leaves at the end of the pass, the peer polls until it reads it.
+    fn hop(from: &mut MemLink, fp: &mut UtcpPath, to: &mut MemLink, tp: &mut UtcpPath) {
+        use rdsd::protocol::{Link, Read, Write};
+        from.poll_aux();
+        assert_eq!(from.write(fp, &[&[9u8; 64]]), Write::Wrote(64));
+        from.end_pass(true);
+        let mut buf = [0u8; 128];
+        for _ in 0..10 {
+            to.poll_aux();
+            if to.path_ready(tp) {
+                let Read::Data(got) = to.read(tp, &mut buf) else {
+                    panic!("the message is there")
+                };
+                assert_eq!(got.len(), 64);
+                to.end_pass(false);
+                return;
+            }
+            to.end_pass(false);
+        }
+        panic!("the message did not arrive in 10 passes");
+    }
+    let before = count(&a, &b);
+    for _ in 0..ROUND_TRIPS {
+        hop(&mut a, &mut pa[busy], &mut b, &mut pb[busy]);
+        hop(&mut b, &mut pb[busy], &mut a, &mut pa[busy]);
+    }
+    let after = count(&a, &b);
+    let per = |x: u64, y: u64| (x - y) as f64 / ROUND_TRIPS as f64;
+    (per(after.0, before.0), per(after.1, before.1))
+}
+
+/// smoltcp's egress dispatches the sockets that may have something to send, not every socket:
+/// a round trip on one path with 8 paths up (each link: 8 path sockets and 8 listeners)
+/// dispatches as many sockets as with 1 path. Unpatched smoltcp walked all of them each
+/// egress run (vendored smoltcp, PATCHES.md item 4).
+#[test]
+fn utcp_idle_paths_cost_the_egress_nothing() {
+    let (runs1, socks1) = egress_per_round_trip(1);
+    let (runs8, socks8) = egress_per_round_trip(8);
+    eprintln!(
+        "per round trip, both links: 1 path: {runs1} egress runs, {socks1} sockets dispatched; \
+         8 paths: {runs8} runs, {socks8} sockets"
+    );
+    assert!(
+        socks8 <= socks1 + 0.5,
+        "8 paths: {socks8} sockets dispatched per round trip, 1 path: {socks1}"
+    );
+    assert!(
+        socks8 <= runs8 * 1.5,
+        "8 paths: {socks8} sockets dispatched in {runs8} egress runs per round trip"
+    );
+}
+
 /// A 1 MiB RDS message (and its header) fits the default buffers and window (window scaling):
 /// the receiver holds all of it before reading a byte. And acknowledgements are per pass,
 /// not per segment: smoltcp 0.14 takes a pass's whole burst in, then sends one ACK per socket

@@ -6,9 +6,12 @@
 //! the frames go through memif's shared memory). One socket on each side plays ping-pong
 //! (64 B), which uses one path whatever the path count. Counted per round trip on each daemon
 //! from its exact counters: passes, path visits (`dpdk_path_visits`), acknowledgement queries
-//! (`dpdk_ack_queries`), frames sent (`dpdk_tx_packets`) and transmit bursts
-//! (`dpdk_tx_bursts`). An idle path that is visited, or that sends a frame, each pass shows
-//! up as at least one more per pass with 8 paths.
+//! (`dpdk_ack_queries`), frames sent (`dpdk_tx_packets`), transmit bursts (`dpdk_tx_bursts`),
+//! smoltcp egress runs (`dpdk_egress_runs`) and the sockets they dispatched
+//! (`dpdk_egress_sockets`). An idle path that is visited, that sends a frame, or whose socket
+//! smoltcp's egress looks at, each pass shows up as at least one more per pass with 8 paths
+//! (with 8 paths rdsd keeps 16 listening sockets and 8 path sockets; unpatched smoltcp
+//! dispatched all 24 in every egress run).
 //!
 //! Needs root (namespaces) and DPDK's memif PMD (`librte-net-memif23`, pulled in by
 //! `libdpdk-dev`, which `tests/run.sh` installs through `dataplane/install-build-deps.sh`).
@@ -24,17 +27,19 @@ const WARM_UP: u64 = 50;
 const DPDK_INSTALL: &str =
     "run as root with DPDK 22.11 installed: sudo -E bash tests/run.sh (dataplane/install-build-deps.sh)";
 
-const NAMES: [&str; 5] = [
+const NAMES: [&str; 7] = [
     "dpdk_passes",
     "dpdk_path_visits",
     "dpdk_ack_queries",
     "dpdk_tx_packets",
     "dpdk_tx_bursts",
+    "dpdk_egress_runs",
+    "dpdk_egress_sockets",
 ];
 
 /// Counters of both daemons, exact ([`Daemon::exact_stats`]). The reads cost each poll core a
 /// pass or two without a path visit: nothing next to the round trips counted.
-fn counters(d: [&Daemon; 2]) -> [[u64; 5]; 2] {
+fn counters(d: [&Daemon; 2]) -> [[u64; 7]; 2] {
     d.map(|d| {
         let s = d.exact_stats();
         NAMES.map(|n| stat_from(&s, n))
@@ -42,7 +47,7 @@ fn counters(d: [&Daemon; 2]) -> [[u64; 5]; 2] {
 }
 
 /// Per round trip and daemon, in the order of [`NAMES`].
-fn ping_pong(paths: u8) -> [[f64; 5]; 2] {
+fn ping_pong(paths: u8) -> [[f64; 7]; 2] {
     let pair = VethPair::new();
     let sock = std::env::temp_dir().join(format!(
         "rdsd-memif-cost-{}-{paths}.sock",
@@ -74,9 +79,9 @@ fn ping_pong(paths: u8) -> [[f64; 5]; 2] {
     }
     let after = counters([&d0, &d1]);
     pp.finish();
-    let mut per_rt = [[0.0; 5]; 2];
+    let mut per_rt = [[0.0; 7]; 2];
     for d in 0..2 {
-        for k in 0..5 {
+        for k in 0..7 {
             per_rt[d][k] = (after[d][k] - before[d][k]) as f64 / ROUND_TRIPS as f64;
         }
     }
@@ -91,7 +96,7 @@ fn ping_pong(paths: u8) -> [[f64; 5]; 2] {
 
 /// [`ping_pong`], whose failure (printed above) also names the install step: a missing DPDK or
 /// memif PMD shows up as an rdsd that does not start.
-fn run(paths: u8) -> [[f64; 5]; 2] {
+fn run(paths: u8) -> [[f64; 7]; 2] {
     std::panic::catch_unwind(|| ping_pong(paths)).unwrap_or_else(|_| {
         panic!("the {paths}-path run failed (above); if rdsd's DPDK port did not start: {DPDK_INSTALL}")
     })
@@ -103,8 +108,8 @@ fn an_idle_dpdk_path_costs_nothing() {
     let one = run(1);
     let eight = run(8);
     for (d, side) in ["active", "passive"].iter().enumerate() {
-        let [p1, v1, q1, f1, b1] = one[d];
-        let [p8, v8, q8, f8, b8] = eight[d];
+        let [p1, v1, q1, f1, b1, _e1, s1] = one[d];
+        let [p8, v8, q8, f8, b8, e8, s8] = eight[d];
         // A pass visits a path only for work (input, a receiver to resume, frames to send,
         // acknowledgements to ask for): the one busy path at most once a pass, plus the odd
         // path whose timer or ACK falls due. How many passes a round trip takes depends on the
@@ -131,6 +136,18 @@ fn an_idle_dpdk_path_costs_nothing() {
         assert!(
             b8 <= b1 + 1.0 && b8 <= 4.0,
             "{side}, 8 paths: {b8} transmit bursts per round trip (1 path: {b1})"
+        );
+        // smoltcp's egress dispatches the busy path's socket (its write, the peer's segment
+        // to acknowledge), not the idle paths' nor the listeners: about as many sockets per
+        // round trip with 8 paths as with 1, and about one per egress run.
+        assert!(
+            s8 <= s1 + 1.0,
+            "{side}, 8 paths: {s8} sockets dispatched per round trip (1 path: {s1}): idle \
+             sockets are walked"
+        );
+        assert!(
+            s8 <= e8 * 1.5 + 0.5,
+            "{side}, 8 paths: {s8} sockets dispatched per round trip in {e8} egress runs"
         );
     }
 }

@@ -229,6 +229,8 @@ impl Transport for DpdkTransport {
             (&p.tcp_rx_duplicates, c.tcp.rx_duplicates),
             (&p.tcp_zero_window_rx, c.tcp.zero_window_rx),
             (&p.tcp_zero_window_tx, c.tcp.zero_window_tx),
+            (&p.egress_runs, self.ep.link().egress_runs()),
+            (&p.egress_sockets, self.ep.link().egress_visits()),
         ] {
             a.store(v, Ordering::Relaxed);
         }

@@ -39,17 +39,24 @@
 //!   (at most [`UtcpConfig::linger`]); then the socket, with its buffers, goes back to a spare
 //!   list for the next path.
 //! * `doorbell` is a connection that is aborted as soon as it is established (or failed).
-//! * `poll_aux` runs `Interface::poll` (ingress, then egress) once per pass. Order within a
-//!   pass of `Endpoint::poll`: `accept` (every 16 passes), `poll_aux` (frames in, timers,
-//!   frames out), then per path `read` and `write`. Bytes written in a pass therefore leave at
-//!   the next pass's `poll_aux`: every pass's writes go out as one burst (what a DPDK
-//!   `tx_burst` wants), at a cost of one pass of latency (microseconds on a busy poll core).
+//! * `poll_aux` runs smoltcp's ingress (the pass's whole rx burst) once per pass, then its
+//!   egress if anything may go out: `Interface::egress_at` (vendored patch, item 4) answers in
+//!   O(1), now once a socket got input or was handed out by `&mut` (a write, a read that may
+//!   open the window, a connect, a close, an abort), else at the earliest socket timer. The
+//!   egress then dispatches only those sockets, not every path and listener. Order within a
+//!   pass of `Endpoint::poll`: `accept` (every 16 passes; nothing to look at until a listener
+//!   left LISTEN), `poll_aux` (frames in, timers, frames out), per path `read` and `write`,
+//!   then `end_pass`, whose egress sends what the pass wrote: every pass's writes go out as
+//!   one burst (what a DPDK `tx_burst` wants) in the pass that wrote them. The listeners are
+//!   checked (a handshake to stamp, a dead one to replace) only when smoltcp touched one
+//!   (`Interface::take_touched`: a packet for it, or its dispatch).
 //!
 //! # smoltcp settings, and why
 //!
 //! * smoltcp 0.14.0 (MSRV 1.91), **patched** (`dataplane/vendor/smoltcp`, `[patch.crates-io]`; the patch
-//!   and its reasons are in `dataplane/vendor/smoltcp/PATCHES.md`): settable RTO bounds, and RTT
-//!   smoothing that rounds down. Features `medium-ethernet`, `proto-ipv4`, `socket-tcp`,
+//!   and its reasons are in `dataplane/vendor/smoltcp/PATCHES.md`): settable RTO bounds, RTT
+//!   smoothing that rounds down, ARP retried after 100 ms, and an egress that dispatches only
+//!   the sockets that may have something to send. Features `medium-ethernet`, `proto-ipv4`, `socket-tcp`,
 //!   `socket-tcp-cubic` (congestion control, for a real NIC), `std` (clock), 64
 //!   neighbour-cache entries (one per peer host, not per path) and 8 interface addresses.
 //! * Nagle off: RDS writes whole frames and wants them out now (kernel RDS sets
@@ -140,7 +147,8 @@ use crate::protocol::{
 };
 use crate::seam::MsgBytes;
 use smoltcp::iface::{
-    Config as IfaceConfig, Interface, PollIngressSingleResult, PollResult, SocketHandle, SocketSet,
+    Config as IfaceConfig, Interface, PollIngressSingleResult, PollResult, SocketHandle,
+    SocketMask, SocketSet,
 };
 use smoltcp::phy::Device;
 use smoltcp::socket::tcp;
@@ -271,6 +279,10 @@ pub struct UtcpLink<D: Device, C: Clock = MonotonicClock> {
     sockets: SocketSet<'static>,
     /// Listening sockets, each with the pass in which it left LISTEN (0: still listening).
     listeners: Vec<(SocketHandle, u64)>,
+    /// The listeners' slots, to test smoltcp's touched sockets against (`poll_aux`).
+    listener_mask: SocketMask,
+    /// Listeners that left LISTEN (a handshake; `accept` has nothing to do while none did).
+    handshakes: usize,
     /// `poll_aux` passes so far.
     passes: u64,
     /// Live path sockets (connected, connecting or accepted), for a cut.
@@ -282,13 +294,6 @@ pub struct UtcpLink<D: Device, C: Clock = MonotonicClock> {
     spare: Vec<tcp::Socket<'static>>,
     next_port: u16,
     abort: AbortSwitch,
-    /// A socket changed since the last egress (a write, a read that may open the window, a
-    /// connect, a close): the next pass's egress must look at every socket.
-    dirty: bool,
-    /// smoltcp's earliest timer (retransmission, delayed ACK, keep-alive, ...) after the last
-    /// egress: a pass before it, with no input and nothing changed, has nothing to send and
-    /// skips the egress walk over every socket (listeners included).
-    egress_at: SInstant,
     /// Egress walks so far (`poll_aux` and `end_pass`), for tests and diagnostics.
     egress_runs: u64,
 }
@@ -332,6 +337,8 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
             iface,
             sockets: SocketSet::new(Vec::with_capacity(64)),
             listeners: Vec::with_capacity(cfg.listeners),
+            listener_mask: SocketMask::EMPTY,
+            handshakes: 0,
             passes: 0,
             live: Vec::with_capacity(64),
             closing: Vec::with_capacity(16),
@@ -339,8 +346,6 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
             spare: Vec::new(),
             next_port,
             abort: AbortSwitch::default(),
-            dirty: true,
-            egress_at: SInstant::ZERO,
             egress_runs: 0,
             cfg,
         };
@@ -354,6 +359,12 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
     /// changed and no timer due skips it).
     pub fn egress_runs(&self) -> u64 {
         self.egress_runs
+    }
+
+    /// How many sockets smoltcp's egress has dispatched so far (a walk dispatches only the
+    /// sockets that may have something to send: vendored smoltcp, PATCHES.md item 4).
+    pub fn egress_visits(&self) -> u64 {
+        self.iface.egress_visits()
     }
 
     /// The device, for its counters.
@@ -425,9 +436,20 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
         let mut s = self.new_socket();
         if s.listen(self.cfg.port).is_ok() {
             let h = self.sockets.add(s);
-            self.dirty = true;
             self.listeners.push((h, 0));
+            self.listener_mask.insert(h);
         }
+    }
+
+    /// Takes listener `i` out of the pool.
+    fn remove_listener(&mut self, i: usize) -> SocketHandle {
+        let (h, since) = self.listeners.swap_remove(i);
+        self.handshakes -= usize::from(since != 0);
+        self.listener_mask = SocketMask::EMPTY;
+        for &(l, _) in &self.listeners {
+            self.listener_mask.insert(l);
+        }
+        h
     }
 
     /// The next ephemeral port; for a path, one with `port % 8 == path` (SPORT_IDX's rule, so a
@@ -442,8 +464,8 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
         }
     }
 
+    /// A socket to change: smoltcp's next egress looks at it (`SocketSet::get_mut` marks it).
     fn sock(&mut self, h: SocketHandle) -> &mut tcp::Socket<'static> {
-        self.dirty = true;
         self.sockets.get_mut::<tcp::Socket>(h)
     }
 
@@ -456,12 +478,53 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
         self.closing.push((h, deadline));
     }
 
+    /// Stamps the `touched` listeners that left LISTEN (a handshake) or came back to it (a
+    /// RST), and replaces those whose handshake died before `accept`.
+    fn check_listeners(&mut self, touched: SocketMask) {
+        let mut k = 0;
+        while k < self.listeners.len() {
+            let (h, since) = self.listeners[k];
+            if !touched.contains(h) {
+                k += 1;
+                continue;
+            }
+            let state = self.sockets.get::<tcp::Socket>(h).state();
+            if matches!(
+                state,
+                tcp::State::Listen
+                    | tcp::State::SynReceived
+                    | tcp::State::Established
+                    | tcp::State::CloseWait
+            ) {
+                let listening = state == tcp::State::Listen;
+                if listening != (since == 0) {
+                    // Stamped when a SYN arrives; cleared if a RST sends it back to LISTEN.
+                    self.listeners[k].1 = if listening { 0 } else { self.passes };
+                    if listening {
+                        self.handshakes -= 1;
+                    } else {
+                        self.handshakes += 1;
+                    }
+                }
+                k += 1;
+            } else {
+                // A handshake that died before accept (timed out, reset, closed): the
+                // socket is no listener any more; replace it.
+                self.remove_listener(k);
+                self.sock(h).abort();
+                self.retire(h);
+                self.arm_listener();
+            }
+        }
+    }
+
     fn reap(&mut self) {
         let t = self.clock.now();
         let mut i = 0;
         while i < self.closing.len() {
             let (h, deadline) = self.closing[i];
-            let s = self.sockets.get_mut::<tcp::Socket>(h);
+            // Read only: a `&mut` would make smoltcp's next egress look at the socket.
+            let s = self.sockets.get::<tcp::Socket>(h);
             let done = match s.state() {
                 // A RST or FIN exchange is over once smoltcp forgot the peer.
                 tcp::State::Closed => s.remote_endpoint().is_none(),
@@ -483,11 +546,9 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
         let mut i = 0;
         while i < self.doorbells.len() {
             let (h, deadline) = self.doorbells[i];
-            let s = self.sockets.get_mut::<tcp::Socket>(h);
-            let st = s.state();
+            let st = self.sockets.get::<tcp::Socket>(h).state();
             if st == tcp::State::Established || st == tcp::State::Closed || t >= deadline {
-                s.abort();
-                self.dirty = true;
+                self.sock(h).abort();
                 self.doorbells.swap_remove(i);
                 self.closing.push((h, t + self.cfg.linger));
             } else {
@@ -507,10 +568,7 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
         let remote = (IpAddress::Ipv4(Ipv4Address::from(faddr)), self.cfg.port);
         let local = (IpAddress::Ipv4(Ipv4Address::from(laddr)), port);
         match s.connect(self.iface.context(), remote, local) {
-            Ok(()) => {
-                self.dirty = true;
-                Ok(self.sockets.add(s))
-            }
+            Ok(()) => Ok(self.sockets.add(s)),
             Err(e) => {
                 self.spare.push(s);
                 Err(std::io::Error::new(
@@ -521,31 +579,39 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
         }
     }
 
-    /// Runs the interface once: frames in, then frames out if there may be any (input came, a
-    /// socket changed, or a timer is due). True when a socket's state may have changed.
+    /// Runs the interface once: frames in, then frames out if there may be any (a socket got
+    /// input or changed, or a timer is due). True when a socket's state may have changed.
     fn poll_iface(&mut self) -> bool {
         let now = smol(self.clock.now());
-        let (mut input, mut changed) = (false, false);
+        let mut changed = false;
         loop {
             match self
                 .iface
                 .poll_ingress_single(now, &mut self.device, &mut self.sockets)
             {
                 PollIngressSingleResult::None => break,
-                PollIngressSingleResult::PacketProcessed => input = true,
-                PollIngressSingleResult::SocketStateChanged => (input, changed) = (true, true),
+                PollIngressSingleResult::PacketProcessed => {}
+                PollIngressSingleResult::SocketStateChanged => changed = true,
             }
         }
-        if input || self.dirty || now >= self.egress_at {
-            changed |= self.egress(now, true);
-        }
+        changed |= self.egress(now, true);
         self.device.flush();
         changed
     }
 
     /// What the sockets have to send (`drain`: all of it; else one segment per socket, as
-    /// smoltcp's `poll_egress`), then the next timer's time (now, while more waits).
+    /// smoltcp's `poll_egress`), if anything may go out: smoltcp (patched, PATCHES.md item 4)
+    /// keeps when that is, in O(1): now after a socket got input, was added or handed out by
+    /// `&mut` (a write, a read that may open the window, a connect, a close), else its next
+    /// timer. A walk then dispatches only those sockets, not every path and listener.
     fn egress(&mut self, now: SInstant, drain: bool) -> bool {
+        if self
+            .iface
+            .egress_at(now, &self.sockets)
+            .is_none_or(|t| t > now)
+        {
+            return false;
+        }
         self.egress_runs += 1;
         let mut changed = false;
         while self
@@ -558,11 +624,6 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
                 break;
             }
         }
-        self.dirty = false;
-        self.egress_at = self
-            .iface
-            .poll_at(now, &self.sockets)
-            .unwrap_or(SInstant::from_micros(i64::MAX));
         changed
     }
 }
@@ -584,6 +645,16 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
     }
 
     fn accept(&mut self) -> Option<Accepted<UtcpPath>> {
+        debug_assert_eq!(
+            self.handshakes,
+            self.listeners
+                .iter()
+                .filter(|&&(_, since)| since != 0)
+                .count()
+        );
+        if self.handshakes == 0 {
+            return None;
+        }
         // Oldest handshake first (then the lower peer port: the peer's connects of one pass),
         // as a kernel accept queue: in classic RDS/TCP the accept order maps paths.
         let mut best: Option<(usize, (u64, u16))> = None;
@@ -598,7 +669,7 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
             }
         }
         let (i, _) = best?;
-        let (h, _) = self.listeners.swap_remove(i);
+        let h = self.remove_listener(i);
         self.arm_listener();
         let s = self.sockets.get::<tcp::Socket>(h);
         let (Some(local), Some(remote)) = (s.local_endpoint(), s.remote_endpoint()) else {
@@ -636,7 +707,6 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
         self.iface
             .poll_egress(now, &mut self.device, &mut self.sockets);
         self.device.flush();
-        self.dirty = true;
         Ok(UtcpPath {
             handle: h,
             up: false,
@@ -644,7 +714,7 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
     }
 
     fn poll_connect(&mut self, p: &mut UtcpPath) -> ConnectPoll {
-        match self.sock(p.handle).state() {
+        match self.sockets.get::<tcp::Socket>(p.handle).state() {
             tcp::State::Established => {
                 p.up = true;
                 ConnectPoll::Up
@@ -735,31 +805,11 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
         }
         let changed = self.poll_iface();
         self.passes += 1;
-        let mut k = 0;
-        while k < self.listeners.len() {
-            let (h, since) = self.listeners[k];
-            let state = self.sockets.get::<tcp::Socket>(h).state();
-            if matches!(
-                state,
-                tcp::State::Listen
-                    | tcp::State::SynReceived
-                    | tcp::State::Established
-                    | tcp::State::CloseWait
-            ) {
-                let listening = state == tcp::State::Listen;
-                if listening != (since == 0) {
-                    // Stamped when a SYN arrives; cleared if a RST sends it back to LISTEN.
-                    self.listeners[k].1 = if listening { 0 } else { self.passes };
-                }
-                k += 1;
-            } else {
-                // A handshake that died before accept (timed out, reset, closed): the
-                // socket is no listener any more; replace it.
-                self.listeners.swap_remove(k);
-                self.sock(h).abort();
-                self.retire(h);
-                self.arm_listener();
-            }
+        // A listener changes only by input (a SYN, the handshake's ACK, a RST) or by its
+        // dispatch (a timeout): only those smoltcp touched since the last pass are checked.
+        let touched = self.iface.take_touched();
+        if touched.intersects(self.listener_mask) {
+            self.check_listeners(touched);
         }
         if !self.closing.is_empty() || !self.doorbells.is_empty() {
             self.reap();

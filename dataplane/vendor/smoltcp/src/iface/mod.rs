@@ -27,4 +27,4 @@ pub use self::interface::{
 pub use self::route::{Route, RouteTableFull, Routes};
 #[cfg(feature = "proto-ipv6-slaac")]
 pub use self::slaac::Slaac;
-pub use self::socket_set::{SocketHandle, SocketSet, SocketStorage};
+pub use self::socket_set::{SocketHandle, SocketMask, SocketSet, SocketStorage};

@@ -46,6 +46,9 @@ impl Answer {
 pub struct Cache {
     storage: LinearMap<IpAddress, Neighbor, IFACE_NEIGHBOR_CACHE_COUNT>,
     silent_until: Instant,
+    /// rdsd patch (vendor/smoltcp/PATCHES.md, item 4): an entry was filled since the last
+    /// egress, which then looks at every socket (one may be waiting for this neighbour).
+    learned: bool,
 }
 
 impl Cache {
@@ -61,7 +64,18 @@ impl Cache {
         Self {
             storage: LinearMap::new(),
             silent_until: Instant::from_millis(0),
+            learned: false,
         }
+    }
+
+    /// rdsd patch: whether an entry was filled since the last [`Cache::take_learned`].
+    pub(crate) fn learned(&self) -> bool {
+        self.learned
+    }
+
+    /// rdsd patch: [`Cache::learned`], and forgets it.
+    pub(crate) fn take_learned(&mut self) -> bool {
+        core::mem::take(&mut self.learned)
     }
 
     pub fn reset_expiry_if_existing(
@@ -106,6 +120,7 @@ impl Cache {
             expires_at,
             hardware_addr,
         };
+        self.learned = true;
         match self.storage.insert(protocol_addr, neighbor) {
             Ok(Some(old_neighbor)) => {
                 if old_neighbor.hardware_addr != hardware_addr {

@@ -23,12 +23,28 @@ enum NeighborState {
     },
 }
 
+/// rdsd patch (vendor/smoltcp/PATCHES.md, item 4): [`Meta::egress_at`] of a socket whose
+/// egress must look at it now (it was added, handed out by `&mut`, or got a packet).
+pub(crate) const EGRESS_NOW: Instant = Instant::from_micros_const(i64::MIN);
+/// [`Meta::egress_at`] of a socket that has nothing to send until it gets a packet or is
+/// handed out by `&mut` (`PollAt::Ingress`).
+pub(crate) const EGRESS_NEVER: Instant = Instant::from_micros_const(i64::MAX);
+
+/// The time for [`Meta::egress_at`] that a socket's (and its neighbour's) `PollAt` means.
+pub(crate) fn egress_time(at: PollAt) -> Instant {
+    match at {
+        PollAt::Now => EGRESS_NOW,
+        PollAt::Time(t) => t,
+        PollAt::Ingress => EGRESS_NEVER,
+    }
+}
+
 /// Network socket metadata.
 ///
 /// This includes things that only external (to the socket, that is) code
 /// is interested in, but which are more conveniently stored inside the socket
 /// itself.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub(crate) struct Meta {
     /// Handle of this socket within its enclosing `SocketSet`.
@@ -36,6 +52,23 @@ pub(crate) struct Meta {
     pub(crate) handle: SocketHandle,
     /// See [NeighborState](struct.NeighborState.html).
     neighbor_state: NeighborState,
+    /// rdsd patch (PATCHES.md, item 4): before this time the socket's egress (`dispatch`)
+    /// sends nothing, unless the socket changes first. Set after each dispatch from the
+    /// socket's `poll_at` (and the neighbour's); [`EGRESS_NOW`] when the socket gets a packet
+    /// (ingress), is added to the set or is handed out by `&mut` (`SocketSet::get_mut`,
+    /// `iter_mut`), so that the egress skips a socket only while nothing of this can have
+    /// given it something to send.
+    pub(crate) egress_at: Instant,
+}
+
+impl Default for Meta {
+    fn default() -> Meta {
+        Meta {
+            handle: SocketHandle::default(),
+            neighbor_state: NeighborState::default(),
+            egress_at: EGRESS_NOW,
+        }
+    }
 }
 
 impl Meta {
@@ -124,6 +157,7 @@ mod tests {
         Meta {
             handle: SocketHandle::default(),
             neighbor_state: NeighborState::Active,
+            egress_at: EGRESS_NOW,
         }
     }
 

@@ -1,8 +1,9 @@
 use core::fmt;
 use managed::ManagedSlice;
 
-use super::socket_meta::Meta;
+use super::socket_meta::{EGRESS_NEVER, EGRESS_NOW, Meta};
 use crate::socket::{AnySocket, Socket};
+use crate::time::Instant;
 
 /// Opaque struct with space for storing one socket.
 ///
@@ -35,6 +36,42 @@ impl fmt::Display for SocketHandle {
     }
 }
 
+/// rdsd patch (vendor/smoltcp/PATCHES.md, item 4): a set of sockets by slot, as a bit mask.
+/// The socket in slot `i < 63` is bit `i`; bit 63 stands for every slot from 63 on, so a mask
+/// may say it contains a socket it does not (one in a high slot), but never misses one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct SocketMask(u64);
+
+impl SocketMask {
+    /// No socket.
+    pub const EMPTY: SocketMask = SocketMask(0);
+
+    fn bit(handle: SocketHandle) -> u64 {
+        1 << handle.0.min(63)
+    }
+
+    /// Adds a socket.
+    pub fn insert(&mut self, handle: SocketHandle) {
+        self.0 |= Self::bit(handle);
+    }
+
+    /// Whether the socket may be in the set (see the type's doc).
+    pub fn contains(&self, handle: SocketHandle) -> bool {
+        self.0 & Self::bit(handle) != 0
+    }
+
+    /// Whether the two sets may share a socket.
+    pub fn intersects(&self, other: SocketMask) -> bool {
+        self.0 & other.0 != 0
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0 == 0
+    }
+}
+
 /// An extensible set of sockets.
 ///
 /// The lifetime `'a` is used when storing a `Socket<'a>`.  If you're using
@@ -43,6 +80,10 @@ impl fmt::Display for SocketHandle {
 #[derive(Debug)]
 pub struct SocketSet<'a> {
     sockets: ManagedSlice<'a, SocketStorage<'a>>,
+    /// rdsd patch (PATCHES.md, item 4): the earliest `Meta::egress_at` of the sockets, as of
+    /// the last egress walk, lowered to `EGRESS_NOW` whenever a socket is added or handed out
+    /// by `&mut` (the interface keeps its own flag for the sockets its ingress fed).
+    egress_at: Instant,
 }
 
 impl<'a> SocketSet<'a> {
@@ -52,7 +93,10 @@ impl<'a> SocketSet<'a> {
         SocketsT: Into<ManagedSlice<'a, SocketStorage<'a>>>,
     {
         let sockets = sockets.into();
-        SocketSet { sockets }
+        SocketSet {
+            sockets,
+            egress_at: EGRESS_NEVER,
+        }
     }
 
     /// Add a socket to the set, and return its handle.
@@ -72,6 +116,8 @@ impl<'a> SocketSet<'a> {
         }
 
         let socket = socket.upcast();
+        // rdsd patch: a new socket is looked at by the next egress (`Meta::default`).
+        self.egress_at = EGRESS_NOW;
 
         for (index, slot) in self.sockets.iter_mut().enumerate() {
             if slot.inner.is_none() {
@@ -111,8 +157,14 @@ impl<'a> SocketSet<'a> {
     /// or the socket has the wrong type.
     pub fn get_mut<T: AnySocket<'a>>(&mut self, handle: SocketHandle) -> &mut T {
         match self.sockets[handle.0].inner.as_mut() {
-            Some(item) => T::downcast_mut(&mut item.socket)
-                .expect("handle refers to a socket of a wrong type"),
+            Some(item) => {
+                // rdsd patch (PATCHES.md, item 4): whatever the caller does with the socket
+                // (send, recv, connect, close, a setting), the next egress looks at it.
+                item.meta.egress_at = EGRESS_NOW;
+                self.egress_at = EGRESS_NOW;
+                T::downcast_mut(&mut item.socket)
+                    .expect("handle refers to a socket of a wrong type")
+            }
             None => panic!("handle does not refer to a valid socket"),
         }
     }
@@ -136,7 +188,24 @@ impl<'a> SocketSet<'a> {
 
     /// Get a mutable iterator to the inner sockets.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (SocketHandle, &mut Socket<'a>)> {
-        self.items_mut().map(|i| (i.meta.handle, &mut i.socket))
+        // rdsd patch (PATCHES.md, item 4): each socket handed out is looked at by the next
+        // egress.
+        self.egress_at = EGRESS_NOW;
+        self.items_mut().map(|i| {
+            i.meta.egress_at = EGRESS_NOW;
+            (i.meta.handle, &mut i.socket)
+        })
+    }
+
+    /// rdsd patch (PATCHES.md, item 4): the earliest time any socket's egress may send, as
+    /// the last egress walk left it or lower (see [`crate::iface::Interface::egress_at`]).
+    pub(crate) fn egress_at(&self) -> Instant {
+        self.egress_at
+    }
+
+    /// Sets what [`SocketSet::egress_at`] answers (the egress walk, which saw every socket).
+    pub(crate) fn set_egress_at(&mut self, at: Instant) {
+        self.egress_at = at;
     }
 
     /// Iterate every socket in this set.

@@ -160,10 +160,11 @@ impl InterfaceInner {
                 && matches!(self.caps.medium, Medium::Ethernet)
             {
                 let udp_packet = check!(UdpPacket::new_checked(ip_payload));
-                if let Some(dhcp_socket) = sockets
+                if let Some(item) = sockets
                     .items_mut()
-                    .find_map(|i| Dhcpv4Socket::downcast_mut(&mut i.socket))
+                    .find(|i| Dhcpv4Socket::downcast(&i.socket).is_some())
                 {
+                    let dhcp_socket = Dhcpv4Socket::downcast_mut(&mut item.socket).unwrap();
                     // First check for source and dest ports, then do `UdpRepr::parse` if they match.
                     // This way we avoid validating the UDP checksum twice for all non-DHCP UDP packets (one here, one in `process_udp`)
                     if udp_packet.src_port() == dhcp_socket.server_port
@@ -175,6 +176,9 @@ impl InterfaceInner {
                             &ipv4_repr.dst_addr.into(),
                             &self.caps.checksum
                         ));
+                        // rdsd patch (vendor/smoltcp/PATCHES.md, item 4): its next egress
+                        // looks at it.
+                        self.socket_fed(&mut item.meta);
                         dhcp_socket.process(self, &ipv4_repr, &udp_repr, udp_packet.payload());
                         return None;
                     }
@@ -330,11 +334,13 @@ impl InterfaceInner {
         let mut handled_by_icmp_socket = false;
 
         #[cfg(all(feature = "socket-icmp", feature = "proto-ipv4"))]
-        for icmp_socket in _sockets
-            .items_mut()
-            .filter_map(|i| icmp::Socket::downcast_mut(&mut i.socket))
-        {
+        for item in _sockets.items_mut() {
+            let Some(icmp_socket) = icmp::Socket::downcast_mut(&mut item.socket) else {
+                continue;
+            };
             if icmp_socket.accepts_v4(self, &ip_repr, &icmp_repr) {
+                // rdsd patch (vendor/smoltcp/PATCHES.md, item 4): its next egress looks at it.
+                self.socket_fed(&mut item.meta);
                 icmp_socket.process_v4(self, &ip_repr, &icmp_repr);
                 handled_by_icmp_socket = true;
             }

@@ -385,11 +385,14 @@ impl InterfaceInner {
         #[cfg(feature = "socket-icmp")]
         {
             use crate::socket::icmp::Socket as IcmpSocket;
-            for icmp_socket in _sockets
-                .items_mut()
-                .filter_map(|i| IcmpSocket::downcast_mut(&mut i.socket))
-            {
+            for item in _sockets.items_mut() {
+                let Some(icmp_socket) = IcmpSocket::downcast_mut(&mut item.socket) else {
+                    continue;
+                };
                 if icmp_socket.accepts_v6(self, &ip_repr, &icmp_repr) {
+                    // rdsd patch (vendor/smoltcp/PATCHES.md, item 4): its next egress looks
+                    // at it.
+                    self.socket_fed(&mut item.meta);
                     icmp_socket.process_v6(self, &ip_repr, &icmp_repr);
                     handled_by_icmp_socket = true;
                 }

@@ -37,7 +37,8 @@ use super::fragmentation::{Fragmenter, FragmentsBuffer};
 
 #[cfg(any(feature = "medium-ethernet", feature = "medium-ieee802154"))]
 use super::neighbor::{Answer as NeighborAnswer, Cache as NeighborCache};
-use super::socket_set::SocketSet;
+use super::socket_meta::{EGRESS_NEVER, EGRESS_NOW, Meta, egress_time};
+use super::socket_set::{SocketMask, SocketSet};
 use crate::config::{
     IFACE_MAX_ADDR_COUNT, IFACE_MAX_PREFIX_COUNT, IFACE_MAX_SIXLOWPAN_ADDRESS_CONTEXT_COUNT,
 };
@@ -155,6 +156,17 @@ pub struct InterfaceInner {
     routes: Routes,
     #[cfg(feature = "multicast")]
     multicast: multicast::State,
+    /// rdsd patch (vendor/smoltcp/PATCHES.md, item 4): the next egress looks at every socket,
+    /// not only those due (the interface's addresses or routes changed).
+    egress_all: bool,
+    /// rdsd patch: ingress fed a socket since the last egress (and marked it due).
+    socket_input: bool,
+    /// rdsd patch: sockets fed by ingress or dispatched by egress since the last
+    /// [`Interface::take_touched`].
+    touched: SocketMask,
+    /// rdsd patch: sockets the egress looked at (dispatched, or found waiting for their
+    /// neighbour), ever ([`Interface::egress_visits`]).
+    egress_visits: u64,
 }
 
 /// Configuration structure used for creating a network interface.
@@ -297,6 +309,10 @@ impl Interface {
                 #[cfg(feature = "proto-ipv6-slaac")]
                 slaac_updated: Instant::from_millis(0),
                 rand,
+                egress_all: false,
+                socket_input: false,
+                touched: SocketMask::EMPTY,
+                egress_visits: 0,
             },
         }
     }
@@ -397,6 +413,9 @@ impl Interface {
     /// This function panics if any of the addresses are not unicast.
     pub fn update_ip_addrs<F: FnOnce(&mut Vec<IpCidr, IFACE_MAX_ADDR_COUNT>)>(&mut self, f: F) {
         f(&mut self.inner.ip_addrs);
+        // rdsd patch (PATCHES.md, item 4): a socket whose address went away is reset by its
+        // next dispatch, and the neighbour cache is flushed: every socket is looked at.
+        self.inner.egress_all = true;
         InterfaceInner::flush_neighbor_cache(&mut self.inner);
         InterfaceInner::check_ip_addrs(&self.inner.ip_addrs);
 
@@ -420,6 +439,9 @@ impl Interface {
     }
 
     pub fn routes_mut(&mut self) -> &mut Routes {
+        // rdsd patch (PATCHES.md, item 4): a new route may let a socket waiting for its
+        // neighbour send: every socket is looked at.
+        self.inner.egress_all = true;
         &mut self.inner.routes
     }
 
@@ -640,6 +662,60 @@ impl Interface {
         }
     }
 
+    /// rdsd patch (vendor/smoltcp/PATCHES.md, item 4): the earliest time at which
+    /// [`poll_egress`](Self::poll_egress) may have something to send, in O(1): `Some(t)` with
+    /// `t <= timestamp` when it may have now, `None` when only a packet (ingress) or a socket
+    /// handed out by `&mut` can give it something. A conservative summary of
+    /// [`poll_at`](Self::poll_at) kept by the egress walk itself: each socket's `poll_at` is
+    /// taken after its dispatch, and a socket that got a packet, was added or was handed out
+    /// by `&mut` (`SocketSet::get_mut`, `iter_mut`) counts as due now, as do all of them after
+    /// a neighbour was learned or the addresses or routes changed. For one interface per
+    /// socket set.
+    pub fn egress_at(&self, timestamp: Instant, sockets: &SocketSet<'_>) -> Option<Instant> {
+        #[cfg(feature = "_proto-fragmentation")]
+        if !self.fragmenter.is_empty() {
+            return Some(Instant::from_millis(0));
+        }
+
+        let due = self.inner.egress_all
+            || self.inner.socket_input
+            || self.inner.neighbor_learned_pending();
+        #[allow(unused_mut)]
+        let mut res = if due {
+            Some(timestamp)
+        } else {
+            match sockets.egress_at() {
+                EGRESS_NEVER => None,
+                EGRESS_NOW => Some(timestamp),
+                t => Some(t),
+            }
+        };
+
+        #[cfg(feature = "proto-ipv6-slaac")]
+        if self.inner.slaac_enabled {
+            res = match (res, self.inner.slaac.poll_at(timestamp)) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+
+        res
+    }
+
+    /// rdsd patch (vendor/smoltcp/PATCHES.md, item 4): the sockets whose state this interface
+    /// may have changed since the last call (a packet processed by the socket, or a dispatch
+    /// by the egress), and forgets them. A socket handed out by `&mut` is not in it (the
+    /// caller knows).
+    pub fn take_touched(&mut self) -> SocketMask {
+        core::mem::take(&mut self.inner.touched)
+    }
+
+    /// rdsd patch (vendor/smoltcp/PATCHES.md, item 4): how many sockets the egress has looked
+    /// at so far (one per socket per walk that did not skip it), for tests and diagnostics.
+    pub fn egress_visits(&self) -> u64 {
+        self.inner.egress_visits
+    }
+
     fn socket_ingress(
         &mut self,
         device: &mut (impl Device + ?Sized),
@@ -721,12 +797,40 @@ impl Interface {
             Dispatch,
         }
 
+        // rdsd patch (PATCHES.md, item 4): only the sockets that may have something to send
+        // are dispatched: those due now or whose timer (retransmission, keep-alive, delayed
+        // ACK, idle timeout, TIME-WAIT, neighbour silence) has come, all of them after a
+        // neighbour was learned or the addresses or routes changed. A socket that changed
+        // since its last dispatch (a packet, `&mut` access) is due now; a skipped socket's
+        // dispatch would have done nothing (its `poll_at`, taken after its last dispatch, is
+        // still ahead).
+        let all = core::mem::take(&mut self.inner.egress_all) | self.inner.take_neighbor_learned();
+        self.inner.socket_input = false;
+        let now = self.inner.now;
+        let mut next = EGRESS_NEVER;
+        let mut exhausted = false;
+
         let mut result = PollResult::None;
         for item in sockets.items_mut() {
+            if exhausted {
+                // Not looked at: as due as it was.
+                next = next.min(item.meta.egress_at);
+                continue;
+            }
+            if !all && now < item.meta.egress_at {
+                next = next.min(item.meta.egress_at);
+                continue;
+            }
+            self.inner.touched.insert(item.meta.handle);
+            self.inner.egress_visits += 1;
             if !item
                 .meta
                 .egress_permitted(self.inner.now, |ip_addr| self.inner.has_neighbor(&ip_addr))
             {
+                // Waiting for its neighbour: until it is learned (that marks every socket) or
+                // the silence is over.
+                Self::egress_done(&mut self.inner, &mut item.meta, &item.socket);
+                next = next.min(item.meta.egress_at);
                 continue;
             }
 
@@ -808,7 +912,14 @@ impl Interface {
             };
 
             match result {
-                Err(EgressError::Exhausted) => break, // Device buffer full.
+                Err(EgressError::Exhausted) => {
+                    // Device buffer full. rdsd patch: this socket and those not looked at
+                    // stay as due as they were, and a walk of all is not over.
+                    next = EGRESS_NOW;
+                    self.inner.egress_all |= all;
+                    exhausted = true;
+                    continue;
+                }
                 Err(EgressError::Dispatch) => {
                     // `NeighborCache` already takes care of rate limiting the neighbor discovery
                     // requests from the socket. However, without an additional rate limiting
@@ -821,8 +932,23 @@ impl Interface {
                 }
                 Ok(()) => {}
             }
+            Self::egress_done(&mut self.inner, &mut item.meta, &item.socket);
+            next = next.min(item.meta.egress_at);
         }
+        sockets.set_egress_at(next);
         result
+    }
+
+    /// rdsd patch (PATCHES.md, item 4): after a socket's dispatch, when its egress is next due:
+    /// its `poll_at` (the neighbour's silence while one is missing).
+    fn egress_done(inner: &mut InterfaceInner, meta: &mut Meta, socket: &Socket<'_>) {
+        let socket_poll_at = socket.poll_at(inner);
+        let at = meta.poll_at(
+            socket_poll_at,
+            |ip_addr| inner.has_neighbor(&ip_addr),
+            inner.now,
+        );
+        meta.egress_at = egress_time(at);
     }
 }
 
@@ -830,6 +956,32 @@ impl InterfaceInner {
     #[allow(unused)] // unused depending on which sockets are enabled
     pub(crate) fn now(&self) -> Instant {
         self.now
+    }
+
+    /// rdsd patch (vendor/smoltcp/PATCHES.md, item 4): ingress handed a packet to this
+    /// socket: its next egress looks at it (an ACK, a window update, a reply, a state change).
+    #[allow(unused)] // unused depending on which sockets are enabled
+    pub(crate) fn socket_fed(&mut self, meta: &mut Meta) {
+        meta.egress_at = EGRESS_NOW;
+        self.socket_input = true;
+        self.touched.insert(meta.handle);
+    }
+
+    /// Whether a neighbour was learned since the last egress (a socket waiting for it may
+    /// send now).
+    fn neighbor_learned_pending(&self) -> bool {
+        #[cfg(any(feature = "medium-ethernet", feature = "medium-ieee802154"))]
+        return self.neighbor_cache.learned();
+        #[cfg(not(any(feature = "medium-ethernet", feature = "medium-ieee802154")))]
+        return false;
+    }
+
+    /// [`neighbor_learned_pending`](Self::neighbor_learned_pending), and forgets it.
+    fn take_neighbor_learned(&mut self) -> bool {
+        #[cfg(any(feature = "medium-ethernet", feature = "medium-ieee802154"))]
+        return self.neighbor_cache.take_learned();
+        #[cfg(not(any(feature = "medium-ethernet", feature = "medium-ieee802154")))]
+        return false;
     }
 
     #[cfg(any(feature = "medium-ethernet", feature = "medium-ieee802154"))]
@@ -971,11 +1123,13 @@ impl InterfaceInner {
         let mut handled_by_raw_socket = false;
 
         // Pass every IP packet to all raw sockets we have registered.
-        for raw_socket in sockets
-            .items_mut()
-            .filter_map(|i| raw::Socket::downcast_mut(&mut i.socket))
-        {
+        for item in sockets.items_mut() {
+            let Some(raw_socket) = raw::Socket::downcast_mut(&mut item.socket) else {
+                continue;
+            };
             if raw_socket.accepts(ip_repr) {
+                // rdsd patch (vendor/smoltcp/PATCHES.md, item 4): its next egress looks at it.
+                self.socket_fed(&mut item.meta);
                 raw_socket.process(self, ip_repr, ip_payload);
                 handled_by_raw_socket = true;
             }

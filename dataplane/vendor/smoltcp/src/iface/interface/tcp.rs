@@ -29,11 +29,13 @@ impl InterfaceInner {
             &self.caps.checksum
         ));
 
-        for tcp_socket in sockets
-            .items_mut()
-            .filter_map(|i| Socket::downcast_mut(&mut i.socket))
-        {
+        for item in sockets.items_mut() {
+            let Some(tcp_socket) = Socket::downcast_mut(&mut item.socket) else {
+                continue;
+            };
             if tcp_socket.accepts(self, &ip_repr, &tcp_repr) {
+                // rdsd patch (vendor/smoltcp/PATCHES.md, item 4): its next egress looks at it.
+                self.socket_fed(&mut item.meta);
                 return tcp_socket
                     .process(self, &ip_repr, &tcp_repr)
                     .map(|(ip, tcp)| Packet::new(ip, IpPayload::Tcp(tcp)));

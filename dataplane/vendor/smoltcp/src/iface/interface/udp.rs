@@ -25,22 +25,26 @@ impl InterfaceInner {
         ));
 
         #[cfg(feature = "socket-udp")]
-        for udp_socket in sockets
-            .items_mut()
-            .filter_map(|i| UdpSocket::downcast_mut(&mut i.socket))
-        {
+        for item in sockets.items_mut() {
+            let Some(udp_socket) = UdpSocket::downcast_mut(&mut item.socket) else {
+                continue;
+            };
             if udp_socket.accepts(self, &ip_repr, &udp_repr) {
+                // rdsd patch (vendor/smoltcp/PATCHES.md, item 4): its next egress looks at it.
+                self.socket_fed(&mut item.meta);
                 udp_socket.process(self, meta, &ip_repr, &udp_repr, udp_packet.payload());
                 return None;
             }
         }
 
         #[cfg(feature = "socket-dns")]
-        for dns_socket in sockets
-            .items_mut()
-            .filter_map(|i| DnsSocket::downcast_mut(&mut i.socket))
-        {
+        for item in sockets.items_mut() {
+            let Some(dns_socket) = DnsSocket::downcast_mut(&mut item.socket) else {
+                continue;
+            };
             if dns_socket.accepts(&ip_repr, &udp_repr) {
+                // rdsd patch (vendor/smoltcp/PATCHES.md, item 4): its next egress looks at it.
+                self.socket_fed(&mut item.meta);
                 dns_socket.process(self, &ip_repr, &udp_repr, udp_packet.payload());
                 return None;
             }

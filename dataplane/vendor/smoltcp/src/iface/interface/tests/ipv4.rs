@@ -1548,3 +1548,206 @@ fn test_ipv4_fragment_size() {
         );
     }
 }
+
+/// rdsd patch (vendor/smoltcp/PATCHES.md, item 4): the egress dispatches only the sockets that
+/// may have something to send (the one written to, the one that got the segment, the one that
+/// got the ACK), not every socket; `egress_at` says when the next egress has work, in O(1).
+#[test]
+#[cfg(all(feature = "medium-ip", feature = "socket-tcp", feature = "alloc"))]
+fn rdsd_egress_dispatches_only_due_sockets() {
+    use crate::phy::Loopback;
+    use crate::socket::tcp;
+
+    let mut device = Loopback::new(Medium::Ip);
+    let mut iface = Interface::new(Config::new(HardwareAddress::Ip), &mut device, Instant::ZERO);
+    iface.update_ip_addrs(|a| {
+        a.push(IpCidr::new(IpAddress::v4(127, 0, 0, 1), 8)).unwrap();
+    });
+    let mut sockets = SocketSet::new(vec![]);
+    let new = || {
+        let mut s = tcp::Socket::new(
+            tcp::SocketBuffer::new(vec![0; 1024]),
+            tcp::SocketBuffer::new(vec![0; 1024]),
+        );
+        s.set_ack_delay(None);
+        s
+    };
+    const PAIRS: u16 = 4;
+    let mut pairs = vec![];
+    for k in 0..PAIRS {
+        let server = sockets.add(new());
+        sockets
+            .get_mut::<tcp::Socket>(server)
+            .listen(1000 + k)
+            .unwrap();
+        let client = sockets.add(new());
+        sockets
+            .get_mut::<tcp::Socket>(client)
+            .connect(
+                iface.context(),
+                (IpAddress::v4(127, 0, 0, 1), 1000 + k),
+                2000 + k,
+            )
+            .unwrap();
+        pairs.push((client, server));
+    }
+    // A listener with no peer: egress never has anything for it.
+    let idle_listener = sockets.add(new());
+    sockets
+        .get_mut::<tcp::Socket>(idle_listener)
+        .listen(3000)
+        .unwrap();
+
+    let mut t = Instant::ZERO;
+    for _ in 0..10 {
+        iface.poll(t, &mut device, &mut sockets);
+        t += Duration::from_millis(1);
+    }
+    for &(c, s) in &pairs {
+        assert_eq!(
+            sockets.get::<tcp::Socket>(c).state(),
+            tcp::State::Established
+        );
+        assert_eq!(
+            sockets.get::<tcp::Socket>(s).state(),
+            tcp::State::Established
+        );
+    }
+
+    // Settled: no timer (no keep-alive, no idle timeout), nothing to send.
+    assert_eq!(iface.egress_at(t, &sockets), None);
+    assert_eq!(iface.poll_at(t, &sockets), None);
+    let visits = iface.egress_visits();
+    iface.poll(t, &mut device, &mut sockets);
+    assert_eq!(iface.egress_visits(), visits, "idle sockets are skipped");
+
+    // A write: the egress is due now; the segment, its ACK and nothing else go out.
+    let (writer, reader) = pairs[1];
+    sockets
+        .get_mut::<tcp::Socket>(writer)
+        .send_slice(b"hello")
+        .unwrap();
+    assert_eq!(iface.egress_at(t, &sockets), Some(t));
+    for _ in 0..5 {
+        iface.poll(t, &mut device, &mut sockets);
+        t += Duration::from_millis(1);
+    }
+    let mut buf = [0u8; 16];
+    assert_eq!(
+        sockets.get_mut::<tcp::Socket>(reader).recv_slice(&mut buf),
+        Ok(5)
+    );
+    assert_eq!(&buf[..5], b"hello");
+    assert_eq!(
+        sockets.get::<tcp::Socket>(writer).send_queue(),
+        0,
+        "acknowledged"
+    );
+    // The writer (its write, then the ACK coming in) and the reader (the segment coming in):
+    // at most three dispatches, whatever the number of other sockets.
+    let walked = iface.egress_visits() - visits;
+    assert!(
+        (2..=3).contains(&walked),
+        "{walked} sockets dispatched for one segment and its ACK ({} sockets)",
+        2 * PAIRS + 1
+    );
+    // The read hands the socket out by `&mut`: the next egress looks at it (a window update
+    // may be due), and only at it.
+    let visits = iface.egress_visits();
+    assert_eq!(iface.egress_at(t, &sockets), Some(t));
+    iface.poll(t, &mut device, &mut sockets);
+    assert_eq!(iface.egress_visits(), visits + 1);
+    assert_eq!(iface.egress_at(t, &sockets), None);
+
+    // A socket's timer (keep-alive) makes the egress due at its time, and then only it.
+    sockets
+        .get_mut::<tcp::Socket>(pairs[2].0)
+        .set_keep_alive(Some(Duration::from_millis(50)));
+    // The first keep-alive leaves at once, and its peer answers it.
+    for _ in 0..3 {
+        iface.poll(t, &mut device, &mut sockets);
+    }
+    let at = iface.egress_at(t, &sockets).expect("the keep-alive timer");
+    assert_eq!(at, t + Duration::from_millis(50));
+    assert_eq!(iface.poll_at(t, &sockets), Some(at));
+    let visits = iface.egress_visits();
+    iface.poll(at - Duration::from_millis(1), &mut device, &mut sockets);
+    assert_eq!(iface.egress_visits(), visits, "not yet");
+    iface.poll(at, &mut device, &mut sockets);
+    assert_eq!(
+        iface.egress_visits(),
+        visits + 1,
+        "the keep-alive's socket alone"
+    );
+    assert!(iface.take_touched().contains(pairs[2].0));
+}
+
+/// rdsd patch (vendor/smoltcp/PATCHES.md, item 4): a socket whose neighbour is missing waits
+/// (egress skips it until the silence is over), and sends in the pass that learns the
+/// neighbour.
+#[test]
+#[cfg(all(feature = "medium-ethernet", feature = "socket-udp"))]
+fn rdsd_egress_sends_when_the_neighbor_is_learned() {
+    use crate::socket::udp;
+    use crate::wire::{ArpOperation, ArpPacket, ArpRepr};
+
+    let (mut iface, mut sockets, mut device) = setup(Medium::Ethernet);
+    let meta = || udp::PacketMetadata::EMPTY;
+    let socket = udp::Socket::new(
+        udp::PacketBuffer::new(vec![meta(); 4], vec![0; 256]),
+        udp::PacketBuffer::new(vec![meta(); 4], vec![0; 256]),
+    );
+    let handle = sockets.add(socket);
+    let peer = Ipv4Address::new(192, 168, 1, 2);
+    let peer_mac = EthernetAddress([0x52, 0x54, 0x00, 0x00, 0x00, 0x02]);
+    sockets.get_mut::<udp::Socket>(handle).bind(6000).unwrap();
+    sockets
+        .get_mut::<udp::Socket>(handle)
+        .send_slice(b"x", (IpAddress::Ipv4(peer), 7000))
+        .unwrap();
+
+    // Frames of a type the device sent (IPv6 multicast reports aside).
+    let sent = |device: &mut crate::tests::TestingDevice, ty: EthernetProtocol| {
+        let frames: Vec<Vec<u8>> = device.tx_queue.drain(..).collect();
+        frames
+            .into_iter()
+            .filter(|f| EthernetFrame::new_checked(&f[..]).unwrap().ethertype() == ty)
+            .collect::<Vec<_>>()
+    };
+    let t = Instant::from_millis(10);
+    iface.poll(t, &mut device, &mut sockets);
+    // An ARP request went out, the datagram waits for the reply.
+    assert_eq!(sent(&mut device, EthernetProtocol::Arp).len(), 1);
+    assert!(sent(&mut device, EthernetProtocol::Ipv4).is_empty());
+    let at = iface
+        .egress_at(t, &sockets)
+        .expect("the neighbour's silence");
+    assert!(at > t);
+    let visits = iface.egress_visits();
+    iface.poll(t + Duration::from_millis(1), &mut device, &mut sockets);
+    assert_eq!(iface.egress_visits(), visits, "silent: skipped");
+    assert!(sent(&mut device, EthernetProtocol::Ipv4).is_empty());
+
+    // The reply: the datagram leaves in the same poll.
+    let mut eth_bytes = vec![0u8; 42];
+    let mut frame = EthernetFrame::new_unchecked(&mut eth_bytes);
+    frame.set_dst_addr(EthernetAddress([0x02, 0x02, 0x02, 0x02, 0x02, 0x02]));
+    frame.set_src_addr(peer_mac);
+    frame.set_ethertype(EthernetProtocol::Arp);
+    ArpRepr::EthernetIpv4 {
+        operation: ArpOperation::Reply,
+        source_hardware_addr: peer_mac,
+        source_protocol_addr: peer,
+        target_hardware_addr: EthernetAddress([0x02, 0x02, 0x02, 0x02, 0x02, 0x02]),
+        target_protocol_addr: Ipv4Address::new(192, 168, 1, 1),
+    }
+    .emit(&mut ArpPacket::new_unchecked(frame.payload_mut()));
+    device.rx_queue.push_back(eth_bytes);
+    iface.poll(t + Duration::from_millis(2), &mut device, &mut sockets);
+    let ipv4 = sent(&mut device, EthernetProtocol::Ipv4);
+    assert_eq!(ipv4.len(), 1, "the datagram went out");
+    assert_eq!(
+        EthernetFrame::new_checked(&ipv4[0][..]).unwrap().dst_addr(),
+        peer_mac
+    );
+}
