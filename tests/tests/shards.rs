@@ -207,31 +207,29 @@ fn a_burst_between_two_poll_threads_keeps_its_order() {
     run_plan(&d, 2, 1, &plan, 30_000);
 }
 
-#[test]
-fn a_closing_sender_loses_nothing_when_the_other_thread_is_backed_up() {
-    // The receiver (another app, so another poll thread) does not read and takes all it can
-    // (SO_RCVBUF at its maximum: no congestion), so its rx ring fills, then the pair ring
-    // between the threads, then (SO_SNDBUF larger than all of them) the sender's own tx ring. The sender closes with messages
-    // still on its tx ring: they are kept for the pair ring, not dropped.
-    let d = daemon();
-    let (ra, rb) = (d.attach(), d.attach());
-    assert_ne!(ra.poll_thread(), rb.poll_thread());
-    let rx = rb.socket().unwrap();
-    rx.bind(lo(31_001)).unwrap();
+/// A receiver that never reads (SO_RCVBUF at its maximum: no congestion) on one poll thread
+/// and a sender with a 64 MiB send buffer on another, on ports `port` (sender) and `port + 1`;
+/// the sender sends `len`-byte messages (sequence number first, then its low byte) until its
+/// send buffer stays full: everything downstream of it is full too. Returns how many went.
+fn fill_towards_a_stalled_receiver(
+    tx: &shm_api::Socket,
+    rx: &shm_api::Socket,
+    port: u16,
+    len: usize,
+) -> u64 {
+    rx.bind(lo(port + 1)).unwrap();
     rx.set_recv_buffer_size(1 << 30).unwrap();
     rx.set_nonblocking(true).unwrap();
-    let tx = ra.socket().unwrap();
-    tx.bind(lo(31_000)).unwrap();
+    tx.bind(lo(port)).unwrap();
     tx.set_nonblocking(true).unwrap();
     // A send buffer larger than the rings: the tx ring itself fills last.
     tx.set_send_buffer_size(64 << 20).unwrap();
     let mut sent = 0u64;
     let mut refused_in_a_row = 0;
-    // Until the send buffer stays full: everything downstream of it is full too.
     while refused_in_a_row < 200 {
-        let mut msg = vec![sent as u8; 1000];
+        let mut msg = vec![sent as u8; len];
         msg[..8].copy_from_slice(&sent.to_le_bytes());
-        match tx.send_to(&msg, lo(31_001)) {
+        match tx.send_to(&msg, lo(port + 1)) {
             Ok(_) => {
                 sent += 1;
                 refused_in_a_row = 0;
@@ -243,6 +241,20 @@ fn a_closing_sender_loses_nothing_when_the_other_thread_is_backed_up() {
             Err(e) => panic!("send: {e}"),
         }
     }
+    sent
+}
+
+#[test]
+fn a_closing_sender_loses_nothing_when_the_other_thread_is_backed_up() {
+    // The receiver (another app, so another poll thread) does not read and takes all it can
+    // (SO_RCVBUF at its maximum: no congestion), so its rx ring fills, then the pair ring
+    // between the threads, then (SO_SNDBUF larger than all of them) the sender's own tx ring. The sender closes with messages
+    // still on its tx ring: they are kept for the pair ring, not dropped.
+    let d = daemon();
+    let (ra, rb) = (d.attach(), d.attach());
+    assert_ne!(ra.poll_thread(), rb.poll_thread());
+    let (rx, tx) = (rb.socket().unwrap(), ra.socket().unwrap());
+    let sent = fill_towards_a_stalled_receiver(&tx, &rx, 31_000, 1000);
     eprintln!("{sent} messages sent before the send buffer stayed full");
     // More than the rx ring (2 MiB: 2048 records of 1 KiB) and the pair ring (2 MiB: 2016
     // records with their envelopes) hold: the rest were still on the tx ring.
@@ -284,32 +296,9 @@ fn an_app_that_leaves_with_large_messages_in_flight_to_another_thread_loses_noth
     let d = daemon();
     let (ra, rb) = (d.attach(), d.attach());
     assert_ne!(ra.poll_thread(), rb.poll_thread());
-    let rx = rb.socket().unwrap();
-    rx.bind(lo(31_101)).unwrap();
-    rx.set_recv_buffer_size(1 << 30).unwrap();
-    rx.set_nonblocking(true).unwrap();
-    let tx = ra.socket().unwrap();
-    tx.bind(lo(31_100)).unwrap();
-    tx.set_nonblocking(true).unwrap();
-    tx.set_send_buffer_size(64 << 20).unwrap();
     const LEN: usize = 32 << 10;
-    let mut sent = 0u64;
-    let mut refused_in_a_row = 0;
-    while refused_in_a_row < 200 {
-        let mut msg = vec![sent as u8; LEN];
-        msg[..8].copy_from_slice(&sent.to_le_bytes());
-        match tx.send_to(&msg, lo(31_101)) {
-            Ok(_) => {
-                sent += 1;
-                refused_in_a_row = 0;
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                refused_in_a_row += 1;
-                std::thread::sleep(Duration::from_millis(1)); // paces the retries only
-            }
-            Err(e) => panic!("send: {e}"),
-        }
-    }
+    let (rx, tx) = (rb.socket().unwrap(), ra.socket().unwrap());
+    let sent = fill_towards_a_stalled_receiver(&tx, &rx, 31_100, LEN);
     let in_place = d.stat("tx_in_place");
     eprintln!("{sent} messages of {LEN} B sent, {in_place} of them in place");
     assert!(in_place > 0, "large messages cross in place");
