@@ -652,6 +652,7 @@ pub(super) fn open_record(ring: &Consumer<RawRing>, rec: &Record) -> (Envelope, 
         n, ENVELOPE_LEN,
         "pair ring record shorter than its envelope"
     );
+    let env = Envelope::parse(&head);
     if let Envelope::DeliverRef {
         laddr,
         faddr,
@@ -660,7 +661,7 @@ pub(super) fn open_record(ring: &Consumer<RawRing>, rec: &Record) -> (Envelope, 
         token,
         ptr,
         len,
-    } = Envelope::parse(&head)
+    } = env
     {
         let env = Envelope::Deliver {
             laddr,
@@ -680,7 +681,7 @@ pub(super) fn open_record(ring: &Consumer<RawRing>, rec: &Record) -> (Envelope, 
             .add(rec.payload_offset + ENVELOPE_LEN)
             .cast_const()
     };
-    (Envelope::parse(&head), ptr, len)
+    (env, ptr, len)
 }
 
 #[cfg(test)]
