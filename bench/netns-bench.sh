@@ -21,6 +21,7 @@
 # the DPDK transports, one string (e.g. "-d /bundle/pmds" for a bundle, bench/bundle.sh).
 # TRACE_HOPS=1: both rdsd stamp traced messages (for rds-bench --breakdown, the per-hop latency).
 # IP: the ip(8) to use (a bundle ships its own for hosts without iproute2).
+# STATS="name,name": print those counters of both rdsd after the run (e.g. rx_publishes).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -119,3 +120,10 @@ pids+=("$passive")
 "${pin_a[@]}" "$IP" netns exec "$A" "$BIN/rds-bench" -s 10.77.0.2 -r 10.77.0.1 --rds-addr "$rds_a" -p 4000 \
     --socket "/tmp/$A.sock" "$@"
 wait "$passive"
+if [[ -n "${STATS:-}" ]]; then
+    # STATS=name,name: those counters of each rdsd after the run (e.g. rx_publishes,tcp_delivered).
+    for n in "$A" "$B"; do
+        echo "rdsd $([ "$n" = "$A" ] && echo active || echo passive):"
+        "$IP" netns exec "$n" "$BIN/rdsctl" -s "/tmp/$n.sock" stats | grep -E "^(${STATS//,/|}) " || true
+    done
+fi

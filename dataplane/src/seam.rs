@@ -133,6 +133,11 @@ pub enum Delivered {
 pub trait Upcalls {
     /// Puts a message in the rx ring of the socket bound at `laddr:dport`.
     fn deliver(&mut self, msg: Incoming<'_>) -> Delivered;
+    /// Makes every delivery so far visible to its receivers. While a transport polls,
+    /// deliveries may wait unpublished, so that a receiver's ring is published once per
+    /// burst; a transport calls this before it records them as delivered (the receive state
+    /// that survives a restart must never run ahead of what the receivers can read).
+    fn publish_deliveries(&mut self) {}
     /// A message sent with `token` left the transport for good (acknowledged or cancelled):
     /// give its `len` bytes back to the sender's send buffer.
     fn release(&mut self, token: u64, len: u64);

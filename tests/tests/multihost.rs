@@ -343,6 +343,36 @@ fn malformed_peer_drops_only_its_connection() {
     assert_eq!(s.wait(), 0);
 }
 
+/// Network receive publishes per read, not per message (issue 18, item 2): a peer writes 64
+/// messages at once, the receiving rdsd reads them in a few reads, and each read publishes the
+/// receiver's ring once (it used to publish once per message).
+#[test]
+fn messages_read_together_are_published_together() {
+    // Host 0 runs no rdsd: it plays a kernel-like peer (the smaller address connects).
+    let mut lab = Lab::new(2, 0, &[]);
+    lab.start(1, &[]);
+    let (peer, h1) = (&lab.hosts[0], &lab.hosts[1]);
+    let mut r = h1.d().app(&["recv", &h1.at(9500), "64"]);
+    r.expect("bound");
+    let before = (
+        h1.d().exact_stat("rx_publishes"),
+        h1.d().stat("tcp_delivered"),
+    );
+    let target = h1.addr.to_string();
+    let testapp = testapp_bin();
+    let argv = [testapp.to_str().unwrap(), "burst-peer", &target, "16385"];
+    peer.exec(&[&argv[..], &["9501", "9500", "64", "64"]].concat());
+    assert_eq!(r.expect("received"), "64");
+    let publishes = h1.d().exact_stat("rx_publishes") - before.0;
+    assert_eq!(h1.d().stat("tcp_delivered") - before.1, 64);
+    eprintln!("{publishes} rx publishes for 64 messages written at once");
+    // 64 messages of 112 bytes on the wire, written at once: a read or a few, not 64.
+    assert!(
+        (1..=8).contains(&publishes),
+        "{publishes} rx publishes for 64 messages written at once"
+    );
+}
+
 /// Kernel TCP on two poll threads (issue 18): each connection, with every path of it, is
 /// owned by one thread (a hash of the address pair), both ends agree without asking, and
 /// messages cross between the apps' threads and the connections' threads in order, exactly

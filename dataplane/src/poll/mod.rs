@@ -292,9 +292,13 @@ impl PollCore {
         if self.table.group_out_pending() {
             work += self.flush_group_out();
         }
+        // Network receive publishes per read (the endpoint calls `publish_deliveries`), not
+        // per message; what a transport leaves unpublished is published here.
+        self.table.begin_rx_burst();
         for t in self.transports.iter_mut() {
             work += t.poll(&mut self.table);
         }
+        self.table.end_rx_burst();
         if self.table.group_out_pending() {
             work += self.flush_group_out();
         }

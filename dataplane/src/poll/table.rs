@@ -1053,17 +1053,23 @@ impl SocketTable {
     }
 
     /// From now until [`Self::end_rx_burst`], deliveries push without publishing: the poll
-    /// thread is moving one sender's burst, and each receiver's ring is published (and its
-    /// receivers woken, its congestion checked) once at the end instead of per message.
+    /// thread is moving one sender's burst (or a transport is polling: what one read of a
+    /// network path holds, `Upcalls::publish_deliveries`), and each receiver's ring is
+    /// published (and its receivers woken, its congestion checked) once at the end instead of
+    /// per message.
+    #[inline]
     pub(super) fn begin_rx_burst(&mut self) {
         debug_assert!(self.rx_burst.is_empty());
         self.rx_burst_on = true;
     }
 
     /// Publishes every ring the burst pushed into (each wakes its receivers).
+    #[inline]
     pub(super) fn end_rx_burst(&mut self) {
         self.rx_burst_on = false;
-        self.flush_rx_burst();
+        if !self.rx_burst.is_empty() {
+            self.flush_rx_burst();
+        }
     }
 
     fn note_rx_burst(&mut self, to: SockRef, len: usize) {
@@ -1073,8 +1079,8 @@ impl SocketTable {
             return;
         }
         if self.rx_burst.len() == self.rx_burst.capacity() {
-            // Never in steady state (a burst has at most TX_BATCH messages): publish rather
-            // than grow.
+            // A local burst has at most TX_BATCH messages; a network read that reaches more
+            // receivers publishes those so far rather than grow.
             self.flush_rx_burst();
         }
         self.rx_burst.push((to, len));
@@ -1331,6 +1337,13 @@ impl Upcalls for SocketTable {
             return Delivered::NoSocket;
         };
         self.deliver_to(to, m.faddr, m.sport, &m.payload)
+    }
+
+    #[inline]
+    fn publish_deliveries(&mut self) {
+        if !self.rx_burst.is_empty() {
+            self.flush_rx_burst();
+        }
     }
 
     fn release(&mut self, token: u64, len: u64) {

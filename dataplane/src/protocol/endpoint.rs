@@ -498,6 +498,7 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
             hold.held = None;
             Stats::bump(&self.stats.rx_resumed);
             Stats::bump(&(self.group)(&self.stats).delivered);
+            up.publish_deliveries();
             if let (Some(f), Some(slot)) = (&self.persist, c.persist) {
                 f.delivered(slot, path, generation, seq);
             }
@@ -792,6 +793,8 @@ fn feed<P: AsRef<[u8]>>(
     data: &[u8],
 ) -> usize {
     let persist = cx.persist.zip(slot);
+    // The newest delivery's (generation, sequence): recorded once, after the publish.
+    let mut newest = None;
     let mut off = 0;
     while off < data.len() {
         let r = engine.receive(cx.now, cx.path, &data[off..]);
@@ -809,18 +812,39 @@ fn feed<P: AsRef<[u8]>>(
                 hold.held_bytes.extend_from_slice(d.payload);
                 hold.held = Some((d.sport, d.dport, d.sequence, d.peer_generation));
                 Stats::bump(&cx.stats.rx_paused);
+                record_delivered(up, persist, cx.path, newest);
                 return off;
             }
             Stats::bump(&cx.net.delivered);
-            if let Some((f, slot)) = persist {
-                f.delivered(slot, cx.path, d.peer_generation, d.sequence);
-            }
+            newest = Some((d.peer_generation, d.sequence));
         }
         if engine.path_state(cx.path) != PathState::Up {
-            return data.len();
+            off = data.len();
+            break;
         }
     }
+    record_delivered(up, persist, cx.path, newest);
     off
+}
+
+/// Publishes what one read delivered, then stores its newest sequence number in the receive
+/// state: publish first, so that a crash between the two can cost a duplicate (the peer
+/// resends what the new rdsd does not know was delivered) but never a message the state
+/// says was delivered and no receiver could read. Sequence numbers only grow within a
+/// generation, and a new generation voids the old numbers, so the newest stands for all.
+fn record_delivered(
+    up: &mut dyn Upcalls,
+    persist: Option<(&RxStateFile, usize)>,
+    path: usize,
+    newest: Option<(u32, u64)>,
+) {
+    let Some((generation, seq)) = newest else {
+        return;
+    };
+    up.publish_deliveries();
+    if let Some((f, slot)) = persist {
+        f.delivered(slot, path, generation, seq);
+    }
 }
 
 impl<L: Link, C: Clock> Transport for Endpoint<L, C> {

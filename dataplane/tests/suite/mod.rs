@@ -114,6 +114,8 @@ pub struct Table {
     pub capacity: usize,
     /// Ordered by port, so that a virtual-clock run drains in the same order every time.
     pub queues: BTreeMap<u16, VecDeque<(u32, u16, Vec<u8>)>>,
+    /// Delivered, not yet published: (port, source address, source port, payload).
+    unpublished: Vec<(u16, u32, u16, Vec<u8>)>,
     pub released: u64,
     pub full_answers: u64,
     pub map: CongMap,
@@ -124,6 +126,7 @@ impl Table {
         Table {
             capacity,
             queues: BTreeMap::new(),
+            unpublished: Vec::new(),
             released: 0,
             full_answers: 0,
             map: CongMap::new(),
@@ -145,15 +148,26 @@ impl Table {
 
 impl Upcalls for Table {
     fn deliver(&mut self, m: Incoming<'_>) -> Delivered {
-        let q = self.queues.entry(m.dport).or_default();
-        if q.len() >= self.capacity {
+        let waiting = self.unpublished.iter().filter(|u| u.0 == m.dport).count();
+        let queued = self.queues.get(&m.dport).map_or(0, VecDeque::len);
+        if queued + waiting >= self.capacity {
             self.full_answers += 1;
             return Delivered::Full;
         }
         let mut v = Vec::new();
         m.payload.copy_into(&mut v);
-        q.push_back((m.faddr, m.sport, v));
+        self.unpublished.push((m.dport, m.faddr, m.sport, v));
         Delivered::Yes
+    }
+    /// As rdsd's rings: the app sees nothing an endpoint delivered until it publishes (an
+    /// endpoint that forgets to stalls the suite).
+    fn publish_deliveries(&mut self) {
+        for (dport, faddr, sport, v) in self.unpublished.drain(..) {
+            self.queues
+                .entry(dport)
+                .or_default()
+                .push_back((faddr, sport, v));
+        }
     }
     fn release(&mut self, _token: u64, len: u64) {
         self.released += len;

@@ -41,6 +41,9 @@ fn main() {
     if cmd == "garbage-peer" {
         return garbage_peer(&args);
     }
+    if cmd == "burst-peer" {
+        return burst_peer(&args);
+    }
     if cmd == "attach-as" {
         return attach_as(&args);
     }
@@ -805,4 +808,31 @@ fn garbage_peer(args: &[String]) {
     let _ = t.flush();
     std::thread::sleep(Duration::from_millis(200));
     say("sent garbage");
+}
+
+/// burst-peer ADDR PORT SPORT DPORT COUNT LEN: a kernel-like RDS/TCP peer (no rdsd needed, no
+/// extension headers) that writes COUNT sequence-numbered data messages of LEN bytes from RDS
+/// port SPORT to DPORT in one `write`, so the receiving rdsd reads many messages at once.
+fn burst_peer(args: &[String]) {
+    use std::io::Write;
+    let addr: std::net::SocketAddr = format!("{}:{}", args[1], args[2]).parse().expect("addr");
+    let (sport, dport): (u16, u16) = (arg(args, 3, "sport"), arg(args, 4, "dport"));
+    let (count, len): (u64, usize) = (arg(args, 5, "count"), arg(args, 6, "len"));
+    let mut t = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .unwrap_or_else(|e| fail(format!("connect: {e}")));
+    let mut wire = Vec::with_capacity(count as usize * (48 + len));
+    for i in 0..count {
+        let mut hdr = [0u8; 48];
+        hdr[0..8].copy_from_slice(&(i + 1).to_be_bytes());
+        hdr[16..20].copy_from_slice(&(len as u32).to_be_bytes());
+        hdr[20..22].copy_from_slice(&sport.to_be_bytes());
+        hdr[22..24].copy_from_slice(&dport.to_be_bytes());
+        wire.extend_from_slice(&hdr);
+        wire.extend_from_slice(&seq_payload(i, len));
+    }
+    t.write_all(&wire)
+        .unwrap_or_else(|e| fail(format!("write: {e}")));
+    // Closing at once could reset the connection before the receiver read it all.
+    std::thread::sleep(Duration::from_secs(1));
+    say(format!("sent {count}"));
 }
