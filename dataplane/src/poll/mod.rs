@@ -17,6 +17,7 @@ mod inplace;
 mod inplace_tests;
 pub mod readiness;
 pub mod rebind;
+mod routes;
 pub mod shard;
 pub mod snapshot;
 mod sock_ref;
@@ -162,6 +163,8 @@ impl Channels {
 pub struct PollCore {
     table: SocketTable,
     transports: Vec<Box<dyn Transport>>,
+    /// Which of `transports` carries each recent destination.
+    routes: routes::RouteCache,
     passes: u32,
     /// The time of the last pass, if it read the clock (for the idle strategy).
     pass_time: Option<rds_proto::Instant>,
@@ -231,6 +234,7 @@ impl PollCore {
         PollCore {
             table: SocketTable::new(cfg, stats, daemon, chans, control_wake, fabric, shard),
             transports,
+            routes: routes::RouteCache::new(),
             passes: 0,
             pass_time: None,
             test_stall: crate::fault::poll_stall(),
@@ -516,7 +520,8 @@ impl PollCore {
                         }
                     };
                 }
-                let Some(t) = self.transports.iter_mut().find(|t| t.routes_to(dest)) else {
+                let route = self.routes.get(faddr, &self.transports, self.table.cfg());
+                let Some(t) = route.transport.map(|i| &mut self.transports[i]) else {
                     Stats::bump(&self.table.stats().drop_no_route);
                     release(&mut self.table);
                     return true;
@@ -553,7 +558,6 @@ impl PollCore {
             let Some((addr, laddr, token, buf)) = self.table.take_host_out(i) else {
                 continue;
             };
-            let dest = Ipv4Addr::from(addr);
             let owner = self.table.net_owner(laddr, addr);
             let mut at = 0;
             while at + 4 <= buf.len() {
@@ -579,7 +583,12 @@ impl PollCore {
                         Ok(()) => SendOutcome::Queued,
                         Err(()) => SendOutcome::Blocked,
                     }
-                } else if let Some(t) = self.transports.iter_mut().find(|t| t.routes_to(dest)) {
+                } else if let Some(i) = self
+                    .routes
+                    .get(addr, &self.transports, self.table.cfg())
+                    .transport
+                {
+                    let t = &mut self.transports[i];
                     let msg = OutMsg {
                         laddr,
                         faddr: addr,
@@ -700,19 +709,24 @@ impl PollCore {
                 table::GroupSent::Blocked => Outcome::Blocked,
             };
         }
+        let route = self
+            .routes
+            .get(rec.header.addr, &self.transports, self.table.cfg());
         if self.table.link().is_some() {
-            if let Some(o) = self.forward_local(from, src, rec) {
-                return o;
+            if route.local {
+                if let Some(o) = self.forward_local(from, src, rec) {
+                    return o;
+                }
             }
             if self.table.net_shards() > 1 {
                 // The connection to a remote host is one shard's: the message takes its ring.
                 let owner = self.table.net_owner(src.0, rec.header.addr);
-                if owner != self.table.shard() && !self.table.cfg().is_local(dest) {
+                if owner != self.table.shard() && !route.local {
                     return self.forward_send(owner, from, src, rec);
                 }
             }
         }
-        let Some(t) = self.transports.iter_mut().find(|t| t.routes_to(dest)) else {
+        let Some(t) = route.transport.map(|i| &mut self.transports[i]) else {
             if self.table.shard() != 0 && self.table.net_shards() == 1 {
                 return self.forward_send(0, from, src, rec);
             }
@@ -768,9 +782,10 @@ impl PollCore {
     /// sender's token, so its send buffer is released only once the message is in the
     /// receiver's rx ring (SO_SNDBUF covers the crossing, as it covers a network path).
     /// `None`: not bound on another shard (loopback, or no socket: the transports decide).
+    /// The destination is an address of this host.
     fn forward_local(&mut self, from: SockRef, src: (u32, u16), rec: &Record) -> Option<Outcome> {
         let (addr, port) = (rec.header.addr, rec.header.port);
-        if port == 0 || !self.table.cfg().is_local(Ipv4Addr::from(addr)) {
+        if port == 0 {
             return None;
         }
         let to = self.table.link_mut()?.owner(addr, port)?;

@@ -110,6 +110,9 @@ pub struct Endpoint<L: Link, C: Clock = MonotonicClock> {
     seed: u64,
     conns: Vec<Conn<L>>,
     index: FxHashMap<(u32, u32), usize>,
+    /// The last connection `conn_for` found (connections are never removed, so an index
+    /// stays right): a stream of sends to one peer skips the hash lookup.
+    last_conn: Option<((u32, u32), usize)>,
     rxbuf: Vec<u8>,
     clock: C,
     pass: u32,
@@ -205,6 +208,7 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
             seed,
             conns: Vec::with_capacity(64),
             index: FxHashMap::default(),
+            last_conn: None,
             rxbuf: vec![0u8; RXBUF],
             clock,
             pass: 0,
@@ -253,7 +257,12 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
     }
 
     fn conn_for(&mut self, laddr: u32, faddr: u32) -> Option<usize> {
+        match self.last_conn {
+            Some((k, i)) if k == (laddr, faddr) => return Some(i),
+            _ => {}
+        }
         if let Some(&i) = self.index.get(&(laddr, faddr)) {
+            self.last_conn = Some(((laddr, faddr), i));
             return Some(i);
         }
         self.seed = self
