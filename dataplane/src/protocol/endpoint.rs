@@ -448,14 +448,16 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
         }
         work += self.drain_events(up, i, now);
         let costly_acks = self.link.ack_query_is_syscall();
+        // Why the masks keep the visits the same: every test below but the link's reads state
+        // that only `rx_marked` (dead, paused) or `paths_with_work` (frames, queued or
+        // unacknowledged messages, a pending map) can make true, so a path in neither mask
+        // would fail them all. Only a visit changes them: they are read again after one. An
+        // idle path costs a bit test and `path_ready`.
+        let mut marked_paths = self.conns[i].rx_marked | self.conns[i].engine.paths_with_work();
         for path in 0..MAX_PATHS {
             let bit = 1u8 << path;
             let c = &self.conns[i];
-            // Why the masks keep the visits the same: every test below but the link's reads
-            // state that only `rx_marked` (dead, paused) or `paths_with_work` (frames, queued
-            // or unacknowledged messages, a pending map) can make true, so a path in neither
-            // mask would fail them all. An idle path costs a bit test and `path_ready`.
-            let marked = (c.rx_marked | c.engine.paths_with_work()) & bit != 0;
+            let marked = marked_paths & bit != 0;
             let visit = match &c.paths[path] {
                 None => marked && (c.dead[path] || c.rx[path].held.is_some()),
                 // Only a path with work: input (or connect progress), a receiver to resume,
@@ -472,7 +474,7 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
             };
             if !visit {
                 let c = &mut self.conns[i];
-                if c.rx_marked & bit != 0 && !c.dead[path] && !c.rx[path].is_paused() {
+                if marked && c.rx_marked & bit != 0 && !c.dead[path] && !c.rx[path].is_paused() {
                     c.rx_marked &= !bit;
                 }
                 continue;
@@ -493,6 +495,7 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
             } else {
                 c.rx_marked &= !bit;
             }
+            marked_paths = c.rx_marked | c.engine.paths_with_work();
         }
         work += self.drain_events(up, i, now);
         let c = &mut self.conns[i];
