@@ -13,7 +13,7 @@ use rds_proto::{
     AcceptError, Config, ConfigError, Connection, Event, Instant, PathState, SendError,
 };
 use std::time::Duration;
-use util::{Faults, Pair, Workload, ADDR_A, ADDR_B};
+use util::{check_work_mask, Faults, Pair, Workload, ADDR_A, ADDR_B};
 
 const GEN_A: u32 = 0xaaaa_0001;
 const GEN_B: u32 = 0xbbbb_0002;
@@ -383,6 +383,58 @@ fn answer_probe(b: &mut Connection<Vec<u8>>, now: Instant) {
     b.handle_stream_data(now, 0, &probe_pong(2, 2, GEN_A), |_| {
         panic!("pong delivered")
     });
+}
+
+#[test]
+fn paths_with_work_follows_queues_frames_acks_and_paths() {
+    let now = Instant::ZERO;
+    let mut b = passive_two_paths(now);
+    let map = CongMap::new();
+    assert_eq!(
+        check_work_mask(&b),
+        u8::MAX,
+        "a pending map may go on any path"
+    );
+    drain(&mut b, now, 0, &map);
+    drain(&mut b, now, 1, &map);
+    assert_eq!(
+        check_work_mask(&b),
+        0b01,
+        "path 0's probe is unacknowledged"
+    );
+    b.handle_acked(0, b.stream_offset(0));
+    answer_probe(&mut b, now);
+    assert_eq!(check_work_mask(&b), 0);
+
+    // Queued on two paths, then one frame partly written on path 1 (started, unacknowledged).
+    let s0 = (2000..).find(|&p| b.route(p) == 0).unwrap();
+    let s1 = (2000..).find(|&p| b.route(p) == 1).unwrap();
+    b.send(now, s0, 7, vec![1; 100], 1).unwrap();
+    b.send(now, s1, 7, vec![2; 100], 2).unwrap();
+    assert_eq!(check_work_mask(&b), 0b11);
+    let chunk = b.poll_transmit_chunk(now, 1, &map).unwrap().len();
+    b.advance_transmit(1, chunk - 10);
+    assert_eq!(check_work_mask(&b), 0b11);
+    b.advance_transmit(1, 10);
+    b.handle_acked(1, b.stream_offset(1));
+    assert_eq!(check_work_mask(&b), 0b01, "path 1 done");
+
+    // A cancel empties path 0's queue.
+    assert_eq!(b.cancel_socket(s0), 1);
+    assert_eq!(check_work_mask(&b), 0);
+
+    // Unacknowledged messages of a path that goes down are queued again: the bit stays; a
+    // path that goes down with nothing leaves none, and one coming up sends a map (all).
+    b.send(now, s1, 7, vec![3; 100], 3).unwrap();
+    drain(&mut b, now, 1, &map);
+    assert_eq!(b.unacked_messages(1), 1);
+    b.handle_path_down(now, 1).unwrap();
+    assert_eq!(b.queued_messages(1), 1);
+    assert_eq!(check_work_mask(&b), 0b10);
+    b.handle_path_down(now, 0).unwrap();
+    assert_eq!(check_work_mask(&b) & 1, 0, "path 0 went down idle");
+    assert_eq!(b.handle_accepted(now, 40008), Ok(0));
+    assert_eq!(check_work_mask(&b), u8::MAX);
 }
 
 #[test]

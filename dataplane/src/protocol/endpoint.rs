@@ -94,6 +94,9 @@ struct Conn<L: Link> {
     /// The transport died while received bytes still wait in `rx`: the engine keeps the path
     /// up (so they can be processed) and hears of the drop once they are.
     dead: [bool; MAX_PATHS],
+    /// Bit `p`: path `p` may be dead or paused (set by `path_down`, kept by `poll_conn`), so
+    /// that `poll_conn` skips the others' checks.
+    rx_marked: u8,
     acks: [AckPoll; MAX_PATHS],
     laddr: u32,
     faddr: u32,
@@ -295,6 +298,7 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
             paths: Default::default(),
             rx: Default::default(),
             dead: [false; MAX_PATHS],
+            rx_marked: 0,
             acks: Default::default(),
             laddr,
             faddr,
@@ -396,6 +400,7 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
     /// Closes a path's I/O and tells the engine, unless received bytes must still be processed.
     fn path_down(&mut self, i: usize, path: usize, now: Instant) {
         let c = &mut self.conns[i];
+        c.rx_marked |= 1 << path;
         if let Some(mut ps) = c.paths[path].take() {
             if !ps.connecting {
                 let written = c.engine.stream_offset(path);
@@ -452,22 +457,35 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
         }
         work += self.drain_events(up, i, now);
         let costly_acks = self.link.ack_query_is_syscall();
+        // Why the masks keep the visits the same: every test below but the link's reads state
+        // that only `rx_marked` (dead, paused) or `paths_with_work` (frames, queued or
+        // unacknowledged messages, a pending map) can make true, so a path in neither mask
+        // would fail them all. Only a visit changes them: they are read again after one. An
+        // idle path costs a bit test and `path_ready`.
+        let mut marked_paths = self.conns[i].rx_marked | self.conns[i].engine.paths_with_work();
         for path in 0..MAX_PATHS {
+            let bit = 1u8 << path;
             let c = &self.conns[i];
+            let marked = marked_paths & bit != 0;
             let visit = match &c.paths[path] {
-                None => c.dead[path] || c.rx[path].held.is_some(),
+                None => marked && (c.dead[path] || c.rx[path].held.is_some()),
                 // Only a path with work: input (or connect progress), a receiver to resume,
                 // frames to send, or acknowledgements worth asking for.
                 Some(ps) => {
-                    c.dead[path]
-                        || c.rx[path].is_paused()
-                        || self.link.path_ready(&ps.io)
-                        || c.engine.has_pending_transmit(path)
-                        || (c.engine.unacked_messages(path) > 0
-                            && (!costly_acks || now >= c.acks[path].at))
+                    self.link.path_ready(&ps.io)
+                        || marked
+                            && (c.dead[path]
+                                || c.rx[path].is_paused()
+                                || c.engine.has_pending_transmit(path)
+                                || (c.engine.unacked_messages(path) > 0
+                                    && (!costly_acks || now >= c.acks[path].at)))
                 }
             };
             if !visit {
+                let c = &mut self.conns[i];
+                if marked && c.rx_marked & bit != 0 && !c.dead[path] && !c.rx[path].is_paused() {
+                    c.rx_marked &= !bit;
+                }
                 continue;
             }
             self.cost.path_visits += 1;
@@ -478,9 +496,22 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
                     work += 1;
                 }
             }
+            // The visit (a receiver full again, a transport gone) may have paused the path or
+            // left it dead, or released it.
+            let c = &mut self.conns[i];
+            if c.dead[path] || c.rx[path].is_paused() {
+                c.rx_marked |= bit;
+            } else {
+                c.rx_marked &= !bit;
+            }
+            marked_paths = c.rx_marked | c.engine.paths_with_work();
         }
         work += self.drain_events(up, i, now);
         let c = &mut self.conns[i];
+        debug_assert!(
+            (0..MAX_PATHS).all(|p| c.rx_marked & 1 << p != 0 || !c.dead[p] && !c.rx[p].is_paused()),
+            "a dead or paused path outside rx_marked"
+        );
         let seen = c.engine.counters().cong_map_received;
         if seen != c.maps_seen {
             c.maps_seen = seen;

@@ -96,6 +96,9 @@ pub struct Connection<P> {
     /// Someone wants this connection (a send, `open`, or an inbound connection).
     opened: bool,
     tx: Vec<TxPath<P>>,
+    /// Bit `p`: path `p` has queued or unacknowledged messages or started frames (see
+    /// [`Connection::paths_with_work`]); kept where those lists change.
+    busy: u8,
     rx: Vec<RxPath>,
     rng: SplitMix64,
     /// Negotiated path count; `None` until a probe or pong arrives.
@@ -192,6 +195,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             active,
             opened: false,
             tx: (0..MAX_PATHS).map(|_| TxPath::new()).collect(),
+            busy: 0,
             rx: (0..MAX_PATHS).map(|_| RxPath::new()).collect(),
             rng: SplitMix64::new(config.rng_seed),
             npaths: None,
@@ -419,6 +423,43 @@ impl<P: AsRef<[u8]>> Connection<P> {
             && (!tx.frames.is_empty()
                 || self.cong_pending
                 || (!tx.queue.is_empty() && self.data_allowed(path)))
+    }
+
+    /// The paths an I/O layer may have to visit for the engine's sake, bit `p` for path `p`:
+    /// those with queued or unacknowledged messages or started frames, and every path while a
+    /// congestion map is pending. A superset of the paths where
+    /// [`Connection::has_pending_transmit`] or [`Connection::unacked_messages`] says so, in
+    /// O(1): an I/O layer with several paths tests only these.
+    pub fn paths_with_work(&self) -> u8 {
+        self.debug_check_busy();
+        if self.cong_pending {
+            u8::MAX
+        } else {
+            self.busy
+        }
+    }
+
+    /// Recomputes `path`'s bit of `busy` after its lists changed.
+    fn sync_busy(&mut self, path: usize) {
+        let bit = 1u8 << path;
+        if self.tx[path].is_idle() {
+            self.busy &= !bit;
+        } else {
+            self.busy |= bit;
+        }
+    }
+
+    /// `busy` against the lists (debug builds).
+    fn debug_check_busy(&self) {
+        if cfg!(debug_assertions) {
+            let busy = self
+                .tx
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| !t.is_idle())
+                .fold(0u8, |m, (p, _)| m | 1 << p);
+            assert_eq!(self.busy, busy, "busy paths mask out of date");
+        }
     }
 
     // ----- events and timers ----------------------------------------------------------------
@@ -688,6 +729,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
         tx.peer_tcp_sport = None;
         tx.wait_pongs_above = None;
         tx.queue.retain(|m| !m.is_liveness_ping());
+        self.sync_busy(path);
         self.timers.liveness_path_done(path);
         if path == 0 {
             self.path0_confirmed = false;
@@ -698,7 +740,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             self.path0_pings_started = 0;
             self.path0_pongs_received = 0;
             if let Some(b) = self.fanout_barrier.filter(|b| !b.confirmed) {
-                let pending = tx.queue.iter().any(|m| m.seq == b.ping_seq);
+                let pending = self.tx[0].queue.iter().any(|m| m.seq == b.ping_seq);
                 let ping_seq = if pending {
                     b.ping_seq
                 } else {
@@ -840,6 +882,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
         // reconnect storm.
         tx.was_up = true;
         tx.up_since = Some(now);
+        self.sync_busy(path);
         self.cong_pending = true;
         self.rx[path].deframer.reset();
         self.counters.paths_up += 1;
@@ -942,6 +985,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             cancelled: false,
             ack_end: 0,
         });
+        self.busy |= 1 << path;
         self.open(now);
         self.maybe_ring_doorbell(now);
         Ok(path)
@@ -999,6 +1043,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
         } else {
             tx.queue.push_back(msg);
         }
+        self.busy |= 1 << path;
         seq
     }
 
@@ -1054,6 +1099,9 @@ impl<P: AsRef<[u8]>> Connection<P> {
             });
         }
         self.counters.cancelled += count as u64;
+        for path in 0..MAX_PATHS {
+            self.sync_busy(path);
+        }
         self.refresh_barrier();
         count
     }
@@ -1200,6 +1248,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
                 }
             }
         }
+        self.busy |= 1 << path;
         self.tx[path].debug_check();
     }
 
@@ -1212,6 +1261,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
         };
         let events = &mut self.events;
         tx.advance(n, |msg| push_released(events, &msg));
+        self.sync_busy(path);
     }
 
     /// Copies as many bytes as fit into `buf` (possibly spanning frames) and counts them as
@@ -1264,6 +1314,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
                 push_released(&mut self.events, &msg);
             }
         }
+        self.sync_busy(path);
         if path == 0 {
             self.refresh_barrier();
         }
@@ -1616,7 +1667,9 @@ impl<P: AsRef<[u8]>> Connection<P> {
             msg.seq = tx.take_seq();
             msg.retransmit = false;
             tx.queue.push_back(msg);
+            self.busy |= 1 << target;
         }
+        self.sync_busy(path);
     }
 }
 

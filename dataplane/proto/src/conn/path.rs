@@ -204,6 +204,11 @@ impl<P: AsRef<[u8]>> TxPath<P> {
         !self.queue.is_empty() || !self.unacked.is_empty()
     }
 
+    /// Nothing queued, unacknowledged or started.
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.unacked.is_empty() && self.frames.is_empty()
+    }
+
     pub fn has_pending_data(&self) -> bool {
         let is_data = |m: &Message<P>| matches!(m.body, Body::Data { .. });
         self.queue.iter().any(is_data) || self.unacked.iter().any(is_data)

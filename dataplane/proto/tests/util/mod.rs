@@ -188,6 +188,18 @@ pub struct Pair {
     buf: Vec<u8>,
 }
 
+/// `Connection::paths_with_work` holds every path with something to send or acknowledge
+/// (debug builds also check it against the path's lists). Returns it.
+pub fn check_work_mask(c: &Connection<Vec<u8>>) -> u8 {
+    let mask = c.paths_with_work();
+    for p in 0..MAX_PATHS {
+        if c.has_pending_transmit(p) || c.unacked_messages(p) > 0 {
+            assert_ne!(mask & 1 << p, 0, "path {p} has work outside {mask:#010b}");
+        }
+    }
+    mask
+}
+
 pub fn config(local: Ipv4Addr, peer: Ipv4Addr, npaths: u8, generation: u32, seed: u64) -> Config {
     let mut c = Config::new(local, peer, generation, seed);
     c.npaths = npaths;
@@ -475,6 +487,9 @@ impl Pair {
     /// One simulation step: timers, events, writes, deliveries, acks, faults, clock.
     pub fn step(&mut self) {
         let now = self.now;
+        for host in &self.hosts {
+            check_work_mask(&host.conn);
+        }
         for host in 0..2 {
             if self.hosts[host]
                 .conn
