@@ -21,7 +21,9 @@
 # the DPDK transports, one string (e.g. "-d /bundle/pmds" for a bundle, bench/bundle.sh).
 # TRACE_HOPS=1: both rdsd stamp traced messages (for rds-bench --breakdown, the per-hop latency).
 # IP: the ip(8) to use (a bundle ships its own for hosts without iproute2).
-# STATS="name,name": print those counters of both rdsd after the run (e.g. rx_publishes).
+# STATS="name,name": print those counters of both rdsd after the run (e.g. rx_publishes), and
+# the kernel TCP segments of each namespace (tcp_InSegs, tcp_OutSegs).
+# RDSD_ARGS: extra arguments for both rdsd (e.g. "--path-choice port-pair").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -95,7 +97,8 @@ for n in a b; do
     "$IP" netns exec "$ns" "$BIN/rdsd" --control-socket "/tmp/$ns.sock" --state-file "/tmp/$ns.rxseq" \
         "${local_args[@]}" --paths "${PATHS:-8}" --idle "${IDLE:-backoff}" \
         --poll-core "$(cpu_of "${POLL_CPUS:-${POLL_CORE:-}}" $side)" \
-        --control-core "$(cpu_of "${CTRL_CPUS:-}" $side)" ${TRACE_HOPS:+--trace-hops} --log warn &
+        --control-core "$(cpu_of "${CTRL_CPUS:-}" $side)" ${TRACE_HOPS:+--trace-hops} --log warn \
+        ${RDSD_ARGS:-} &
     pids+=($!)
 done
 for n in "$A" "$B"; do
@@ -125,5 +128,7 @@ if [[ -n "${STATS:-}" ]]; then
     for n in "$A" "$B"; do
         echo "rdsd $([ "$n" = "$A" ] && echo active || echo passive):"
         "$IP" netns exec "$n" "$BIN/rdsctl" -s "/tmp/$n.sock" stats | grep -E "^(${STATS//,/|}) " || true
+        # Kernel TCP segments of the namespace (both rdsd's connections and the baselines').
+        "$IP" netns exec "$n" awk '/^Tcp:/ { if (!h) { split($0, k); h = 1 } else for (i = 2; i <= NF; i++) if (k[i] == "InSegs" || k[i] == "OutSegs") printf "tcp_%s %s\n", k[i], $i }' /proc/net/snmp
     done
 fi

@@ -38,6 +38,28 @@ pub enum HugepageMode {
     Off,
 }
 
+/// Which mprds path a message takes (`path_choice`; see `rds_proto::PathChoice`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum PathChoice {
+    /// By the sending socket's port, as Linux: a socket's messages to one host stay in order
+    /// whatever their destination ports.
+    #[default]
+    SourcePort,
+    /// By the pair of ports: a reply takes its request's path (no pure ACK segment per
+    /// message with several paths); order holds per (socket, destination).
+    PortPair,
+}
+
+impl From<PathChoice> for rds_proto::PathChoice {
+    fn from(c: PathChoice) -> Self {
+        match c {
+            PathChoice::SourcePort => rds_proto::PathChoice::SourcePort,
+            PathChoice::PortPair => rds_proto::PathChoice::PortPair,
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
@@ -58,6 +80,7 @@ struct RawConfig {
     tcp_port: u16,
     tcp_routes: Vec<String>,
     paths: u8,
+    path_choice: PathChoice,
     state_file: String,
     hello_timeout_ms: u64,
     control_timeout_ms: u64,
@@ -107,6 +130,8 @@ pub struct Config {
     pub tcp_routes: Vec<Prefix>,
     /// Paths offered per peer (mprds), 1..=8.
     pub paths: u8,
+    /// Which path a message takes.
+    pub path_choice: PathChoice,
     /// Where the receive sequence numbers survive a restart (see `protocol::RxStateFile`).
     pub state_file: PathBuf,
     /// A new control connection must send Hello within this time, or it is closed.
@@ -216,6 +241,9 @@ pub struct Overrides {
     /// Paths offered per peer, 1..=8.
     #[arg(long)]
     pub paths: Option<u8>,
+    /// Which path a message takes: by the sender's port (as Linux) or by the pair of ports.
+    #[arg(long, value_enum)]
+    pub path_choice: Option<PathChoice>,
     /// Receive-state file (default: next to the control socket, extension .rxseq).
     #[arg(long)]
     pub state_file: Option<PathBuf>,
@@ -345,6 +373,7 @@ impl Config {
                 .map(|s| s.parse())
                 .collect::<Result<Vec<Prefix>>>()?,
             paths: over.paths.unwrap_or(raw.paths),
+            path_choice: over.path_choice.unwrap_or(raw.path_choice),
             state_file: PathBuf::new(),
             hello_timeout: ms(raw.hello_timeout_ms, "hello_timeout_ms")?,
             control_timeout: ms(raw.control_timeout_ms, "control_timeout_ms")?,

@@ -184,3 +184,50 @@ fn an_idle_path_costs_no_syscall() {
         );
     }
 }
+
+/// Kernel TCP segments each namespace sent per round trip of a 64 B ping-pong between
+/// different ports on two hosts with 8 paths (`path_choice` as given).
+fn segments_per_round_trip(path_choice: &str) -> [f64; 2] {
+    let lab = Lab::new(2, 2, &["--paths", "8", "--path-choice", path_choice]);
+    let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
+    let (a0, a1): (SocketAddrV4, SocketAddrV4) =
+        (h0.at(7301).parse().unwrap(), h1.at(7302).parse().unwrap());
+    let total = WARM_UP + ROUND_TRIPS;
+    let mut pp = PingPong::start(h0.d(), a0, h1.d(), a1, total, Duration::from_secs(10));
+    for seq in 0..WARM_UP {
+        pp.round_trip(seq);
+    }
+    let out = || [h0.kernel_tcp_stat("OutSegs"), h1.kernel_tcp_stat("OutSegs")];
+    let before = out();
+    for seq in WARM_UP..total {
+        pp.round_trip(seq);
+    }
+    let after = out();
+    pp.finish();
+    let per = [0, 1].map(|i| (after[i] - before[i]) as f64 / ROUND_TRIPS as f64);
+    eprintln!("path_choice {path_choice}: TCP segments sent per round trip {per:?}");
+    per
+}
+
+/// With several paths a reply should go back on its request's TCP connection, so each segment
+/// acknowledges the other direction's: one segment per message. By the sender's port (Linux's
+/// choice) the reply of port 7302 takes another path than the request of port 7301, and each
+/// message then draws a pure ACK segment of its own.
+#[test]
+fn a_reply_on_its_requests_path_costs_no_ack_segment() {
+    let by_port = segments_per_round_trip("source-port");
+    let by_pair = segments_per_round_trip("port-pair");
+    for (i, side) in ["active", "passive"].iter().enumerate() {
+        assert!(
+            by_pair[i] <= 1.25,
+            "{side}, port-pair: {} segments per round trip",
+            by_pair[i]
+        );
+        // These two ports hash to different paths by source port: a pure ACK per message.
+        assert!(
+            by_port[i] >= 1.5,
+            "{side}, source-port: {} segments per round trip",
+            by_port[i]
+        );
+    }
+}

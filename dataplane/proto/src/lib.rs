@@ -204,7 +204,7 @@ pub mod time;
 pub mod wire;
 
 pub use conn::{
-    AcceptError, Config, ConfigError, Connection, Counters, Delivery, Event, PathError, PathState,
-    Received, SendError, TransmitChunk, TransmitSlices,
+    AcceptError, Config, ConfigError, Connection, Counters, Delivery, Event, PathChoice, PathError,
+    PathState, Received, SendError, TransmitChunk, TransmitSlices,
 };
 pub use time::Instant;

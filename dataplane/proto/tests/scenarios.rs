@@ -10,7 +10,7 @@ use rds_proto::wire::{
     HEADER_LEN, MAX_MSG_SIZE, MAX_PATHS,
 };
 use rds_proto::{
-    AcceptError, Config, ConfigError, Connection, Event, Instant, PathState, SendError,
+    AcceptError, Config, ConfigError, Connection, Event, Instant, PathChoice, PathState, SendError,
 };
 use std::time::Duration;
 use util::{check_work_mask, Faults, Pair, Workload, ADDR_A, ADDR_B};
@@ -407,8 +407,8 @@ fn paths_with_work_follows_queues_frames_acks_and_paths() {
     assert_eq!(check_work_mask(&b), 0);
 
     // Queued on two paths, then one frame partly written on path 1 (started, unacknowledged).
-    let s0 = (2000..).find(|&p| b.route(p) == 0).unwrap();
-    let s1 = (2000..).find(|&p| b.route(p) == 1).unwrap();
+    let s0 = (2000..).find(|&p| b.route(p, 3000) == 0).unwrap();
+    let s1 = (2000..).find(|&p| b.route(p, 3000) == 1).unwrap();
     b.send(now, s0, 7, vec![1; 100], 1).unwrap();
     b.send(now, s1, 7, vec![2; 100], 2).unwrap();
     assert_eq!(check_work_mask(&b), 0b11);
@@ -952,7 +952,7 @@ fn four_paths_keep_per_socket_order() {
     let used: std::collections::BTreeSet<usize> = workload
         .flows
         .iter()
-        .map(|f| pair.hosts[f.host].conn.route(f.sport))
+        .map(|f| pair.hosts[f.host].conn.route(f.sport, f.dport))
         .collect();
     assert!(used.len() >= 3, "sockets spread over paths: {used:?}");
     let max_seq: Vec<u64> = (0..4).map(|p| pair.hosts[0].conn.next_tx_seq(p)).collect();
@@ -960,6 +960,39 @@ fn four_paths_keep_per_socket_order() {
         max_seq.iter().all(|&s| s > 1),
         "every path carried messages: {max_seq:?}"
     );
+}
+
+/// Paths chosen by the pair of ports: each flow (socket, destination port) keeps one path, so
+/// every flow is in order and exactly once; a reply's path is its request's.
+#[test]
+fn port_pair_paths_keep_per_destination_order_and_replies_share_the_path() {
+    let faults = Faults {
+        max_chunk: 2000,
+        ack_prob: 0.2,
+        ..Faults::default()
+    };
+    let mut a = util::config(ADDR_A, ADDR_B, 4, 0x1000_0001, 13 ^ 0xa);
+    let mut b = util::config(ADDR_B, ADDR_A, 4, 0x2000_0002, 13 ^ 0xb);
+    a.path_choice = PathChoice::PortPair;
+    b.path_choice = PathChoice::PortPair;
+    let mut pair = Pair::with_configs(13, a, b, faults);
+    let mut workload = Workload::new(8, 3, 25);
+    while !workload.done() {
+        workload.send_one(&mut pair, 3000);
+        pair.step();
+    }
+    assert!(pair.drive(100_000));
+    workload.check_exactly_once(&pair);
+    let (ca, cb) = (&pair.hosts[0].conn, &pair.hosts[1].conn);
+    let used: std::collections::BTreeSet<usize> = workload
+        .flows
+        .iter()
+        .map(|f| pair.hosts[f.host].conn.route(f.sport, f.dport))
+        .collect();
+    assert!(used.len() >= 3, "flows spread over paths: {used:?}");
+    for (x, y) in [(2000, 3000), (2037, 3001), (4000, 4001), (7, 65000)] {
+        assert_eq!(ca.route(x, y), cb.route(y, x), "{x} <-> {y}");
+    }
 }
 
 #[test]
@@ -1623,7 +1656,7 @@ fn gathered_but_unwritten_map_goes_out_on_another_path() {
     // partly written.
     assert_eq!(b.handle_accepted(now, 40009), Ok(1));
     drain(&mut b, now, 1, &map);
-    let sport = (2000..).find(|&p| b.route(p) == 1).unwrap();
+    let sport = (2000..).find(|&p| b.route(p, 3000) == 1).unwrap();
     b.send(now, sport, 10, vec![7; 100], 1).unwrap();
     assert_eq!(lens(&gather(&mut b, now, 1, &map, 1, 64)), vec![48, 100]);
     map.clear(4242);
@@ -1671,7 +1704,7 @@ fn fan_out_waits_for_the_pong_behind_what_path_zero_carried() {
     let _ = events(&mut a);
     a.handle_connected(now, 0).unwrap();
     let two = passive_two_paths(now);
-    let sport = (2000..).find(|&p| two.route(p) == 1).unwrap();
+    let sport = (2000..).find(|&p| two.route(p, 3000) == 1).unwrap();
     for i in 0..3u8 {
         a.send(now, sport, 10, vec![i; 8], u64::from(i)).unwrap();
     }
@@ -1877,8 +1910,8 @@ fn paths_that_go_down_reconnect_while_sends_keep_coming() {
     assert!(feed(&mut a, 0, &probe_pong(2, 2, GEN_B)).is_empty());
     let _ = events(&mut a);
     let sport = [
-        (2000..).find(|&p| a.route(p) == 0).unwrap(),
-        (2000..).find(|&p| a.route(p) == 1).unwrap(),
+        (2000..).find(|&p| a.route(p, 3000) == 0).unwrap(),
+        (2000..).find(|&p| a.route(p, 3000) == 1).unwrap(),
     ];
     let mut token = 0;
     // Sends on both paths; the engine's events (connects only) after them.
@@ -2044,7 +2077,7 @@ fn connect_in_flight_across_a_peer_restart_is_not_taken_for_path_zero() {
     assert!(events(&mut a).contains(&Event::Connect { path: 1 }));
 
     // B delivers five messages of a socket on path 0; their ACKs are lost.
-    let sport = (2000..).find(|&p| a.route(p) == 0).unwrap();
+    let sport = (2000..).find(|&p| a.route(p, 3000) == 0).unwrap();
     for i in 0..5u8 {
         a.send(now, sport, 10, vec![i; 8], u64::from(i)).unwrap();
     }
@@ -2123,7 +2156,7 @@ fn paths_connected_before_a_peer_restart_are_closed_unless_confirmed() {
     assert!(feed(&mut a, 0, &probe_pong(1, 3, GEN_B)).is_empty());
     assert!(events(&mut a).contains(&Event::Connect { path: 1 }));
     a.handle_connected(now, 1).unwrap();
-    let sport = (2000..).find(|&p| a.route(p) == 1).unwrap();
+    let sport = (2000..).find(|&p| a.route(p, 3000) == 1).unwrap();
     a.send(now, sport, 10, vec![1; 8], 1).unwrap();
     let out = frames(&drain(&mut a, now, 1, &map));
     assert!(
@@ -2305,7 +2338,7 @@ fn a_stale_path_closed_by_the_check_resends_its_unacknowledged_messages() {
     let now = Instant::ZERO;
     let map = CongMap::new();
     let mut b = passive_three_classic(now, &map);
-    let sport = (2000..).find(|&p| b.route(p) == 1).unwrap();
+    let sport = (2000..).find(|&p| b.route(p, 3000) == 1).unwrap();
     b.send(now, sport, 9, vec![7; 20], 1).unwrap();
     b.send(now, sport, 9, vec![8; 20], 2).unwrap();
     let sent = frames(&drain(&mut b, now, 1, &map));

@@ -49,6 +49,8 @@ pub struct EndpointConfig {
     pub local: Vec<Prefix>,
     /// Paths offered per peer (1..=8).
     pub npaths: u8,
+    /// Which path a message takes.
+    pub path_choice: rds_proto::PathChoice,
     /// Where the receive state survives restarts (`None`: not persisted); shared by the
     /// endpoints of several poll threads, each writing the slots of its own connections.
     pub state: Option<Arc<RxStateFile>>,
@@ -274,6 +276,7 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
             .wrapping_add(1442695040888963407);
         let mut c = rds_proto::Config::new(ip(laddr), ip(faddr), self.generation, self.seed);
         c.npaths = self.cfg.npaths;
+        c.path_choice = self.cfg.path_choice;
         c.sport_idx = L::SPORT_IDX;
         let mut engine = match Connection::new(c) {
             Ok(e) => e,

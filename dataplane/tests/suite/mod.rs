@@ -222,6 +222,7 @@ pub fn endpoint<L: Link, C: Clock>(
         routes: vec!["0.0.0.0/0".parse().unwrap()],
         local: vec![me],
         npaths,
+        path_choice: Default::default(),
         state: state.map(|p| RxStateFile::open_shared(&p).expect("state file")),
     };
     let stats = Arc::new(Stats::default());

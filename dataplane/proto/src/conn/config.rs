@@ -37,6 +37,24 @@ pub struct Config {
     /// connects while every path is up, each up path is pinged; a path without a pong by then
     /// is closed as dead (see `Connection::handle_accepted`).
     pub liveness_timeout: Duration,
+    /// Which path a message takes (default: by the sender's port, as Linux).
+    pub path_choice: PathChoice,
+}
+
+/// Which of a connection's paths a message takes. Either way one socket's messages to one
+/// destination (address and port) take one path, so they stay in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PathChoice {
+    /// By the sending socket's bound port, as Linux (`rds_send_mprds_hash`): all of a socket's
+    /// messages to one host take one path, whatever their destination ports.
+    #[default]
+    SourcePort,
+    /// By the unordered pair of ports: a request `A:x → B:y` and its reply `B:y → A:x` take
+    /// the same path, so on TCP each direction's segments carry the other's acknowledgement
+    /// (by source port, with several paths a reply mostly goes back on another connection,
+    /// and every message draws a pure ACK segment). Order holds per (socket, destination),
+    /// not across one socket's destination ports on a host.
+    PortPair,
 }
 
 impl Config {
@@ -55,6 +73,7 @@ impl Config {
             reconnect_max: Duration::from_secs(1),
             doorbell_min: Duration::from_millis(10),
             liveness_timeout: Duration::from_secs(3),
+            path_choice: PathChoice::SourcePort,
         }
     }
 

@@ -67,7 +67,7 @@ mod event;
 mod path;
 mod timers;
 
-pub use config::{Config, ConfigError};
+pub use config::{Config, ConfigError, PathChoice};
 pub use event::{
     AcceptError, Counters, Delivery, Event, PathError, Received, SendError, TransmitChunk,
     TransmitSlices,
@@ -169,7 +169,17 @@ enum NextFrame {
 
 /// Deterministic hash of a bound port (a 32-bit avalanche mix), for path selection.
 fn port_hash(port: u16) -> u32 {
-    let mut x = u32::from(port) ^ 0x9e37_79b9;
+    mix32(u32::from(port))
+}
+
+/// The same hash of an unordered pair of ports.
+fn port_pair_hash(a: u16, b: u16) -> u32 {
+    let (lo, hi) = (a.min(b), a.max(b));
+    mix32(u32::from(lo) << 16 | u32::from(hi))
+}
+
+fn mix32(x: u32) -> u32 {
+    let mut x = x ^ 0x9e37_79b9;
     x = x.wrapping_mul(0x85eb_ca6b);
     x ^= x >> 13;
     x = x.wrapping_mul(0xc2b2_ae35);
@@ -355,10 +365,17 @@ impl<P: AsRef<[u8]>> Connection<P> {
         &self.peer_map
     }
 
-    /// The path a socket bound to `sport` sends on right now.
-    pub fn route(&self, sport: u16) -> usize {
+    /// The path a message from port `sport` to port `dport` takes right now.
+    pub fn route(&self, sport: u16, dport: u16) -> usize {
         match self.npaths {
-            Some(n) if n > 1 => (port_hash(sport) % u32::from(n)) as usize,
+            Some(n) if n > 1 => {
+                let h = match self.config.path_choice {
+                    PathChoice::SourcePort => port_hash(sport),
+                    // Symmetric: the reply takes the request's path.
+                    PathChoice::PortPair => port_pair_hash(sport, dport),
+                };
+                (h % u32::from(n)) as usize
+            }
             _ => 0,
         }
     }
@@ -972,7 +989,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
         if sport == 0 || sport == PROBE_PORT {
             return Err(SendError::ReservedPort);
         }
-        let path = self.route(sport);
+        let path = self.route(sport, dport);
         let tx = &mut self.tx[path];
         let seq = tx.take_seq();
         tx.queue.push_back(Message {
@@ -1662,7 +1679,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             if !matches!(msg.body, Body::Data { .. }) {
                 continue;
             }
-            let target = self.route(msg.sport);
+            let target = self.route(msg.sport, msg.dport);
             let tx = &mut self.tx[target];
             msg.seq = tx.take_seq();
             msg.retransmit = false;

@@ -137,6 +137,7 @@ pub fn build(cfg: &Config, d: &DpdkConfig, stats: &Arc<Stats>) -> anyhow::Result
         routes: d.routes.clone(),
         local: cfg.local_addrs.clone(),
         npaths: cfg.paths,
+        path_choice: cfg.path_choice.into(),
         state: Some(RxStateFile::open_shared(
             &cfg.state_file.with_extension("dpdk.rxseq"),
         )?),

@@ -78,6 +78,7 @@ pub fn build(
         routes: r.routes.clone(),
         local: cfg.local_addrs.clone(),
         npaths: cfg.paths,
+        path_choice: cfg.path_choice.into(),
         state: Some(RxStateFile::open_shared(std::path::Path::new(&state))?),
     };
     Ok(Endpoint::new(link, ep, stats.clone(), |s| &s.rdma))

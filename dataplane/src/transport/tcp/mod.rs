@@ -52,6 +52,7 @@ pub fn build(cfg: &Config, stats: &[Arc<Stats>]) -> std::io::Result<Vec<Endpoint
                 routes: cfg.tcp_routes.clone(),
                 local: cfg.local_addrs.clone(),
                 npaths: cfg.paths,
+                path_choice: cfg.path_choice.into(),
                 state: Some(state.clone()),
             };
             Endpoint::new(link, ep, stats.clone(), |s| &s.tcp)
