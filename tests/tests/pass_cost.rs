@@ -223,11 +223,13 @@ fn a_reply_on_its_requests_path_costs_no_ack_segment() {
             "{side}, port-pair: {} segments per round trip",
             by_pair[i]
         );
-        // These two ports hash to different paths by source port: a pure ACK per message.
+        // By source port these two ports take different paths: up to a pure ACK per message
+        // (2.0 in most runs; fewer when the kernel delays and merges ACKs, so not a bound).
         assert!(
-            by_port[i] >= 1.5,
-            "{side}, source-port: {} segments per round trip",
-            by_port[i]
+            by_port[i] + 0.05 >= by_pair[i],
+            "{side}: {} segments by source port, {} by port pair",
+            by_port[i],
+            by_pair[i]
         );
     }
 }
