@@ -75,16 +75,25 @@ struct Cost {
     syscalls: Option<(f64, f64)>,
 }
 
-fn ping_pong(paths: &str) -> Cost {
-    let lab = Lab::new(2, 2, &["--paths", paths]);
+/// Two hosts with rdsd started with `args`, and a ping-pong between `ports` on them, warmed up.
+fn warm_ping_pong(args: &[&str], ports: (u16, u16)) -> (Lab, PingPong) {
+    let lab = Lab::new(2, 2, args);
     let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
-    let (a0, a1): (SocketAddrV4, SocketAddrV4) =
-        (h0.at(7300).parse().unwrap(), h1.at(7300).parse().unwrap());
+    let (a0, a1): (SocketAddrV4, SocketAddrV4) = (
+        h0.at(ports.0).parse().unwrap(),
+        h1.at(ports.1).parse().unwrap(),
+    );
     let total = WARM_UP + ROUND_TRIPS;
     let mut pp = PingPong::start(h0.d(), a0, h1.d(), a1, total, Duration::from_secs(10));
     for seq in 0..WARM_UP {
         pp.round_trip(seq);
     }
+    (lab, pp)
+}
+
+fn ping_pong(paths: &str) -> Cost {
+    let (lab, mut pp) = warm_ping_pong(&["--paths", paths], (7300, 7300));
+    let h0 = &lab.hosts[0];
     let want: u64 = paths.parse().unwrap();
     assert_eq!(h0.d().stat("tcp_path_up"), want, "{want} paths up");
     let strace = strace_available().then(|| {
@@ -188,18 +197,12 @@ fn an_idle_path_costs_no_syscall() {
 /// Kernel TCP segments each namespace sent per round trip of a 64 B ping-pong between
 /// different ports on two hosts with 8 paths (`path_choice` as given).
 fn segments_per_round_trip(path_choice: &str) -> [f64; 2] {
-    let lab = Lab::new(2, 2, &["--paths", "8", "--path-choice", path_choice]);
+    let args = ["--paths", "8", "--path-choice", path_choice];
+    let (lab, mut pp) = warm_ping_pong(&args, (7301, 7302));
     let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
-    let (a0, a1): (SocketAddrV4, SocketAddrV4) =
-        (h0.at(7301).parse().unwrap(), h1.at(7302).parse().unwrap());
-    let total = WARM_UP + ROUND_TRIPS;
-    let mut pp = PingPong::start(h0.d(), a0, h1.d(), a1, total, Duration::from_secs(10));
-    for seq in 0..WARM_UP {
-        pp.round_trip(seq);
-    }
     let out = || [h0.kernel_tcp_stat("OutSegs"), h1.kernel_tcp_stat("OutSegs")];
     let before = out();
-    for seq in WARM_UP..total {
+    for seq in WARM_UP..WARM_UP + ROUND_TRIPS {
         pp.round_trip(seq);
     }
     let after = out();
