@@ -23,7 +23,8 @@
 # IP: the ip(8) to use (a bundle ships its own for hosts without iproute2).
 # STATS="name,name": print those counters of both rdsd after the run (e.g. rx_publishes), and
 # the kernel TCP segments of each namespace (tcp_InSegs, tcp_OutSegs).
-# RDSD_ARGS: extra arguments for both rdsd (e.g. "--path-choice port-pair").
+# RDSD_ARGS: extra arguments for both rdsd (e.g. "--path-choice port-pair"). DPDK_EXTRA: lines
+# added to both rdsd's [dpdk] section (e.g. "ack_delay_us = 200").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -84,6 +85,7 @@ for n in a b; do
     esac
     if [[ "$TRANSPORT" != tcp ]]; then
         printf '[dpdk]\nvdev = "%s"\naddr = "10.78.0.%s/24"\n' "$vdev" "$i" >"/tmp/$ns.toml"
+        [[ -z "${DPDK_EXTRA:-}" ]] || printf '%s\n' "$DPDK_EXTRA" >>"/tmp/$ns.toml"
         if [[ -n "${EAL_ARGS:-}" ]]; then
             read -r -a extra <<<"$EAL_ARGS"
             printf 'eal_args = [' >>"/tmp/$ns.toml"

@@ -44,6 +44,8 @@ pub struct RawDpdk {
     mtu: u16,
     #[serde(default = "d_rto_min_ms")]
     rto_min_ms: u64,
+    #[serde(default)]
+    ack_delay_us: u64,
     #[serde(default = "d_true")]
     check_kernel_addr: bool,
 }
@@ -125,6 +127,8 @@ pub struct DpdkConfig {
     pub mtu: u16,
     /// Floor of TCP's retransmission timeout (smoltcp's, patched: `dataplane/vendor/smoltcp`).
     pub rto_min: std::time::Duration,
+    /// TCP delayed-ACK timer (`None`: acknowledge in the pass that received the data).
+    pub ack_delay: Option<std::time::Duration>,
 }
 
 /// EAL options of DPDK 22.11 (`dpdk-app --help`), to name a bad one in `eal_args` before EAL
@@ -270,6 +274,9 @@ impl DpdkConfig {
         if !(1..=1000).contains(&r.rto_min_ms) {
             bail!("dpdk.rto_min_ms must be 1..=1000 (got {})", r.rto_min_ms);
         }
+        if r.ack_delay_us > 100_000 {
+            bail!("dpdk.ack_delay_us must be 0..=100000 (got {})", r.ack_delay_us);
+        }
         if !(1..=100_000).contains(&r.park_us) {
             bail!("dpdk.park_us must be 1..=100000 (got {})", r.park_us);
         }
@@ -314,6 +321,8 @@ impl DpdkConfig {
             check_kernel_addr: r.check_kernel_addr,
             mtu: r.mtu,
             rto_min: std::time::Duration::from_millis(r.rto_min_ms),
+            ack_delay: (r.ack_delay_us > 0)
+                .then(|| std::time::Duration::from_micros(r.ack_delay_us)),
         })
     }
 

@@ -129,6 +129,7 @@ pub fn build(cfg: &Config, d: &DpdkConfig, stats: &Arc<Stats>) -> anyhow::Result
     ucfg.tx_buf = d.buf_bytes;
     ucfg.rto_min = d.rto_min;
     ucfg.rto_initial = ucfg.rto_initial.max(d.rto_min);
+    ucfg.ack_delay = d.ack_delay;
     // One listener per concurrent inbound handshake: all paths of a few peers at once.
     ucfg.listeners = usize::from(cfg.paths) * 2;
     let link = UtcpLink::new(dev, ucfg);
