@@ -49,7 +49,9 @@
 //!   then `end_pass`, whose egress sends what the pass wrote: every pass's writes go out as
 //!   one burst (what a DPDK `tx_burst` wants) in the pass that wrote them. The listeners are
 //!   checked (a handshake to stamp, a dead one to replace) only when smoltcp touched one
-//!   (`Interface::take_touched`: a packet for it, or its dispatch).
+//!   (`Interface::take_touched`: a packet for it, or its dispatch). The same mask keeps
+//!   `path_ready` cheap: a path socket found not ready is remembered (a bit per slot) until
+//!   smoltcp touches it or rdsd aborts, closes or replaces it, so an idle path is a bit test.
 //!
 //! # smoltcp settings, and why
 //!
@@ -584,9 +586,9 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
             };
             if done || t >= deadline {
                 self.closing.swap_remove(i);
+                self.forget_not_ready(SocketMask::single(h));
                 // Irrefutable with only `socket-tcp`, not if a dependent enables more kinds.
                 #[allow(irrefutable_let_patterns)]
-                self.forget_not_ready(SocketMask::single(h));
                 if let smoltcp::socket::Socket::Tcp(mut tcp) = self.sockets.remove(h) {
                     tcp.abort();
                     self.spare.push(tcp);
