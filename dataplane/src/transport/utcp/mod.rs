@@ -49,7 +49,9 @@
 //!   then `end_pass`, whose egress sends what the pass wrote: every pass's writes go out as
 //!   one burst (what a DPDK `tx_burst` wants) in the pass that wrote them. The listeners are
 //!   checked (a handshake to stamp, a dead one to replace) only when smoltcp touched one
-//!   (`Interface::take_touched`: a packet for it, or its dispatch).
+//!   (`Interface::take_touched`: a packet for it, or its dispatch). The same mask keeps
+//!   `path_ready` cheap: a path socket found not ready is remembered (a bit per slot) until
+//!   smoltcp touches it or rdsd aborts, closes or replaces it, so an idle path is a bit test.
 //!
 //! # smoltcp settings, and why
 //!
@@ -154,6 +156,7 @@ use smoltcp::phy::Device;
 use smoltcp::socket::tcp;
 use smoltcp::time::{Duration as SDuration, Instant as SInstant};
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, Ipv4Address};
+use std::cell::Cell;
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -252,6 +255,9 @@ pub trait Flush {
 #[derive(Debug)]
 pub struct UtcpPath {
     handle: SocketHandle,
+    /// The socket's slot alone ([`SocketMask::single`]: empty for a slot from 63 on), for the
+    /// link's "known not ready" set ([`Link::path_ready`]).
+    bit: SocketMask,
     /// Established and reported so (`poll_connect` said Up, or accepted): from then on the
     /// path is ready only with input, instead of every pass for connect progress.
     up: bool,
@@ -281,6 +287,13 @@ pub struct UtcpLink<D: Device, C: Clock = MonotonicClock> {
     listeners: Vec<(SocketHandle, u64)>,
     /// The listeners' slots, to test smoltcp's touched sockets against (`poll_aux`).
     listener_mask: SocketMask,
+    /// Sockets smoltcp touched (ingress fed them, or the egress dispatched them) since the
+    /// listeners were last checked (`poll_aux`).
+    touched: SocketMask,
+    /// Path sockets known not ready (`path_ready` found them so, and nothing that could
+    /// change that happened since): an idle path's `path_ready` is a bit test. Slots from 63
+    /// on are never in it ([`SocketMask::single`]). A `Cell`: `path_ready` takes `&self`.
+    not_ready: Cell<SocketMask>,
     /// Listeners that left LISTEN (a handshake; `accept` has nothing to do while none did).
     handshakes: usize,
     /// `poll_aux` passes so far.
@@ -338,6 +351,8 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
             sockets: SocketSet::new(Vec::with_capacity(64)),
             listeners: Vec::with_capacity(cfg.listeners),
             listener_mask: SocketMask::EMPTY,
+            touched: SocketMask::EMPTY,
+            not_ready: Cell::new(SocketMask::EMPTY),
             handshakes: 0,
             passes: 0,
             live: Vec::with_capacity(64),
@@ -435,7 +450,7 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
     fn arm_listener(&mut self) {
         let mut s = self.new_socket();
         if s.listen(self.cfg.port).is_ok() {
-            let h = self.sockets.add(s);
+            let h = self.add(s);
             self.listeners.push((h, 0));
             self.listener_mask.insert(h);
         }
@@ -464,9 +479,47 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
         }
     }
 
-    /// A socket to change: smoltcp's next egress looks at it (`SocketSet::get_mut` marks it).
+    /// A socket to change: smoltcp's next egress looks at it (`SocketSet::get_mut` marks it),
+    /// and `path_ready` looks at it again (an abort or a close may make it ready).
     fn sock(&mut self, h: SocketHandle) -> &mut tcp::Socket<'static> {
+        self.forget_not_ready(SocketMask::single(h));
         self.sockets.get_mut::<tcp::Socket>(h)
+    }
+
+    /// A path's socket to send on or receive from: smoltcp's next egress looks at it, but it
+    /// stays known not ready if it was: `send` only adds to its send buffer and `recv` only
+    /// takes from its receive buffer, neither changes its state, so neither can make a socket
+    /// with an empty receive buffer and an open receive half ready.
+    fn sock_io(&mut self, h: SocketHandle) -> &mut tcp::Socket<'static> {
+        self.sockets.get_mut::<tcp::Socket>(h)
+    }
+
+    /// Puts a socket in the set. Its slot may be a closed path's: no longer known not ready.
+    fn add(&mut self, s: tcp::Socket<'static>) -> SocketHandle {
+        let h = self.sockets.add(s);
+        self.forget_not_ready(SocketMask::single(h));
+        h
+    }
+
+    /// The sockets of `m` are no longer known not ready.
+    fn forget_not_ready(&self, m: SocketMask) {
+        self.not_ready.set(self.not_ready.get().difference(m));
+    }
+
+    /// Takes smoltcp's touched sockets (after every ingress and egress call, so that
+    /// `not_ready` is right whenever `path_ready` is asked): they are no longer known not
+    /// ready, and the listeners among them are checked at the next `poll_aux`.
+    fn absorb_touched(&mut self) {
+        let t = self.iface.take_touched();
+        self.touched = self.touched.union(t);
+        self.forget_not_ready(t);
+    }
+
+    /// What `path_ready` answers, computed: a connecting path, bytes to read, or a socket that
+    /// can receive no more (its close is input).
+    fn path_ready_now(&self, p: &UtcpPath) -> bool {
+        let s = self.sockets.get::<tcp::Socket>(p.handle);
+        !p.up || s.can_recv() || !s.may_recv()
     }
 
     /// Gives a socket back: it stays in the set until its FIN/RST went out.
@@ -533,6 +586,7 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
             };
             if done || t >= deadline {
                 self.closing.swap_remove(i);
+                self.forget_not_ready(SocketMask::single(h));
                 // Irrefutable with only `socket-tcp`, not if a dependent enables more kinds.
                 #[allow(irrefutable_let_patterns)]
                 if let smoltcp::socket::Socket::Tcp(mut tcp) = self.sockets.remove(h) {
@@ -568,7 +622,7 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
         let remote = (IpAddress::Ipv4(Ipv4Address::from(faddr)), self.cfg.port);
         let local = (IpAddress::Ipv4(Ipv4Address::from(laddr)), port);
         match s.connect(self.iface.context(), remote, local) {
-            Ok(()) => Ok(self.sockets.add(s)),
+            Ok(()) => Ok(self.add(s)),
             Err(e) => {
                 self.spare.push(s);
                 Err(std::io::Error::new(
@@ -596,6 +650,7 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
         }
         changed |= self.egress(now, true);
         self.device.flush();
+        self.absorb_touched();
         changed
     }
 
@@ -681,6 +736,7 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
         Some(Accepted {
             path: UtcpPath {
                 handle: h,
+                bit: SocketMask::single(h),
                 up: true,
             },
             laddr: v4(local.addr),
@@ -707,8 +763,10 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
         self.iface
             .poll_egress(now, &mut self.device, &mut self.sockets);
         self.device.flush();
+        self.absorb_touched();
         Ok(UtcpPath {
             handle: h,
+            bit: SocketMask::single(h),
             up: false,
         })
     }
@@ -732,7 +790,7 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
     }
 
     fn read<'a>(&'a mut self, p: &mut UtcpPath, buf: &'a mut [u8]) -> Read<'a> {
-        match self.sock(p.handle).recv_slice(buf) {
+        match self.sock_io(p.handle).recv_slice(buf) {
             Ok(0) => Read::WouldBlock,
             Ok(n) => Read::Data(&buf[..n]),
             Err(e) => {
@@ -743,7 +801,7 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
     }
 
     fn write(&mut self, p: &mut UtcpPath, slices: &[&[u8]]) -> Write {
-        let s = self.sock(p.handle);
+        let s = self.sock_io(p.handle);
         // The slices go straight into the send buffer's free space, one `send` per contiguous
         // stretch of it (two when it wraps around the ring's end): `send_slice` per slice
         // costs ~140 instructions of ring-buffer and socket checks, against ~30 for copying a
@@ -807,7 +865,7 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
         self.passes += 1;
         // A listener changes only by input (a SYN, the handshake's ACK, a RST) or by its
         // dispatch (a timeout): only those smoltcp touched since the last pass are checked.
-        let touched = self.iface.take_touched();
+        let touched = std::mem::take(&mut self.touched);
         if touched.intersects(self.listener_mask) {
             self.check_listeners(touched);
         }
@@ -824,9 +882,31 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
     /// Memory reads only (the interface's ingress ran in `poll_aux`): a connecting path, bytes
     /// to read, or a socket that can receive no more (its close is input). An idle
     /// established path is not visited.
+    ///
+    /// A path found not ready is remembered (`not_ready`), and answers from that bit until
+    /// something could make it ready. Why the bit never hides a ready path: not ready means up
+    /// (`up` never goes back to false for a `UtcpPath`), an empty receive buffer and a state
+    /// that may receive (Established, FIN-WAIT-1/2). Only smoltcp's ingress (a segment: data,
+    /// FIN, RST), its dispatch (a timeout that closes the socket) or our `&mut` calls change
+    /// those: the first two put the socket in `Interface::take_touched`, which
+    /// `absorb_touched` takes after every ingress and egress call and removes from the set;
+    /// `sock` (abort, close, connect) removes it; `sock_io` (send, recv) cannot make it ready;
+    /// a socket put in a freed slot (`add`) or removed from it (`reap`) is removed too.
     fn path_ready(&self, p: &UtcpPath) -> bool {
-        let s = self.sockets.get::<tcp::Socket>(p.handle);
-        !p.up || s.can_recv() || !s.may_recv()
+        let known = self.not_ready.get();
+        if known.intersects(p.bit) {
+            debug_assert!(
+                !self.path_ready_now(p),
+                "a path known not ready is ready (socket {})",
+                p.handle
+            );
+            return false;
+        }
+        let ready = self.path_ready_now(p);
+        if !ready {
+            self.not_ready.set(known.union(p.bit));
+        }
+        ready
     }
 
     fn end_pass(&mut self, wrote: bool) {
@@ -835,6 +915,228 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
             let now = smol(self.clock.now());
             self.egress(now, false);
             self.device.flush();
+            self.absorb_touched();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The "known not ready" set behind `path_ready`, over the in-memory wire. Every cached
+    //! answer is also checked against the full computation (the debug assertion in
+    //! `path_ready`), here and in the exactly-once suites (`tests/userspace_tcp.rs`).
+    use super::memwire::{Hub, Port};
+    use super::*;
+    use crate::protocol::VirtualClock;
+
+    type MemLink = UtcpLink<Port, VirtualClock>;
+
+    const A: u32 = 0x0a00_0001;
+    const B: u32 = 0x0a00_0002;
+
+    fn link(hub: &Hub, clock: &VirtualClock, addr: u32) -> MemLink {
+        let ip = Ipv4Addr::from(addr);
+        let o = ip.octets();
+        let mut cfg = UtcpConfig::new([0x02, 0, o[0], o[1], o[2], o[3]], ip, 8);
+        cfg.seed = u64::from(addr);
+        UtcpLink::with_clock(hub.port(), cfg, clock.clone())
+    }
+
+    /// One pass of each link, 100 µs apart.
+    fn pass(a: &mut MemLink, b: &mut MemLink, clock: &VirtualClock) {
+        a.poll_aux();
+        b.poll_aux();
+        clock.advance(Duration::from_micros(100));
+    }
+
+    fn pair() -> (MemLink, MemLink, UtcpPath, UtcpPath, VirtualClock) {
+        let clock = VirtualClock::new();
+        let hub = Hub::with_clock(clock.clone());
+        let (mut a, mut b) = (link(&hub, &clock, A), link(&hub, &clock, B));
+        let mut pa = a.connect(A, B, 0).unwrap();
+        for _ in 0..1000 {
+            pass(&mut a, &mut b, &clock);
+            if a.poll_connect(&mut pa) == ConnectPoll::Up {
+                if let Some(acc) = b.accept() {
+                    // The handshake's last ACK and anything else in flight settle.
+                    for _ in 0..10 {
+                        pass(&mut a, &mut b, &clock);
+                    }
+                    return (a, b, pa, acc.path, clock);
+                }
+            }
+        }
+        panic!("no handshake");
+    }
+
+    fn known_not_ready(l: &MemLink, p: &UtcpPath) -> bool {
+        l.not_ready.get().intersects(p.bit)
+    }
+
+    /// An idle path is found not ready once, then answers from its bit; data from the peer
+    /// (smoltcp's ingress touches the socket) clears the bit and the path is ready; reading
+    /// and writing leave a known not-ready socket so.
+    #[test]
+    fn utcp_not_ready_is_cached_until_smoltcp_touches_the_socket() {
+        let (mut a, mut b, mut pa, mut pb, clock) = pair();
+        assert!(!known_not_ready(&b, &pb));
+        assert!(!b.path_ready(&pb), "an idle established path");
+        assert!(known_not_ready(&b, &pb), "remembered");
+        assert!(!b.path_ready(&pb), "answered from the bit");
+        assert!(!a.path_ready(&pa));
+
+        // A write on a known not-ready path keeps it so (send cannot make it ready).
+        assert_eq!(a.write(&mut pa, &[b"hello"]), Write::Wrote(5));
+        assert!(known_not_ready(&a, &pa));
+        a.end_pass(true);
+        assert!(!b.path_ready(&pb), "nothing came in yet");
+        b.poll_aux();
+        assert!(!known_not_ready(&b, &pb), "ingress touched b's socket");
+        assert!(b.path_ready(&pb), "a socket that received data is ready");
+        let mut buf = [0u8; 64];
+        match b.read(&mut pb, &mut buf) {
+            Read::Data(d) => assert_eq!(d, b"hello"),
+            _ => panic!("the bytes read back"),
+        }
+        assert!(!b.path_ready(&pb), "drained");
+        assert!(known_not_ready(&b, &pb));
+        // Its ACK touches a's socket (a's egress dispatched it too): a asks again, still idle.
+        a.poll_aux();
+        assert!(!known_not_ready(&a, &pa));
+        assert!(!a.path_ready(&pa));
+        for _ in 0..10 {
+            pass(&mut a, &mut b, &clock);
+        }
+        assert!(!a.path_ready(&pa) && !b.path_ready(&pb));
+
+        // The peer's FIN: b's receive half closes, the path is ready (its close is input).
+        a.close(pa, false);
+        for _ in 0..10 {
+            pass(&mut a, &mut b, &clock);
+            if b.path_ready(&pb) {
+                break;
+            }
+        }
+        assert!(b.path_ready(&pb), "a peer's close makes the path ready");
+        assert!(matches!(b.read(&mut pb, &mut buf), Read::Closed));
+    }
+
+    /// Our own abort (`&mut` access, no touched mark yet) makes a known not-ready path ready.
+    #[test]
+    fn utcp_abort_clears_not_ready() {
+        let (mut a, mut b, pa, _pb, clock) = pair();
+        assert!(!a.path_ready(&pa));
+        assert!(known_not_ready(&a, &pa));
+        a.abort_switch().trip();
+        a.poll_aux();
+        assert!(
+            a.path_ready(&pa),
+            "an aborted socket is ready (its close is input)"
+        );
+        pass(&mut a, &mut b, &clock);
+    }
+
+    /// A socket in a closed path's slot is not known not ready: a new path there is ready
+    /// until it is up (connect progress) and then found idle on its own.
+    #[test]
+    fn utcp_slot_reuse_clears_not_ready() {
+        let (mut a, mut b, pa, _pb, clock) = pair();
+        assert!(!a.path_ready(&pa));
+        let (slot, bit) = (pa.handle, pa.bit);
+        assert_ne!(bit, SocketMask::EMPTY);
+        a.close(pa, true);
+        for _ in 0..1000 {
+            pass(&mut a, &mut b, &clock);
+            if a.closing.is_empty() {
+                break;
+            }
+        }
+        assert!(
+            a.closing.is_empty(),
+            "the RST went out, the socket was reaped"
+        );
+        assert!(!a.not_ready.get().intersects(bit));
+        // A stale bit (as if the reap had not cleared it): `add` clears it for the socket put
+        // in the slot (a doorbell's here: no egress, so no touched mark, runs in between).
+        a.not_ready.set(a.not_ready.get().union(bit));
+        a.doorbell(A, B);
+        assert_eq!(
+            a.doorbells[0].0, slot,
+            "the doorbell's socket took the freed slot"
+        );
+        assert!(!a.not_ready.get().intersects(bit));
+        // A new path (in the next slot) is ready while it connects, then found idle.
+        let mut pa = a.connect(A, B, 0).unwrap();
+        assert!(!known_not_ready(&a, &pa));
+        assert!(a.path_ready(&pa), "connecting");
+        let mut up = false;
+        for _ in 0..1000 {
+            pass(&mut a, &mut b, &clock);
+            if a.poll_connect(&mut pa) == ConnectPoll::Up {
+                up = b.accept().is_some();
+                if up {
+                    break;
+                }
+            }
+        }
+        assert!(up);
+        for _ in 0..10 {
+            pass(&mut a, &mut b, &clock);
+        }
+        assert!(!a.path_ready(&pa));
+        assert!(known_not_ready(&a, &pa));
+    }
+
+    /// Slots from 63 on have no bit of their own: never cached, always computed.
+    #[test]
+    fn utcp_high_slots_are_never_cached() {
+        let clock = VirtualClock::new();
+        let hub = Hub::with_clock(clock.clone());
+        let small = |addr: u32| {
+            let ip = Ipv4Addr::from(addr);
+            let o = ip.octets();
+            let mut cfg = UtcpConfig::new([0x02, 0, o[0], o[1], o[2], o[3]], ip, 8);
+            cfg.seed = u64::from(addr);
+            (cfg.rx_buf, cfg.tx_buf) = (4096, 4096);
+            UtcpLink::with_clock(hub.port(), cfg, clock.clone())
+        };
+        let (mut a, mut b) = (small(A), small(B));
+        // 8 listeners in slots 0..8, then the paths, 8 at a time (one handshake per listener):
+        // 64 of them reach slot 71.
+        let mut paths: Vec<UtcpPath> = Vec::new();
+        for _ in 0..8 {
+            let mut batch: Vec<UtcpPath> = (0..8).map(|k| a.connect(A, B, k).unwrap()).collect();
+            let mut accepted = 0;
+            for _ in 0..1000 {
+                pass(&mut a, &mut b, &clock);
+                while b.accept().is_some() {
+                    accepted += 1;
+                }
+                for p in batch.iter_mut().filter(|p| !p.up) {
+                    assert_ne!(a.poll_connect(p), ConnectPoll::Failed);
+                }
+                if accepted == batch.len() && batch.iter().all(|p| p.up) {
+                    break;
+                }
+            }
+            assert!(accepted == batch.len() && batch.iter().all(|p| p.up));
+            paths.append(&mut batch);
+        }
+        for _ in 0..10 {
+            pass(&mut a, &mut b, &clock);
+        }
+        let mut low = SocketMask::EMPTY;
+        for p in &paths {
+            assert!(!a.path_ready(p), "idle");
+            low = low.union(p.bit);
+        }
+        assert!(
+            paths.iter().any(|p| p.bit == SocketMask::EMPTY),
+            "some in high slots"
+        );
+        assert_eq!(a.not_ready.get(), low, "only the low slots are remembered");
+        for p in &paths {
+            assert!(!a.path_ready(p), "still idle");
         }
     }
 }

@@ -70,6 +70,25 @@ impl SocketMask {
     pub fn is_empty(&self) -> bool {
         self.0 == 0
     }
+
+    /// rdsd patch (PATCHES.md, item 4): the set of this socket alone, exactly: empty for a
+    /// socket in a high slot (63 on), which has no bit of its own. Sets built only from
+    /// these never say they contain a socket they do not.
+    pub fn single(handle: SocketHandle) -> SocketMask {
+        SocketMask(if handle.0 < 63 { 1 << handle.0 } else { 0 })
+    }
+
+    /// rdsd patch (PATCHES.md, item 4): the sockets in either set.
+    pub fn union(self, other: SocketMask) -> SocketMask {
+        SocketMask(self.0 | other.0)
+    }
+
+    /// rdsd patch (PATCHES.md, item 4): the sockets of this set that are not in `other`.
+    /// Exact for the slots below 63; the high slots' shared bit goes if `other` has it, so the
+    /// result may miss a high-slot socket of this set (it never holds one it should not).
+    pub fn difference(self, other: SocketMask) -> SocketMask {
+        SocketMask(self.0 & !other.0)
+    }
 }
 
 /// An extensible set of sockets.
@@ -216,5 +235,24 @@ impl<'a> SocketSet<'a> {
     /// Iterate every socket in this set.
     pub(crate) fn items_mut(&mut self) -> impl Iterator<Item = &mut Item<'a>> + '_ {
         self.sockets.iter_mut().filter_map(|x| x.inner.as_mut())
+    }
+}
+
+#[cfg(test)]
+mod rdsd_mask_tests {
+    use super::*;
+
+    /// rdsd patch (PATCHES.md, item 4): `single` is exact, `difference` removes.
+    #[test]
+    fn socket_mask_single_union_difference() {
+        let (a, b, high) = (SocketHandle(3), SocketHandle(62), SocketHandle(70));
+        let m = SocketMask::single(a).union(SocketMask::single(b));
+        assert!(m.contains(a) && m.contains(b) && !m.contains(SocketHandle(4)));
+        assert_eq!(SocketMask::single(high), SocketMask::EMPTY);
+        let mut touched = SocketMask::EMPTY;
+        touched.insert(a);
+        touched.insert(high);
+        let left = m.difference(touched);
+        assert!(!left.contains(a) && left.contains(b) && !left.contains(high));
     }
 }
