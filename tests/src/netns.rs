@@ -285,10 +285,22 @@ impl VethPair {
         paths: u8,
         extra: &[&str],
     ) -> Daemon {
+        self.memif_daemon_with(i, sock, paths, "", extra)
+    }
+
+    /// [`Self::memif_daemon`] with more lines for its `[dpdk]` section (`dpdk_lines`).
+    pub fn memif_daemon_with(
+        &self,
+        i: usize,
+        sock: &std::path::Path,
+        paths: u8,
+        dpdk_lines: &str,
+        extra: &[&str],
+    ) -> Daemon {
         let role = ["server", "client"][i];
         let cfg = crate::config_file(&format!(
             "[dpdk]\nvdev = \"net_memif0,role={role},id=0,socket={},socket-abstract=no\"\n\
-             addr = \"{}/24\"\n",
+             addr = \"{}/24\"\n{dpdk_lines}\n",
             sock.display(),
             self.addr(i)
         ));

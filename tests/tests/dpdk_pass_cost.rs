@@ -48,14 +48,22 @@ fn counters(d: [&Daemon; 2]) -> [[u64; 7]; 2] {
 
 /// Per round trip and daemon, in the order of [`NAMES`].
 fn ping_pong(paths: u8) -> [[f64; 7]; 2] {
+    ping_pong_with(paths, "", &[])
+}
+
+/// [`ping_pong`] with more `[dpdk]` lines and rdsd flags for both daemons.
+fn ping_pong_with(paths: u8, dpdk_lines: &str, extra: &[&str]) -> [[f64; 7]; 2] {
     let pair = VethPair::new();
+    // One memif socket per run: the tests run in parallel.
+    static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let sock = std::env::temp_dir().join(format!(
-        "rdsd-memif-cost-{}-{paths}.sock",
+        "rdsd-memif-cost-{}-{paths}-{run}.sock",
         std::process::id()
     ));
     let _ = std::fs::remove_file(&sock);
-    let d0 = pair.memif_daemon(0, &sock, paths, &[]);
-    let d1 = pair.memif_daemon(1, &sock, paths, &[]);
+    let d0 = pair.memif_daemon_with(0, &sock, paths, dpdk_lines, extra);
+    let d1 = pair.memif_daemon_with(1, &sock, paths, dpdk_lines, extra);
     let (a0, a1) = (
         SocketAddrV4::new(pair.addr(0), 7400),
         SocketAddrV4::new(pair.addr(1), 7400),
@@ -97,9 +105,36 @@ fn ping_pong(paths: u8) -> [[f64; 7]; 2] {
 /// [`ping_pong`], whose failure (printed above) also names the install step: a missing DPDK or
 /// memif PMD shows up as an rdsd that does not start.
 fn run(paths: u8) -> [[f64; 7]; 2] {
-    std::panic::catch_unwind(|| ping_pong(paths)).unwrap_or_else(|_| {
+    run_with(paths, "", &[])
+}
+
+fn run_with(paths: u8, dpdk_lines: &str, extra: &[&str]) -> [[f64; 7]; 2] {
+    std::panic::catch_unwind(|| ping_pong_with(paths, dpdk_lines, extra)).unwrap_or_else(|_| {
         panic!("the {paths}-path run failed (above); if rdsd's DPDK port did not start: {DPDK_INSTALL}")
     })
+}
+
+/// With a delayed-ACK timer the request's ACK rides on the reply: one frame per message
+/// instead of two (the data and a pure ACK). 8 paths, chosen by the port pair so that the
+/// reply takes the request's path (both sockets use port 7400 here, so by source port it
+/// would too). The timer is long for the test (2 ms): a debug rdsd on a loaded 2-CPU machine
+/// must still answer within it.
+#[test]
+fn a_delayed_ack_rides_on_the_reply() {
+    require!(root(), DPDK_INSTALL);
+    let at_once = run(8);
+    let delayed = run_with(8, "ack_delay_us = 2000", &["--path-choice", "port-pair"]);
+    for (d, side) in ["active", "passive"].iter().enumerate() {
+        let (f0, f1) = (at_once[d][3], delayed[d][3]);
+        assert!(
+            f1 <= 1.5,
+            "{side}: {f1} frames sent per round trip with a delayed ACK"
+        );
+        assert!(
+            f1 < f0,
+            "{side}: {f1} frames with a delayed ACK, {f0} without"
+        );
+    }
 }
 
 #[test]

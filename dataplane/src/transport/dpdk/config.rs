@@ -274,8 +274,13 @@ impl DpdkConfig {
         if !(1..=1000).contains(&r.rto_min_ms) {
             bail!("dpdk.rto_min_ms must be 1..=1000 (got {})", r.rto_min_ms);
         }
-        if r.ack_delay_us > 100_000 {
-            bail!("dpdk.ack_delay_us must be 0..=100000 (got {})", r.ack_delay_us);
+        if r.ack_delay_us >= r.rto_min_ms.saturating_mul(1000) {
+            // The peer would resend a lone message before our ACK leaves.
+            bail!(
+                "dpdk.ack_delay_us must be below rto_min_ms ({} µs; got {})",
+                r.rto_min_ms * 1000,
+                r.ack_delay_us
+            );
         }
         if !(1..=100_000).contains(&r.park_us) {
             bail!("dpdk.park_us must be 1..=100000 (got {})", r.park_us);
@@ -426,6 +431,8 @@ mod tests {
         assert!(e("colour = 1").contains("colour"));
         assert!(e("mtu = 100").contains("dpdk.mtu"));
         assert!(e("rto_min_ms = 0").contains("dpdk.rto_min_ms"));
+        assert!(e("ack_delay_us = 5000").contains("dpdk.ack_delay_us"));
+        assert!(raw("ack_delay_us = 200").is_ok());
         assert!(e("mtu = 65000").contains("dpdk.mtu"));
         let r: RawDpdk = toml::from_str("vdev = \"eth0\"\naddr = \"10.0.0.1/24\"").unwrap();
         assert!(format!("{:#}", DpdkConfig::from_raw(r).unwrap_err()).contains("dpdk.vdev"));

@@ -63,8 +63,10 @@
 //!   neighbour-cache entries (one per peer host, not per path) and 8 interface addresses.
 //! * Nagle off: RDS writes whole frames and wants them out now (kernel RDS sets
 //!   `TCP_NODELAY`).
-//! * ACK delay off by default ([`UtcpConfig::ack_delay`]): the sender's `acked` releases send
-//!   buffer space, so a delayed ACK delays the app. ACKs are nevertheless **per pass, not per
+//! * ACK delay off by default ([`UtcpConfig::ack_delay`], `[dpdk] ack_delay_us`): the sender's
+//!   `acked` releases send buffer space, so a delayed ACK delays the app. Set, a request's ACK
+//!   rides on its reply (with `path_choice = "port-pair"` when there are several paths): one
+//!   frame per message instead of two (`dpdk_pass_cost.rs::a_delayed_ack_rides_on_the_reply`). ACKs are nevertheless **per pass, not per
 //!   segment**: 0.14 acknowledges in-order data from its egress half, and `Interface::poll`
 //!   takes the pass's whole burst in (up to 32 frames from a DPDK port) before it sends, so a
 //!   burst of segments draws one ACK (or rides on the data going back). Out-of-order segments
