@@ -46,12 +46,8 @@ fn counters(d: [&Daemon; 2]) -> [[u64; 7]; 2] {
     })
 }
 
-/// Per round trip and daemon, in the order of [`NAMES`].
-fn ping_pong(paths: u8) -> [[f64; 7]; 2] {
-    ping_pong_with(paths, "", &[])
-}
-
-/// [`ping_pong`] with more `[dpdk]` lines and rdsd flags for both daemons.
+/// Per round trip and daemon, in the order of [`NAMES`], with more `[dpdk]` lines and rdsd
+/// flags for both daemons.
 fn ping_pong_with(paths: u8, dpdk_lines: &str, extra: &[&str]) -> [[f64; 7]; 2] {
     let pair = VethPair::new();
     // One memif socket per run: the tests run in parallel.
@@ -102,7 +98,7 @@ fn ping_pong_with(paths: u8, dpdk_lines: &str, extra: &[&str]) -> [[f64; 7]; 2] 
     per_rt
 }
 
-/// [`ping_pong`], whose failure (printed above) also names the install step: a missing DPDK or
+/// [`ping_pong_with`], whose failure (printed above) also names the install step: a missing DPDK or
 /// memif PMD shows up as an rdsd that does not start.
 fn run(paths: u8) -> [[f64; 7]; 2] {
     run_with(paths, "", &[])
