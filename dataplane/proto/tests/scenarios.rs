@@ -933,27 +933,37 @@ fn mismapped_path_zero_is_closed_once_sport_idx_is_known() {
     assert_eq!(b.counters().path_mismaps, 1);
 }
 
-#[test]
-fn four_paths_keep_per_socket_order() {
-    let faults = Faults {
+/// Segments split at up to 2000 bytes, a fifth of the ACKs lost.
+fn chunked_lossy_acks() -> Faults {
+    Faults {
         max_chunk: 2000,
         ack_prob: 0.2,
         ..Faults::default()
-    };
-    let mut pair = Pair::new(11, 4, faults);
-    let mut workload = Workload::new(8, 2, 25);
+    }
+}
+
+/// Runs `workload` over `pair` to the end and checks every flow exactly once, in order;
+/// returns the paths the flows used.
+fn run_workload(pair: &mut Pair, workload: &mut Workload) -> std::collections::BTreeSet<usize> {
     while !workload.done() {
-        workload.send_one(&mut pair, 3000);
+        workload.send_one(pair, 3000);
         pair.step();
     }
     assert!(pair.drive(100_000));
-    workload.check_exactly_once(&pair);
-    assert_eq!(pair.link_count(), 4);
-    let used: std::collections::BTreeSet<usize> = workload
+    workload.check_exactly_once(pair);
+    workload
         .flows
         .iter()
         .map(|f| pair.hosts[f.host].conn.route(f.sport, f.dport))
-        .collect();
+        .collect()
+}
+
+#[test]
+fn four_paths_keep_per_socket_order() {
+    let mut pair = Pair::new(11, 4, chunked_lossy_acks());
+    let mut workload = Workload::new(8, 2, 25);
+    let used = run_workload(&mut pair, &mut workload);
+    assert_eq!(pair.link_count(), 4);
     assert!(used.len() >= 3, "sockets spread over paths: {used:?}");
     let max_seq: Vec<u64> = (0..4).map(|p| pair.hosts[0].conn.next_tx_seq(p)).collect();
     assert!(
@@ -966,30 +976,15 @@ fn four_paths_keep_per_socket_order() {
 /// every flow is in order and exactly once; a reply's path is its request's.
 #[test]
 fn port_pair_paths_keep_per_destination_order_and_replies_share_the_path() {
-    let faults = Faults {
-        max_chunk: 2000,
-        ack_prob: 0.2,
-        ..Faults::default()
-    };
     let mut a = util::config(ADDR_A, ADDR_B, 4, 0x1000_0001, 13 ^ 0xa);
     let mut b = util::config(ADDR_B, ADDR_A, 4, 0x2000_0002, 13 ^ 0xb);
     a.path_choice = PathChoice::PortPair;
     b.path_choice = PathChoice::PortPair;
-    let mut pair = Pair::with_configs(13, a, b, faults);
+    let mut pair = Pair::with_configs(13, a, b, chunked_lossy_acks());
     let mut workload = Workload::new(8, 3, 25);
-    while !workload.done() {
-        workload.send_one(&mut pair, 3000);
-        pair.step();
-    }
-    assert!(pair.drive(100_000));
-    workload.check_exactly_once(&pair);
-    let (ca, cb) = (&pair.hosts[0].conn, &pair.hosts[1].conn);
-    let used: std::collections::BTreeSet<usize> = workload
-        .flows
-        .iter()
-        .map(|f| pair.hosts[f.host].conn.route(f.sport, f.dport))
-        .collect();
+    let used = run_workload(&mut pair, &mut workload);
     assert!(used.len() >= 3, "flows spread over paths: {used:?}");
+    let (ca, cb) = (&pair.hosts[0].conn, &pair.hosts[1].conn);
     for (x, y) in [(2000, 3000), (2037, 3001), (4000, 4001), (7, 65000)] {
         assert_eq!(ca.route(x, y), cb.route(y, x), "{x} <-> {y}");
     }
