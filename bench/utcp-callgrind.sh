@@ -35,7 +35,13 @@
 #              Timespec::sub_timespec: clock reads and
 #              Instant arithmetic, all callers
 #
-# usage: [PATHS=1|8] [TRANSPORT=memif|af_packet] bench/utcp-callgrind.sh [COUNT] [LEN]
+# MODE=pingpong: COUNT round trips instead (rds-testapp ping / echo: the second app sends each
+# message back), every figure per round trip; each rdsd then sends one message and receives one
+# per round trip, with the ACKs that go with them. RDSD_ARGS: extra flags for the two DPDK rdsd
+# (e.g. "--path-choice port-pair"); DPDK_EXTRA: lines added to their [dpdk] section (e.g.
+# "ack_delay_us = 200").
+#
+# usage: [PATHS=1|8] [TRANSPORT=memif|af_packet] [MODE=stream|pingpong] bench/utcp-callgrind.sh [COUNT] [LEN]
 #        (release build: cargo build --release -p rdsd -p rdsctl --bins &&
 #         cargo build --release -p rdsd-tests --bin rds-testapp;
 #         or BIN= a folder with rdsd, rdsctl and rds-testapp)
@@ -83,11 +89,13 @@ stream() {
     local sns=(ip netns exec "$1") rns=(ip netns exec "$4") n=$7
     [[ -n "$1" ]] || sns=()
     [[ -n "$4" ]] || rns=()
-    RDSD_SOCKET=$out/$5.sock "${rns[@]}" "$bin/rds-testapp" recv "$6" "$n" >"$out/recv.log" &
+    local rcmd=(recv "$6" "$n") scmd=(send "$3" "$6" "$n" "$len")
+    [[ "${MODE:-stream}" != pingpong ]] || rcmd=(echo "$6" "$n") scmd=(ping "$3" "$6" "$n" "$len")
+    RDSD_SOCKET=$out/$5.sock "${rns[@]}" "$bin/rds-testapp" "${rcmd[@]}" >"$out/recv.log" &
     local recv=$!
     for _ in $(seq 600); do grep -q bound "$out/recv.log" 2>/dev/null && break; sleep 0.1; done
     [[ -z "${ZERO:-}" ]] || for p in "${pids[@]}"; do callgrind_control -z "$p" >/dev/null 2>&1; done
-    RDSD_SOCKET=$out/$2.sock "${sns[@]}" "$bin/rds-testapp" send "$3" "$6" "$n" "$len" >/dev/null
+    RDSD_SOCKET=$out/$2.sock "${sns[@]}" "$bin/rds-testapp" "${scmd[@]}" >/dev/null
     wait "$recv"
     [[ -z "${ZERO:-}" ]] || for p in "${pids[@]}"; do callgrind_control -d "$p" >/dev/null 2>&1; done
 }
@@ -132,9 +140,11 @@ measure() {
         esac
         printf '[dpdk]\nvdev = "%s"\naddr = "10.79.0.%s/24"\nfile_prefix = "%s"\n' \
             "$vdev" "$i" "$tag$side" >"$out/$side.toml"
+        [[ -z "${DPDK_EXTRA:-}" ]] || printf '%s\n' "$DPDK_EXTRA" >>"$out/$side.toml"
         # A one-way stream from one socket uses one TCP connection whatever the path count;
         # with PATHS > 1 the others are up and idle.
-        cg "$tag$side" "$side" -c "$out/$side.toml" --paths "$paths"
+        # shellcheck disable=SC2086
+        cg "$tag$side" "$side" -c "$out/$side.toml" --paths "$paths" ${RDSD_ARGS:-}
     done
     for i in $(seq 120); do
         ip netns exec "$A" "$bin/rdsctl" -s "$out/a.sock" ping 10.79.0.2 -I 10.79.0.1 -c 1 -W 1 >/dev/null 2>&1 && break
@@ -200,7 +210,11 @@ row() { # row SIDE LABEL
         "$(per "$1" 'SocketTable as rdsd::seam::Upcalls>::deliver( |$)')" \
         "$clock"
 }
-echo "$count messages of $len B one way (transport: $transport, paths: $paths); instructions per message, inclusive"
+if [[ "${MODE:-stream}" = pingpong ]]; then
+    echo "$count round trips of $len B (transport: $transport, paths: $paths${RDSD_ARGS:+, $RDSD_ARGS}${DPDK_EXTRA:+, $DPDK_EXTRA}); instructions per round trip, inclusive (the msg columns are per round trip)"
+else
+    echo "$count messages of $len B one way (transport: $transport, paths: $paths${RDSD_ARGS:+, $RDSD_ARGS}${DPDK_EXTRA:+, $DPDK_EXTRA}); instructions per message, inclusive"
+fi
 echo
 echo "| rdsd | passes/msg | empty pass | pass | work | drain_tx | ep send | dpdk poll | ep tx | iface | egress | rx burst | tx burst | read | deliver | clock |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"

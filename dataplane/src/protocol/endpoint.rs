@@ -481,7 +481,8 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
                                 || c.rx[path].is_paused()
                                 || c.engine.has_pending_transmit(path)
                                 || (c.engine.unacked_messages(path) > 0
-                                    && (!costly_acks || now >= c.acks[path].at)))
+                                    && (!costly_acks || now >= c.acks[path].at)
+                                    && self.link.acks_may_have_moved(&ps.io)))
                 }
             };
             if !visit {
@@ -662,7 +663,8 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
             Framing::Stream => GATHER_FRAMES,
             Framing::Message => 1,
         };
-        loop {
+        // Most visits of a busy path are for its acknowledgements: no frame to build then.
+        while c.engine.has_pending_transmit(path) {
             let mut slices: [&[u8]; 2 * GATHER_FRAMES] = [&[]; 2 * GATHER_FRAMES];
             let t = c
                 .engine
@@ -690,7 +692,7 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
         }
         let costly = self.link.ack_query_is_syscall();
         let poll = &mut c.acks[path];
-        if costly && !input && now < poll.at {
+        if costly && !input && now < poll.at || !self.link.acks_may_have_moved(&ps.io) {
             return Ok(work);
         }
         let written = c.engine.stream_offset(path);

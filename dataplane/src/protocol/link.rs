@@ -119,6 +119,12 @@ pub trait Link: Send {
     /// every pass while messages are unacknowledged, unless [`Link::ack_query_is_syscall`]:
     /// then after input on the path, and otherwise with backoff.
     fn acked(&mut self, p: &Self::Path, written: u64) -> Option<u64>;
+    /// False when [`Link::acked`] would answer for `p` what it answered last (nothing reached
+    /// the path's connection since): the endpoint then does not ask. Memory reads only; links
+    /// that cannot tell keep the default.
+    fn acks_may_have_moved(&self, _p: &Self::Path) -> bool {
+        true
+    }
     /// The last word on acknowledgement before the path is reported down.
     fn final_acked(&mut self, p: &Self::Path, written: u64) -> Option<u64> {
         self.acked(p, written)

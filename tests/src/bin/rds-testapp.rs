@@ -97,6 +97,44 @@ fn main() {
                 }
             }
         }
+        // echo ADDR COUNT: bind, then send each of COUNT messages back to its sender.
+        "echo" => {
+            let addr: SocketAddrV4 = arg(&args, 1, "addr");
+            let count: u64 = arg(&args, 2, "count");
+            let s = rdsd.socket().unwrap();
+            s.bind(addr).unwrap_or_else(|e| fail(format!("bind: {e}")));
+            say(format!("bound {}", s.local_addr().unwrap().port()));
+            let mut buf = vec![0u8; 1 << 20];
+            for i in 0..count {
+                let (n, from) = s
+                    .recv_from(&mut buf)
+                    .unwrap_or_else(|e| fail(format!("recv {i}: {e}")));
+                s.send_to(&buf[..n], from)
+                    .unwrap_or_else(|e| fail(format!("echo {i}: {e}")));
+            }
+            say(format!("echoed {count}"));
+        }
+        // ping SRC DST COUNT LEN: COUNT round trips of LEN-byte messages with an echo at DST.
+        "ping" => {
+            let src: SocketAddrV4 = arg(&args, 1, "src");
+            let dst: SocketAddrV4 = arg(&args, 2, "dst");
+            let count: u64 = arg(&args, 3, "count");
+            let len: usize = arg(&args, 4, "len");
+            let s = rdsd.socket().unwrap();
+            s.bind(src).unwrap_or_else(|e| fail(format!("bind: {e}")));
+            let mut buf = vec![0u8; len.max(64)];
+            for i in 0..count {
+                s.send_to(&seq_payload(i, len), dst)
+                    .unwrap_or_else(|e| fail(format!("send {i}: {e}")));
+                let (n, from) = s
+                    .recv_from(&mut buf)
+                    .unwrap_or_else(|e| fail(format!("recv {i}: {e}")));
+                if from != dst || payload_seq(&buf[..n]) != i {
+                    fail(format!("round trip {i}: wrong reply"));
+                }
+            }
+            say(format!("pinged {count}"));
+        }
         // hold ADDR: bind and sleep (to be killed).
         "hold" => {
             let addr: SocketAddrV4 = arg(&args, 1, "addr");

@@ -296,6 +296,10 @@ pub struct UtcpLink<D: Device, C: Clock = MonotonicClock> {
     /// change that happened since): an idle path's `path_ready` is a bit test. Slots from 63
     /// on are never in it ([`SocketMask::single`]). A `Cell`: `path_ready` takes `&self`.
     not_ready: Cell<SocketMask>,
+    /// Path sockets whose acknowledgements `acked` read, untouched by smoltcp since: only a
+    /// segment for the socket (ingress touches it) or an abort moves `snd_una`, and a `send`
+    /// moves the bytes written and the send queue alike, so `acked` would answer the same.
+    acks_read: SocketMask,
     /// Listeners that left LISTEN (a handshake; `accept` has nothing to do while none did).
     handshakes: usize,
     /// `poll_aux` passes so far.
@@ -355,6 +359,7 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
             listener_mask: SocketMask::EMPTY,
             touched: SocketMask::EMPTY,
             not_ready: Cell::new(SocketMask::EMPTY),
+            acks_read: SocketMask::EMPTY,
             handshakes: 0,
             passes: 0,
             live: Vec::with_capacity(64),
@@ -485,6 +490,7 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
     /// and `path_ready` looks at it again (an abort or a close may make it ready).
     fn sock(&mut self, h: SocketHandle) -> &mut tcp::Socket<'static> {
         self.forget_not_ready(SocketMask::single(h));
+        self.acks_read = self.acks_read.difference(SocketMask::single(h));
         self.sockets.get_mut::<tcp::Socket>(h)
     }
 
@@ -500,6 +506,7 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
     fn add(&mut self, s: tcp::Socket<'static>) -> SocketHandle {
         let h = self.sockets.add(s);
         self.forget_not_ready(SocketMask::single(h));
+        self.acks_read = self.acks_read.difference(SocketMask::single(h));
         h
     }
 
@@ -515,6 +522,7 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
         let t = self.iface.take_touched();
         self.touched = self.touched.union(t);
         self.forget_not_ready(t);
+        self.acks_read = self.acks_read.difference(t);
     }
 
     /// What `path_ready` answers, computed: a connecting path, bytes to read, or a socket that
@@ -842,7 +850,12 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
 
     fn acked(&mut self, p: &UtcpPath, written: u64) -> Option<u64> {
         let q = self.sockets.get::<tcp::Socket>(p.handle).send_queue() as u64;
+        self.acks_read = self.acks_read.union(p.bit);
         Some(written.saturating_sub(q))
+    }
+
+    fn acks_may_have_moved(&self, p: &UtcpPath) -> bool {
+        !self.acks_read.intersects(p.bit)
     }
 
     fn close(&mut self, p: UtcpPath, reset: bool) {
