@@ -34,11 +34,20 @@ impl InterfaceInner {
                 continue;
             };
             if tcp_socket.accepts(self, &ip_repr, &tcp_repr) {
-                // rdsd patch (vendor/smoltcp/PATCHES.md, item 4): its next egress looks at it.
+                // rdsd patch (vendor/smoltcp/PATCHES.md, item 4): its next egress looks at it
+                // when its `poll_at` after the segment says so, as after a dispatch
+                // (`poll_at` mirrors the start of `dispatch`): a segment that leaves nothing to
+                // send (a pure ACK in, an ACK of ours delayed) costs no dispatch.
                 self.socket_fed(&mut item.meta);
-                return tcp_socket
+                let reply = tcp_socket
                     .process(self, &ip_repr, &tcp_repr)
                     .map(|(ip, tcp)| Packet::new(ip, IpPayload::Tcp(tcp)));
+                let socket_poll_at = tcp_socket.poll_at(self);
+                let at = item
+                    .meta
+                    .poll_at(socket_poll_at, |a| self.has_neighbor(&a), self.now);
+                item.meta.egress_at = crate::iface::socket_meta::egress_time(at);
+                return reply;
             }
         }
 

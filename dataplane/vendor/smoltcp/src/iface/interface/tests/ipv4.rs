@@ -1682,6 +1682,82 @@ fn rdsd_egress_dispatches_only_due_sockets() {
     assert!(iface.take_touched().contains(pairs[2].0));
 }
 
+/// rdsd patch (vendor/smoltcp/PATCHES.md, item 4): a segment that leaves its socket nothing to
+/// send costs no dispatch. With a delayed ACK, a request and its reply are two dispatches
+/// (each write), the reply carries the request's ACK, and no pure ACK goes out.
+#[test]
+#[cfg(all(feature = "medium-ip", feature = "socket-tcp", feature = "alloc"))]
+fn rdsd_a_segment_that_leaves_nothing_to_send_costs_no_dispatch() {
+    use crate::phy::Loopback;
+    use crate::socket::tcp;
+
+    let mut device = Loopback::new(Medium::Ip);
+    let mut iface = Interface::new(Config::new(HardwareAddress::Ip), &mut device, Instant::ZERO);
+    iface.update_ip_addrs(|a| {
+        a.push(IpCidr::new(IpAddress::v4(127, 0, 0, 1), 8)).unwrap();
+    });
+    let mut sockets = SocketSet::new(vec![]);
+    let new = || {
+        tcp::Socket::new(
+            tcp::SocketBuffer::new(vec![0; 1024]),
+            tcp::SocketBuffer::new(vec![0; 1024]),
+        )
+    };
+    let server = sockets.add(new());
+    sockets.get_mut::<tcp::Socket>(server).listen(1000).unwrap();
+    let client = sockets.add(new());
+    sockets
+        .get_mut::<tcp::Socket>(client)
+        .connect(iface.context(), (IpAddress::v4(127, 0, 0, 1), 1000), 2000)
+        .unwrap();
+    let mut t = Instant::ZERO;
+    for _ in 0..10 {
+        iface.poll(t, &mut device, &mut sockets);
+        t += Duration::from_millis(1);
+    }
+    for h in [client, server] {
+        let s = sockets.get_mut::<tcp::Socket>(h);
+        assert_eq!(s.state(), tcp::State::Established);
+        s.set_ack_delay(Some(Duration::from_millis(10)));
+    }
+    iface.poll(t, &mut device, &mut sockets);
+
+    let visits = iface.egress_visits();
+    sockets
+        .get_mut::<tcp::Socket>(client)
+        .send_slice(b"request")
+        .unwrap();
+    for _ in 0..3 {
+        iface.poll(t, &mut device, &mut sockets);
+    }
+    assert_eq!(
+        iface.egress_visits(),
+        visits + 1,
+        "the write's dispatch alone: the server's ACK waits for its timer"
+    );
+    let mut buf = [0u8; 16];
+    let s = sockets.get_mut::<tcp::Socket>(server);
+    assert_eq!(s.recv_slice(&mut buf), Ok(7));
+    s.send_slice(b"reply").unwrap();
+    for _ in 0..3 {
+        iface.poll(t, &mut device, &mut sockets);
+    }
+    assert_eq!(
+        iface.egress_visits(),
+        visits + 2,
+        "the reply's dispatch alone: the client's ACK of it waits too"
+    );
+    assert_eq!(
+        sockets.get::<tcp::Socket>(client).send_queue(),
+        0,
+        "the reply carried the request's ACK"
+    );
+    assert_eq!(
+        sockets.get_mut::<tcp::Socket>(client).recv_slice(&mut buf),
+        Ok(5)
+    );
+}
+
 /// rdsd patch (vendor/smoltcp/PATCHES.md, item 4): a socket whose neighbour is missing waits
 /// (egress skips it until the silence is over), and sends in the pass that learns the
 /// neighbour.
