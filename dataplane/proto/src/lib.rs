@@ -176,10 +176,13 @@
 //!   connection **and** the peer restarts before the resend, the restarted peer delivers that
 //!   message again, unless it restored its persisted receive state (an rdsd peer using
 //!   [`Connection::restore_rx_state`]); a kernel peer cannot.
-//! * Restored receive state is only as fresh as the store: if the peer restarted and our
+//! * Restored receive state is only as fresh as the store: if a kernel peer restarted and our
 //!   daemon crashes after our TCP acknowledged the peer's new-generation probe but before the
 //!   I/O layer stored that generation, the stale numbers can drop resends of the restarted
-//!   peer that precede its next probe (a loss, never a duplicate). With classic (non-`SPORT_IDX`) multipath peers, restored numbers follow
+//!   peer that precede its next probe (a loss, never a duplicate). An rdsd peer closes this
+//!   window: its resends on path 0 carry `GEN_NUM` (kernels act on no data-header record but
+//!   RDMA ones), and a changed generation there resets the numbers before the resend is
+//!   judged. With classic (non-`SPORT_IDX`) multipath peers, restored numbers follow
 //!   our path indices, which may disagree with the peer's after reconnects (see below).
 //! * A receiver that has not learned a surviving sender's generation yet (it restarted, and the
 //!   sender's probe on the new path-0 connection queues behind its resends) takes a later

@@ -49,6 +49,7 @@ fn run(s: &Scenario) -> (Pair, Workload) {
         pair.step();
         step += 1;
     }
+    pair.reopen_after_restarts();
     assert!(pair.drive(400_000), "did not converge (now {:?})", pair.now);
     (pair, workload)
 }
@@ -313,12 +314,7 @@ fn run_crash(c: &CrashCase, restore: bool) -> (Pair, Workload, u32) {
         pair.step();
         step += 1;
     }
-    // A restarted daemon re-creates the connections it persisted state for; opening them lets
-    // a fresh connection's probe out even when no message is left to send.
-    let now = pair.now;
-    for host in 0..2 {
-        pair.conn(host).open(now);
-    }
+    pair.reopen_after_restarts();
     assert!(pair.drive(400_000), "{c:?}: did not converge");
     (pair, workload, known_before_sender_crash)
 }
@@ -431,4 +427,33 @@ fn crash_of_both_sides_discards_restored_numbers_through_the_generation() {
         discarded > 0,
         "no case restored numbers that a generation change discarded"
     );
+}
+
+/// Found by the property above (CI, 2026-11-27): the restart came after the last send, so the
+/// restarted side held nothing but its probe and never connected; the harness waited for it
+/// forever. The run now opens a restarted host's connection before it waits.
+#[test]
+fn restart_after_the_last_send_still_converges() {
+    let (pair, workload) = run(&Scenario {
+        seed: 17_922_685_037_231_316_655,
+        npaths: 1,
+        faults: faults(1, 0, 1045, 330, 84, 61),
+        per_flow: 15,
+        restart: Some((0, 293)),
+    });
+    workload.check_restart_semantics(&pair);
+}
+
+/// Found by a soak (`SIM_CASES=3000`): the sender restarts, then the receiver crashes after
+/// TCP took the new sender's probe but before its engine read all of it, and restores numbers
+/// of the old generation. The new sender's resends on path 0 go ahead of its fresh probe and
+/// were judged against those numbers: two of its messages were dropped as duplicates. Resends
+/// on path 0 now carry the sender's generation.
+#[test]
+fn resends_ahead_of_the_probe_announce_the_new_generation() {
+    let c = CrashCase::from_seed(1231, true);
+    let (pair, workload, _) = run_crash(&c, true);
+    with_case(&c, || workload.check_restart_semantics(&pair));
+    let receiver = &pair.hosts[c.receiver].conn;
+    assert_eq!(receiver.counters().rx_drop_dup_seq, 0);
 }

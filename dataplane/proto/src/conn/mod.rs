@@ -321,10 +321,11 @@ impl<P: AsRef<[u8]>> Connection<P> {
     ///   generation logic resets `next_rx_seq` of every path to 0 before any of its data, the
     ///   restored numbers are discarded, and the new peer's messages are delivered. If our
     ///   previous incarnation processed it, the stored state already belongs to the new
-    ///   generation (rules above). Residual window: a crash after our transport acknowledged
-    ///   that probe but before the new generation was stored leaves stale numbers, which can
-    ///   drop the new peer's resends that precede its next probe on path 0 (a loss, never a
-    ///   duplicate).
+    ///   generation (rules above). A crash after our transport acknowledged that probe but
+    ///   before the new generation was stored leaves stale numbers; the new peer's resends
+    ///   that precede its next probe on path 0 would be judged against them, but an rdsd peer
+    ///   puts its generation on every resend of path 0, so the numbers are discarded first. A
+    ///   kernel peer does not (the residual window: a loss, never a duplicate).
     /// * **The peer sends no `GEN_NUM`** (classic kernels, e.g. Debian's 6.1, put only `NPATHS`
     ///   in the probe): the restored numbers are kept, which is safe because the duplicate rule
     ///   only drops messages that are flagged `RETRANSMITTED` *and* below `next_rx_seq`. A
@@ -733,6 +734,13 @@ impl<P: AsRef<[u8]>> Connection<P> {
                 continue;
             }
             msg.retransmit = true;
+            if path == 0 && self.config.send_gen_num && msg.ext.iter().next().is_none() {
+                // Resends go ahead of the fresh probe on the new connection; a peer that lost
+                // track of our generation (it crashed and restored older numbers) learns it
+                // from them before judging them (`learn_generation`). Kernels act only on
+                // RDMA records in data headers and skip this one.
+                let _ = msg.ext.push(ExtHeader::GenNum(self.config.generation));
+            }
             tx.queue.push_front(msg);
         }
         let rx = &mut self.rx[path];
@@ -1463,6 +1471,15 @@ impl<P: AsRef<[u8]>> Connection<P> {
             return false;
         }
 
+        if path == 0 && h.flags & flags::RETRANSMITTED != 0 {
+            let generation = h.exthdr.iter().find_map(|r| match r {
+                ExtHeader::GenNum(g) => Some(g),
+                _ => None,
+            });
+            if let Some(g) = generation {
+                self.learn_generation(now, g);
+            }
+        }
         let rx = &mut self.rx[path];
         if h.flags & flags::RETRANSMITTED != 0 && h.sequence < rx.next_rx_seq {
             self.counters.rx_drop_dup_seq += 1;
@@ -1517,12 +1534,8 @@ impl<P: AsRef<[u8]>> Connection<P> {
             self.counters.rx_bad_exthdr += 1;
         }
 
-        if let Some(new) = generation.filter(|&g| g != 0) {
-            let old = self.peer_generation;
-            if old != 0 && old != new {
-                self.peer_restarted(now, old, new);
-            }
-            self.peer_generation = new;
+        if let Some(new) = generation {
+            self.learn_generation(now, new);
         }
         if is_ping && path > 0 && self.active {
             // Only a peer's path 0 carries its probe pings: it restarted and took our
@@ -1580,6 +1593,20 @@ impl<P: AsRef<[u8]>> Connection<P> {
                 self.close_path(now, path);
             }
         }
+    }
+
+    /// The peer announced generation `new` (in a probe, or on a resend on path 0): a change
+    /// from a known one is a restart. Path 0 is read one connection after the other, so a
+    /// resend of a dead incarnation can never follow its successor's announcement.
+    fn learn_generation(&mut self, now: Instant, new: u32) {
+        if new == 0 {
+            return;
+        }
+        let old = self.peer_generation;
+        if old != 0 && old != new {
+            self.peer_restarted(now, old, new);
+        }
+        self.peer_generation = new;
     }
 
     fn peer_restarted(&mut self, now: Instant, old: u32, new: u32) {

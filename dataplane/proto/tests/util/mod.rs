@@ -672,6 +672,19 @@ impl Pair {
         false
     }
 
+    /// The harness replaces a restarted host's Connection at once, with its probe queued; rdsd
+    /// creates one on the first send or accept. Until opened it is the same as none, but its
+    /// probe keeps `quiescent` false: opening it lets the probe out, so a run whose restart
+    /// came after its last send still ends.
+    pub fn reopen_after_restarts(&mut self) {
+        let now = self.now;
+        for host in 0..2 {
+            if self.hosts[host].restarts > 0 {
+                self.conn(host).open(now);
+            }
+        }
+    }
+
     /// Steps for a span of virtual time.
     pub fn run_for(&mut self, span: Duration) {
         let end = self.now + span;
