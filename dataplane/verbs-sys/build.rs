@@ -19,6 +19,7 @@ const FUNCTIONS: &[&str] = &[
     "ibv_dereg_mr",
     "ibv_create_cq",
     "ibv_destroy_cq",
+    "ibv_resize_cq",
     "ibv_create_comp_channel",
     "ibv_destroy_comp_channel",
     "ibv_get_cq_event",

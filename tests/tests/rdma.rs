@@ -661,6 +661,20 @@ fn check(paths: u8, socks: u64, extra: &str) -> Option<Run> {
     {
         // Without a fault nothing is retransmitted, so nothing is dropped as a duplicate.
         assert_eq!(stat(a, "rdma_drop_dup_seq"), 0);
+        // A path is read only when its flow holds a whole frame (the shared CQ is drained once
+        // per pass): one read per frame, whatever the path count; an idle path is never read.
+        // Before, every up path was read, and its CQ polled twice, on every pass.
+        for (side, out) in [("receiver", a), ("sender", b)] {
+            let (reads, frames) = (stat(out, "rdma_path_reads"), stat(out, "rdma_rx_messages"));
+            let (passes, visits) = (stat(out, "rdma_passes"), stat(out, "rdma_path_visits"));
+            eprintln!(
+                "COST {side}, {paths} paths: {reads} reads for {frames} frames, {visits} path visits in {passes} passes"
+            );
+            assert!(
+                reads <= frames + 32,
+                "{side}: {reads} path reads for {frames} frames received"
+            );
+        }
     }
     assert!(stat(b, "rdma_tx_messages") >= total);
     for l in a.lines().chain(b.lines()).filter(|l| {

@@ -98,6 +98,8 @@ pub struct PathFlow {
     up_since: Option<Instant>,
     /// Last time a completion arrived (for the stall check).
     last_progress: Instant,
+    /// A completion arrived, or something was posted, since the last stall check.
+    progressed: bool,
     // --- send side ---
     free_send: Vec<u32>,
     /// Filled slots waiting for a credit, in order.
@@ -160,6 +162,7 @@ impl PathFlow {
             born: now,
             up_since: None,
             last_progress: now,
+            progressed: false,
             free_send: Vec::new(),
             tx_pending: VecDeque::new(),
             frames_queued: 0,
@@ -268,6 +271,7 @@ impl PathFlow {
     /// Applies one completion. A failed one (a QP error flushes every posted request) takes
     /// the path down: what it carried is beyond `acked()`, so the protocol layer resends it.
     pub fn on_completion(&mut self, wc: Completion) {
+        self.progressed = true;
         if !wc.ok {
             if self.state == PathState::Up {
                 tracing::info!(status = wc.status, "rdma: completion error: path down");
@@ -291,11 +295,13 @@ impl PathFlow {
 
     /// The stall check, once per housekeeping pass of an established path: frames are
     /// waiting for the peer (unacknowledged, or held back for credits) and nothing at all
-    /// (`progressed`: completions or posts this pass) happened for [`STALL_TIMEOUT`]. Then the
+    /// (a completion or a post since the last check, or the caller's `progressed`) happened
+    /// for [`STALL_TIMEOUT`]. Then the
     /// path is dead even if the QP has not said so (seen with Soft-RoCE after a link flap),
     /// as kernel TCP's keepalive would say. Returns true when it declares the path dead.
     pub fn check_stall(&mut self, now: Instant, progressed: bool) -> bool {
         let waiting = !self.sent.is_empty() || !self.tx_pending.is_empty();
+        let progressed = std::mem::take(&mut self.progressed) || progressed;
         if progressed || !waiting {
             self.last_progress = now;
             false
@@ -375,6 +381,11 @@ impl PathFlow {
         self.sent.push_back((seq, end));
         self.progress(qp);
         Write::Wrote(n)
+    }
+
+    /// True when [`PathFlow::read`] has a frame.
+    pub fn has_frame(&self) -> bool {
+        self.asm_ready
     }
 
     /// The next whole received frame, if one is reassembled: hands it to the protocol layer
@@ -547,6 +558,7 @@ impl PathFlow {
             self.rx_unacked = 0;
             work += 1;
         }
+        self.progressed |= work > 0;
         work
     }
 }

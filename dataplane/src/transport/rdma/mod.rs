@@ -6,8 +6,9 @@
 //!   shared protocol layer's (the smaller-address rule); a doorbell here is a connect whose
 //!   result is ignored (the peer's engine refuses it and connects back).
 //! * **Memory**: one PD per device, shared by every path and by the app regions, each
-//!   registered once at attach (`region_attached`) for zero-copy sends. Each path owns one CQ
-//!   (sends and receives), a completion channel and one registered area cut into
+//!   registered once at attach (`region_attached`) for zero-copy sends. One CQ per device,
+//!   shared by every path's sends and receives (a work request's id carries its path's tag), so
+//!   a pass polls one CQ whatever the path count. Each path owns one registered area cut into
 //!   `recv_buffers + send_slots` slots of 4144 bytes (`[48-byte header][4096 bytes]`). All
 //!   receive slots are posted at creation; a slot is re-posted once its fragment is copied
 //!   out, and at most one frame is reassembled ahead of the protocol layer's read, so a paused
@@ -27,10 +28,12 @@
 //!   release messages), so credits and acks fit the shared layer's stream-offset model. When
 //!   there is nothing to piggyback, an ACK-only frame (ports 0/0, no payload) goes out, at most
 //!   one in flight.
-//! * **Polling**: the CQ is polled in the poll core's passes (no syscall). rdma_cm's event
+//! * **Polling**: each pass starts by draining the CQ (`begin_pass`, no syscall), hands each
+//!   completion to its path's flow and moves those flows forward; a path is read only when its
+//!   flow holds a whole frame (`path_ready`), so an idle path costs nothing. rdma_cm's event
 //!   channel is read by a thread of its own (`transport::handoff`), which hands events over through a
 //!   lock-free queue: the passes make no syscall for rdma_cm either. Before the core parks,
-//!   each CQ is armed and its completion channel fd, and the event thread's eventfd, join the
+//!   the CQ is armed and its completion channel fd, and the event thread's eventfd, join the
 //!   poll set.
 //! * **Release**: `acked()` is min(frames the peer acknowledged, frames whose SENDs completed),
 //!   so a message sent in place is released (and its ring space reused) only after both.
@@ -91,6 +94,28 @@ const DOORBELL_TTL: std::time::Duration = std::time::Duration::from_secs(5);
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Timeout for address and route resolution (ms).
 const RESOLVE_MS: i32 = 2000;
+/// Passes between two housekeeping rounds over the paths (timeouts of seconds).
+const HOUSEKEEPING_EVERY: u32 = 16;
+
+/// Work request ids on the shared CQ: bits 0..32 are the flow's (slot, ack), bit 63 its send
+/// flag; the path's table index goes in bits 32..48 and the low 15 bits of its generation in
+/// bits 48..63, so that a completion left by a destroyed QP is recognised and dropped.
+const TAG_MASK: u64 = 0x7fff_ffff_0000_0000;
+const MAX_CONNS: usize = 1 << 16;
+
+fn tag(idx: usize, gen: u32) -> u64 {
+    debug_assert!(idx < MAX_CONNS);
+    (idx as u64) << 32 | (u64::from(gen) & 0x7fff) << 48
+}
+
+/// (table index, generation's low 15 bits, the flow's own id).
+fn untag(wr_id: u64) -> (usize, u32, u64) {
+    (
+        (wr_id >> 32 & 0xffff) as usize,
+        (wr_id >> 48 & 0x7fff) as u32,
+        wr_id & !TAG_MASK,
+    )
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Role {
@@ -115,6 +140,13 @@ struct Conn {
     peer_port: u16,
     /// Credits, fragments, acks, the path's state and timers (`flow.rs`).
     flow: PathFlow,
+    /// In `RdmaLink::touched` this pass.
+    touched: bool,
+    /// The endpoint knows the path is up (`poll_connect` said so, or `accept` handed it
+    /// over): until then `path_ready` stays true, so that it asks.
+    reported_up: bool,
+    /// What `acked` last answered.
+    acked_reported: u64,
 }
 
 impl Drop for Conn {
@@ -147,8 +179,14 @@ pub struct RdmaLink {
     /// `rdma_destroy_id` on the poll core never waits for it.
     events: crate::transport::handoff::Handoff<CmEvent>,
     accepted: VecDeque<usize>,
-    /// Completions polled while arming, before parking (see `park_fds`).
-    early: std::cell::RefCell<Vec<(usize, flow::Completion)>>,
+    /// Completions polled while arming, before parking (see `park_fds`), still tagged.
+    early: std::cell::RefCell<Vec<flow::Completion>>,
+    /// Paths that got completions this pass (indices into `conns`); its capacity follows the
+    /// table's, so a pass never allocates.
+    touched: Vec<usize>,
+    /// Completions handled by this pass's `begin_pass` (reported as work by `poll_aux`).
+    completions: usize,
+    passes: u32,
     ready_fd: std::os::fd::OwnedFd,
     /// TEST ONLY (`crate::fault::rdma_qp_error_every`): every N-th frame written moves its
     /// path's QP to the error state, mid-stream. `None` without the `fault-injection` feature.
@@ -199,6 +237,9 @@ impl RdmaLink {
             events,
             accepted: VecDeque::new(),
             early: Default::default(),
+            touched: Vec::new(),
+            completions: 0,
+            passes: 0,
             ready_fd,
             qp_error_every: crate::fault::rdma_qp_error_every(),
             frames_written: 0,
@@ -211,14 +252,18 @@ impl RdmaLink {
         })
     }
 
-    fn insert(&mut self, c: Conn) -> usize {
+    fn insert(&mut self, c: Conn) -> std::io::Result<usize> {
         let b = Box::new(c);
         if let Some(i) = self.conns.iter().position(Option::is_none) {
             self.conns[i] = Some(b);
-            i
-        } else {
+            Ok(i)
+        } else if self.conns.len() < MAX_CONNS {
             self.conns.push(Some(b));
-            self.conns.len() - 1
+            self.touched
+                .reserve(self.conns.len().saturating_sub(self.touched.len()));
+            Ok(self.conns.len() - 1)
+        } else {
+            Err(std::io::Error::other("rdma: too many paths"))
         }
     }
 
@@ -240,6 +285,9 @@ impl RdmaLink {
             faddr,
             peer_port: 0,
             flow: PathFlow::new(now),
+            touched: false,
+            reported_up: false,
+            acked_reported: 0,
         }
     }
 
@@ -258,7 +306,7 @@ impl RdmaLink {
             let sport = path.map_or(0, |k| self.source_port(k));
             let id = self.cm.create_id()?;
             let c = self.new_conn(role, id, laddr, faddr, Instant::now());
-            let i = self.insert(c);
+            let i = self.insert(c)?;
             let c = self.conns[i].as_mut().expect("just inserted");
             c.cm.set_context(i, c.gen);
             match c
@@ -307,31 +355,62 @@ impl RdmaLink {
         self.accepted.retain(|&a| a != i);
     }
 
-    /// Creates the QP and its resources on `c`'s device and posts every receive buffer.
-    fn setup_qp(
-        c: &mut Conn,
-        devices: &mut Vec<Device>,
-        regions: &mut [Region],
-        recv_n: u32,
-        send_n: u32,
-    ) -> std::io::Result<()> {
+    /// Creates path `i`'s QP and its resources on its device (growing the device's CQ to hold
+    /// every QP's completions) and posts every receive buffer.
+    fn setup_qp(&mut self, i: usize) -> std::io::Result<()> {
+        let (recv_n, send_n) = (self.recv_n, self.send_n);
+        let c = self.conns[i].as_deref().expect("a live path");
         let ctx = Qp::device_of(&c.cm)?;
-        let dev = match devices.iter().position(|d| d.context() == ctx) {
-            Some(k) => &devices[k],
+        let k = match self.devices.iter().position(|d| d.context() == ctx) {
+            Some(k) => k,
             None => {
                 // A device that appeared after start: its PD, and the app regions on it.
                 let d = Device::open(ctx)?;
-                for r in regions.iter_mut() {
+                for r in self.regions.iter_mut() {
                     r.register(&d);
                 }
-                devices.push(d);
-                devices.last().expect("pushed")
+                self.devices.push(d);
+                self.devices.len() - 1
             }
         };
-        let mut qp = Qp::new(&c.cm, dev, recv_n, send_n)?;
+        // Room for every QP on the device, this one, and one more QP's worth for completions a
+        // destroyed QP may have left behind until the next pass drains them.
+        let on_device = self
+            .conns
+            .iter()
+            .flatten()
+            .filter(|c| c.qp.as_ref().is_some_and(|q| q.context() == ctx))
+            .count();
+        let per_qp = Qp::completions_needed(recv_n, send_n);
+        let dev = &mut self.devices[k];
+        dev.cq_for((on_device + 2) * per_qp)?;
+        let dev = &self.devices[k];
+        let cq = dev.cq().expect("made above");
+        let c = self.conns[i].as_deref_mut().expect("a live path");
+        let mut qp = Qp::new(&c.cm, dev, cq, recv_n, send_n, tag(i, c.gen))?;
         c.flow.attach(&mut qp, recv_n, send_n)?;
         c.qp = Some(qp);
         Ok(())
+    }
+
+    /// Hands one completion (still tagged) to its path's flow; a completion of a path that is
+    /// gone (its QP destroyed) is dropped.
+    fn dispatch(&mut self, wc: flow::Completion) {
+        let (i, gen, wr_id) = untag(wc.wr_id);
+        let Some(c) = self
+            .conns
+            .get_mut(i)
+            .and_then(|c| c.as_deref_mut())
+            .filter(|c| c.gen & 0x7fff == gen && c.qp.is_some())
+        else {
+            return;
+        };
+        c.flow.on_completion(flow::Completion { wr_id, ..wc });
+        self.completions += 1;
+        if !c.touched {
+            c.touched = true;
+            self.touched.push(i);
+        }
     }
 
     /// Handles every rdma_cm event the event thread has handed over (no syscall).
@@ -351,7 +430,7 @@ impl RdmaLink {
             return;
         }
         let Some((i, gen)) = ev.context else { return };
-        let (recv_n, send_n) = (self.recv_n, self.send_n);
+        let recv_n = self.recv_n;
         let Some(c) = self.conns.get_mut(i).and_then(|c| c.as_deref_mut()) else {
             return;
         };
@@ -365,14 +444,16 @@ impl RdmaLink {
                 }
             }
             CmEventKind::RouteResolved => {
-                let ok = Self::setup_qp(c, &mut self.devices, &mut self.regions, recv_n, send_n)
-                    .and_then(|()| {
-                        let pd = PrivData::new(c.laddr, c.faddr, 0, recv_n).encode();
-                        c.cm.connect(&pd)
-                    });
+                let ok = self.setup_qp(i).and_then(|()| {
+                    let c = self.conns[i].as_deref().expect("a live path");
+                    let pd = PrivData::new(c.laddr, c.faddr, 0, recv_n).encode();
+                    c.cm.connect(&pd)
+                });
                 if let Err(e) = ok {
                     tracing::info!(error = %e, "rdma: connect failed");
-                    c.flow.kill();
+                    if let Some(c) = self.conns[i].as_deref_mut() {
+                        c.flow.kill();
+                    }
                 }
             }
             CmEventKind::Established => {
@@ -460,68 +541,31 @@ impl RdmaLink {
             let mut c = self.new_conn(Role::Passive, id, pd.daddr, pd.saddr, now);
             c.flow.kill();
             c.peer_port = peer_port;
-            let i = self.insert(c);
+            let Ok(i) = self.insert(c) else { return };
             let c = self.conns[i].as_mut().expect("just inserted");
             c.cm.set_context(i, c.gen);
             self.accepted.push_back(i);
             return;
         }
         let c = self.new_conn(Role::PassivePending, id, pd.daddr, pd.saddr, now);
-        let i = self.insert(c);
-        let (recv_n, send_n) = (self.recv_n, self.send_n);
+        let Ok(i) = self.insert(c) else {
+            tracing::warn!("rdma: too many paths: refusing a connection");
+            return;
+        };
+        let recv_n = self.recv_n;
         let c = self.conns[i].as_mut().expect("just inserted");
         c.cm.set_context(i, c.gen);
         c.peer_port = peer_port;
         c.flow.peer_credits(Some(pd.credit), recv_n);
-        let ok = Self::setup_qp(c, &mut self.devices, &mut self.regions, recv_n, send_n).and_then(
-            |()| {
-                let ours = PrivData::new(c.laddr, c.faddr, 0, recv_n).encode();
-                c.cm.accept(&ours)
-            },
-        );
+        let ok = self.setup_qp(i).and_then(|()| {
+            let c = self.conns[i].as_deref().expect("a live path");
+            let ours = PrivData::new(c.laddr, c.faddr, 0, recv_n).encode();
+            c.cm.accept(&ours)
+        });
         if let Err(e) = ok {
             tracing::info!(error = %e, "rdma: accept failed");
             self.destroy(i);
         }
-    }
-
-    /// Polls `i`'s CQ, hands the completions to its flow, then moves the flow forward.
-    fn service(&mut self, i: usize) -> usize {
-        let mut early = std::mem::take(&mut *self.early.borrow_mut());
-        let Some(c) = self.conns.get_mut(i).and_then(|c| c.as_deref_mut()) else {
-            return 0;
-        };
-        let Some(qp) = c.qp.as_mut() else {
-            return 0;
-        };
-        let mut wcs = [flow::Completion::default(); 32];
-        let mut n = 0;
-        // Completions stashed while arming first (they precede whatever the CQ holds now).
-        let mut mine = Vec::new();
-        early.retain(|(j, wc)| {
-            if *j == i {
-                mine.push(*wc);
-                false
-            } else {
-                true
-            }
-        });
-        *self.early.borrow_mut() = early;
-        for wc in mine {
-            n += 1;
-            c.flow.on_completion(wc);
-        }
-        loop {
-            let got = qp.poll(&mut wcs);
-            for wc in &wcs[..got] {
-                c.flow.on_completion(*wc);
-            }
-            n += got;
-            if got < wcs.len() {
-                break;
-            }
-        }
-        n + c.flow.progress(qp)
     }
 }
 
@@ -574,7 +618,8 @@ impl Link for RdmaLink {
     fn accept(&mut self) -> Option<Accepted<RdmaPath>> {
         self.poll_cm();
         let i = self.accepted.pop_front()?;
-        let c = self.conns[i].as_ref()?;
+        let c = self.conns[i].as_mut()?;
+        c.reported_up = true;
         Some(Accepted {
             path: RdmaPath { idx: i, gen: c.gen },
             laddr: c.laddr,
@@ -591,9 +636,15 @@ impl Link for RdmaLink {
 
     fn poll_connect(&mut self, p: &mut RdmaPath) -> ConnectPoll {
         self.poll_cm();
-        match self.conn(p).map(|c| c.flow.state()) {
-            Some(PathState::Connecting) => ConnectPoll::Pending,
-            Some(PathState::Up) => ConnectPoll::Up,
+        let Some(c) = self.conn(p) else {
+            return ConnectPoll::Failed;
+        };
+        match c.flow.state() {
+            PathState::Connecting => ConnectPoll::Pending,
+            PathState::Up => {
+                c.reported_up = true;
+                ConnectPoll::Up
+            }
             _ => ConnectPoll::Failed,
         }
     }
@@ -602,12 +653,55 @@ impl Link for RdmaLink {
         let _ = self.start(Role::Doorbell, laddr, faddr, None);
     }
 
-    fn read<'a>(&'a mut self, p: &mut RdmaPath, _buf: &'a mut [u8]) -> Read<'a> {
-        if self.conn(p).is_none() {
-            return Read::Closed;
+    fn begin_pass(&mut self) {
+        let early = std::mem::take(&mut *self.early.borrow_mut());
+        for wc in early {
+            self.dispatch(wc);
         }
-        self.service(p.idx);
-        let c = self.conns[p.idx].as_deref_mut().expect("checked");
+        let mut wcs = [flow::Completion::default(); 32];
+        for k in 0..self.devices.len() {
+            while let Some(cq) = self.devices[k].cq() {
+                let got = cq.poll(&mut wcs);
+                for wc in &wcs[..got] {
+                    self.dispatch(*wc);
+                }
+                if got < wcs.len() {
+                    break;
+                }
+            }
+        }
+        // Move the flows that got completions forward: receives into frames, sends that
+        // waited for credits, acks that are due. The others have nothing new.
+        for n in 0..self.touched.len() {
+            let i = self.touched[n];
+            if let Some(c) = self.conns[i].as_deref_mut() {
+                c.touched = false;
+                if let Some(qp) = c.qp.as_mut() {
+                    c.flow.progress(qp);
+                }
+            }
+        }
+        self.touched.clear();
+    }
+
+    fn path_ready(&self, p: &RdmaPath) -> bool {
+        match self
+            .conns
+            .get(p.idx)
+            .and_then(|c| c.as_deref())
+            .filter(|c| c.gen == p.gen)
+        {
+            // Connecting, up but not yet reported, dead or gone: the endpoint's poll says
+            // which.
+            Some(c) if c.reported_up && c.flow.state() == PathState::Up => c.flow.has_frame(),
+            _ => true,
+        }
+    }
+
+    fn read<'a>(&'a mut self, p: &mut RdmaPath, _buf: &'a mut [u8]) -> Read<'a> {
+        let Some(c) = self.conn(p) else {
+            return Read::Closed;
+        };
         let dead = c.flow.state() == PathState::Dead;
         match c.qp.as_mut().and_then(|qp| c.flow.read(qp)) {
             Some(frame) => Read::Data(frame),
@@ -671,13 +765,18 @@ impl Link for RdmaLink {
     }
 
     fn acked(&mut self, p: &RdmaPath, _written: u64) -> Option<u64> {
-        let idx = p.idx;
+        let c = self.conn(p)?;
+        // Released only once the peer has it and our send is complete (zero copy).
+        c.acked_reported = c.flow.acked();
+        Some(c.acked_reported)
+    }
+
+    fn acks_may_have_moved(&self, p: &RdmaPath) -> bool {
         self.conns
-            .get(idx)
+            .get(p.idx)
             .and_then(|c| c.as_deref())
             .filter(|c| c.gen == p.gen)
-            // Released only once the peer has it and our send is complete (zero copy).
-            .map(|c| c.flow.acked())
+            .is_none_or(|c| c.flow.acked() != c.acked_reported)
     }
 
     fn close(&mut self, p: RdmaPath, reset: bool) {
@@ -690,9 +789,12 @@ impl Link for RdmaLink {
     }
 
     fn poll_aux(&mut self) -> usize {
-        let mut work = 0;
+        let work = self.poll_cm() + std::mem::take(&mut self.completions);
+        self.passes = self.passes.wrapping_add(1);
+        if !self.passes.is_multiple_of(HOUSEKEEPING_EVERY) {
+            return work;
+        }
         let now = Instant::now();
-        work += self.poll_cm();
         for i in 0..self.conns.len() {
             let Some(c) = self.conns[i].as_ref() else {
                 continue;
@@ -711,17 +813,14 @@ impl Link for RdmaLink {
                 }
                 continue;
             }
-            // Keeps acks and credits flowing on paths the protocol layer does not read
-            // (paused ones) and finishes sends.
             if c.qp.is_some() && c.flow.state() == PathState::Up {
-                let n = self.service(i);
-                work += n;
                 let Some(c) = self.conns[i].as_deref_mut() else {
                     continue;
                 };
                 // The keepalive (`PathFlow::check_stall`); the protocol layer reconnects and
-                // retransmits.
-                if c.flow.check_stall(now, n > 0) {
+                // retransmits. Completions (paused paths' acks and credits included) were
+                // handled by `begin_pass`.
+                if c.flow.check_stall(now, false) {
                     tracing::info!(
                         peer = %std::net::Ipv4Addr::from(c.faddr),
                         flow = ?c.flow.snapshot(),
@@ -740,23 +839,20 @@ impl Link for RdmaLink {
             revents: 0,
         });
         let mut early = self.early.borrow_mut();
-        for (i, c) in self.conns.iter().enumerate() {
-            let Some(qp) = c.as_ref().and_then(|c| c.qp.as_ref()) else {
-                continue;
-            };
+        for cq in self.devices.iter().filter_map(Device::cq) {
             // Consume the channel's events, re-arm, then catch what completed meanwhile.
-            qp.drain_channel();
-            qp.arm();
+            cq.drain_channel();
+            cq.arm();
             let mut wcs = [flow::Completion::default(); 16];
             loop {
-                let got = qp.poll(&mut wcs);
-                early.extend(wcs[..got].iter().map(|w| (i, *w)));
+                let got = cq.poll(&mut wcs);
+                early.extend_from_slice(&wcs[..got]);
                 if got < wcs.len() {
                     break;
                 }
             }
             out.push(libc::pollfd {
-                fd: qp.channel_fd(),
+                fd: cq.channel_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             });
@@ -844,6 +940,21 @@ impl AsRef<[u8]> for RdmaPayload {
             // code reads these bytes through it, so an app scribbling on them (its own
             // message) races with the device alone.
             RdmaPayload::InPlace(b) => unsafe { std::slice::from_raw_parts(b.ptr, b.len) },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tag_tests {
+    use super::{flow, tag, untag, TAG_MASK};
+
+    #[test]
+    fn a_tag_names_the_path_and_leaves_the_flows_id_intact() {
+        for (idx, gen) in [(0usize, 1u32), (7, 0x8001), (65_535, u32::MAX)] {
+            for id in [0u64, 63, flow::SEND_TAG | 319, flow::ACK_WR_ID] {
+                assert_eq!(id & TAG_MASK, 0, "the flow's ids leave the tag bits free");
+                assert_eq!(untag(id | tag(idx, gen)), (idx, gen & 0x7fff, id));
+            }
         }
     }
 }

@@ -1,5 +1,6 @@
-//! Thin owning wrappers over `verbs-sys`: the rdma_cm event channel, cm ids, and one path's
-//! verbs resources (PD, completion channel, CQ, registered slots, the RC QP).
+//! Thin owning wrappers over `verbs-sys`: the rdma_cm event channel, cm ids, a device's PD and
+//! its completion queue (shared by every path on it), and one path's registered slots and RC
+//! QP.
 
 use super::flow::{Completion, InPlaceSge, QueuePair};
 use super::wire::SLOT;
@@ -299,6 +300,9 @@ impl Drop for CmId {
 pub struct Device {
     ctx: *mut v::ibv_context,
     pd: *mut v::ibv_pd,
+    /// Made with the first QP on the device; dropped after the PD is deallocated, which does
+    /// not involve it (a CQ belongs to the context).
+    cq: Option<Cq>,
 }
 
 // SAFETY: as for `Cm`: one thread at a time; librdmacm owns the context, we own the PD.
@@ -337,11 +341,151 @@ impl Device {
         if pd.is_null() {
             return Err(io::Error::other(format!("ibv_alloc_pd: {}", last())));
         }
-        Ok(Device { ctx, pd })
+        Ok(Device { ctx, pd, cq: None })
     }
 
     pub fn context(&self) -> *mut v::ibv_context {
         self.ctx
+    }
+
+    /// The device's CQ, made or grown so that it holds `entries` completions.
+    pub fn cq_for(&mut self, entries: usize) -> io::Result<&Cq> {
+        match &mut self.cq {
+            Some(cq) => cq.grow_to(entries)?,
+            None => self.cq = Some(Cq::new(self.ctx, entries)?),
+        }
+        Ok(self.cq.as_ref().expect("made above"))
+    }
+
+    /// The device's CQ, if a QP was ever made on it.
+    pub fn cq(&self) -> Option<&Cq> {
+        self.cq.as_ref()
+    }
+}
+
+/// One completion queue, with its completion channel, for every QP of a device: a pass polls
+/// it once whatever the number of paths, and each work request's id carries its path's tag
+/// (see `super::tag`). Sized for the outstanding requests of every QP on it, grown as QPs are
+/// added (an overrun would move every QP on it to the error state).
+pub struct Cq {
+    chan: *mut v::ibv_comp_channel,
+    cq: *mut v::ibv_cq,
+}
+
+// SAFETY: as for `Cm`: one thread at a time.
+unsafe impl Send for Cq {}
+
+impl Cq {
+    fn new(ctx: *mut v::ibv_context, entries: usize) -> io::Result<Cq> {
+        let mut q = Cq {
+            chan: ptr::null_mut(),
+            cq: ptr::null_mut(),
+        };
+        let cqe = i32::try_from(entries).map_err(|_| io::Error::other("rdma: CQ too large"))?;
+        // SAFETY: `ctx` is a live context; failures leave NULLs that Drop skips.
+        unsafe {
+            q.chan = v::ibv_create_comp_channel(ctx);
+            if q.chan.is_null() {
+                return Err(io::Error::other(format!(
+                    "ibv_create_comp_channel: {}",
+                    last()
+                )));
+            }
+            set_nonblocking((*q.chan).fd)?;
+            q.cq = v::ibv_create_cq(ctx, cqe, ptr::null_mut(), q.chan, 0);
+            if q.cq.is_null() {
+                return Err(io::Error::other(format!(
+                    "ibv_create_cq({cqe}): {}",
+                    last()
+                )));
+            }
+        }
+        Ok(q)
+    }
+
+    /// Completions the CQ holds (the provider may have rounded the request up).
+    pub fn capacity(&self) -> usize {
+        // SAFETY: a live CQ.
+        unsafe { (*self.cq).cqe.max(0) as usize }
+    }
+
+    /// Grows the CQ (doubling, at least to `entries`); the completions it holds are kept.
+    fn grow_to(&mut self, entries: usize) -> io::Result<()> {
+        if self.capacity() >= entries {
+            return Ok(());
+        }
+        let want = entries.max(self.capacity() * 2);
+        let cqe = i32::try_from(want).map_err(|_| io::Error::other("rdma: CQ too large"))?;
+        // SAFETY: a live CQ; the provider keeps its completions across the resize.
+        let r = unsafe { v::ibv_resize_cq(self.cq, cqe) };
+        if r != 0 {
+            return Err(io::Error::other(format!(
+                "rdma: cannot grow the completion queue from {} to {want} entries (too many paths on this device): {}",
+                self.capacity(),
+                io::Error::from_raw_os_error(r)
+            )));
+        }
+        tracing::debug!(entries = self.capacity(), "rdma: completion queue grown");
+        Ok(())
+    }
+
+    /// Polls up to `out.len()` completions (at most 32); no syscall.
+    pub fn poll(&self, out: &mut [Completion]) -> usize {
+        let mut raw: [v::ibv_wc; 32] = [v::ibv_wc::default(); 32];
+        let n = out.len().min(raw.len());
+        // SAFETY: `raw` has room for `n` completions.
+        let got = unsafe { v::rdsd_ibv_poll_cq(self.cq, n as i32, raw.as_mut_ptr()) };
+        let got = got.max(0) as usize;
+        for (o, w) in out.iter_mut().zip(&raw[..got]) {
+            *o = Completion {
+                wr_id: w.wr_id,
+                ok: w.status == v::IBV_WC_SUCCESS,
+                status: w.status,
+                byte_len: w.byte_len,
+            };
+        }
+        got
+    }
+
+    /// Asks for an event on the channel at the next completion (before parking).
+    pub fn arm(&self) {
+        // SAFETY: a live CQ with a completion channel.
+        unsafe { v::rdsd_ibv_req_notify_cq(self.cq, 0) };
+    }
+
+    /// Reads and acknowledges every event waiting on the channel (non-blocking).
+    pub fn drain_channel(&self) {
+        loop {
+            let mut cq = ptr::null_mut();
+            let mut ctx = ptr::null_mut();
+            // SAFETY: non-blocking channel; returns -1 (EAGAIN) when empty.
+            if unsafe { v::ibv_get_cq_event(self.chan, &mut cq, &mut ctx) } != 0 {
+                break;
+            }
+            // SAFETY: one event of this CQ was just read.
+            unsafe { v::ibv_ack_cq_events(cq, 1) };
+        }
+    }
+
+    /// The completion channel's descriptor.
+    pub fn channel_fd(&self) -> i32 {
+        // SAFETY: the channel is live.
+        unsafe { (*self.chan).fd }
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        // SAFETY: every QP on it is gone (the link drops its paths before its devices); each
+        // object is destroyed once, the CQ before its channel.
+        unsafe {
+            if !self.cq.is_null() {
+                v::ibv_destroy_cq(self.cq);
+            }
+            if !self.chan.is_null() {
+                v::ibv_destroy_comp_channel(self.chan);
+            }
+        }
     }
 }
 
@@ -389,20 +533,20 @@ impl Drop for Mr {
     }
 }
 
-/// One path's verbs resources: completion channel, CQ, registered slots, RC QP (on its
-/// device's shared PD).
+/// One path's verbs resources: registered slots and the RC QP (on its device's shared PD and
+/// CQ).
 ///
 /// Slots: `0..recv_n` receive buffers, then `send_n` send slots, then one ACK slot.
 pub struct Qp {
     ctx: *mut v::ibv_context,
-    chan: *mut v::ibv_comp_channel,
-    cq: *mut v::ibv_cq,
     mr: *mut v::ibv_mr,
     qp: *mut v::ibv_qp,
     mem: *mut u8,
     len: usize,
     recv_n: u32,
     send_n: u32,
+    /// ORed into every work request id: names the path on the shared CQ.
+    tag: u64,
 }
 
 // SAFETY: as for `Cm`: one thread at a time; the memory is owned by this struct.
@@ -419,45 +563,45 @@ impl Qp {
         Ok(verbs)
     }
 
-    /// Creates the resources on `dev`, the device `id` is bound to.
-    pub fn new(id: &CmId, dev: &Device, recv_n: u32, send_n: u32) -> io::Result<Qp> {
+    /// Work requests one QP can have outstanding (its share of the device's CQ).
+    pub fn completions_needed(recv_n: u32, send_n: u32) -> usize {
+        (recv_n + send_n + 1) as usize
+    }
+
+    /// Creates the resources on `dev`, the device `id` is bound to, completing on `cq` (the
+    /// device's), with `tag` in every work request id.
+    pub fn new(
+        id: &CmId,
+        dev: &Device,
+        cq: &Cq,
+        recv_n: u32,
+        send_n: u32,
+        tag: u64,
+    ) -> io::Result<Qp> {
         let verbs = dev.ctx;
         let nslots = (recv_n + send_n + 1) as usize;
         let len = nslots * SLOT;
         let mem = Box::into_raw(vec![0u8; len].into_boxed_slice()) as *mut u8;
         let mut q = Qp {
             ctx: verbs,
-            chan: ptr::null_mut(),
-            cq: ptr::null_mut(),
             mr: ptr::null_mut(),
             qp: ptr::null_mut(),
             mem,
             len,
             recv_n,
             send_n,
+            tag,
         };
         // SAFETY: each call gets live objects made just before; failures leave NULLs that
         // Drop skips.
         unsafe {
-            q.chan = v::ibv_create_comp_channel(verbs);
-            if q.chan.is_null() {
-                return Err(io::Error::other(format!(
-                    "ibv_create_comp_channel: {}",
-                    last()
-                )));
-            }
-            set_nonblocking((*q.chan).fd)?;
-            q.cq = v::ibv_create_cq(verbs, nslots as i32 + 1, ptr::null_mut(), q.chan, 0);
-            if q.cq.is_null() {
-                return Err(io::Error::other(format!("ibv_create_cq: {}", last())));
-            }
             q.mr = v::ibv_reg_mr(dev.pd, mem as *mut _, len, v::IBV_ACCESS_LOCAL_WRITE as i32);
             if q.mr.is_null() {
                 return Err(io::Error::other(format!("ibv_reg_mr: {}", last())));
             }
             let mut attr = v::ibv_qp_init_attr {
-                send_cq: q.cq,
-                recv_cq: q.cq,
+                send_cq: cq.cq,
+                recv_cq: cq.cq,
                 qp_type: v::IBV_QPT_RC,
                 sq_sig_all: 0,
                 ..Default::default()
@@ -514,7 +658,7 @@ impl Qp {
             lkey: self.lkey(),
         };
         let mut wr = v::ibv_recv_wr {
-            wr_id: u64::from(recv),
+            wr_id: u64::from(recv) | self.tag,
             next: ptr::null_mut(),
             sg_list: &mut sge,
             num_sge: 1,
@@ -549,7 +693,7 @@ impl Qp {
             n = 2;
         }
         let mut wr = v::ibv_send_wr {
-            wr_id,
+            wr_id: wr_id | self.tag,
             sg_list: sge.as_mut_ptr(),
             num_sge: n,
             opcode: v::IBV_WR_SEND,
@@ -597,66 +741,16 @@ impl Qp {
             Err(io::Error::from_raw_os_error(r))
         }
     }
-
-    /// Polls up to `out.len()` completions; no syscall.
-    pub fn poll(&self, out: &mut [Completion]) -> usize {
-        let mut raw: [v::ibv_wc; 32] = [v::ibv_wc::default(); 32];
-        let n = out.len().min(raw.len());
-        // SAFETY: `raw` has room for `n` completions.
-        let got = unsafe { v::rdsd_ibv_poll_cq(self.cq, n as i32, raw.as_mut_ptr()) };
-        let got = got.max(0) as usize;
-        for (o, w) in out.iter_mut().zip(&raw[..got]) {
-            *o = Completion {
-                wr_id: w.wr_id,
-                ok: w.status == v::IBV_WC_SUCCESS,
-                status: w.status,
-                byte_len: w.byte_len,
-            };
-        }
-        got
-    }
-
-    /// Asks for an event on the channel at the next completion (before parking).
-    pub fn arm(&self) {
-        // SAFETY: a live CQ with a completion channel.
-        unsafe { v::rdsd_ibv_req_notify_cq(self.cq, 0) };
-    }
-
-    /// Reads and acknowledges every event waiting on the channel (non-blocking).
-    pub fn drain_channel(&self) {
-        loop {
-            let mut cq = ptr::null_mut();
-            let mut ctx = ptr::null_mut();
-            // SAFETY: non-blocking channel; returns -1 (EAGAIN) when empty.
-            if unsafe { v::ibv_get_cq_event(self.chan, &mut cq, &mut ctx) } != 0 {
-                break;
-            }
-            // SAFETY: one event of this CQ was just read.
-            unsafe { v::ibv_ack_cq_events(cq, 1) };
-        }
-    }
-
-    /// The completion channel's descriptor.
-    pub fn channel_fd(&self) -> i32 {
-        // SAFETY: the channel is live.
-        unsafe { (*self.chan).fd }
-    }
 }
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        // SAFETY: the QP itself was destroyed by the owner (`CmId::destroy_qp`) before; each
-        // object is destroyed once, in reverse order of creation; the memory is ours; the PD
-        // is the device's (the link drops it after every path).
+        // SAFETY: the QP itself was destroyed by the owner (`CmId::destroy_qp`) before; the MR
+        // is deregistered once; the memory is ours; the PD and CQ are the device's (the link
+        // drops them after every path).
         unsafe {
             if !self.mr.is_null() {
                 v::ibv_dereg_mr(self.mr);
-            }
-            if !self.cq.is_null() {
-                v::ibv_destroy_cq(self.cq);
-            }
-            if !self.chan.is_null() {
-                v::ibv_destroy_comp_channel(self.chan);
             }
             drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
                 self.mem, self.len,
