@@ -644,10 +644,93 @@ fn unacked_messages_are_resent_with_original_seq_and_flag() {
         .collect();
     assert_eq!(summary[0].1, flags::CONG_BITMAP);
     assert_eq!(summary[1], (3, flags::RETRANSMITTED, b"two".to_vec()));
+    assert_eq!(
+        out[1].0.exthdr.iter().collect::<Vec<_>>(),
+        vec![ExtHeader::GenNum(GEN_A)],
+        "a resend on path 0 goes ahead of the new probe and announces our generation"
+    );
     assert_eq!(out[2].0.sport, 1, "a new probe follows");
     assert_eq!(out[2].0.sequence, 4);
     assert_eq!(a.counters().tx_retransmits, 1);
     assert_eq!(a.counters().reconnects, 1);
+}
+
+/// A data message carrying `GEN_NUM` (as rdsd's resends on path 0 do).
+fn message_with_gen(seq: u64, flags: u8, generation: u32, payload: &[u8]) -> Vec<u8> {
+    let mut exthdr = ExtHeaders::new();
+    exthdr.push(ExtHeader::GenNum(generation)).unwrap();
+    let h = HeaderRepr {
+        sequence: seq,
+        len: payload.len() as u32,
+        sport: 9,
+        dport: 10,
+        flags,
+        exthdr,
+        ..Default::default()
+    };
+    let mut v = h.to_bytes().to_vec();
+    v.extend_from_slice(payload);
+    v
+}
+
+/// A receiver that restored numbers of the peer's old generation (it crashed after TCP took
+/// the new peer's probe, before reading it) judges the new peer's resends on path 0 only after
+/// the generation they carry reset them; elsewhere the record changes nothing.
+#[test]
+fn a_resend_announcing_a_new_generation_resets_restored_numbers_before_it_is_judged() {
+    const GEN_A2: u32 = 0xaaaa_0002;
+    let now = Instant::ZERO;
+    let r = flags::RETRANSMITTED;
+    let deliver = |b: &mut Connection<Vec<u8>>, path: usize, bytes: &[u8]| {
+        let mut got = Vec::new();
+        b.handle_stream_data(now, path, bytes, |d| got.push(d.payload.to_vec()));
+        got
+    };
+
+    // The same generation: the restored numbers hold, the resend is a duplicate.
+    let mut b = passive_up(now);
+    b.restore_rx_state(GEN_A, [6, 6, 0, 0, 0, 0, 0, 0]);
+    assert!(deliver(&mut b, 0, &message_with_gen(2, r, GEN_A, b"x")).is_empty());
+    assert_eq!(b.counters().rx_drop_dup_seq, 1);
+
+    // A new generation on a resend of path 0: a restart, numbers reset, delivered.
+    let mut b = passive_up(now);
+    b.restore_rx_state(GEN_A, [6, 6, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(
+        deliver(&mut b, 0, &message_with_gen(2, r, GEN_A2, b"x")),
+        vec![b"x".to_vec()]
+    );
+    assert_eq!(
+        events(&mut b),
+        vec![Event::PeerRestarted {
+            old_generation: GEN_A,
+            new_generation: GEN_A2
+        }]
+    );
+    assert_eq!(b.peer_generation(), GEN_A2);
+    assert_eq!(b.next_rx_seq(0), 3);
+    assert_eq!(b.counters().rx_drop_dup_seq, 0);
+    // Its probe, arriving after the resends, changes nothing more.
+    b.handle_stream_data(now, 0, &probe_pong(4, 1, GEN_A2), |_| {
+        panic!("pong delivered")
+    });
+    assert!(!events(&mut b)
+        .iter()
+        .any(|e| matches!(e, Event::PeerRestarted { .. })));
+
+    // Ignored on a first-time message (only resends go ahead of a probe) and on a path > 0
+    // (only path 0 carries a peer's announcements).
+    let mut b = passive_two_paths(now);
+    b.restore_rx_state(GEN_A, [6, 6, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(
+        deliver(&mut b, 0, &message_with_gen(7, 0, GEN_A2, b"y")),
+        vec![b"y".to_vec()]
+    );
+    assert!(deliver(&mut b, 1, &message_with_gen(2, r, GEN_A2, b"z")).is_empty());
+    assert_eq!(b.peer_generation(), GEN_A);
+    assert!(!events(&mut b)
+        .iter()
+        .any(|e| matches!(e, Event::PeerRestarted { .. })));
 }
 
 #[test]

@@ -654,10 +654,12 @@ impl Link for RdmaLink {
     }
 
     fn begin_pass(&mut self) {
-        let early = std::mem::take(&mut *self.early.borrow_mut());
-        for wc in early {
+        // Taken and put back empty, so its allocation is reused.
+        let mut early = std::mem::take(&mut *self.early.borrow_mut());
+        for wc in early.drain(..) {
             self.dispatch(wc);
         }
+        *self.early.borrow_mut() = early;
         let mut wcs = [flow::Completion::default(); 32];
         for k in 0..self.devices.len() {
             while let Some(cq) = self.devices[k].cq() {
