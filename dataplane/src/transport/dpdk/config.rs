@@ -48,6 +48,8 @@ pub struct RawDpdk {
     ack_delay_us: u64,
     #[serde(default = "d_true")]
     check_kernel_addr: bool,
+    /// Absent: false on memif, true on any other port.
+    verify_checksums: Option<bool>,
 }
 
 fn d_lcores() -> String {
@@ -129,6 +131,11 @@ pub struct DpdkConfig {
     pub rto_min: std::time::Duration,
     /// TCP delayed-ACK timer (`None`: acknowledge in the pass that received the data).
     pub ack_delay: Option<std::time::Duration>,
+    /// Verify received IPv4 and TCP checksums. Off by default on memif, a shared-memory
+    /// channel to a process on this host: nothing between the two ends can corrupt a frame,
+    /// and a peer that writes wrong bytes can as well write a right checksum. Checksums are
+    /// always computed on transmit, for a peer that verifies.
+    pub verify_checksums: bool,
 }
 
 /// EAL options of DPDK 22.11 (`dpdk-app --help`), to name a bad one in `eal_args` before EAL
@@ -301,6 +308,9 @@ impl DpdkConfig {
                 .map(|s| s.parse().with_context(|| format!("dpdk.routes {s:?}")))
                 .collect::<Result<Vec<Prefix>>>()?
         };
+        let verify_checksums = r
+            .verify_checksums
+            .unwrap_or(!port_name.starts_with("net_memif"));
         Ok(DpdkConfig {
             vdev: r.vdev,
             port_name,
@@ -328,6 +338,7 @@ impl DpdkConfig {
             rto_min: std::time::Duration::from_millis(r.rto_min_ms),
             ack_delay: (r.ack_delay_us > 0)
                 .then(|| std::time::Duration::from_micros(r.ack_delay_us)),
+            verify_checksums,
         })
     }
 
@@ -418,6 +429,22 @@ mod tests {
         assert!(c.eal_argv().iter().any(|x| x == "--in-memory"));
         assert!(c.eal_argv().iter().any(|x| x == "--huge-dir=/mnt/huge"));
         assert_eq!(c.routes.len(), 2, "a gateway routes everything");
+    }
+
+    #[test]
+    fn received_checksums_are_verified_except_on_memif_unless_told() {
+        let cfg = |vdev: &str, extra: &str| {
+            let r: RawDpdk = toml::from_str(&format!(
+                "vdev = \"{vdev}\"\naddr = \"10.0.0.1/24\"\n{extra}"
+            ))
+            .unwrap();
+            DpdkConfig::from_raw(r).unwrap().verify_checksums
+        };
+        assert!(cfg("net_af_packet0,iface=v0", ""));
+        assert!(cfg("net_tap0", ""));
+        assert!(!cfg("net_memif0,role=server,socket=/tmp/m.sock", ""));
+        assert!(cfg("net_memif0", "verify_checksums = true"));
+        assert!(!cfg("net_af_packet0,iface=v0", "verify_checksums = false"));
     }
 
     #[test]

@@ -28,7 +28,7 @@
 use super::wire::{Flows, TcpCounters};
 use crate::transport::utcp::Flush;
 use dpdk_sys as sys;
-use smoltcp::phy::{self, Device, DeviceCapabilities, Medium};
+use smoltcp::phy::{self, Checksum, Device, DeviceCapabilities, Medium};
 use smoltcp::time::Instant;
 
 /// Most frames taken from the port per pass.
@@ -105,6 +105,8 @@ pub struct DpdkDevice {
     start_backoff: u64,
     /// Restart the port when its link stays down ([`DpdkDevice::reconnect_when_down`]).
     reconnect: bool,
+    /// smoltcp verifies received checksums ([`DpdkDevice::skip_rx_checksums`]).
+    verify_rx_checksums: bool,
     /// When to read the link status next, and since when it has been down.
     next_link_check: Instant,
     down_since: Option<Instant>,
@@ -147,9 +149,17 @@ impl DpdkDevice {
             next_start: Instant::ZERO,
             start_backoff: START_RETRY_MIN_MS,
             reconnect: false,
+            verify_rx_checksums: true,
             next_link_check: Instant::ZERO,
             down_since: None,
         }
+    }
+
+    /// Received IPv4 and TCP checksums are not verified (memif, `[dpdk] verify_checksums`);
+    /// transmitted ones are still computed. Verifying a received 64 KiB message is about
+    /// 42 000 instructions (callgrind), 5 % of a 64 KiB round trip's work in each rdsd.
+    pub fn skip_rx_checksums(&mut self) {
+        self.verify_rx_checksums = false;
     }
 
     /// A memif client: DPDK's memif connects a client once, when the port starts, and never
@@ -436,6 +446,29 @@ impl Device for DpdkDevice {
         c.medium = Medium::Ethernet;
         c.max_transmission_unit = self.mtu + 14;
         c.max_burst_size = Some(BURST);
+        if !self.verify_rx_checksums {
+            // Tx: computed on transmit only.
+            c.checksum.ipv4 = Checksum::Tx;
+            c.checksum.tcp = Checksum::Tx;
+            c.checksum.udp = Checksum::Tx;
+            c.checksum.icmpv4 = Checksum::Tx;
+        }
         c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skipping_rx_checksums_keeps_computing_them_on_transmit() {
+        // SAFETY: only the capabilities are read: no burst, no allocation, nothing to free.
+        let mut dev = unsafe { DpdkDevice::new(0, 0, std::ptr::null_mut(), 1500) };
+        let c = dev.capabilities().checksum;
+        assert!(c.ipv4.rx() && c.ipv4.tx() && c.tcp.rx() && c.tcp.tx());
+        dev.skip_rx_checksums();
+        let c = dev.capabilities().checksum;
+        assert!(!c.ipv4.rx() && c.ipv4.tx() && !c.tcp.rx() && c.tcp.tx());
     }
 }

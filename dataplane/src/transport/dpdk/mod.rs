@@ -122,6 +122,9 @@ pub fn build(cfg: &Config, d: &DpdkConfig, stats: &Arc<Stats>) -> anyhow::Result
     if d.memif_client() {
         dev.reconnect_when_down();
     }
+    if !d.verify_checksums {
+        dev.skip_rx_checksums();
+    }
     let mut ucfg = UtcpConfig::new(port.mac, d.addr, d.prefix_len);
     ucfg.gateway = d.gateway;
     ucfg.port = cfg.tcp_port;
