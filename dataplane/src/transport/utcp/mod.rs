@@ -800,9 +800,18 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
     }
 
     fn read<'a>(&'a mut self, p: &mut UtcpPath, buf: &'a mut [u8]) -> Read<'a> {
-        match self.sock_io(p.handle).recv_slice(buf) {
-            Ok(0) => Read::WouldBlock,
-            Ok(n) => Read::Data(&buf[..n]),
+        let max = buf.len();
+        // In place, not copied into `buf`: `recv` dequeues the bytes and lends them, and they
+        // stay as they are while the borrow of `self` lasts (nothing can enqueue meanwhile).
+        // At most `max`, and only up to the ring's wrap: the next read takes the rest.
+        let got = self.sock_io(p.handle).recv(|b| {
+            let n = b.len().min(max);
+            let (head, _) = b.split_at_mut(n);
+            (n, &*head)
+        });
+        match got {
+            Ok([]) => Read::WouldBlock,
+            Ok(data) => Read::Data(data),
             Err(e) => {
                 tracing::debug!(error = %e, "utcp: read: closed");
                 Read::Closed
