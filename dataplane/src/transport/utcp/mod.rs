@@ -29,7 +29,8 @@
 //!   receiver's paused path (full receiver) had not noticed its reset, the peer's new
 //!   connection for that path looked busy and was reset with acknowledged messages on it:
 //!   they were lost (`utcp_reconnect_while_the_receiver_is_full_loses_nothing`).
-//! * `read` is `recv_slice`; `Closed` once the socket is closed, reset or timed out and its
+//! * `read` lends the received bytes in place (`Socket::recv`: dequeued, and untouched while
+//!   the link is borrowed), not copied out; `Closed` once the socket is closed, reset or timed out and its
 //!   receive buffer is drained. `write` copies the slices in order, as much as fits, straight
 //!   into the send buffer's free space (`Socket::send`, one call per contiguous stretch).
 //!   `acked` is bytes written minus `send_queue()` (smoltcp's unacknowledged plus unsent
