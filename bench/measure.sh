@@ -255,8 +255,9 @@ descheduled for longer on this VM times a segment out. 0.12's 444 on one path we
 missing timer restart (fixed in 0.13). `[dpdk] rto_min_ms` raises the floor.
 
 Jumbo frames: rdsd asks a DPDK port for `[dpdk] mtu` (9000) within what it reports; DPDK
-22.11's `net_memif` and `net_af_packet` both report `max_rx_pktlen` 1518, so they stay at
-1500 here (the in-memory wire proves the stack at 9000).
+22.11's `net_af_packet` reports `max_rx_pktlen` 1518, so it stays at 1500 here; on
+`net_memif`, whose 1518 is a constant of the driver and not of its rings, rdsd sizes memif's
+buffers itself and runs at 9000 ("Jumbo frames on memif" above).
 
 Start-up, two rdsd on DPDK ports, RDS ping answered after both serve
 (`cargo test -p rdsd-tests --test dpdk_startup -- --nocapture --test-threads 1`, root: 50

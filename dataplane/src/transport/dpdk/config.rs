@@ -136,6 +136,19 @@ pub struct DpdkConfig {
     /// and a peer that writes wrong bytes can as well write a right checksum. Checksums are
     /// always computed on transmit, for a peer that verifies.
     pub verify_checksums: bool,
+    /// On a memif port, the bytes one memif buffer holds (its `bsize`): the largest frame that
+    /// crosses in one descriptor. rdsd adds `bsize=` to the vdev for an `mtu`-sized frame
+    /// unless the vdev sets it; see [`DpdkConfig::memif_mtu`].
+    pub memif_buffer: Option<u16>,
+}
+
+/// What a frame adds to its IP packet in a memif buffer: the Ethernet header and a VLAN tag
+/// (no CRC crosses memif).
+const MEMIF_FRAME_OVERHEAD: u16 = 14 + 4;
+
+/// The `bsize` rdsd gives a memif port for frames of IP MTU `mtu`: whole cache lines.
+fn memif_buffer_for(mtu: u16) -> u16 {
+    (mtu + MEMIF_FRAME_OVERHEAD).next_multiple_of(64)
 }
 
 /// EAL options of DPDK 22.11 (`dpdk-app --help`), to name a bad one in `eal_args` before EAL
@@ -311,8 +324,39 @@ impl DpdkConfig {
         let verify_checksums = r
             .verify_checksums
             .unwrap_or(!port_name.starts_with("net_memif"));
+        let (vdev, memif_buffer) = if port_name.starts_with("net_memif") {
+            let given = r.vdev.split(',').skip(1).find_map(|kv| {
+                let (k, v) = kv.split_once('=')?;
+                (k.trim() == "bsize").then(|| v.trim().to_string())
+            });
+            match given {
+                Some(v) => {
+                    let b: u16 = v
+                        .parse()
+                        .ok()
+                        .filter(|&b| b >= MIN_MTU + MEMIF_FRAME_OVERHEAD)
+                        .with_context(|| {
+                            format!(
+                                "dpdk.vdev: memif bsize={v:?} must be {}..=65535 (bytes per memif \
+                             buffer; leave it out and rdsd sizes it for dpdk.mtu)",
+                                MIN_MTU + MEMIF_FRAME_OVERHEAD
+                            )
+                        })?;
+                    (r.vdev, Some(b))
+                }
+                None => {
+                    let b = memif_buffer_for(r.mtu);
+                    (
+                        format!("{},bsize={b}", r.vdev.trim_end_matches(',')),
+                        Some(b),
+                    )
+                }
+            }
+        } else {
+            (r.vdev, None)
+        };
         Ok(DpdkConfig {
-            vdev: r.vdev,
+            vdev,
             port_name,
             addr: p.addr,
             prefix_len: p.len,
@@ -339,7 +383,19 @@ impl DpdkConfig {
             ack_delay: (r.ack_delay_us > 0)
                 .then(|| std::time::Duration::from_micros(r.ack_delay_us)),
             verify_checksums,
+            memif_buffer,
         })
+    }
+
+    /// On a memif port, the IP MTU rdsd uses: `mtu`, or less if the vdev's `bsize` cannot
+    /// hold such a frame. DPDK 22.11's memif driver reports a 1518-byte `max_rx_pktlen` to
+    /// ethdev, a constant of the driver: its rings carry any frame of up to `bsize` bytes in
+    /// one descriptor (copied on both sides), so rdsd sizes the buffers and mbufs for jumbo
+    /// frames itself and leaves ethdev's MTU alone. A peer with smaller frames is no
+    /// problem: each TCP end sends segments no larger than the other's MSS.
+    pub fn memif_mtu(&self) -> Option<u16> {
+        self.memif_buffer
+            .map(|b| self.mtu.min(b.saturating_sub(MEMIF_FRAME_OVERHEAD)))
     }
 
     /// Whether the port is a memif client (memif's default role), which connects to its
@@ -445,6 +501,42 @@ mod tests {
         assert!(!cfg("net_memif0,role=server,socket=/tmp/m.sock", ""));
         assert!(cfg("net_memif0", "verify_checksums = true"));
         assert!(!cfg("net_af_packet0,iface=v0", "verify_checksums = false"));
+    }
+
+    #[test]
+    fn memif_buffers_are_sized_for_jumbo_frames_unless_the_vdev_says() {
+        let cfg = |vdev: &str, extra: &str| {
+            let r: RawDpdk = toml::from_str(&format!(
+                "vdev = \"{vdev}\"\naddr = \"10.0.0.1/24\"\n{extra}"
+            ))?;
+            DpdkConfig::from_raw(r)
+        };
+        let c = cfg("net_memif0,role=server,socket=/tmp/m.sock", "").unwrap();
+        assert_eq!(
+            c.vdev,
+            "net_memif0,role=server,socket=/tmp/m.sock,bsize=9024"
+        );
+        assert_eq!(c.memif_buffer, Some(9024));
+        assert_eq!(c.memif_mtu(), Some(9000));
+        assert!(c.eal_argv().iter().any(|a| a.ends_with(",bsize=9024")));
+        // Standard frames asked for: standard buffers.
+        let c = cfg("net_memif0", "mtu = 1500").unwrap();
+        assert_eq!(
+            (c.vdev.as_str(), c.memif_mtu()),
+            ("net_memif0,bsize=1536", Some(1500))
+        );
+        // The vdev's own bsize bounds the MTU.
+        let c = cfg("net_memif0,bsize=2048,role=client", "").unwrap();
+        assert_eq!(c.vdev, "net_memif0,bsize=2048,role=client");
+        assert_eq!(c.memif_mtu(), Some(2030));
+        let e = format!("{:#}", cfg("net_memif0,bsize=100", "").unwrap_err());
+        assert!(e.contains("bsize"), "{e}");
+        // Other ports: nothing added.
+        let c = cfg("net_af_packet0,iface=v0", "").unwrap();
+        assert_eq!(
+            (c.vdev.as_str(), c.memif_mtu()),
+            ("net_af_packet0,iface=v0", None)
+        );
     }
 
     #[test]

@@ -147,7 +147,11 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
     // SAFETY: a valid port; the out-pointer is ours.
     let rc = unsafe { sys::rte_eth_dev_info_get(id, &mut info) };
     check(rc, "device info", cfg)?;
-    let want = mtu_to_ask(cfg.mtu, &info);
+    // memif: the driver's reported limit is not its rings' (`DpdkConfig::memif_mtu`); ethdev
+    // keeps its default MTU and the frames are sized here.
+    let want = cfg
+        .memif_mtu()
+        .unwrap_or_else(|| mtu_to_ask(cfg.mtu, &info));
     tracing::info!(
         port = %cfg.port_name, min_mtu = info.min_mtu, max_mtu = info.max_mtu,
         max_rx_pktlen = info.max_rx_pktlen, asked = cfg.mtu, trying = want,
@@ -176,7 +180,9 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
         );
     }
     let mut conf = sys::rte_eth_conf::default();
-    conf.rxmode.mtu = u32::from(want);
+    if cfg.memif_mtu().is_none() {
+        conf.rxmode.mtu = u32::from(want);
+    }
     let (mut nrx, mut ntx) = (cfg.rx_desc, cfg.tx_desc);
     let mut mac = sys::rte_ether_addr::default();
     let mut mtu = 0u16;
@@ -195,7 +201,11 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
         }
         // The driver's own MTU (af_packet: the kernel interface's). Drivers without one
         // (memif, null) keep the configured MTU.
-        let rc = sys::rte_eth_dev_set_mtu(id, want);
+        let rc = if cfg.memif_mtu().is_some() {
+            0
+        } else {
+            sys::rte_eth_dev_set_mtu(id, want)
+        };
         if rc < 0 && rc != -libc::ENOTSUP {
             tracing::warn!(
                 port = %cfg.port_name, mtu = want, error = %sys::strerror(-rc),
@@ -233,7 +243,9 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
             check(rc, "start", cfg)?;
         }
         check(sys::rte_eth_macaddr_get(id, &mut mac), "MAC address", cfg)?;
-        if sys::rte_eth_dev_get_mtu(id, &mut mtu) != 0 || mtu < 576 {
+        if let Some(m) = cfg.memif_mtu() {
+            mtu = m;
+        } else if sys::rte_eth_dev_get_mtu(id, &mut mtu) != 0 || mtu < 576 {
             mtu = 1500;
         }
     }

@@ -14,8 +14,14 @@
 //!   frames) capped by what the port says it takes (`rte_eth_dev_info`: `max_mtu`, and
 //!   `max_rx_pktlen` for the whole frame), set with `rte_eth_conf.rxmode.mtu` and
 //!   `rte_eth_dev_set_mtu` (af_packet: the kernel interface's MTU); the mbufs' data room is
-//!   sized so a frame fits one mbuf; 1500 if the port refuses. DPDK 22.11's memif and
-//!   af_packet both report `max_rx_pktlen` 1518, so on them the MTU stays 1500.
+//!   sized so a frame fits one mbuf; 1500 if the port refuses. DPDK 22.11's af_packet reports
+//!   `max_rx_pktlen` 1518, so on it the MTU stays 1500. memif reports 1518 too, but that is a
+//!   constant of the driver, not of its rings, which carry any frame that fits a memif buffer
+//!   (`bsize`): on memif rdsd adds `bsize=` to the vdev for an `mtu`-sized frame (unless the
+//!   vdev sets it), sizes the mbufs to match and leaves ethdev's MTU alone
+//!   (`DpdkConfig::memif_mtu`). A 64 KiB message then crosses in 8 frames instead of 45
+//!   (`tests/tests/dpdk_pass_cost.rs`, `a_64k_message_crosses_memif_in_jumbo_frames`); a peer
+//!   with smaller frames is served by TCP's MSS.
 //! * **Start-up order.** Either rdsd may start first. A memif client whose server is not
 //!   there yet starts its port later, from the poll thread, and a memif client whose link
 //!   stays down is restarted (memif connects only when a port starts); see `device.rs`.
@@ -54,8 +60,8 @@
 //!
 //! # Known gaps
 //!
-//! * No jumbo frames on DPDK 22.11's memif and af_packet (they report a 1518-byte
-//!   `max_rx_pktlen`); rdsd asks for 9000 and gets it only on ports that take it.
+//! * No jumbo frames on DPDK 22.11's af_packet (it reports a 1518-byte `max_rx_pktlen`);
+//!   rdsd asks for 9000 and gets it on memif and on ports that take it.
 //! * While the peer still holds a dead incarnation's path, the restarted side's connects for
 //!   that path are refused and retried at once (the engine resets the backoff when TCP comes
 //!   up): hundreds to thousands of refused connects a second for up to the 1 s keep-alive
