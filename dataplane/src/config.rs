@@ -60,6 +60,30 @@ impl From<PathChoice> for rds_proto::PathChoice {
     }
 }
 
+/// How an app's sockets are placed on the poll threads (`placement`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// Each attachment (an app) on one poll thread, the one serving the fewest apps: one rank
+    /// per core spreads over the threads, and a rank's sockets never cross between threads.
+    #[default]
+    App,
+    /// A process's sockets spread over the poll threads, round-robin as they are opened: its
+    /// library opens one attachment per poll thread as it needs them, each on the thread it
+    /// asks for (a multi-threaded app, or any app under `librds_preload`, on every thread).
+    Socket,
+}
+
+impl Placement {
+    /// The wire code in the attach reply (`shm_api::ctrl::HelloInfo::placement`).
+    pub fn code(self) -> u32 {
+        match self {
+            Placement::App => shm_api::ctrl::PLACEMENT_APP,
+            Placement::Socket => shm_api::ctrl::PLACEMENT_SOCKET,
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
@@ -68,6 +92,7 @@ struct RawConfig {
     local_addrs: Vec<String>,
     control_core: i64,
     poll_cores: Vec<i64>,
+    placement: Placement,
     idle: IdleMode,
     spin_us: u64,
     yield_us: u64,
@@ -106,6 +131,8 @@ pub struct Config {
     pub control_core: Option<usize>,
     /// Poll thread CPUs; one poll thread each (`None` = don't pin that thread).
     pub poll_cores: Vec<Option<usize>>,
+    /// How apps' sockets are placed on the poll threads.
+    pub placement: Placement,
     /// Idle strategy.
     pub idle: IdleMode,
     /// Backoff: how long an idle core spins (`pause`) before it yields.
@@ -226,6 +253,10 @@ pub struct Overrides {
     /// Control-thread CPU (-2 = don't pin).
     #[arg(long, allow_hyphen_values = true)]
     pub control_core: Option<i64>,
+    /// How apps' sockets are placed on the poll threads: by app, or each process's sockets
+    /// spread over them.
+    #[arg(long, value_enum)]
+    pub placement: Option<Placement>,
     /// Idle strategy.
     #[arg(long, value_enum)]
     pub idle: Option<IdleMode>,
@@ -357,6 +388,7 @@ impl Config {
             local_addrs,
             control_core: core(over.control_core.unwrap_or(raw.control_core), ncpu)?,
             poll_cores,
+            placement: over.placement.unwrap_or(raw.placement),
             idle: over.idle.unwrap_or(raw.idle),
             spin: std::time::Duration::from_micros(raw.spin_us.min(10_000_000)),
             yield_for: std::time::Duration::from_micros(raw.yield_us.min(10_000_000)),

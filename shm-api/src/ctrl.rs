@@ -40,8 +40,10 @@ pub const TEST_STALL_RCVBUF: u32 = 0x05a1_1ed0;
 /// What an app asks rdsd.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Request {
-    /// First message: the library's layout version. Reply carries the region fds.
-    Hello { version: u32 },
+    /// First message: the library's layout version, and the poll thread it asks to be
+    /// served by (honoured under `placement = "socket"`; `None`: rdsd chooses). Reply
+    /// carries the region fds.
+    Hello { version: u32, shard: Option<u8> },
     /// Open a socket slot. Reply: slot index, and the socket's pollable fd.
     SocketOpen,
     /// Bind a slot to addr:port (port 0 = pick one). Reply: the bound port.
@@ -271,7 +273,15 @@ impl Request {
     /// The v1 (24-byte, no id) form, for compatibility tests.
     pub fn encode_v1(&self) -> [u8; LEGACY_REQUEST_LEN] {
         let (op, slot, addr, port, flag, value): (u32, u32, u32, u16, u16, u64) = match *self {
-            Request::Hello { version } => (OP_HELLO, 0, 0, 0, 0, version as u64),
+            // flag: the asked-for poll thread + 1 (0, as older libraries send: none).
+            Request::Hello { version, shard } => (
+                OP_HELLO,
+                0,
+                0,
+                0,
+                shard.map_or(0, |k| u16::from(k) + 1),
+                version as u64,
+            ),
             Request::SocketOpen => (OP_SOCKET_OPEN, 0, 0, 0, 0, 0),
             Request::Bind { slot, addr, port } => (OP_BIND, slot, addr.into(), port, 0, 0),
             Request::SetRcvBuf { slot, bytes } => (OP_SET_RCVBUF, slot, 0, 0, 0, bytes as u64),
@@ -363,7 +373,13 @@ impl Request {
         let value = u64::from_le_bytes(b[16..24].try_into().expect("8 bytes"));
         let bytes = || u32::try_from(value).map_err(|_| BadRequest);
         Ok(match op {
-            OP_HELLO => Request::Hello { version: bytes()? },
+            OP_HELLO => Request::Hello {
+                version: bytes()?,
+                shard: match flag {
+                    0 => None,
+                    f => Some(u8::try_from(f - 1).map_err(|_| BadRequest)?),
+                },
+            },
             OP_SOCKET_OPEN => Request::SocketOpen,
             OP_BIND => Request::Bind { slot, addr, port },
             OP_SET_RCVBUF => Request::SetRcvBuf {
@@ -510,27 +526,47 @@ pub struct HelloInfo {
     pub daemon_region_len: u64,
     /// 1 if the app region is on hugetlbfs pages.
     pub hugetlb: u32,
+    /// rdsd's poll threads (1 from an rdsd that does not say).
+    pub poll_threads: u32,
+    /// How rdsd places sockets on them: [`PLACEMENT_APP`] or [`PLACEMENT_SOCKET`]
+    /// ([`PLACEMENT_APP`] from an rdsd that does not say).
+    pub placement: u32,
 }
+
+/// `HelloInfo::placement`: each attachment on one poll thread, chosen by rdsd.
+pub const PLACEMENT_APP: u32 = 0;
+/// `HelloInfo::placement`: a process spreads its sockets over the poll threads, one
+/// attachment per thread, each asked for in its Hello.
+pub const PLACEMENT_SOCKET: u32 = 1;
 
 impl HelloInfo {
     /// Wire form.
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(20);
+        let mut v = Vec::with_capacity(28);
         v.extend_from_slice(&self.region_len.to_le_bytes());
         v.extend_from_slice(&self.daemon_region_len.to_le_bytes());
         v.extend_from_slice(&self.hugetlb.to_le_bytes());
+        v.extend_from_slice(&self.poll_threads.to_le_bytes());
+        v.extend_from_slice(&self.placement.to_le_bytes());
         v
     }
 
-    /// Parses the body.
+    /// Parses the body; the fields an older rdsd does not send (20 bytes) get their
+    /// defaults.
     pub fn decode(b: &[u8]) -> Option<HelloInfo> {
         if b.len() < 20 {
             return None;
         }
+        let u32_at = |o: usize| {
+            b.get(o..o + 4)
+                .map(|x| u32::from_le_bytes(x.try_into().expect("4 bytes")))
+        };
         Some(HelloInfo {
             region_len: u64::from_le_bytes(b[0..8].try_into().ok()?),
             daemon_region_len: u64::from_le_bytes(b[8..16].try_into().ok()?),
-            hugetlb: u32::from_le_bytes(b[16..20].try_into().ok()?),
+            hugetlb: u32_at(16)?,
+            poll_threads: u32_at(20).unwrap_or(1).max(1),
+            placement: u32_at(24).unwrap_or(PLACEMENT_APP),
         })
     }
 }
@@ -615,7 +651,10 @@ mod tests {
     fn requests_roundtrip() {
         let a = Ipv4Addr::new(127, 0, 0, 7);
         for r in [
-            Request::Hello { version: 1 },
+            Request::Hello {
+                version: 1,
+                shard: None,
+            },
             Request::SocketOpen,
             Request::Bind {
                 slot: 3,
@@ -698,7 +737,10 @@ mod tests {
 
     #[test]
     fn v1_frames_are_understood_only_for_hello_and_stats() {
-        let h = Request::Hello { version: 1 };
+        let h = Request::Hello {
+            version: 1,
+            shard: None,
+        };
         assert_eq!(Request::decode_legacy(&h.encode_v1()), Ok(h));
         assert_eq!(
             Request::decode_legacy(&Request::Stats.encode_v1()),
@@ -748,7 +790,40 @@ mod tests {
             region_len: 1 << 26,
             daemon_region_len: 4096,
             hugetlb: 1,
+            poll_threads: 4,
+            placement: PLACEMENT_SOCKET,
         };
         assert_eq!(HelloInfo::decode(&h.encode()), Some(h));
+        // An older rdsd's 20-byte body: one poll thread, placement by app.
+        let old = HelloInfo::decode(&h.encode()[..20]).unwrap();
+        assert_eq!((old.poll_threads, old.placement), (1, PLACEMENT_APP));
+        assert_eq!(HelloInfo::decode(&h.encode()[..19]), None);
+    }
+
+    #[test]
+    fn a_hello_may_ask_for_a_poll_thread() {
+        for shard in [None, Some(0), Some(3), Some(30)] {
+            let h = Request::Hello { version: 9, shard };
+            assert_eq!(Request::decode(&h.encode(4)), Ok((4, h)));
+        }
+        // An older library's Hello (flag 0) asks for none.
+        let mut b = Request::Hello {
+            version: 9,
+            shard: Some(2),
+        }
+        .encode(4);
+        b[14..16].copy_from_slice(&0u16.to_le_bytes());
+        assert_eq!(
+            Request::decode(&b),
+            Ok((
+                4,
+                Request::Hello {
+                    version: 9,
+                    shard: None
+                }
+            ))
+        );
+        b[14..16].copy_from_slice(&300u16.to_le_bytes());
+        assert_eq!(Request::decode(&b), Err(BadRequest));
     }
 }

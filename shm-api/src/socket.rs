@@ -16,7 +16,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -233,9 +233,46 @@ impl Client {
 
 /// An attachment to rdsd: one control connection and one shared region for this process.
 /// Cheap to clone; sockets keep it alive.
+///
+/// When rdsd places sockets rather than apps on its poll threads (`placement = "socket"`, and
+/// more than one poll thread), the handle spreads the sockets it opens over the threads,
+/// round-robin: it opens one more attachment per poll thread the first time it needs one,
+/// each asked for that thread. Each is a region and a control connection of its own, and
+/// counts against rdsd's per-uid limits; if rdsd refuses one, sockets meant for that thread
+/// stay on the first attachment.
 #[derive(Clone)]
 pub struct Rdsd {
     client: Arc<Client>,
+    spread: Option<Arc<Spread>>,
+}
+
+/// A process's attachments, one per poll thread (`placement = "socket"`).
+struct Spread {
+    path: PathBuf,
+    /// The next socket's poll thread, modulo `clients.len()`.
+    next: AtomicUsize,
+    /// Per poll thread: its attachment, once opened (the first one's own thread from the
+    /// start; the first one too where rdsd refused another).
+    clients: Mutex<Vec<Option<Arc<Client>>>>,
+}
+
+impl Spread {
+    fn client_for_next_socket(&self, fallback: &Arc<Client>) -> Arc<Client> {
+        let mut clients = lock(&self.clients);
+        let k = self.next.fetch_add(1, Ordering::Relaxed) % clients.len();
+        if let Some(c) = &clients[k] {
+            if !c.dead.load(Ordering::Relaxed) {
+                return c.clone();
+            }
+        }
+        let c = match Rdsd::connect(&self.path, Some(k as u8)) {
+            Ok((c, _)) => c,
+            // Refused (a per-uid limit, no memory): this thread's sockets stay on the first.
+            Err(_) => fallback.clone(),
+        };
+        clients[k] = Some(c.clone());
+        c
+    }
 }
 
 impl Rdsd {
@@ -256,12 +293,34 @@ impl Rdsd {
     /// for the region. A library/daemon version mismatch is an `Unsupported` error that says
     /// both versions.
     pub fn attach_at(path: &Path) -> io::Result<Rdsd> {
+        let (client, info) = Rdsd::connect(path, None)?;
+        let threads = (info.poll_threads as usize).min(crate::layout::MAX_POLL_THREADS);
+        let spread = (info.placement == crate::ctrl::PLACEMENT_SOCKET && threads > 1).then(|| {
+            let mut clients = vec![None; threads];
+            let own = client.poll_shard;
+            if own < threads {
+                clients[own] = Some(client.clone());
+            }
+            Arc::new(Spread {
+                path: path.to_path_buf(),
+                // The first socket on the first attachment's own thread.
+                next: AtomicUsize::new(own),
+                clients: Mutex::new(clients),
+            })
+        });
+        Ok(Rdsd { client, spread })
+    }
+
+    /// One attachment: the Hello (asking for poll thread `shard`, if any), the region and
+    /// the daemon region mapped.
+    fn connect(path: &Path, shard: Option<u8>) -> io::Result<(Arc<Client>, HelloInfo)> {
         let ctrl = sys::connect_seqpacket(path)?;
         const HELLO_ID: u64 = 1;
         let sent = sys::send_with_fds(
             ctrl.as_raw_fd(),
             &Request::Hello {
                 version: LAYOUT_VERSION,
+                shard,
             }
             .encode(HELLO_ID),
             &[],
@@ -363,44 +422,48 @@ impl Rdsd {
         // library only reads through the view.
         let daemon_view = unsafe { DaemonView::new(daemon.as_ptr()) };
         let ctrl_fd = ctrl.as_raw_fd();
-        Ok(Rdsd {
-            client: Arc::new(Client {
-                ctrl: Mutex::new(Ctrl {
-                    sock: ctrl,
-                    next_id: HELLO_ID + 1,
-                }),
-                ctrl_fd,
-                region,
-                _daemon: daemon,
-                daemon_view,
-                poll_shard: hdr.poll_shard as usize,
-                geometry,
-                doorbell,
-                dead: AtomicBool::new(false),
-                hugetlb: info.hugetlb != 0,
-                last_alive_check: AtomicU64::new(0),
-                epoch: Instant::now(),
+        let client = Arc::new(Client {
+            ctrl: Mutex::new(Ctrl {
+                sock: ctrl,
+                next_id: HELLO_ID + 1,
             }),
-        })
+            ctrl_fd,
+            region,
+            _daemon: daemon,
+            daemon_view,
+            poll_shard: hdr.poll_shard as usize,
+            geometry,
+            doorbell,
+            dead: AtomicBool::new(false),
+            hugetlb: info.hugetlb != 0,
+            last_alive_check: AtomicU64::new(0),
+            epoch: Instant::now(),
+        });
+        Ok((client, info))
     }
 
-    /// Opens a new RDS socket.
+    /// Opens a new RDS socket (on the next poll thread's attachment when rdsd places
+    /// sockets, see [`Rdsd`]).
     pub fn socket(&self) -> io::Result<Socket> {
-        let (reply, mut fds) = self.client.request(Request::SocketOpen)?;
+        let client = match &self.spread {
+            Some(s) => s.client_for_next_socket(&self.client),
+            None => self.client.clone(),
+        };
+        let (reply, mut fds) = client.request(Request::SocketOpen)?;
         let slot = reply.value as u32;
-        if slot >= self.client.geometry.max_sockets || fds.len() != 1 {
+        if slot >= client.geometry.max_sockets || fds.len() != 1 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "bad socket-open reply",
             ));
         }
-        let c = &self.client;
+        let c = &client;
         let g = c.geometry;
         let tx = c.ring(g.tx_ring_offset(slot), g.tx_ring_capacity);
         let rx = c.ring(g.rx_ring_offset(slot), g.rx_ring_capacity);
         let ctl = c.slot_control(slot);
         Ok(Socket {
-            client: self.client.clone(),
+            client: client.clone(),
             slot,
             fd: fds.pop().expect("one fd"),
             readiness: AtomicBool::new(false),
@@ -429,9 +492,24 @@ impl Rdsd {
         Ok(String::from_utf8_lossy(&reply.body).into_owned())
     }
 
-    /// The rdsd poll thread that serves this attachment (0 with one poll thread).
+    /// The rdsd poll thread that serves this attachment (0 with one poll thread); with
+    /// sockets spread over the poll threads, the first attachment's
+    /// ([`Socket::poll_thread`] tells each socket's).
     pub fn poll_thread(&self) -> usize {
         self.client.poll_shard
+    }
+
+    /// How many attachments this handle holds (more than one when rdsd places sockets on
+    /// its poll threads and this process's sockets were spread over them).
+    pub fn attachments(&self) -> usize {
+        self.spread.as_ref().map_or(1, |s| {
+            let clients = lock(&s.clients);
+            let mut seen: Vec<*const Client> = clients.iter().flatten().map(Arc::as_ptr).collect();
+            seen.push(Arc::as_ptr(&self.client));
+            seen.sort();
+            seen.dedup();
+            seen.len()
+        })
     }
 
     /// True if this process's region is backed by hugetlbfs pages.
@@ -1074,7 +1152,12 @@ impl Socket {
         self.fd.as_raw_fd()
     }
 
-    /// This socket's slot in the region.
+    /// The rdsd poll thread that serves this socket.
+    pub fn poll_thread(&self) -> usize {
+        self.client.poll_shard
+    }
+
+    /// This socket's slot in its attachment's region.
     #[doc(hidden)]
     pub fn slot_for_tests(&self) -> u32 {
         self.slot

@@ -172,6 +172,13 @@ impl Daemon {
                 cmd.args(["--poll-core", "-2"]);
             }
         }
+        // `RDSD_TESTS_PLACEMENT=socket`: each test process's sockets spread over the poll
+        // threads (run.sh runs the socket and delivery suites so with 2).
+        if let Ok(p) = std::env::var("RDSD_TESTS_PLACEMENT") {
+            if !self.extra.iter().any(|a| a == "--placement") {
+                cmd.args(["--placement", &p]);
+            }
+        }
         cmd.args(["--control-core", "-2", "--log", "warn"]);
         cmd.args(&self.extra);
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));

@@ -99,6 +99,7 @@ impl RawClient {
         self.call(
             &Request::Hello {
                 version: shm_api::layout::LAYOUT_VERSION,
+                shard: None,
             },
             limit,
         )

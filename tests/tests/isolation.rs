@@ -57,7 +57,11 @@ fn version_mismatch_is_refused_with_the_daemon_version() {
     let sock = shm_api::sys::connect_seqpacket(&d.socket).unwrap();
     shm_api::sys::send_with_fds(
         sock.as_raw_fd(),
-        &Request::Hello { version: 999 }.encode(5),
+        &Request::Hello {
+            version: 999,
+            shard: None,
+        }
+        .encode(5),
         &[],
     )
     .unwrap();
@@ -76,7 +80,11 @@ fn a_v1_library_is_told_clearly_that_it_is_too_old() {
     let d = Daemon::start(&[]);
     let sock = shm_api::sys::connect_seqpacket(&d.socket).unwrap();
     // The v1 Hello: 24 bytes, no request id.
-    let hello = Request::Hello { version: 1 }.encode_v1();
+    let hello = Request::Hello {
+        version: 1,
+        shard: None,
+    }
+    .encode_v1();
     shm_api::sys::send_with_fds(sock.as_raw_fd(), &hello, &[]).unwrap();
     let mut buf = vec![0u8; 4096];
     let (n, fds) = shm_api::sys::recv_with_fds(sock.as_raw_fd(), &mut buf, 0).unwrap();

@@ -40,6 +40,103 @@ fn apps_spread_over_the_poll_threads() {
     );
 }
 
+/// `placement = "socket"`: one process's sockets spread over the poll threads (its library
+/// opens an attachment per thread, each on the thread it asks for), and messages between them
+/// cross threads exactly once and in order, as between apps. By app (the default) they all
+/// stay on the process's one thread.
+#[test]
+fn placement_by_socket_spreads_one_process_sockets_over_the_poll_threads() {
+    let mut args = vec!["--placement", "socket"];
+    for _ in 0..POLL_THREADS {
+        args.extend(["--poll-core", "-2"]);
+    }
+    let d = Daemon::start(&args);
+    let r = d.attach();
+    let first = r.poll_thread();
+    let socks: Vec<_> = (0..2 * POLL_THREADS).map(|_| r.socket().unwrap()).collect();
+    let threads: Vec<usize> = socks.iter().map(|s| s.poll_thread()).collect();
+    let want: Vec<usize> = (0..2 * POLL_THREADS)
+        .map(|k| (first + k) % POLL_THREADS)
+        .collect();
+    assert_eq!(
+        threads, want,
+        "round-robin from the first attachment's thread"
+    );
+    assert_eq!(r.attachments(), POLL_THREADS);
+    // Every pair of sockets, both ways, in order: each crosses between two threads.
+    const N: u32 = 200;
+    for (k, s) in socks.iter().enumerate() {
+        s.bind(lo(7600 + k as u16)).unwrap();
+        s.set_recv_buffer_size(1 << 20).unwrap();
+        s.set_recv_timeout(Some(Duration::from_secs(10))).unwrap();
+    }
+    for (a, sa) in socks.iter().enumerate() {
+        for seq in 0..N {
+            for b in (0..socks.len()).filter(|&b| b != a) {
+                sa.send_to(&[a as u8, (seq >> 8) as u8, seq as u8], lo(7600 + b as u16))
+                    .unwrap();
+            }
+        }
+    }
+    let mut buf = [0u8; 16];
+    for (b, sb) in socks.iter().enumerate() {
+        let mut next = vec![0u32; socks.len()];
+        for _ in 0..N * (socks.len() as u32 - 1) {
+            let (n, from) = sb.recv_from(&mut buf).unwrap();
+            assert_eq!(n, 3);
+            let a = buf[0] as usize;
+            assert_eq!(from, lo(7600 + a as u16));
+            let seq = u32::from(buf[1]) << 8 | u32::from(buf[2]);
+            assert_eq!(seq, next[a], "socket {b} from socket {a}: in order, once");
+            next[a] += 1;
+        }
+    }
+    drop(socks);
+    drop(r);
+    // By app: one attachment, one thread.
+    let mut args = Vec::new();
+    for _ in 0..POLL_THREADS {
+        args.extend(["--poll-core", "-2"]);
+    }
+    let d = Daemon::start(&args);
+    let r = d.attach();
+    let socks: Vec<_> = (0..POLL_THREADS).map(|_| r.socket().unwrap()).collect();
+    assert!(socks.iter().all(|s| s.poll_thread() == r.poll_thread()));
+    assert_eq!(r.attachments(), 1);
+}
+
+/// An attachment rdsd refuses (here `max_apps`) leaves that thread's sockets on the
+/// process's first attachment: spreading is best effort, never an error.
+#[test]
+fn placement_by_socket_falls_back_to_the_first_attachment_when_refused() {
+    let cfg = rdsd_tests::config_file("max_apps = 2\nplacement = \"socket\"\n");
+    let cfg = cfg.to_str().unwrap().to_string();
+    let d = Daemon::start(&["-c", &cfg, "--poll-core", "-2", "--poll-core", "-2"]);
+    // Start-up's own probe attachment must be gone first (a detach is asynchronous).
+    rdsd_tests::wait_for(
+        || {
+            let s = shm_api::stats_at(&d.socket).expect("stats");
+            rdsd_tests::stat_from(&s, "apps_attached") == rdsd_tests::stat_from(&s, "apps_detached")
+        },
+        Duration::from_secs(20),
+        "start-up's attachment to leave",
+    );
+    // Another app takes the second of the two places.
+    let _other = d.attach();
+    let r = d.attach();
+    let socks: Vec<_> = (0..4).map(|_| r.socket().unwrap()).collect();
+    assert!(socks.iter().all(|s| s.poll_thread() == r.poll_thread()));
+    assert_eq!(r.attachments(), 1);
+    socks[0].bind(lo(7700)).unwrap();
+    socks[1].bind(lo(7701)).unwrap();
+    socks[1]
+        .set_recv_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    socks[0].send_to(b"hi", lo(7701)).unwrap();
+    let mut buf = [0u8; 4];
+    assert_eq!(socks[1].recv_from(&mut buf).unwrap(), (2, lo(7700)));
+}
+
 /// One socket of the model: which app (attachment) holds it and its address.
 struct Peer {
     app: usize,

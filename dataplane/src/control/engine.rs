@@ -12,7 +12,7 @@
 //! engine never sits half-way through a step waiting for a result the shell always has.
 
 use super::info::{self, Started};
-use crate::config::Config;
+use crate::config::{Config, Placement};
 use crate::poll::snapshot::PollSnapshot;
 use crate::stats::Stats;
 use shm_api::ctrl::{
@@ -470,7 +470,7 @@ impl<H: Host> Engine<H> {
             }
         };
         match req {
-            Request::Hello { version } => self.hello(now, i, id, version),
+            Request::Hello { version, shard } => self.hello(now, i, id, version, shard),
             Request::Stats => {
                 let mut r = Reply::ok(0).with_id(id);
                 r.body = self.stats.render().into_bytes();
@@ -537,7 +537,7 @@ impl<H: Host> Engine<H> {
     /// and keep a v1 `rdsctl` working.
     fn serve_legacy(&mut self, i: usize, req: Request) {
         let r = match req {
-            Request::Hello { version } => {
+            Request::Hello { version, .. } => {
                 let pid = self.conn_ref(i).map_or(-1, |c| c.pid);
                 tracing::warn!(
                     pid,
@@ -559,7 +559,7 @@ impl<H: Host> Engine<H> {
         self.send(i, r.encode_legacy(), Vec::new());
     }
 
-    fn hello(&mut self, now: Instant, i: usize, id: u64, version: u32) {
+    fn hello(&mut self, now: Instant, i: usize, id: u64, version: u32, asked: Option<u8>) {
         let refuse = |errno: i32| Reply::err(errno).with_id(id).encode();
         let Some(c) = self.conn(i) else { return };
         if c.attached || c.pending.is_some() {
@@ -592,7 +592,10 @@ impl<H: Host> Engine<H> {
             r.value = self.cfg.max_regions_per_uid as u64;
             return self.send(i, r.encode(), Vec::new());
         }
-        let shard = self.pick_shard();
+        let shard = match asked.map(usize::from) {
+            Some(k) if self.cfg.placement == Placement::Socket && k < self.shards => k,
+            _ => self.pick_shard(),
+        };
         let a = match self.host.attachment(pid, shard) {
             Ok(a) => a,
             Err(errno) => {

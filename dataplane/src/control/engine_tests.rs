@@ -46,6 +46,8 @@ impl Host for Fake {
                 region_len: 4096,
                 daemon_region_len: 4096,
                 hugetlb: 0,
+                poll_threads: 1,
+                placement: 0,
             },
         })
     }
@@ -198,6 +200,11 @@ impl Rig {
 
     /// Accepts an app of `uid` and attaches it at `ms`: (its index, its shard).
     fn attach(&mut self, ms: u64, uid: u32) -> (usize, usize) {
+        self.attach_asking(ms, uid, None)
+    }
+
+    /// [`Rig::attach`] with a Hello that asks for poll thread `shard`.
+    fn attach_asking(&mut self, ms: u64, uid: u32, shard: Option<u8>) -> (usize, usize) {
         let i = self.e.accept(self.at(ms), PID, uid).expect("accepted");
         self.request(
             ms,
@@ -205,6 +212,7 @@ impl Rig {
             1,
             Request::Hello {
                 version: LAYOUT_VERSION,
+                shard,
             },
         );
         let (shard, seq, kind) = self.queued();
@@ -249,6 +257,7 @@ fn a_silent_connection_is_closed_at_its_hello_deadline() {
         1,
         Request::Hello {
             version: LAYOUT_VERSION,
+            shard: None,
         },
     );
     r.actions();
@@ -341,6 +350,7 @@ fn an_attach_withdrawn_on_hang_up_still_counts_until_its_region_is_back() {
         1,
         Request::Hello {
             version: LAYOUT_VERSION,
+            shard: None,
         },
     );
     let (_, seq, _) = r.queued();
@@ -360,6 +370,7 @@ fn an_attach_withdrawn_on_hang_up_still_counts_until_its_region_is_back() {
         2,
         Request::Hello {
             version: LAYOUT_VERSION,
+            shard: None,
         },
     );
     let refused = r.reply(j);
@@ -375,6 +386,7 @@ fn an_attach_withdrawn_on_hang_up_still_counts_until_its_region_is_back() {
         3,
         Request::Hello {
             version: LAYOUT_VERSION,
+            shard: None,
         },
     );
     assert!(matches!(r.queued().2, Kind::Attach(_)));
@@ -432,6 +444,7 @@ fn max_regions_per_uid_refuses_hello_with_edquot_but_not_root() {
         1,
         Request::Hello {
             version: LAYOUT_VERSION,
+            shard: None,
         },
     );
     r.queued();
@@ -442,6 +455,7 @@ fn max_regions_per_uid_refuses_hello_with_edquot_but_not_root() {
         5,
         Request::Hello {
             version: LAYOUT_VERSION,
+            shard: None,
         },
     );
     let refusal = r.reply(j);
@@ -510,6 +524,7 @@ fn a_command_that_never_left_the_backlog_times_out_without_a_withdrawal() {
         2,
         Request::Hello {
             version: LAYOUT_VERSION,
+            shard: None,
         },
     );
     assert!(r.actions().is_empty(), "the Attach waits in the backlog");
@@ -554,6 +569,27 @@ fn new_apps_go_to_the_least_loaded_poll_thread() {
     // Requests go to the app's own poll thread.
     r.request(4, 2, 3, BIND);
     assert_eq!(r.queued().0, 2);
+}
+
+#[test]
+fn placement_by_socket_puts_an_attachment_on_the_poll_thread_it_asks_for() {
+    use crate::config::Placement;
+    let mut r = rig(3, 64, |c| c.placement = Placement::Socket);
+    // Asked for: honoured, whatever the load.
+    let asked: Vec<usize> = [2, 2, 1, 0]
+        .map(|k| r.attach_asking(0, USER, Some(k)).1)
+        .to_vec();
+    assert_eq!(asked, [2, 2, 1, 0]);
+    // Not asked (an older library, or a first attachment): the least loaded. Out of range:
+    // the same.
+    assert_eq!(r.attach_asking(0, USER, None).1, 0);
+    assert_eq!(r.attach_asking(0, USER, Some(3)).1, 1);
+    // By app (the default) a request is ignored.
+    let mut r = rig(3, 64, |_| {});
+    let shards: Vec<usize> = [2, 2, 2]
+        .map(|k| r.attach_asking(0, USER, Some(k)).1)
+        .to_vec();
+    assert_eq!(shards, [0, 1, 2]);
 }
 
 #[test]
@@ -651,7 +687,11 @@ fn malformed_requests_are_counted_and_answered_einval() {
     let bad = r.reply(i);
     assert_eq!((bad.errno, bad.id), (libc::EINVAL, 77));
     // A Hello whose version does not fit in 32 bits.
-    let mut frame = Request::Hello { version: 0 }.encode(78);
+    let mut frame = Request::Hello {
+        version: 0,
+        shard: None,
+    }
+    .encode(78);
     frame[20] = 1;
     r.e.received(r.at(0), i, &frame);
     assert_eq!(r.reply(i).errno, libc::EINVAL);
@@ -669,7 +709,11 @@ fn malformed_requests_are_counted_and_answered_einval() {
 fn a_v1_hello_is_told_its_library_is_too_old() {
     let mut r = rig(1, 64, |_| {});
     let i = r.e.accept(r.at(0), PID, USER).unwrap();
-    let frame = Request::Hello { version: 1 }.encode_v1();
+    let frame = Request::Hello {
+        version: 1,
+        shard: None,
+    }
+    .encode_v1();
     r.e.received(r.at(0), i, &frame);
     let Some(Action::Send { bytes, .. }) = r.e.next_action() else {
         panic!("expected a reply");
@@ -757,6 +801,7 @@ fn a_second_hello_is_eisconn_and_a_taken_attach_is_detached_on_hang_up() {
         1,
         Request::Hello {
             version: LAYOUT_VERSION,
+            shard: None,
         },
     );
     let (shard, seq, _) = r.queued();
@@ -769,6 +814,7 @@ fn a_second_hello_is_eisconn_and_a_taken_attach_is_detached_on_hang_up() {
         2,
         Request::Hello {
             version: LAYOUT_VERSION,
+            shard: None,
         },
     );
     let again = r.reply(i);

@@ -96,6 +96,8 @@ impl Host for Syscalls {
             region_len: region.len() as u64,
             daemon_region_len: DAEMON_REGION_LEN as u64,
             hugetlb: region.hugetlb() as u32,
+            poll_threads: self.cfg.poll_cores.len() as u32,
+            placement: self.cfg.placement.code(),
         };
         // The app's own descriptors: the region, its own description of the daemon region,
         // and its end of its own doorbell (rdsd keeps the other end).

@@ -256,7 +256,10 @@ impl AppSession {
                         addr: group,
                         port,
                     },
-                    _ => Request::Hello { version: 0 },
+                    _ => Request::Hello {
+                        version: 0,
+                        shard: None,
+                    },
                 };
                 let readiness = match req {
                     Request::SocketOpen if arg & 0x80 != 0 => {
