@@ -487,14 +487,21 @@ impl Config {
         self.local_addrs.iter().any(|p| p.contains(ip))
     }
 
-    /// Poll threads that each drive a kernel-TCP transport of their own: all of them when
-    /// this host talks to the network over kernel TCP only; 1 (shard 0) when a `[dpdk]` or
-    /// `[rdma]` section is present, whose single device or context shard 0 drives.
+    /// Poll threads that each drive the network transports for the connections
+    /// [`Config::conn_shard`] gives them: all of them when this host talks to the network over
+    /// kernel TCP only; with a `[dpdk]` section, its `queues` (one queue pair of the port per
+    /// thread; 1 by default); 1 (shard 0) with an `[rdma]` section, whose single context
+    /// shard 0 drives.
     pub fn net_shards(&self) -> usize {
-        if self.sections.names().next().is_some() || !self.wants_network() {
-            1
-        } else {
-            self.poll_cores.len()
+        if !self.wants_network() || self.sections.get("rdma").is_some() {
+            return 1;
+        }
+        match self.sections.get("dpdk") {
+            Some(d) => d
+                .get("queues")
+                .and_then(|q| q.as_integer())
+                .map_or(1, |q| (q.max(1) as usize).min(self.poll_cores.len())),
+            None => self.poll_cores.len(),
         }
     }
 
@@ -506,13 +513,16 @@ impl Config {
     }
 }
 
-/// [`Config::conn_shard`] for `shards` kernel-TCP poll threads.
+/// [`Config::conn_shard`] for `shards` network poll threads. Symmetric in the two addresses:
+/// two hosts with as many threads pick the same one, so on a DPDK port with a queue pair per
+/// thread (memif: queue k to queue k) a connection's frames arrive on its owner's queue at
+/// both ends and need no steering.
 pub fn conn_shard(shards: usize, laddr: u32, faddr: u32) -> usize {
     if shards <= 1 {
         return 0;
     }
     // Fibonacci hashing: neighbouring addresses (a cluster's) spread over the shards.
-    let key = (u64::from(laddr) << 32) | u64::from(faddr);
+    let key = (u64::from(laddr.min(faddr)) << 32) | u64::from(laddr.max(faddr));
     ((key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % shards as u64) as usize
 }
 
@@ -523,20 +533,24 @@ mod tests {
     #[test]
     fn connections_spread_over_the_kernel_tcp_shards() {
         assert_eq!(conn_shard(1, 7, 9), 0, "one shard owns everything");
-        // One host's peers on a /24: every shard owns some, none more than twice its share.
+        // One host's peers on a /24: every shard owns some, none more than twice its share,
+        // wherever the host sits in the subnet; and both ends pick the same shard.
         for shards in [2usize, 3, 4, 8] {
-            let mut load = vec![0usize; shards];
-            let me = u32::from(Ipv4Addr::new(10, 0, 0, 1));
-            for peer in 2..=255u32 {
-                let k = conn_shard(shards, me, u32::from(Ipv4Addr::new(10, 0, 0, 0)) | peer);
-                assert!(k < shards);
-                load[k] += 1;
+            for me in [1u32, 128, 254] {
+                let mut load = vec![0usize; shards];
+                let at = |h: u32| u32::from(Ipv4Addr::new(10, 0, 0, 0)) | h;
+                for peer in (1..=255u32).filter(|&p| p != me) {
+                    let k = conn_shard(shards, at(me), at(peer));
+                    assert!(k < shards);
+                    assert_eq!(k, conn_shard(shards, at(peer), at(me)), "symmetric");
+                    load[k] += 1;
+                }
+                let fair = 254 / shards;
+                assert!(
+                    load.iter().all(|&l| l > 0 && l <= 2 * fair),
+                    "{shards} shards, host .{me}: {load:?}"
+                );
             }
-            let fair = 254 / shards;
-            assert!(
-                load.iter().all(|&l| l > 0 && l <= 2 * fair),
-                "{shards}: {load:?}"
-            );
         }
         // Sharded only while the host talks to the network (a [dpdk] or [rdma] section keeps
         // every connection on shard 0 too: `transport::tests`).

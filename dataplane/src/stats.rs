@@ -259,6 +259,11 @@ counters! {
     /// Sockets those egress runs dispatched: only those that may have something to send, not
     /// every path and listener (vendored smoltcp, PATCHES.md item 4).
     egress_sockets,
+    /// Frames received on this poll thread's queue that belong to another's connection, handed
+    /// over (`[dpdk] queues` > 1: software steering).
+    steered,
+    /// Of those, dropped because the owner's inbox was full (TCP resends).
+    steer_drops,
 }
 }
 

@@ -442,6 +442,98 @@ fn memif_between_two_rdsd_both_ways_up_to_1mib() {
     let _ = std::fs::remove_file(&sock);
 }
 
+/// Two poll threads per rdsd, each driving one of its port's two queue pairs (`[dpdk]
+/// queues = 2`): each connection is one thread's at both ends (a symmetric hash of the address
+/// pair); sends from an app on the other thread cross to it, and frames that arrive on the other
+/// thread's queue are steered to it. Returns the connection's owner and each side's steered
+/// frames.
+fn two_queue_exchange(d: [&Daemon; 2], pair: &VethPair, port: u16) -> (u64, [u64; 2]) {
+    let took = exchange(d[0], pair.addr(0), d[1], pair.addr(1), port);
+    let total: u64 = PLAN.iter().map(|p| p.1).sum();
+    let mut owners = Vec::new();
+    for x in d {
+        assert_eq!(x.stat("dpdk_delivered"), total);
+        assert_eq!(x.stat("dpdk_mbuf_alloc_failures"), 0);
+        assert_eq!(x.stat("dpdk_steer_drops"), 0);
+        let conns = x.info_json(&["-n"])["connections"]
+            .as_array()
+            .expect("connections")
+            .clone();
+        assert_eq!(conns.len(), 1, "{conns:?}");
+        owners.push(conns[0]["shard"].as_u64().expect("shard"));
+    }
+    let steered = d.map(|x| x.stat("dpdk_steered"));
+    eprintln!("two queues: {took:?}, connection on thread {owners:?}, steered {steered:?}");
+    assert_eq!(owners[0], owners[1], "one thread's at both ends");
+    (owners[0], steered)
+}
+
+/// memif with a queue pair per poll thread: queue k meets queue k, and with the same thread
+/// count at both ends a connection's frames arrive on its owner's queue (nothing is steered).
+/// Pairs are made until the connection is thread 1's, so that the second queue carries it.
+#[test]
+fn memif_with_a_queue_pair_per_poll_thread() {
+    require!(eal_works(), DPDK_INSTALL);
+    let two = ["--poll-core", "-2", "--poll-core", "-2"];
+    let mut owners = Vec::new();
+    for attempt in 0..16 {
+        let pair = VethPair::new();
+        let sock = std::env::temp_dir().join(format!(
+            "rdsd-memif-q2-{}-{attempt}.sock",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&sock);
+        let d0 = pair.memif_daemon_with(0, &sock, 4, "queues = 2", &two);
+        let d1 = pair.memif_daemon_with(1, &sock, 4, "queues = 2", &two);
+        let (owner, steered) = two_queue_exchange([&d0, &d1], &pair, 7300);
+        assert_eq!(steered, [0, 0], "queue k meets queue k: nothing to steer");
+        drop((d0, d1));
+        let _ = std::fs::remove_file(&sock);
+        owners.push(owner);
+        if owner == 1 {
+            return;
+        }
+    }
+    panic!("no pair put its connection on thread 1: {owners:?}");
+}
+
+/// af_packet with a queue pair per poll thread (`qpairs=2`): the kernel fans frames out over
+/// the two packet sockets by its own flow hash, so frames of one thread's connection arrive on
+/// the other's queue, which steers them. 8 paths: 8 TCP flows, hashed each way.
+#[test]
+fn af_packet_with_a_queue_pair_per_poll_thread_steers_frames_to_their_owner() {
+    require!(eal_works(), DPDK_INSTALL);
+    let pair = VethPair::new();
+    let start = |i: usize| {
+        let cfg = dpdk_config(VethPair::iface(i), pair.addr(i), "queues = 2");
+        let cfg = cfg.to_str().unwrap().to_string();
+        let args = [
+            "-c",
+            &cfg,
+            "--local-addr",
+            "127.0.0.0/8",
+            "--paths",
+            "8",
+            "--poll-core",
+            "-2",
+            "--poll-core",
+            "-2",
+        ];
+        Daemon::start_in(Some(&pair.ns[i]), &args)
+    };
+    let (d0, d1) = (start(0), start(1));
+    let (_, steered) = two_queue_exchange([&d0, &d1], &pair, 7400);
+    // Fanned out, not copied: each frame reaches one of the two packet sockets.
+    for (rx, tx) in [(&d0, &d1), (&d1, &d0)] {
+        let (got, sent) = (rx.stat("dpdk_rx_packets"), tx.stat("dpdk_tx_packets"));
+        assert!(got <= sent, "{got} frames received of {sent} sent");
+    }
+    assert!(
+        steered[0] + steered[1] > 0,
+        "16 flows hashed by the kernel and none on the other queue: {steered:?}"
+    );
+}
+
 /// Round trips of 64-byte messages between two hosts through their rdsds (one app thread,
 /// blocking receives), and a one-way burst: over DPDK af_packet ports on a veth pair, over
 /// DPDK memif ports, and over kernel TCP (a veth pair with the addresses in the kernel), one

@@ -105,8 +105,11 @@ fn first_pong(d: &Daemon, from: Ipv4Addr, to: Ipv4Addr, give_up: Duration) -> Op
 /// Runs `loops()` starts with `start`, cycling through the orders; every one must see a pong
 /// within [`BUDGET`] of both daemons serving.
 fn loop_starts(kind: &str, pair: &VethPair, start: impl Fn(usize) -> Daemon + Sync) {
+    loop_starts_n(kind, pair, loops(), start)
+}
+
+fn loop_starts_n(kind: &str, pair: &VethPair, n: usize, start: impl Fn(usize) -> Daemon + Sync) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let n = loops();
     let mut late = Vec::new();
     let mut worst = Duration::ZERO;
     for k in 0..n {
@@ -147,6 +150,28 @@ fn memif_pair_answers_a_ping_within_2s_of_starting() {
             let _ = std::fs::remove_file(&sock);
         }
         pair.memif_daemon(i, &sock, 8, &[])
+    });
+    let _ = std::fs::remove_file(&sock);
+}
+
+/// The same with two poll threads and a memif queue pair each (`[dpdk] queues = 2`): the
+/// thread of queue 0 starts a port whose server was not there yet (the client first) while the
+/// other thread's queue waits behind the port's gate. A fifth of the loops (at least 6: every
+/// order twice).
+#[test]
+fn memif_pair_with_two_queues_answers_a_ping_within_2s_of_starting() {
+    if !prerequisites() {
+        return;
+    }
+    let pair = VethPair::new();
+    let sock: PathBuf =
+        std::env::temp_dir().join(format!("rdsd-memif-start2-{}.sock", std::process::id()));
+    let two = ["--poll-core", "-2", "--poll-core", "-2"];
+    loop_starts_n("memif, 2 queues", &pair, (loops() / 5).max(6), |i| {
+        if i == 0 {
+            let _ = std::fs::remove_file(&sock);
+        }
+        pair.memif_daemon_with(i, &sock, 8, "queues = 2", &two)
     });
     let _ = std::fs::remove_file(&sock);
 }

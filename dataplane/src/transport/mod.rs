@@ -31,7 +31,7 @@ use std::sync::Arc;
 fn register(r: &mut Registry<'_>) -> Result<()> {
     r.every_shard(loopback::build)?;
     // Before kernel TCP: the DPDK port's routes win.
-    r.section("dpdk", dpdk::build)?;
+    r.section_sharded("dpdk", dpdk::build)?;
     // Before kernel TCP: with an [rdma] section, its routes go over RDMA.
     r.section("rdma", rdma::build)?;
     r.sharded(tcp::build)?;
@@ -105,6 +105,9 @@ pub fn build_shards(cfg: &Config, stats: &[Arc<Stats>]) -> Result<Vec<Vec<Box<dy
 /// Builds a transport for some poll threads, given each thread's counters (k-th for thread k).
 type ShardedBuild<T, E> = fn(&Config, &[Arc<Stats>]) -> Result<Vec<T>, E>;
 
+/// Builds a transport from its section for some poll threads (k-th result on thread k).
+type SectionShardedBuild<S, T, E> = fn(&Config, &S, &[Arc<Stats>]) -> Result<Vec<T>, E>;
+
 /// What [`register`]'s lines do: check sections, or start transports.
 struct Registry<'a>(Mode<'a>);
 
@@ -159,6 +162,31 @@ impl Registry<'_> {
         Ok(())
     }
 
+    /// A transport that runs when the configuration has its section `[name]`, on some of the
+    /// poll threads: `build` gets every thread's counters, and its k-th result runs on thread k.
+    fn section_sharded<S, T, E>(
+        &mut self,
+        name: &'static str,
+        build: SectionShardedBuild<S, T, E>,
+    ) -> Result<()>
+    where
+        S: Section,
+        T: Transport + 'static,
+        E: Into<anyhow::Error>,
+    {
+        if let Mode::Build { cfg, stats, lists } = &mut self.0 {
+            if let Some(t) = cfg.sections.get(name) {
+                let s = S::parse(t.clone()).with_context(|| format!("[{name}]"))?;
+                let built = build(cfg, &s, stats).map_err(Into::into)?;
+                for (list, t) in lists.iter_mut().zip(built) {
+                    list.push(Box::new(t));
+                }
+            }
+            return Ok(());
+        }
+        self.section_configure::<S>(name)
+    }
+
     /// A transport that runs when the configuration has its section `[name]`.
     fn section<S, T, E>(
         &mut self,
@@ -170,26 +198,27 @@ impl Registry<'_> {
         T: Transport + 'static,
         E: Into<anyhow::Error>,
     {
-        let parse = |cfg: &Config| -> Result<Option<S>> {
-            cfg.sections
-                .get(name)
-                .map(|t| S::parse(t.clone()).with_context(|| format!("[{name}]")))
-                .transpose()
-        };
-        match &mut self.0 {
-            Mode::Configure { cfg, claimed } => {
-                claimed.push(name);
-                if let Some(s) = parse(cfg)? {
-                    for p in s.local_addrs() {
-                        if !cfg.is_local(p.addr) {
-                            cfg.local_addrs.push(p);
-                        }
-                    }
-                }
+        if let Mode::Build { cfg, stats, lists } = &mut self.0 {
+            if let Some(t) = cfg.sections.get(name) {
+                let s = S::parse(t.clone()).with_context(|| format!("[{name}]"))?;
+                lists[0].push(Box::new(build(cfg, &s, &stats[0]).map_err(Into::into)?));
             }
-            Mode::Build { cfg, stats, lists } => {
-                if let Some(s) = parse(cfg)? {
-                    lists[0].push(Box::new(build(cfg, &s, &stats[0]).map_err(Into::into)?));
+            return Ok(());
+        }
+        self.section_configure::<S>(name)
+    }
+
+    /// Configure mode: claims `[name]`, checks it, and adds the addresses it owns to
+    /// `local_addrs`.
+    fn section_configure<S: Section>(&mut self, name: &'static str) -> Result<()> {
+        if let Mode::Configure { cfg, claimed } = &mut self.0 {
+            claimed.push(name);
+            if let Some(t) = cfg.sections.get(name) {
+                let s = S::parse(t.clone()).with_context(|| format!("[{name}]"))?;
+                for p in s.local_addrs() {
+                    if !cfg.is_local(p.addr) {
+                        cfg.local_addrs.push(p);
+                    }
                 }
             }
         }
@@ -293,6 +322,14 @@ mod tests {
             1,
             "the port's shard 0 keeps kernel TCP too"
         );
+        // A queue pair per poll thread: the port's threads share the connections (and kernel
+        // TCP's), at most one per poll thread.
+        let mut cfg =
+            load("[dpdk]\nvdev = \"net_null0\"\naddr = \"10.254.0.1/24\"\nqueues = 2\n").unwrap();
+        cfg.poll_cores = vec![None; 3];
+        assert_eq!(cfg.net_shards(), 2);
+        cfg.poll_cores = vec![None; 1];
+        assert_eq!(cfg.net_shards(), 1);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

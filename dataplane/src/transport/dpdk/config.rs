@@ -50,7 +50,16 @@ pub struct RawDpdk {
     check_kernel_addr: bool,
     /// Absent: false on memif, true on any other port.
     verify_checksums: Option<bool>,
+    #[serde(default = "d_queues")]
+    queues: u16,
 }
+
+fn d_queues() -> u16 {
+    1
+}
+
+/// Most queue pairs `dpdk.queues` accepts (DPDK's af_packet driver takes 16).
+pub const MAX_QUEUES: u16 = 16;
 
 fn d_lcores() -> String {
     "0".into()
@@ -140,6 +149,17 @@ pub struct DpdkConfig {
     /// crosses in one descriptor. rdsd adds `bsize=` to the vdev for an `mtu`-sized frame
     /// unless the vdev sets it; see [`DpdkConfig::memif_mtu`].
     pub memif_buffer: Option<u16>,
+    /// Rx/tx queue pairs, one per poll thread that drives the port (the first `queues` poll
+    /// threads; each owns the connections `config::conn_shard` gives it).
+    pub queues: u16,
+}
+
+/// The value of a vdev's `key=value` argument.
+fn devarg(vdev: &str, key: &str) -> Option<String> {
+    vdev.split(',').skip(1).find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k.trim() == key).then(|| v.trim().to_string())
+    })
 }
 
 /// What a frame adds to its IP packet in a memif buffer: the Ethernet header and a VLAN tag
@@ -324,12 +344,28 @@ impl DpdkConfig {
         let verify_checksums = r
             .verify_checksums
             .unwrap_or(!port_name.starts_with("net_memif"));
+        if !(1..=MAX_QUEUES).contains(&r.queues) {
+            bail!("dpdk.queues must be 1..={MAX_QUEUES} (got {})", r.queues);
+        }
+        let mut r = r;
+        if port_name.starts_with("net_af_packet") {
+            // af_packet opens one packet socket per queue pair (`qpairs`, fanned out by the
+            // kernel's flow hash; rdsd steers each frame to its connection's owner).
+            match devarg(&r.vdev, "qpairs") {
+                Some(q) if q.parse::<u16>().ok() != Some(r.queues) => bail!(
+                    "dpdk.vdev sets qpairs={q} but dpdk.queues = {} (leave qpairs out: rdsd \
+                     sets it)",
+                    r.queues
+                ),
+                Some(_) => {}
+                None if r.queues > 1 => {
+                    r.vdev = format!("{},qpairs={}", r.vdev.trim_end_matches(','), r.queues)
+                }
+                None => {}
+            }
+        }
         let (vdev, memif_buffer) = if port_name.starts_with("net_memif") {
-            let given = r.vdev.split(',').skip(1).find_map(|kv| {
-                let (k, v) = kv.split_once('=')?;
-                (k.trim() == "bsize").then(|| v.trim().to_string())
-            });
-            match given {
+            match devarg(&r.vdev, "bsize") {
                 Some(v) => {
                     let b: u16 = v
                         .parse()
@@ -384,6 +420,7 @@ impl DpdkConfig {
                 .then(|| std::time::Duration::from_micros(r.ack_delay_us)),
             verify_checksums,
             memif_buffer,
+            queues: r.queues,
         })
     }
 

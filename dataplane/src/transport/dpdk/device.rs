@@ -25,11 +25,13 @@
 //!   duplicate ACKs, and timeouts), out-of-order and duplicate segments received, and zero
 //!   windows advertised by the peer (window stalls) or by us.
 
+use super::steer::{self, Mbuf, Owner, Steering};
 use super::wire::{Flows, TcpCounters};
 use crate::transport::utcp::Flush;
 use dpdk_sys as sys;
 use smoltcp::phy::{self, Checksum, Device, DeviceCapabilities, Medium};
 use smoltcp::time::Instant;
+use std::sync::Arc;
 
 /// Most frames taken from the port per pass.
 pub const BURST: usize = 32;
@@ -66,6 +68,10 @@ pub struct PortCounters {
     pub reconnects: u64,
     /// TCP, inferred from the wire.
     pub tcp: TcpCounters,
+    /// Frames received on this queue that another poll thread's connection owns, handed over.
+    pub steered: u64,
+    /// Of those, dropped (the owner's inbox was full; TCP resends).
+    pub steer_drops: u64,
 }
 
 /// The transmit half (a separate field, so that a receive token and a transmit token can be
@@ -82,6 +88,8 @@ struct TxSide {
     bursts: u64,
     /// TCP as seen on the wire (both directions; here so that every burst records its frames).
     flows: Flows,
+    /// Several queues: the port's gate, checked around each burst on queues other than 0.
+    steer: Option<Arc<Steering>>,
 }
 
 /// One DPDK port's queue pair as a smoltcp device.
@@ -110,6 +118,11 @@ pub struct DpdkDevice {
     /// When to read the link status next, and since when it has been down.
     next_link_check: Instant,
     down_since: Option<Instant>,
+    /// Several queue pairs ([`DpdkDevice::steer`]): the frames other threads handed over,
+    /// and the port's gate.
+    steer: Option<Arc<Steering>>,
+    /// How many of the current rx array's frames came from the inbox (already steered).
+    rx_handed: usize,
 }
 
 // SAFETY: the raw pointers are the mempool (thread-safe in DPDK) and mbufs this device owns
@@ -143,6 +156,7 @@ impl DpdkDevice {
                 sent: 0,
                 bursts: 0,
                 flows: Flows::default(),
+                steer: None,
             },
             counters: PortCounters::default(),
             started: true,
@@ -152,7 +166,28 @@ impl DpdkDevice {
             verify_rx_checksums: true,
             next_link_check: Instant::ZERO,
             down_since: None,
+            steer: None,
+            rx_handed: 0,
         }
+    }
+
+    /// One of several queue pairs of the port, each driven by its own poll thread: frames
+    /// that belong to another thread's connection go to it through `s`, and frames handed
+    /// here are read first. On queue 0 the device starts and stops the port (and opens and
+    /// closes `s`'s gate); on the others it only bursts while the gate is open.
+    pub fn steer(&mut self, s: Arc<Steering>) {
+        if self.queue != 0 {
+            // Port-level work is queue 0's: the port's state comes through the gate.
+            self.started = true;
+            self.reconnect = false;
+        }
+        self.tx.steer = Some(s.clone());
+        self.steer = Some(s);
+    }
+
+    /// Queue 0 (or the only queue): the one that may start and stop the port.
+    fn owns_port(&self) -> bool {
+        self.queue == 0
     }
 
     /// Received IPv4 and TCP checksums are not verified (memif, `[dpdk] verify_checksums`);
@@ -191,8 +226,12 @@ impl DpdkDevice {
                 "DPDK port link down: restarting it to reconnect"
             );
             self.counters.reconnects += 1;
-            // SAFETY: the port is started and only this thread uses it; the mbufs we hold
-            // (unread rx, queued tx) stay ours and valid across a stop.
+            if let Some(s) = &self.steer {
+                s.gate.close();
+            }
+            // SAFETY: the port is started and no thread bursts on it (the gate is closed on
+            // every other queue); the mbufs we hold (unread rx, queued tx) stay ours and valid
+            // across a stop.
             unsafe { sys::rte_eth_dev_stop(self.port) };
             self.started = false;
             self.down_since = None;
@@ -230,6 +269,9 @@ impl DpdkDevice {
                 "DPDK port started (its memif peer is there)"
             );
             self.started = true;
+            if let Some(s) = &self.steer {
+                s.gate.open();
+            }
         } else {
             self.next_start = now + smoltcp::time::Duration::from_millis(self.start_backoff);
             self.start_backoff = (self.start_backoff * 2).min(START_RETRY_MAX_MS);
@@ -245,7 +287,79 @@ impl DpdkDevice {
         c.tx_packets = self.tx.sent;
         c.tx_bursts = self.tx.bursts;
         c.tcp = self.tx.flows.counters();
+        if let Some(s) = &self.steer {
+            c.steer_drops = s.drops(usize::from(self.queue));
+        }
         c
+    }
+
+    /// Fills the rx array for a pass: frames handed over by other threads first, then one
+    /// burst from the queue.
+    fn fill_rx(&mut self) -> usize {
+        let mut n = 0;
+        let q = usize::from(self.queue);
+        if let Some(s) = &self.steer {
+            while n < BURST {
+                match s.take(q) {
+                    Some(Mbuf(m)) => {
+                        self.rx[n] = m;
+                        n += 1;
+                    }
+                    None => break,
+                }
+            }
+        }
+        self.rx_handed = n;
+        if n == BURST {
+            return n;
+        }
+        let gated = !self.owns_port() && self.steer.as_ref().is_some_and(|s| !s.gate.enter(q));
+        if gated {
+            return n;
+        }
+        // SAFETY: `rx[n..]` has room for BURST - n pointers; the queue pair is ours (new()).
+        let got = unsafe {
+            sys::rte_eth_rx_burst(
+                self.port,
+                self.queue,
+                self.rx.as_mut_ptr().add(n),
+                (BURST - n) as u16,
+            )
+        };
+        if !self.owns_port() {
+            if let Some(s) = &self.steer {
+                s.gate.leave(q);
+            }
+        }
+        if got > 0 {
+            self.counters.rx_bursts += 1;
+            self.counters.rx_packets += u64::from(got);
+        }
+        n + usize::from(got)
+    }
+
+    /// A frame received on this queue that is not (only) this thread's: hands it (or a copy)
+    /// over; true if it is gone.
+    fn hand_over(&mut self, m: *mut sys::rte_mbuf, frame: &[u8]) -> bool {
+        let Some(s) = &self.steer else { return false };
+        let q = usize::from(self.queue);
+        match steer::owner(frame, s.queues()) {
+            Owner::Thread(k) if k != q => {
+                s.hand_over(q, k, Mbuf(m));
+                self.counters.steered += 1;
+                true
+            }
+            Owner::All => {
+                // An ARP reply: a copy for every other thread's neighbour cache (rare).
+                for k in (0..s.queues()).filter(|&k| k != q) {
+                    if let Some(c) = copy_frame(self.tx.pool, frame) {
+                        s.hand_over(q, k, Mbuf(c));
+                    }
+                }
+                false
+            }
+            _ => false,
+        }
     }
 
     /// Takes the next frame of this pass's burst.
@@ -256,19 +370,14 @@ impl DpdkDevice {
                     return None;
                 }
                 self.rx_done = true;
-                // SAFETY: `rx` has room for BURST pointers; the queue pair is ours (new()).
-                let n = unsafe {
-                    sys::rte_eth_rx_burst(self.port, self.queue, self.rx.as_mut_ptr(), BURST as u16)
-                };
-                self.rx_n = n as usize;
+                self.rx_n = self.fill_rx();
                 self.rx_pos = 0;
-                if n == 0 {
+                if self.rx_n == 0 {
                     return None;
                 }
-                self.counters.rx_bursts += 1;
-                self.counters.rx_packets += u64::from(n);
             }
-            let m = self.rx[self.rx_pos];
+            let i = self.rx_pos;
+            let m = self.rx[i];
             self.rx_pos += 1;
             // SAFETY: `m` is an mbuf the driver just handed us.
             if unsafe { sys::rte_pktmbuf_nb_segs(m) } != 1 {
@@ -279,10 +388,32 @@ impl DpdkDevice {
             }
             // SAFETY: a single-segment mbuf: `data_len` bytes at `mtod` are the frame.
             let frame = unsafe { mbuf_bytes(m) };
+            if i >= self.rx_handed && self.hand_over(m, frame) {
+                continue;
+            }
             self.tx.flows.received(frame);
             return Some(m);
         }
     }
+}
+
+/// A copy of `frame` in a fresh mbuf of `pool` (None if the pool is empty).
+fn copy_frame(pool: *mut sys::rte_mempool, frame: &[u8]) -> Option<*mut sys::rte_mbuf> {
+    // SAFETY: the pool outlives the device (new()).
+    let m = unsafe { sys::rte_pktmbuf_alloc(pool) };
+    if m.is_null() {
+        return None;
+    }
+    // SAFETY: a fresh mbuf; append returns `len` writable bytes or null.
+    let data = unsafe { sys::rte_pktmbuf_append(m, frame.len() as u16) as *mut u8 };
+    if data.is_null() {
+        // SAFETY: ours, never handed out.
+        unsafe { sys::rte_pktmbuf_free(m) };
+        return None;
+    }
+    // SAFETY: `data..data + len` is the new mbuf's data area; the frame is another mbuf's.
+    unsafe { std::ptr::copy_nonoverlapping(frame.as_ptr(), data, frame.len()) };
+    Some(m)
 }
 
 /// The bytes of a single-segment mbuf.
@@ -309,9 +440,21 @@ impl TxSide {
             // SAFETY: queued mbufs are single-segment frames we built and still own.
             self.flows.sent(unsafe { mbuf_bytes(m) });
         }
+        // Queues other than 0 burst only while the port runs (queue 0 may stop it).
+        let gate = self.steer.as_ref().filter(|_| queue != 0);
+        if gate.is_some_and(|s| !s.gate.enter(usize::from(queue))) {
+            // SAFETY: queued mbufs are ours; freed once, never sent (TCP resends).
+            unsafe { sys::rte_pktmbuf_free_bulk(self.queue.as_mut_ptr(), self.n as u32) };
+            self.dropped += self.n as u64;
+            self.n = 0;
+            return;
+        }
         let (mbufs, n) = (self.queue.as_mut_ptr(), self.n as u16);
         // SAFETY: the first `n` entries are mbufs we own; the driver takes the first `sent`.
         let sent = unsafe { sys::rte_eth_tx_burst(port, queue, mbufs, n) };
+        if let Some(s) = gate {
+            s.gate.leave(usize::from(queue));
+        }
         let sent = usize::from(sent);
         let refused = self.n - sent;
         if refused > 0 {

@@ -94,6 +94,8 @@ pub struct Port {
     pub mtu: u16,
     /// Whether `rte_eth_dev_start` succeeded (a memif client may wait for its server).
     pub started: bool,
+    /// Rx/tx queue pairs (`dpdk.queues`).
+    pub queues: u16,
 }
 
 fn check(rc: i32, what: &str, cfg: &DpdkConfig) -> Result<()> {
@@ -131,7 +133,8 @@ fn data_room(mtu: u16) -> u16 {
         .max(sys::RTE_MBUF_DEFAULT_BUF_SIZE as usize) as u16
 }
 
-/// Configures and starts `cfg`'s port with one rx/tx queue pair (one poll core).
+/// Configures and starts `cfg`'s port with `dpdk.queues` rx/tx queue pairs (one per poll
+/// thread that drives it).
 pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
     let name = CString::new(cfg.port_name.as_str())?;
     let mut id = 0u16;
@@ -152,6 +155,15 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
     let want = cfg
         .memif_mtu()
         .unwrap_or_else(|| mtu_to_ask(cfg.mtu, &info));
+    let queues = cfg.queues;
+    if info.max_rx_queues < queues || info.max_tx_queues < queues {
+        bail!(
+            "DPDK port {}: dpdk.queues = {queues}, but the port has {} rx and {} tx queues",
+            cfg.port_name,
+            info.max_rx_queues,
+            info.max_tx_queues
+        );
+    }
     tracing::info!(
         port = %cfg.port_name, min_mtu = info.min_mtu, max_mtu = info.max_mtu,
         max_rx_pktlen = info.max_rx_pktlen, asked = cfg.mtu, trying = want,
@@ -190,11 +202,11 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
     // SAFETY: a valid port; out-pointers are ours; the pool outlives the queues (never freed
     // while the port runs).
     unsafe {
-        if sys::rte_eth_dev_configure(id, 1, 1, &conf) < 0 {
+        if sys::rte_eth_dev_configure(id, queues, queues, &conf) < 0 {
             tracing::warn!(port = %cfg.port_name, mtu = want, "the port refused the MTU; 1500");
             conf.rxmode.mtu = 0;
             check(
-                sys::rte_eth_dev_configure(id, 1, 1, &conf),
+                sys::rte_eth_dev_configure(id, queues, queues, &conf),
                 "configure",
                 cfg,
             )?;
@@ -220,16 +232,18 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
             cfg,
         )?;
         let socket = sys::rte_eth_dev_socket_id(id) as u32;
-        check(
-            sys::rte_eth_rx_queue_setup(id, 0, nrx, socket, std::ptr::null(), pool),
-            "rx queue",
-            cfg,
-        )?;
-        check(
-            sys::rte_eth_tx_queue_setup(id, 0, ntx, socket, std::ptr::null()),
-            "tx queue",
-            cfg,
-        )?;
+        for q in 0..queues {
+            check(
+                sys::rte_eth_rx_queue_setup(id, q, nrx, socket, std::ptr::null(), pool),
+                "rx queue",
+                cfg,
+            )?;
+            check(
+                sys::rte_eth_tx_queue_setup(id, q, ntx, socket, std::ptr::null()),
+                "tx queue",
+                cfg,
+            )?;
+        }
         let rc = sys::rte_eth_dev_start(id);
         if rc < 0 && cfg.port_name.starts_with("net_memif") {
             // A memif client connects to its server's socket when started; a server that is
@@ -258,6 +272,7 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
         mac: mac.addr_bytes,
         mtu,
         started,
+        queues,
     })
 }
 

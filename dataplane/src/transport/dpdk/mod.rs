@@ -9,7 +9,7 @@
 //! * **Set-up** (`eal.rs`), from the `[dpdk]` section (`config.rs`, `default.toml`): EAL with
 //!   `-l <lcores> --no-pci --file-prefix=<unique> --in-memory --no-telemetry -m <MiB>`,
 //!   `--no-huge` or hugepages (`--huge-dir`), `--vdev=<vdev>` and any `eal_args`; EAL's
-//!   affinity change of the main thread is undone. One rx/tx queue pair (one poll core), a
+//!   affinity change of the main thread is undone. `queues` rx/tx queue pairs (1 by default), a
 //!   mempool of `mbufs` mbufs, the MAC from the port. The MTU: `mtu` (9000 by default, jumbo
 //!   frames) capped by what the port says it takes (`rte_eth_dev_info`: `max_mtu`, and
 //!   `max_rx_pktlen` for the whole frame), set with `rte_eth_conf.rxmode.mtu` and
@@ -22,6 +22,17 @@
 //!   (`DpdkConfig::memif_mtu`). A 64 KiB message then crosses in 8 frames instead of 45
 //!   (`tests/tests/dpdk_pass_cost.rs`, `a_64k_message_crosses_memif_in_jumbo_frames`); a peer
 //!   with smaller frames is served by TCP's MSS.
+//! * **Several poll threads** (`queues` = N > 1, at most the poll-thread count): the port gets
+//!   N queue pairs and each of the first N poll threads drives one with an endpoint of its
+//!   own (its smoltcp interface, connections, timers), owning the connections
+//!   `config::conn_shard` gives it (a symmetric hash of the address pair, as kernel TCP's
+//!   shards). A frame received on another thread's queue is handed to its owner (`steer.rs`;
+//!   counted, `dpdk_steered`): af_packet (`qpairs=N`, which rdsd adds to the vdev) fans frames
+//!   out by the kernel's flow hash, so many are; memif delivers on the queue the peer sent on,
+//!   so with the same `queues` at both ends none are. Only queue 0's thread starts or restarts
+//!   the port; the others burst behind its gate. The receive-state file is shared.
+//!   Tests: `tests/tests/dpdk.rs` (`*_with_a_queue_pair_per_poll_thread*`),
+//!   `tests/tests/dpdk_startup.rs` (memif with two queues, every start order).
 //! * **Start-up order.** Either rdsd may start first. A memif client whose server is not
 //!   there yet starts its port later, from the poll thread, and a memif client whose link
 //!   stays down is restarted (memif connects only when a port starts); see `device.rs`.
@@ -68,11 +79,14 @@
 //!   (`dpdk_accepts_refused` on the peer).
 //! * The port is not stopped and EAL not cleaned up at exit (the process ends anyway); the
 //!   hugepage path (`hugepages = true`) is untested here (no hugepages on the test machine).
-//! * One rx/tx queue pair: one poll core.
+//! * Connections, not paths, are what the queue pairs' threads share out: all paths of one
+//!   peer are one thread's, so a host with one busy peer (memif, always one) loads one thread.
+//!   Steering is software: a frame on the wrong queue costs a hand-over between cores.
 
 pub mod config;
 mod device;
 mod eal;
+pub mod steer;
 pub mod wire;
 
 pub use config::{DpdkConfig, RawDpdk};
@@ -106,8 +120,21 @@ pub struct DpdkTransport {
     registered: bool,
 }
 
-/// Starts EAL and the port (the configuration has a `[dpdk]` section, `d`).
-pub fn build(cfg: &Config, d: &DpdkConfig, stats: &Arc<Stats>) -> anyhow::Result<DpdkTransport> {
+/// Starts EAL and the port (the configuration has a `[dpdk]` section, `d`): one transport per
+/// queue pair, for the first `d.queues` poll threads (`stats`: every poll thread's counters).
+pub fn build(
+    cfg: &Config,
+    d: &DpdkConfig,
+    stats: &[Arc<Stats>],
+) -> anyhow::Result<Vec<DpdkTransport>> {
+    if usize::from(d.queues) > stats.len() {
+        anyhow::bail!(
+            "dpdk.queues = {} but rdsd runs {} poll thread(s): one queue pair per poll thread \
+             (add poll_cores, or lower dpdk.queues)",
+            d.queues,
+            stats.len()
+        );
+    }
     if d.check_kernel_addr {
         eal::check_kernel_address(d)?;
     }
@@ -117,20 +144,47 @@ pub fn build(cfg: &Config, d: &DpdkConfig, stats: &Arc<Stats>) -> anyhow::Result
     tracing::info!(
         port = %d.port_name, addr = %d.addr, prefix = d.prefix_len,
         mac = %format!("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5]),
-        mtu = port.mtu, "DPDK port up"
+        mtu = port.mtu, queues = port.queues, "DPDK port up"
     );
-    // SAFETY: the port's queue pair 0 is started, the pool outlives it (never freed while rdsd
-    // runs), and only this device uses the queue pair.
-    let mut dev = unsafe { DpdkDevice::new(port.id, 0, port.pool, usize::from(port.mtu)) };
-    if !port.started {
-        dev.start_later();
-    }
-    if d.memif_client() {
-        dev.reconnect_when_down();
-    }
-    if !d.verify_checksums {
-        dev.skip_rx_checksums();
-    }
+    let steering =
+        (port.queues > 1).then(|| Arc::new(steer::Steering::new(port.queues.into(), port.started)));
+    // One state file for every queue's endpoint (a slot claim takes its lock).
+    let state = RxStateFile::open_shared(&cfg.state_file.with_extension("dpdk.rxseq"))?;
+    (0..port.queues)
+        .zip(stats)
+        .map(|(q, stats)| {
+            // SAFETY: the port's queue pair q is set up (and started, or started later by queue
+            // 0's device), the pool outlives it (never freed while rdsd runs), and only this
+            // device uses the queue pair.
+            let mut dev = unsafe { DpdkDevice::new(port.id, q, port.pool, usize::from(port.mtu)) };
+            if q == 0 {
+                if !port.started {
+                    dev.start_later();
+                }
+                if d.memif_client() {
+                    dev.reconnect_when_down();
+                }
+            }
+            if let Some(s) = &steering {
+                dev.steer(s.clone());
+            }
+            if !d.verify_checksums {
+                dev.skip_rx_checksums();
+            }
+            transport(cfg, d, dev, &port, state.clone(), stats)
+        })
+        .collect()
+}
+
+/// The transport of one queue pair.
+fn transport(
+    cfg: &Config,
+    d: &DpdkConfig,
+    dev: DpdkDevice,
+    port: &Port,
+    state: Arc<RxStateFile>,
+    stats: &Arc<Stats>,
+) -> anyhow::Result<DpdkTransport> {
     let mut ucfg = UtcpConfig::new(port.mac, d.addr, d.prefix_len);
     ucfg.gateway = d.gateway;
     ucfg.port = cfg.tcp_port;
@@ -148,9 +202,7 @@ pub fn build(cfg: &Config, d: &DpdkConfig, stats: &Arc<Stats>) -> anyhow::Result
         local: cfg.local_addrs.clone(),
         npaths: cfg.paths,
         path_choice: cfg.path_choice.into(),
-        state: Some(RxStateFile::open_shared(
-            &cfg.state_file.with_extension("dpdk.rxseq"),
-        )?),
+        state: Some(state),
     };
     let ep = Endpoint::new(link, ep, stats.clone(), |s| &s.dpdk);
     Ok(DpdkTransport {
@@ -242,6 +294,8 @@ impl Transport for DpdkTransport {
             (&p.tcp_zero_window_tx, c.tcp.zero_window_tx),
             (&p.egress_runs, self.ep.link().egress_runs()),
             (&p.egress_sockets, self.ep.link().egress_visits()),
+            (&p.steered, c.steered),
+            (&p.steer_drops, c.steer_drops),
         ] {
             a.store(v, Ordering::Relaxed);
         }
