@@ -15,7 +15,10 @@
 #   CTRL_CPU=1  APP_CPUS=6-15  (both sides' tasks, taskset)
 # Other knobs: POLL_LIST="1 2 4", THREADS="1 2 4 8 16", IDLE=spin (rdsd), MODE=busy (apps;
 # or blocking), YIELD=0 (busy apps' --yield-every; 0 = pure spinning), DEPTH=16,
-# OUTDIR (one JSON per run; default /tmp/scaling-bench.N).
+# OUTDIR (one JSON per run; default /tmp/scaling-bench.N). PLACEMENT=socket: rdsd places
+# sockets, not apps (--placement socket), and rds-bench attaches once per side, as a
+# multi-threaded process (or one under the preload library) does: its library spreads the
+# tasks' sockets over the poll threads.
 # On a small host (the 2-core VM): POLL_CPUS=-2,-2,-2,-2 CTRL_CPU=-2 APP_CPUS=0-1 IDLE=backoff
 # MODE=blocking YIELD=8 THREADS="1 2 4": a check that it runs, not a scaling figure (every
 # thread shares two CPUs).
@@ -45,7 +48,7 @@ if [[ -z "${BIN:-}" ]]; then
 fi
 IFS=, read -r -a polls <<<"$POLL_CPUS"
 echo "# host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(uname -r)"
-echo "# placement: poll $POLL_CPUS (first P), control $CTRL_CPU, apps $APP_CPUS; rdsd --idle $IDLE; apps $MODE (yield every $YIELD); ${SECS}s per transport"
+echo "# placement: poll $POLL_CPUS (first P), control $CTRL_CPU, apps $APP_CPUS; rdsd --idle $IDLE; apps $MODE (yield every $YIELD); sockets placed by ${PLACEMENT:-app}; ${SECS}s per transport"
 
 DIR="$(mktemp -d /tmp/scaling-bench-rdsd.XXXXXX)"
 RDSD_PID=""
@@ -65,6 +68,11 @@ for p in $POLL_LIST; do
     fi
     args=()
     for ((i = 0; i < p; i++)); do args+=(--poll-core "${polls[$i]}"); done
+    attach=(--attach-per-task)
+    if [[ "${PLACEMENT:-app}" == socket ]]; then
+        args+=(--placement socket)
+        attach=()
+    fi
     sock="$DIR/rdsd-$p.sock"
     "$BIN/rdsd" --control-socket "$sock" --state-file "$DIR/state-$p" "${args[@]}" \
         --control-core "$CTRL_CPU" --idle "$IDLE" --log warn >"$DIR/rdsd-$p.log" 2>&1 &
@@ -73,7 +81,7 @@ for p in $POLL_LIST; do
     [[ -S "$sock" ]] || { cat "$DIR/rdsd-$p.log" >&2; exit 1; }
     for t in $THREADS; do
         f="$OUTDIR/t$t-p$p.json"
-        if ! taskset -c "$APP_CPUS" "$BIN/rds-bench" --pair --socket "$sock" --attach-per-task \
+        if ! taskset -c "$APP_CPUS" "$BIN/rds-bench" --pair --socket "$sock" "${attach[@]}" \
             -t "$t" -d "$DEPTH" -q 64 -a 64 -T "$SECS" --transports rds,unix \
             --mode "$MODE" --yield-every "$YIELD" -z --json >"$f" 2>"$f.err"; then
             echo "# t=$t p=$p failed: $(tail -1 "$f.err")" >&2
