@@ -497,6 +497,45 @@ fn memif_with_a_queue_pair_per_poll_thread() {
     panic!("no pair put its connection on thread 1: {owners:?}");
 }
 
+/// memif ends with different `[dpdk] queues` never connect (the count is part of the memif
+/// id): DPDK 22.11's memif server would otherwise accept a client with fewer rings and transmit
+/// on rings that were never set up. No message crosses, and both daemons stay up.
+#[test]
+fn memif_ends_with_different_queue_counts_stay_apart() {
+    require!(eal_works(), DPDK_INSTALL);
+    let pair = VethPair::new();
+    let sock = std::env::temp_dir().join(format!("rdsd-memif-mm-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&sock);
+    let two = ["--poll-core", "-2", "--poll-core", "-2"];
+    let mut d0 = pair.memif_daemon_with(0, &sock, 2, "queues = 2", &two);
+    let mut d1 = pair.memif_daemon_with(1, &sock, 2, "", &[]);
+    let r = d0.attach();
+    let s = r.socket().unwrap();
+    s.bind(SocketAddrV4::new(pair.addr(0), 7500)).unwrap();
+    s.set_recv_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(3) {
+        // RDS ping (port 0): answered by the peer's engine once a path is up.
+        let _ = s.send_to(&[], SocketAddrV4::new(pair.addr(1), 0));
+        assert!(
+            s.recv_from(&mut buf).is_err(),
+            "a pong over a memif link between 2 and 1 queues"
+        );
+    }
+    assert_eq!(d0.stat("dpdk_rx_packets") + d1.stat("dpdk_rx_packets"), 0);
+    for d in [&mut d0, &mut d1] {
+        let up = d
+            .child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().expect("try_wait").is_none());
+        assert!(up, "both daemons up");
+    }
+    drop((s, r, d0, d1));
+    let _ = std::fs::remove_file(&sock);
+}
+
 /// af_packet with a queue pair per poll thread (`qpairs=2`): the kernel fans frames out over
 /// the two packet sockets by its own flow hash, so frames of one thread's connection arrive on
 /// the other's queue, which steers them. 8 paths: 8 TCP flows, hashed each way.

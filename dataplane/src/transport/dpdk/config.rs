@@ -154,6 +154,9 @@ pub struct DpdkConfig {
     pub queues: u16,
 }
 
+/// With `queues` > 1 a memif port's id is `id + queues * MEMIF_ID_QUEUES` (see `from_raw`).
+pub const MEMIF_ID_QUEUES: u32 = 1 << 24;
+
 /// The value of a vdev's `key=value` argument.
 fn devarg(vdev: &str, key: &str) -> Option<String> {
     vdev.split(',').skip(1).find_map(|kv| {
@@ -363,6 +366,33 @@ impl DpdkConfig {
                 }
                 None => {}
             }
+        }
+        if port_name.starts_with("net_memif") && r.queues > 1 {
+            // DPDK 22.11's memif server accepts a client with fewer rings than its own queues
+            // and then transmits on rings that were never set up (their descriptors alias the
+            // first ring's): shared-memory corruption. So the queue count is part of the memif
+            // id, which both ends must match to connect: ends with different `queues` stay
+            // apart (link down) instead.
+            let id: u32 = match devarg(&r.vdev, "id") {
+                None => 0,
+                Some(v) => v
+                    .parse()
+                    .ok()
+                    .filter(|&id| id < MEMIF_ID_QUEUES)
+                    .with_context(|| {
+                        format!(
+                            "dpdk.vdev: memif id={v:?} must be below {MEMIF_ID_QUEUES} with \
+                             dpdk.queues > 1"
+                        )
+                    })?,
+            };
+            let id = id + u32::from(r.queues) * MEMIF_ID_QUEUES;
+            let rest: Vec<&str> = r
+                .vdev
+                .split(',')
+                .filter(|kv| kv.split_once('=').is_none_or(|(k, _)| k.trim() != "id"))
+                .collect();
+            r.vdev = format!("{},id={id}", rest.join(",").trim_end_matches(','));
         }
         let (vdev, memif_buffer) = if port_name.starts_with("net_memif") {
             match devarg(&r.vdev, "bsize") {
@@ -577,6 +607,50 @@ mod tests {
     }
 
     #[test]
+    fn several_queues_shape_the_vdev() {
+        let cfg = |vdev: &str, extra: &str| {
+            let r: RawDpdk = toml::from_str(&format!(
+                "vdev = \"{vdev}\"\naddr = \"10.0.0.1/24\"\n{extra}"
+            ))?;
+            DpdkConfig::from_raw(r)
+        };
+        // memif: the count is part of the id, so that ends with different counts never
+        // connect.
+        let c = cfg(
+            "net_memif0,role=server,id=3,socket=/tmp/m.sock",
+            "queues = 2",
+        )
+        .unwrap();
+        assert_eq!(
+            c.vdev,
+            format!(
+                "net_memif0,role=server,socket=/tmp/m.sock,id={},bsize=9024",
+                3 + 2 * MEMIF_ID_QUEUES
+            )
+        );
+        assert_eq!(c.queues, 2);
+        let c = cfg("net_memif0", "queues = 4").unwrap();
+        assert_eq!(
+            c.vdev,
+            format!("net_memif0,id={},bsize=9024", 4 * MEMIF_ID_QUEUES)
+        );
+        assert!(cfg("net_memif0,id=16777216", "queues = 2").is_err());
+        assert_eq!(
+            cfg("net_memif0,id=7", "").unwrap().vdev,
+            "net_memif0,id=7,bsize=9024"
+        );
+        // af_packet: a packet socket per queue pair.
+        let c = cfg("net_af_packet0,iface=v0", "queues = 2").unwrap();
+        assert_eq!(c.vdev, "net_af_packet0,iface=v0,qpairs=2");
+        assert!(cfg("net_af_packet0,iface=v0,qpairs=2", "queues = 2").is_ok());
+        let e = format!(
+            "{:#}",
+            cfg("net_af_packet0,iface=v0,qpairs=4", "queues = 2").unwrap_err()
+        );
+        assert!(e.contains("qpairs") && e.contains("dpdk.queues"), "{e}");
+    }
+
+    #[test]
     fn errors_name_the_key() {
         let e = |x: &str| format!("{:#}", raw(x).unwrap_err());
         assert!(e("eal_args = [\"--bogus\"]").contains("--bogus"));
@@ -590,6 +664,8 @@ mod tests {
         assert!(e("ack_delay_us = 5000").contains("dpdk.ack_delay_us"));
         assert!(raw("ack_delay_us = 200").is_ok());
         assert!(e("mtu = 65000").contains("dpdk.mtu"));
+        assert!(e("queues = 0").contains("dpdk.queues"));
+        assert!(e("queues = 17").contains("dpdk.queues"));
         let r: RawDpdk = toml::from_str("vdev = \"eth0\"\naddr = \"10.0.0.1/24\"").unwrap();
         assert!(format!("{:#}", DpdkConfig::from_raw(r).unwrap_err()).contains("dpdk.vdev"));
         let r: RawDpdk = toml::from_str("vdev = \"net_null0\"\naddr = \"10.0.0.1\"").unwrap();

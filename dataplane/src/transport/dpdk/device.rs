@@ -43,6 +43,8 @@ const START_RETRY_MAX_MS: u64 = 250;
 /// How often a reconnecting port's link status is read, and how long it may stay down.
 const LINK_CHECK_MS: u64 = 50;
 const RECONNECT_AFTER_MS: u64 = 300;
+/// Restarts of a link that stays down before a warning says why it might (about 3 s).
+const WARN_AFTER_RECONNECTS: u32 = 10;
 
 /// The device's counters (plain integers: only the poll thread touches them; the transport
 /// copies them into the daemon's stats when counters are published).
@@ -118,6 +120,8 @@ pub struct DpdkDevice {
     /// When to read the link status next, and since when it has been down.
     next_link_check: Instant,
     down_since: Option<Instant>,
+    /// Restarts since the link was last seen up (a warning names the likely causes once).
+    failed_reconnects: u32,
     /// Several queue pairs ([`DpdkDevice::steer`]): the frames other threads handed over,
     /// and the port's gate.
     steer: Option<Arc<Steering>>,
@@ -166,6 +170,7 @@ impl DpdkDevice {
             verify_rx_checksums: true,
             next_link_check: Instant::ZERO,
             down_since: None,
+            failed_reconnects: 0,
             steer: None,
             rx_handed: 0,
         }
@@ -217,6 +222,7 @@ impl DpdkDevice {
         let rc = unsafe { sys::rte_eth_link_get_nowait(self.port, &mut link) };
         if rc != 0 || link.link_status() == sys::RTE_ETH_LINK_UP as u16 {
             self.down_since = None;
+            self.failed_reconnects = 0;
             return;
         }
         let since = *self.down_since.get_or_insert(now);
@@ -226,6 +232,15 @@ impl DpdkDevice {
                 "DPDK port link down: restarting it to reconnect"
             );
             self.counters.reconnects += 1;
+            self.failed_reconnects += 1;
+            if self.failed_reconnects == WARN_AFTER_RECONNECTS {
+                tracing::warn!(
+                    port = self.port,
+                    "DPDK memif link still down after {WARN_AFTER_RECONNECTS} reconnects: is \
+                     the server up, and do both ends name the same socket and id and set the \
+                     same [dpdk] queues (part of the memif id with queues > 1)?"
+                );
+            }
             if let Some(s) = &self.steer {
                 s.gate.close();
             }

@@ -29,8 +29,12 @@
 //!   shards). A frame received on another thread's queue is handed to its owner (`steer.rs`;
 //!   counted, `dpdk_steered`): af_packet (`qpairs=N`, which rdsd adds to the vdev) fans frames
 //!   out by the kernel's flow hash, so many are; memif delivers on the queue the peer sent on,
-//!   so with the same `queues` at both ends none are. Only queue 0's thread starts or restarts
-//!   the port; the others burst behind its gate. The receive-state file is shared.
+//!   so with the same `queues` at both ends none are. memif ends must have the same count:
+//!   DPDK 22.11's memif server accepts a client with fewer rings and then transmits on rings
+//!   never set up (their descriptors alias the first ring's), so with `queues` > 1 rdsd makes
+//!   the count part of the memif `id` (`id + queues * 2^24`), and ends that differ never
+//!   connect (a client warns after 10 failed reconnects). Only queue 0's thread starts or
+//!   restarts the port; the others burst behind its gate. The receive-state file is shared.
 //!   Tests: `tests/tests/dpdk.rs` (`*_with_a_queue_pair_per_poll_thread*`),
 //!   `tests/tests/dpdk_startup.rs` (memif with two queues, every start order).
 //! * **Start-up order.** Either rdsd may start first. A memif client whose server is not
