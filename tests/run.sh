@@ -88,6 +88,13 @@ RDSD_TESTS_POLL_THREADS=2 cargo test -p rdsd-tests --no-fail-fast \
     --test socket_api --test hostile --test delivery --test congestion --test multihost \
     --test isolation --test rdsctl --test wakeup --test groups --test group_hosts --test interop
 
+log "DPDK tests again with a queue pair per poll thread"
+# Every DPDK test daemon on two poll threads, each driving one of its port's two queue pairs
+# (`[dpdk] queues = 2`): connections owned by either thread, frames steered between them,
+# exactly once across SIGKILL restarts.
+RDSD_TESTS_POLL_THREADS=2 RDSD_TESTS_DPDK_QUEUES=2 cargo test -p rdsd-tests --no-fail-fast \
+    --test dpdk --test dpdk_startup
+
 log "tests again with sockets placed per socket"
 # The same daemons with placement = "socket": each test process's sockets spread over the two
 # poll threads, so two sockets of one process talk across threads. (Not here: hostile's

@@ -680,6 +680,20 @@ pub fn root() -> Result<(), &'static str> {
 /// Install step for tests that need root: the suite runs as root in CI.
 pub const AS_ROOT: &str = "run the suite as root: sudo -E bash tests/run.sh";
 
+/// The `[dpdk]` line for `RDSD_TESTS_DPDK_QUEUES=N` (a queue pair per poll thread; run.sh
+/// runs the DPDK suite so with 2 poll threads), unless `lines` set `queues` themselves.
+pub fn dpdk_queues_line(lines: &str) -> String {
+    let n: u16 = std::env::var("RDSD_TESTS_DPDK_QUEUES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    if n > 1 && !lines.contains("queues") {
+        format!("queues = {n}\n")
+    } else {
+        String::new()
+    }
+}
+
 /// Poll threads of every daemon a test starts: `RDSD_TESTS_POLL_THREADS`, 1 by default.
 pub fn poll_threads() -> usize {
     std::env::var("RDSD_TESTS_POLL_THREADS")

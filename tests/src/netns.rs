@@ -300,9 +300,10 @@ impl VethPair {
         let role = ["server", "client"][i];
         let cfg = crate::config_file(&format!(
             "[dpdk]\nvdev = \"net_memif0,role={role},id=0,socket={},socket-abstract=no\"\n\
-             addr = \"{}/24\"\n{dpdk_lines}\n",
+             addr = \"{}/24\"\n{dpdk_lines}\n{}",
             sock.display(),
-            self.addr(i)
+            self.addr(i),
+            crate::dpdk_queues_line(dpdk_lines)
         ));
         let cfg = cfg.to_str().unwrap().to_string();
         let p = paths.to_string();

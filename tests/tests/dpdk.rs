@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 /// The `[dpdk]` config of a host whose port sits on `iface` with address `addr`.
 fn dpdk_config(iface: &str, addr: Ipv4Addr, extra: &str) -> PathBuf {
     config_file(&format!(
-        "[dpdk]\nvdev = \"net_af_packet0,iface={iface}\"\naddr = \"{addr}/24\"\n{extra}\n"
+        "[dpdk]\nvdev = \"net_af_packet0,iface={iface}\"\naddr = \"{addr}/24\"\n{extra}\n{}",
+        dpdk_queues_line(extra)
     ))
 }
 
@@ -393,23 +394,27 @@ fn rdsd_fails(ns: &str, cfg: &std::path::Path) -> String {
 fn dpdk_address_on_a_kernel_interface_is_refused_and_bad_eal_args_are_named() {
     require!(eal_works(), DPDK_INSTALL);
     let pair = VethPair::new();
-    // The port's address is also the kernel's.
+    // The port's address is also the kernel's. (One queue: `rdsd_fails` runs one poll thread.)
     pair.kernel_addr(0);
-    let cfg = dpdk_config(VethPair::iface(0), pair.addr(0), "");
+    let cfg = dpdk_config(VethPair::iface(0), pair.addr(0), "queues = 1");
     let err = rdsd_fails(&pair.ns[0], &cfg);
     assert!(
         err.contains("also configured on kernel interface v0") && err.contains("dpdk.addr"),
         "{err}"
     );
     // An option EAL does not have: named before EAL runs.
-    let cfg = dpdk_config("v1", pair.addr(1), "eal_args = [\"--no-such-option\"]");
+    let cfg = dpdk_config(
+        "v1",
+        pair.addr(1),
+        "eal_args = [\"--no-such-option\"]\nqueues = 1",
+    );
     let err = rdsd_fails(&pair.ns[1], &cfg);
     assert!(
         err.contains("dpdk.eal_args") && err.contains("--no-such-option"),
         "{err}"
     );
     // A core list EAL refuses: EAL's error, and the keys to check.
-    let cfg = dpdk_config("v1", pair.addr(1), "lcores = \"4000\"");
+    let cfg = dpdk_config("v1", pair.addr(1), "lcores = \"4000\"\nqueues = 1");
     let err = rdsd_fails(&pair.ns[1], &cfg);
     assert!(
         err.contains("rte_eal_init") && err.contains("dpdk.lcores"),
@@ -508,7 +513,7 @@ fn memif_ends_with_different_queue_counts_stay_apart() {
     let _ = std::fs::remove_file(&sock);
     let two = ["--poll-core", "-2", "--poll-core", "-2"];
     let mut d0 = pair.memif_daemon_with(0, &sock, 2, "queues = 2", &two);
-    let mut d1 = pair.memif_daemon_with(1, &sock, 2, "", &[]);
+    let mut d1 = pair.memif_daemon_with(1, &sock, 2, "queues = 1", &[]);
     let r = d0.attach();
     let s = r.socket().unwrap();
     s.bind(SocketAddrV4::new(pair.addr(0), 7500)).unwrap();
