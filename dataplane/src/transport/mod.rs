@@ -105,9 +105,6 @@ pub fn build_shards(cfg: &Config, stats: &[Arc<Stats>]) -> Result<Vec<Vec<Box<dy
 /// Builds a transport for some poll threads, given each thread's counters (k-th for thread k).
 type ShardedBuild<T, E> = fn(&Config, &[Arc<Stats>]) -> Result<Vec<T>, E>;
 
-/// Builds a transport from its section for some poll threads (k-th result on thread k).
-type SectionShardedBuild<S, T, E> = fn(&Config, &S, &[Arc<Stats>]) -> Result<Vec<T>, E>;
-
 /// What [`register`]'s lines do: check sections, or start transports.
 struct Registry<'a>(Mode<'a>);
 
@@ -167,7 +164,7 @@ impl Registry<'_> {
     fn section_sharded<S, T, E>(
         &mut self,
         name: &'static str,
-        build: SectionShardedBuild<S, T, E>,
+        build: impl FnOnce(&Config, &S, &[Arc<Stats>]) -> Result<Vec<T>, E>,
     ) -> Result<()>
     where
         S: Section,
@@ -187,7 +184,8 @@ impl Registry<'_> {
         self.section_configure::<S>(name)
     }
 
-    /// A transport that runs when the configuration has its section `[name]`.
+    /// A transport that runs when the configuration has its section `[name]`, on poll
+    /// thread 0.
     fn section<S, T, E>(
         &mut self,
         name: &'static str,
@@ -198,14 +196,9 @@ impl Registry<'_> {
         T: Transport + 'static,
         E: Into<anyhow::Error>,
     {
-        if let Mode::Build { cfg, stats, lists } = &mut self.0 {
-            if let Some(t) = cfg.sections.get(name) {
-                let s = S::parse(t.clone()).with_context(|| format!("[{name}]"))?;
-                lists[0].push(Box::new(build(cfg, &s, &stats[0]).map_err(Into::into)?));
-            }
-            return Ok(());
-        }
-        self.section_configure::<S>(name)
+        self.section_sharded(name, |cfg, s: &S, stats| {
+            build(cfg, s, &stats[0]).map(|t| vec![t])
+        })
     }
 
     /// Configure mode: claims `[name]`, checks it, and adds the addresses it owns to
