@@ -20,6 +20,10 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 use suite::{run, suite, MakeLink, Run};
 
+#[path = "../proto/tests/support/counting_alloc.rs"]
+mod counting_alloc;
+use counting_alloc::allocations;
+
 fn config(vdev: &str) -> DpdkConfig {
     let raw: RawDpdk = toml::from_str(&format!(
         "vdev = \"{vdev}\"\naddr = \"10.93.0.1/24\"\ncheck_kernel_addr = false\n\
@@ -112,7 +116,66 @@ fn utcp_passes_the_exactly_once_suite_over_dpdk_memif() {
     let o = run(&mut new_lab(), Run::path_cut(), "utcp-memif-cut");
     assert_eq!(o.gaps, 0, "no gap after a path cut over memif");
     bursts_of_a_mib(&mut new_lab());
+    ping_pong_allocates_nothing(&mut new_lab());
     let _ = std::fs::remove_file(&sock);
+}
+
+/// Writes `msg` on `from`'s path and polls both ends until `to` has read all of it.
+fn one_way<L: rdsd::protocol::Link>(
+    from: &mut L,
+    to: &mut L,
+    pf: &mut L::Path,
+    pt: &mut L::Path,
+    msg: &[u8],
+    buf: &mut [u8],
+    wait: &mut suite::Wait<MonotonicClock>,
+) {
+    use rdsd::protocol::{Read, Write};
+    while !matches!(from.write(pf, &[msg]), Write::Wrote(n) if n == msg.len()) {
+        from.poll_aux();
+        to.poll_aux();
+        wait.check();
+    }
+    let mut got = 0;
+    while got < msg.len() {
+        from.poll_aux();
+        to.poll_aux();
+        while let Read::Data(d) = to.read(pt, buf) {
+            got += d.len();
+        }
+        wait.check();
+    }
+}
+
+/// Steady state over the real device allocates nothing: 64 B messages back and forth through
+/// the userspace-TCP link and the DPDK device (smoltcp's ingress and egress, the rx and tx
+/// bursts, the wire counters, the link's reads in place), counted by this thread's allocator
+/// once the first round trips have sized every buffer.
+fn ping_pong_allocates_nothing(lab: &mut DpdkLab) {
+    let mut a = lab.make(suite::A);
+    let mut b = lab.make(suite::B);
+    let clock = lab.clock;
+    let (mut pa, mut pb) = suite::handshake(&mut a, &mut b, &clock, Duration::from_secs(10));
+    let msg = [0x5au8; 64];
+    let mut buf = vec![0u8; 1 << 16];
+    let mut wait = suite::Wait::new(&clock, Duration::from_secs(20), "64 B ping-pong over memif");
+    let mut round_trip = |wait: &mut suite::Wait<MonotonicClock>, buf: &mut [u8]| {
+        one_way(&mut a, &mut b, &mut pa, &mut pb, &msg, buf, wait);
+        one_way(&mut b, &mut a, &mut pb, &mut pa, &msg, buf, wait);
+    };
+    for _ in 0..200 {
+        round_trip(&mut wait, &mut buf);
+    }
+    let before = allocations();
+    for _ in 0..1000 {
+        round_trip(&mut wait, &mut buf);
+    }
+    let made = allocations() - before;
+    eprintln!("64 B ping-pong over memif: {made} allocations in 1000 round trips");
+    assert_eq!(
+        made, 0,
+        "steady state over the DPDK device allocates nothing"
+    );
 }
 
 /// One 1 MiB message from A to B over one path, counted in bursts: at most 32 frames per
