@@ -6,6 +6,8 @@
 #     # on the other host, as root:
 #     tar xzf rdsd-bundle.tar.gz && rdsd-bundle/run.sh      # = bench/pinned-bench.sh
 #     rdsd-bundle/scaling.sh                                 # = bench/scaling-bench.sh
+#     rdsd-bundle/device-check.sh OUTDIR                     # = bench/device-check.sh: all
+#                                                            #   of it in one call (~7 min)
 #
 # Layout: bin/ (rdsd, rds-bench, rdsctl: release builds; ip and strace from this machine),
 # lib/ (every shared library those and the PMDs need, except glibc's own, which the target
@@ -51,7 +53,8 @@ for elf in "$OUT"/bin/* "$OUT"/pmds/*.so; do
         [[ -e "$OUT/lib/$name" ]] || cp -L "$path" "$OUT/lib/$name"
     done
 done
-cp bench/netns-bench.sh bench/pinned-bench.sh bench/scaling-bench.sh "$OUT/bench/"
+cp bench/netns-bench.sh bench/pinned-bench.sh bench/scaling-bench.sh bench/device-check.sh \
+    "$OUT/bench/"
 cat >"$OUT/env.sh" <<'EOF'
 # Sourced by run.sh: the bundle's binaries, libraries and DPDK drivers.
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -74,6 +77,14 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/env.sh"
 exec bash "$here/bench/scaling-bench.sh" "$@"
 EOF
-chmod +x "$OUT/run.sh" "$OUT/scaling.sh"
+cat >"$OUT/device-check.sh" <<'EOF'
+#!/usr/bin/env bash
+# Every timed figure of issues 17 and 18 in one call (bench/device-check.sh): OUTDIR gets
+# summary.txt and raw.tar.gz.
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+. "$here/env.sh"
+exec bash "$here/bench/device-check.sh" "$@"
+EOF
+chmod +x "$OUT/run.sh" "$OUT/scaling.sh" "$OUT/device-check.sh"
 tar czf "$OUT.tar.gz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
 echo "bundle: $OUT ($(du -sh "$OUT" | cut -f1)), $OUT.tar.gz ($(du -sh "$OUT.tar.gz" | cut -f1))"

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Every timed figure issues 17 and 18 ask for, in one call sized for a lent many-core host
+# (about 7 minutes on 16 CPUs with the defaults; the step limits add up to 555 s, under a
+# device call's 600), from bench/bundle.sh's folder, as root:
+#
+#     rdsd-bundle/device-check.sh OUTDIR
+#
+# Steps (STEPS, default all, in this order; each under its own time limit, so one that hangs
+# costs its limit and the rest still run):
+#   pinned    bench/pinned-bench.sh: memif, af_packet (dpdk) and rdsd on kernel TCP against
+#             kernel TCP, 1 and 8 paths: 64 B RTT, 64 KiB RTT, 4 x 16 in flight, 1 MiB one
+#             way, the per-hop breakdown (issue 17's table).
+#   optin     the 64 B RTT with 8 paths again with the opt-ins that remove the pure ACK per
+#             message (--path-choice port-pair, [dpdk] ack_delay_us = 200): whether they
+#             should become defaults.
+#   scaling   bench/scaling-bench.sh: 1, 2, 4 poll threads x 1, 2, 4, 8, 16 app threads per
+#             side against AF_UNIX (issue 18's table), one attachment per task.
+#   socket    the same with PLACEMENT=socket (one attachment per side) for 8 and 16 threads.
+#   wakeup    rds-bench blocking: a receiver woken after 60 ms of idle, p50/p99 (issue 18).
+# Output, two files (a device call brings back at most 8): OUTDIR/summary.txt (every table,
+# with the host and the commands) and OUTDIR/raw.tar.gz (JSON per run, logs).
+# Environment: SECS (per transport, default 2), STEPS, and the placement knobs of the two
+# scripts (defaults for 16 CPUs). Tested on the 2-core VM with every CPU knob set to -2 or
+# 0-1 and SECS=1: a check that it runs end to end, not figures.
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+out="${1:?usage: device-check.sh OUTDIR}"
+mkdir -p "$out/raw"
+out="$(cd "$out" && pwd)"
+scripts="$here"
+: "${BIN:?BIN: the folder with rdsd, rds-bench and rdsctl, set by the bundle wrapper}"
+SECS="${SECS:-2}"
+STEPS="${STEPS:-pinned optin scaling socket wakeup}"
+summary="$out/summary.txt"
+: >"$summary"
+log() { echo "$*" | tee -a "$summary"; }
+
+log "# device-check $(date -u +%Y-%m-%dT%H:%M:%SZ): $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(uname -r)"
+log "# SECS=$SECS STEPS=\"$STEPS\""
+
+# run NAME LIMIT_S ENV... -- COMMAND...: one step, its output into the summary.
+run() {
+    local name="$1" limit="$2"
+    shift 2
+    local envs=()
+    while [[ "$1" != -- ]]; do envs+=("$1"); shift; done
+    shift
+    log ""
+    log "== $name (limit ${limit}s): ${envs[*]} $*"
+    local t0=$SECONDS
+    env "${envs[@]}" timeout --kill-after=10 "$limit" "$@" >"$out/raw/$name.out" 2>"$out/raw/$name.err"
+    local rc=$?
+    # The tables (the lines that start with | or #), not the per-run chatter; all of a short
+    # step's output.
+    if [[ "$name" == wakeup ]]; then
+        cat "$out/raw/$name.out" >>"$summary"
+    else
+        grep -E '^(\||#)' "$out/raw/$name.out" >>"$summary"
+    fi
+    log "== $name: rc $rc, $((SECONDS - t0)) s"
+    [[ $rc -eq 0 ]] || tail -5 "$out/raw/$name.err" | sed 's/^/   stderr: /' | tee -a "$summary"
+}
+
+for s in $STEPS; do
+    case "$s" in
+        pinned)
+            run pinned 270 OUTDIR="$out/raw/pinned" -- bash "$scripts/pinned-bench.sh" -T "$SECS" ;;
+        optin)
+            run optin 60 OUTDIR="$out/raw/optin" WORKLOADS=rtt64 PATHS_LIST=8 \
+                RDSD_ARGS="--path-choice port-pair" DPDK_EXTRA="ack_delay_us = 200" \
+                -- bash "$scripts/pinned-bench.sh" -T "$SECS" ;;
+        scaling)
+            run scaling 120 OUTDIR="$out/raw/scaling" -- bash "$scripts/scaling-bench.sh" -T "$SECS" ;;
+        socket)
+            run socket 60 OUTDIR="$out/raw/socket" PLACEMENT=socket THREADS="8 16" \
+                -- bash "$scripts/scaling-bench.sh" -T "$SECS" ;;
+        wakeup)
+            # The poll thread and the app on CPUs of their own (POLL_CPU, default 3).
+            run wakeup 45 -- "$BIN/rds-bench" blocking --spawn-rdsd "$BIN/rdsd" --count 20000 \
+                --wake-samples 100 --poll-core "${POLL_CPU:-3}" ;;
+        *) log "device-check.sh: unknown step $s" ;;
+    esac
+done
+tar czf "$out/raw.tar.gz" -C "$out" raw && rm -rf "$out/raw"
+log ""
+log "# done: $summary, $out/raw.tar.gz"
