@@ -157,9 +157,8 @@ pub fn build(
     (0..port.queues)
         .zip(stats)
         .map(|(q, stats)| {
-            // SAFETY: the port's queue pair q is set up (and started, or started later by queue
-            // 0's device), the pool outlives it (never freed while rdsd runs), and only this
-            // device uses the queue pair.
+            // SAFETY: queue pair q is set up (queue 0's device starts the port), the pool is
+            // never freed while rdsd runs, and only this device uses the queue pair.
             let mut dev = unsafe { DpdkDevice::new(port.id, q, port.pool, usize::from(port.mtu)) };
             if q == 0 {
                 if !port.started {
