@@ -260,10 +260,13 @@ impl Spread {
     fn client_for_next_socket(&self, fallback: &Arc<Client>) -> Arc<Client> {
         let mut clients = lock(&self.clients);
         let k = self.next.fetch_add(1, Ordering::Relaxed) % clients.len();
+        // Once opened, kept: an attachment whose rdsd went away answers `daemon_gone`, as every
+        // handle does (never a silent reattach to a restarted rdsd).
         if let Some(c) = &clients[k] {
-            if !c.dead.load(Ordering::Relaxed) {
-                return c.clone();
-            }
+            return c.clone();
+        }
+        if fallback.check_alive().is_err() {
+            return fallback.clone();
         }
         let c = match Rdsd::connect(&self.path, Some(k as u8)) {
             Ok((c, _)) => c,
