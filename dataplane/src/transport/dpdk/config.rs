@@ -526,6 +526,14 @@ mod tests {
         DpdkConfig::from_raw(r)
     }
 
+    /// The section with this `vdev` and the `extra` lines.
+    fn cfg(vdev: &str, extra: &str) -> Result<DpdkConfig> {
+        let r: RawDpdk = toml::from_str(&format!(
+            "vdev = \"{vdev}\"\naddr = \"10.0.0.1/24\"\n{extra}"
+        ))?;
+        DpdkConfig::from_raw(r)
+    }
+
     #[test]
     fn defaults_and_eal_arguments() {
         let c = raw("").unwrap();
@@ -556,13 +564,7 @@ mod tests {
 
     #[test]
     fn received_checksums_are_verified_except_on_memif_unless_told() {
-        let cfg = |vdev: &str, extra: &str| {
-            let r: RawDpdk = toml::from_str(&format!(
-                "vdev = \"{vdev}\"\naddr = \"10.0.0.1/24\"\n{extra}"
-            ))
-            .unwrap();
-            DpdkConfig::from_raw(r).unwrap().verify_checksums
-        };
+        let cfg = |vdev: &str, extra: &str| cfg(vdev, extra).unwrap().verify_checksums;
         assert!(cfg("net_af_packet0,iface=v0", ""));
         assert!(cfg("net_tap0", ""));
         assert!(!cfg("net_memif0,role=server,socket=/tmp/m.sock", ""));
@@ -572,12 +574,6 @@ mod tests {
 
     #[test]
     fn memif_buffers_are_sized_for_jumbo_frames_unless_the_vdev_says() {
-        let cfg = |vdev: &str, extra: &str| {
-            let r: RawDpdk = toml::from_str(&format!(
-                "vdev = \"{vdev}\"\naddr = \"10.0.0.1/24\"\n{extra}"
-            ))?;
-            DpdkConfig::from_raw(r)
-        };
         let c = cfg("net_memif0,role=server,socket=/tmp/m.sock", "").unwrap();
         assert_eq!(
             c.vdev,
@@ -608,12 +604,6 @@ mod tests {
 
     #[test]
     fn several_queues_shape_the_vdev() {
-        let cfg = |vdev: &str, extra: &str| {
-            let r: RawDpdk = toml::from_str(&format!(
-                "vdev = \"{vdev}\"\naddr = \"10.0.0.1/24\"\n{extra}"
-            ))?;
-            DpdkConfig::from_raw(r)
-        };
         // memif: the count is part of the id, so that ends with different counts never
         // connect.
         let c = cfg(
