@@ -30,7 +30,8 @@ WORKLOADS=(
 )
 
 load() { cut -d' ' -f1-3 /proc/loadavg; }
-rm -rf "$RES"
+# Only what this script writes: bench/results/stress also keeps other runs (utcp014/).
+rm -rf "$RES"/local-* "$RES"/netns-* "$RES"/kb-*
 mkdir -p "$RES"
 START="$(date -u +%FT%TZ)"
 LOAD0="$(load)"

@@ -170,6 +170,10 @@ pub struct OutMsg<'a> {
     /// bytes lie in that app region (see [`Transport::region_attached`]) and stay untouched
     /// until `token` is released, if `send` answers [`SendOutcome::QueuedInPlace`].
     pub in_place: Option<u64>,
+    /// The sender's send buffer is at least half used with this message (the kernel's rule):
+    /// the receiver should acknowledge it at once (`RDS_FLAG_ACK_REQUIRED`), not delay the
+    /// ACK that gives the bytes back.
+    pub ack_required: bool,
 }
 
 /// What a transport did with a message from [`Transport::send`].

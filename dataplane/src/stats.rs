@@ -218,6 +218,10 @@ counters! {
     path_reads,
     /// Queries of a path's acknowledged offset (a `SIOCOUTQ` ioctl for kernel TCP).
     ack_queries,
+    /// Reads that took a message flagged `RDS_FLAG_ACK_REQUIRED` (its sender's send buffer
+    /// half used), after which the link acknowledged at once (userspace TCP with a delayed
+    /// ACK; kernel TCP leaves its ACKs to the kernel).
+    acks_forced,
 }
 }
 

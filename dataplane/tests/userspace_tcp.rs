@@ -49,6 +49,8 @@ struct Lab {
     /// Links made so far: each gets its own smoltcp seed (ISNs, ephemeral ports), the same in
     /// every run.
     made: u64,
+    /// The links' delayed-ACK timer (`UtcpConfig::ack_delay`).
+    ack_delay: Option<Duration>,
 }
 
 impl Lab {
@@ -63,6 +65,7 @@ impl Lab {
             switches: HashMap::new(),
             cut,
             made: 0,
+            ack_delay: None,
         }
     }
 }
@@ -90,7 +93,8 @@ impl MakeLink for Lab {
         self.clock.clone()
     }
     fn make(&mut self, addr: u32) -> MemLink {
-        self.make_with(addr, |_| {})
+        let ack_delay = self.ack_delay;
+        self.make_with(addr, |c| c.ack_delay = ack_delay)
     }
     fn cut(&mut self, addr: u32) {
         match self.cut {
@@ -260,6 +264,7 @@ fn utcp_reconnect_while_the_receiver_is_full_loses_nothing() {
             payload: MsgBytes::from_slice(&p),
             token: 1,
             in_place: None,
+            ack_required: false,
         };
         assert_eq!(ea.send(ta, m), SendOutcome::Queued);
     };
@@ -294,6 +299,68 @@ fn utcp_reconnect_while_the_receiver_is_full_loses_nothing() {
         h.seen.per_sport.get(&sport).map_or(0, Vec::len) >= 20
     });
     h.seen.check(&HashMap::from([(sport, 20u64)]), false);
+}
+
+/// With a delayed ACK, a message flagged `RDS_FLAG_ACK_REQUIRED` (its sender's send buffer
+/// half used) is acknowledged in the receiver's next pass; one without the flag waits for the
+/// timer. Passes without a clock tick: no timer can fire, so only the flag can bring the ACK.
+#[test]
+fn utcp_acknowledges_an_ack_required_message_at_once() {
+    use rdsd::protocol::Endpoint;
+    use rdsd::seam::{MsgBytes, OutMsg, SendOutcome, Transport};
+    use suite::{payload, Hosts, Table, A, B};
+    let mut lab = Lab::new(Faults::default(), 12, Cut::Abort);
+    lab.ack_delay = Some(Duration::from_millis(50));
+    let mut h = Hosts::new(&mut lab, 1, 1 << 20, None);
+    let sport = 1000;
+    let send = |ea: &mut Endpoint<MemLink, VirtualClock>, ta: &mut Table, seq: u64, ack: bool| {
+        let p = payload(sport, seq, 100);
+        let m = OutMsg {
+            laddr: A,
+            faddr: B,
+            sport,
+            dport: 7000,
+            payload: MsgBytes::from_slice(&p),
+            token: 1,
+            in_place: None,
+            ack_required: ack,
+        };
+        assert_eq!(ea.send(ta, m), SendOutcome::Queued);
+    };
+    let unacked = |h: &Hosts<MemLink, VirtualClock>| {
+        h.a.connection(A, B)
+            .map_or(usize::MAX, |c| c.unacked_messages(0) + c.queued_messages(0))
+    };
+    let delivered = |h: &Hosts<MemLink, VirtualClock>| {
+        h.tb.queues.get(&7000).map_or(0, |q| q.len())
+            + h.seen.per_sport.get(&sport).map_or(0, Vec::len)
+    };
+    let still = |h: &mut Hosts<MemLink, VirtualClock>| {
+        for _ in 0..32 {
+            h.a.poll(&mut h.ta);
+            h.b.poll(&mut h.tb);
+        }
+    };
+    let limit = Duration::from_secs(5);
+    // The path up, the first message delivered and acknowledged (by the timer).
+    send(&mut h.a, &mut h.ta, 0, false);
+    h.pump_until(0, limit, "warm-up", |h| unacked(h) == 0);
+    for (seq, ack_required) in [(1, false), (2, true), (3, false), (4, true)] {
+        let before = delivered(&h);
+        send(&mut h.a, &mut h.ta, seq, ack_required);
+        still(&mut h);
+        assert_eq!(
+            delivered(&h),
+            before + 1,
+            "message {seq} delivered without a tick"
+        );
+        if ack_required {
+            assert_eq!(unacked(&h), 0, "message {seq}: acknowledged at once");
+        } else {
+            assert_eq!(unacked(&h), 1, "message {seq}: its ACK waits for the timer");
+            h.pump_until(0, limit, "the delayed ACK", |h| unacked(h) == 0);
+        }
+    }
 }
 
 /// The wire goes dark for 300 ms mid-stream: smoltcp backs off and resends, the paths stay

@@ -110,15 +110,15 @@ fn run_with(paths: u8, dpdk_lines: &str, extra: &[&str]) -> [[f64; 7]; 2] {
     })
 }
 
-/// With a delayed-ACK timer the request's ACK rides on the reply: one frame per message
-/// instead of two (the data and a pure ACK). 8 paths, chosen by the port pair so that the
-/// reply takes the request's path (both sockets use port 7400 here, so by source port it
-/// would too). The timer is long for the test (2 ms): a debug rdsd on a loaded 2-CPU machine
-/// must still answer within it.
+/// With a delayed-ACK timer (200 µs by default) the request's ACK rides on the reply: one
+/// frame per message instead of two (the data and a pure ACK, `ack_delay_us = 0`). 8 paths,
+/// chosen by the port pair so that the reply takes the request's path (both sockets use port
+/// 7400 here, so by source port it would too). The timer is long for the test (2 ms): a debug
+/// rdsd on a loaded 2-CPU machine must still answer within it.
 #[test]
 fn a_delayed_ack_rides_on_the_reply() {
     require!(root(), DPDK_INSTALL);
-    let at_once = run(8);
+    let at_once = run_with(8, "ack_delay_us = 0", &[]);
     let delayed = run_with(8, "ack_delay_us = 2000", &["--path-choice", "port-pair"]);
     for (d, side) in ["active", "passive"].iter().enumerate() {
         let (f0, f1) = (at_once[d][3], delayed[d][3]);
@@ -242,5 +242,75 @@ fn a_64k_message_crosses_memif_in_jumbo_frames() {
          (45 or more with 1500-byte frames)"
     );
     drop((s0, s1, r0, r1, d0, d1));
+    let _ = std::fs::remove_file(&sock);
+}
+
+/// A sender whose send buffer is at least half used flags its messages
+/// `RDS_FLAG_ACK_REQUIRED` (the kernel's rule), and the receiving rdsd acknowledges them at
+/// once instead of waiting for its delayed-ACK timer (4 ms here): the sender gets its bytes
+/// back without waiting. Counted on the receiver (`dpdk_acks_forced`: reads that took a
+/// flagged message, each followed by an immediate ACK): a sender with a 4 KiB send buffer
+/// streaming 1 KiB messages flags most of them; one message in flight at a time with the
+/// default send buffer (104 KiB) flags none.
+#[test]
+fn a_sender_short_of_send_buffer_is_acknowledged_at_once() {
+    require!(root(), DPDK_INSTALL);
+    const MESSAGES: u64 = 300;
+    let pair = VethPair::new();
+    let sock = std::env::temp_dir().join(format!("rdsd-memif-ackreq-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&sock);
+    let lines = "ack_delay_us = 4000";
+    let d0 = pair.memif_daemon_with(0, &sock, 1, lines, &[]);
+    let d1 = pair.memif_daemon_with(1, &sock, 1, lines, &[]);
+    let (r0, r1) = (d0.attach(), d1.attach());
+    let a1 = SocketAddrV4::new(pair.addr(1), 7402);
+    let s1 = r1.socket().unwrap();
+    s1.bind(a1).unwrap();
+    s1.set_recv_timeout(Some(Duration::from_secs(20))).unwrap();
+    // Room for the whole stream: the receiver reads only after the last send.
+    s1.set_recv_buffer_size(4 << 20).unwrap();
+    let msg = vec![0x5a_u8; 1024];
+    let mut buf = vec![0u8; 2048];
+    // `lockstep`: each message waits for the previous one to arrive (one in flight).
+    let mut stream = |port: u16, sndbuf: Option<usize>, lockstep: bool| -> f64 {
+        let s0 = r0.socket().unwrap();
+        s0.bind(SocketAddrV4::new(pair.addr(0), port)).unwrap();
+        if let Some(b) = sndbuf {
+            s0.set_send_buffer_size(b).unwrap();
+        }
+        s0.set_send_timeout(Some(Duration::from_secs(20))).unwrap();
+        // Warm up: the path up, one message through.
+        s0.send_to(&msg, a1).unwrap();
+        assert_eq!(s1.recv_from(&mut buf).unwrap().0, 1024);
+        let before = d1.exact_stats();
+        for _ in 0..MESSAGES {
+            s0.send_to(&msg, a1).unwrap();
+            if lockstep {
+                assert_eq!(s1.recv_from(&mut buf).unwrap().0, 1024);
+            }
+        }
+        for _ in 0..if lockstep { 0 } else { MESSAGES } {
+            assert_eq!(s1.recv_from(&mut buf).unwrap().0, 1024);
+        }
+        let forced = stat_from(&d1.exact_stats(), "dpdk_acks_forced")
+            - stat_from(&before, "dpdk_acks_forced");
+        forced as f64 / MESSAGES as f64
+    };
+    let small = stream(7403, Some(4096), false);
+    let one_at_a_time = stream(7404, None, true);
+    eprintln!(
+        "acks forced per message: send buffer 4 KiB {small}, one in flight with the default \
+         send buffer {one_at_a_time}"
+    );
+    // A read takes several flagged messages at once, each read forces one ACK.
+    assert!(
+        small >= 0.1,
+        "{small} forced ACKs per message from a sender with a 4 KiB send buffer"
+    );
+    assert_eq!(
+        one_at_a_time, 0.0,
+        "one 1 KiB message in flight never uses half of the default send buffer"
+    );
+    drop((s1, r0, r1, d0, d1));
     let _ = std::fs::remove_file(&sock);
 }

@@ -168,7 +168,12 @@
 //! * Receive state can outlive the daemon ([`Connection::restore_rx_state`]); the kernel
 //!   loses it when the module is reloaded.
 //! * Checksums, `h_ack` and `h_credit` are neither set nor checked (as kernel TCP).
-//! * No `ACK_REQUIRED` bookkeeping, no RDMA extensions acted upon, no FIN-drain shutdown.
+//! * `ACK_REQUIRED` is put on the wire on TCP too, but only where the caller asks
+//!   ([`Connection::send_with`]: rdsd asks when the sending socket's send buffer is half used,
+//!   the kernel's rule) and never on a congestion map (receivers test its flags for exact
+//!   equality): kernel TCP receivers ignore the bit, rdsd's userspace TCP then acknowledges at
+//!   once instead of delaying the ACK. No per-path packet or byte budgets (the kernel's
+//!   IB-only bookkeeping), no RDMA extensions acted upon, no FIN-drain shutdown.
 //!
 //! # Known limits
 //!
@@ -208,6 +213,6 @@ pub mod wire;
 
 pub use conn::{
     AcceptError, Config, ConfigError, Connection, Counters, Delivery, Event, PathChoice, PathError,
-    PathState, Received, SendError, TransmitChunk, TransmitSlices,
+    PathState, Received, SendError, SendFlags, TransmitChunk, TransmitSlices,
 };
 pub use time::Instant;

@@ -11,6 +11,7 @@ use rds_proto::wire::{
 };
 use rds_proto::{
     AcceptError, Config, ConfigError, Connection, Event, Instant, PathChoice, PathState, SendError,
+    SendFlags,
 };
 use std::time::Duration;
 use util::{check_work_mask, Faults, Pair, Workload, ADDR_A, ADDR_B};
@@ -609,6 +610,47 @@ fn duplicate_rule_follows_the_kernel() {
     );
     assert_eq!(b.counters().rx_drop_dup_seq, 2);
     assert_eq!(b.next_rx_seq(0), 5);
+}
+
+/// `send_with(ack_required)` puts `RDS_FLAG_ACK_REQUIRED` on that message only (never on the
+/// congestion map or the probe), a resend keeps it beside `RETRANSMITTED`, and the receiver
+/// reports it in `Delivery::ack_required`.
+#[test]
+fn ack_required_goes_on_the_flagged_message_only() {
+    let mut now = Instant::ZERO;
+    let mut a = active_attached(now);
+    let map = CongMap::new();
+    let ask = SendFlags { ack_required: true };
+    a.send(now, 7, 10, b"plain".to_vec(), 1).unwrap();
+    a.send_with(now, 7, 10, b"asks".to_vec(), 2, ask).unwrap();
+    let out = frames(&drain(&mut a, now, 0, &map));
+    let got: Vec<(u8, Vec<u8>)> = out.iter().map(|(h, p)| (h.flags, p.clone())).collect();
+    assert_eq!(
+        got[0].0,
+        flags::CONG_BITMAP,
+        "a map's flags stay exactly 0x01"
+    );
+    assert_eq!(got[1].0, 0, "the probe");
+    assert_eq!(got[2], (0, b"plain".to_vec()));
+    assert_eq!(got[3], (flags::ACK_REQUIRED, b"asks".to_vec()));
+
+    now += Duration::from_millis(1);
+    a.handle_path_down(now, 0).unwrap();
+    let _ = events(&mut a);
+    a.handle_connected(now, 0).unwrap();
+    let again = frames(&drain(&mut a, now, 0, &map));
+    let asks = again.iter().find(|(_, p)| p == b"asks").expect("resent");
+    assert_eq!(asks.0.flags, flags::RETRANSMITTED | flags::ACK_REQUIRED);
+
+    let mut b = passive_up(now);
+    let mut stream = Vec::new();
+    stream.extend(message(5, 9, 10, 0, b"a"));
+    stream.extend(message(6, 9, 10, flags::ACK_REQUIRED, b"b"));
+    let mut seen = Vec::new();
+    b.handle_stream_data(now, 0, &stream, |d| {
+        seen.push((d.ack_required, d.payload.to_vec()))
+    });
+    assert_eq!(seen, vec![(false, b"a".to_vec()), (true, b"b".to_vec())]);
 }
 
 #[test]

@@ -494,6 +494,7 @@ impl PollCore {
                 sport,
                 dport,
                 token,
+                ack_required,
             } => {
                 let len = payload.len() as u64;
                 let dest = Ipv4Addr::from(faddr);
@@ -534,6 +535,7 @@ impl PollCore {
                     payload,
                     token: shard::forwarded_token(from, token),
                     in_place: None,
+                    ack_required,
                 };
                 match t.send(&mut self.table, msg) {
                     SendOutcome::Queued | SendOutcome::QueuedInPlace => true,
@@ -573,6 +575,7 @@ impl PollCore {
                         sport: GROUP_PORT,
                         dport: GROUP_PORT,
                         token,
+                        ack_required: false,
                     };
                     match self
                         .table
@@ -597,6 +600,7 @@ impl PollCore {
                         payload,
                         token,
                         in_place: None,
+                        ack_required: false,
                     };
                     t.send(&mut self.table, msg)
                 } else {
@@ -662,11 +666,15 @@ impl PollCore {
                 .iter()
                 .any(|c| rec.end() <= c.upto && c.dest.is_none_or(|d| d == dest));
             let sender = s.bound;
+            // The kernel's rule (spec §7): once the bytes out, this one's included, reach half
+            // the send buffer, the receiver is asked to acknowledge at once.
+            let held = s.taken.saturating_sub(s.released) + u64::from(rec.header.len);
+            let ack_required = 2 * held >= u64::from(s.sndbuf);
             let outcome = if cancelled {
                 Stats::bump(&self.table.stats().drop_cancelled);
                 Outcome::Done
             } else if let Some(src) = sender {
-                self.route(from, src, &rec)
+                self.route(from, src, &rec, ack_required)
             } else {
                 Stats::bump(&self.table.stats().drop_unbound_sender);
                 Outcome::Done
@@ -676,6 +684,7 @@ impl PollCore {
             }
             let s = self.table.sock(from).expect("sender still open");
             s.tx.consume(&rec);
+            s.taken += u64::from(rec.header.len);
             if let Outcome::Done = outcome {
                 s.released += rec.header.len as u64;
             }
@@ -689,11 +698,18 @@ impl PollCore {
 
     /// Hands one message to the first transport that carries its destination (or, for an
     /// address in 224.0.0.0/4, to the group's fan-out).
-    fn route(&mut self, from: SockRef, src: (u32, u16), rec: &Record) -> Outcome {
+    /// `ack_required`: the sender's send buffer is half used ([`OutMsg::ack_required`]).
+    fn route(
+        &mut self,
+        from: SockRef,
+        src: (u32, u16),
+        rec: &Record,
+        ack_required: bool,
+    ) -> Outcome {
         let dest = Ipv4Addr::from(rec.header.addr);
         if dest.is_multicast() && self.table.shard() != 0 {
             // Shard 0 owns and orders every group: the message crosses in this ring's order.
-            return self.forward_send(0, from, src, rec);
+            return self.forward_send(0, from, src, rec, false);
         }
         if dest.is_multicast() {
             // SAFETY: as below: peeked, not consumed, its app in the table for this call.
@@ -722,13 +738,13 @@ impl PollCore {
                 // The connection to a remote host is one shard's: the message takes its ring.
                 let owner = self.table.net_owner(src.0, rec.header.addr);
                 if owner != self.table.shard() && !route.local {
-                    return self.forward_send(owner, from, src, rec);
+                    return self.forward_send(owner, from, src, rec, ack_required);
                 }
             }
         }
         let Some(t) = route.transport.map(|i| &mut self.transports[i]) else {
             if self.table.shard() != 0 && self.table.net_shards() == 1 {
-                return self.forward_send(0, from, src, rec);
+                return self.forward_send(0, from, src, rec, ack_required);
             }
             Stats::bump(&self.table.stats().drop_no_route);
             return Outcome::Done;
@@ -753,6 +769,7 @@ impl PollCore {
             payload: sent.payload,
             token: hold.unwrap_or_else(|| token_of(from, sent.gen)),
             in_place: hold.map(|_| sent.region_id),
+            ack_required,
         };
         let outcome = t.send(&mut self.table, msg);
         match (outcome, hold) {
@@ -838,7 +855,14 @@ impl PollCore {
     /// A send to a remote host (or a group) from a shard that does not carry it: to shard
     /// `to`, whose transport gives the bytes back (`Note::Release`) when the peer
     /// acknowledged them.
-    fn forward_send(&mut self, to: usize, from: SockRef, src: (u32, u16), rec: &Record) -> Outcome {
+    fn forward_send(
+        &mut self,
+        to: usize,
+        from: SockRef,
+        src: (u32, u16),
+        rec: &Record,
+        ack_required: bool,
+    ) -> Outcome {
         // SAFETY: as in `route`: peeked, not consumed, its app in the table for this call.
         let sent = unsafe { self.table.tx_record(from, rec) };
         let env = shard::Envelope::Send {
@@ -847,6 +871,7 @@ impl PollCore {
             sport: src.1,
             dport: rec.header.port,
             token: token_of(from, sent.gen),
+            ack_required,
         };
         let link = self.table.link_mut().expect("several shards have a link");
         match link.forward(to, env, &sent.payload) {

@@ -121,12 +121,14 @@ pub(super) enum Envelope {
         token: u64,
     },
     /// Send to a remote host through shard 0's transports; `token` names the sender there.
+    /// `ack_required`: as [`crate::seam::OutMsg::ack_required`].
     Send {
         laddr: u32,
         faddr: u32,
         sport: u16,
         dport: u16,
         token: u64,
+        ack_required: bool,
     },
     /// A group message (already numbered by shard 0) for member `token` (socket and
     /// incarnation, `table::token_of`) of the receiving shard, bound at `(laddr, dport)`;
@@ -172,7 +174,16 @@ impl Envelope {
                 sport,
                 dport,
                 token,
-            } => (KIND_SEND, laddr, faddr, sport, dport, token, 0),
+                ack_required,
+            } => (
+                KIND_SEND,
+                laddr,
+                faddr,
+                sport,
+                dport,
+                token,
+                u64::from(ack_required),
+            ),
             Envelope::GroupDeliver {
                 laddr,
                 faddr,
@@ -229,6 +240,7 @@ impl Envelope {
                 sport,
                 dport,
                 token,
+                ack_required: stamp != 0,
             },
             KIND_GROUP_DELIVER => Envelope::GroupDeliver {
                 laddr,
@@ -704,6 +716,7 @@ mod tests {
                 sport: 3,
                 dport: 4,
                 token: 0x0123_4567_89ab,
+                ack_required: true,
             },
             Envelope::GroupDeliver {
                 laddr: 5,

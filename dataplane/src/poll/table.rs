@@ -74,6 +74,8 @@ pub(super) struct Sock {
     pub sndbuf: u32,
     pub monitor: bool,
     pub released: u64,
+    /// Bytes taken off the tx ring (`taken - released`: what the transports still hold).
+    pub taken: u64,
     pub rx_produced: u64,
     pub congested: bool,
     pub cancels: [Cancel; MAX_CANCELS],
@@ -386,6 +388,7 @@ impl SocketTable {
             sndbuf: shm_api::layout::DEFAULT_BUF,
             monitor: false,
             released: 0,
+            taken: 0,
             rx_produced: 0,
             congested: false,
             cancels: [Cancel {

@@ -13,7 +13,7 @@ use crate::prefix::Prefix;
 use crate::seam::{Delivered, Incoming, MsgBytes, OutMsg, SendOutcome, Transport, Upcalls};
 use crate::stats::{NetStats, Stats};
 use rds_proto::wire::MAX_PATHS;
-use rds_proto::{AcceptError, Connection, Event, Instant, PathState};
+use rds_proto::{AcceptError, Connection, Event, Instant, PathState, SendFlags};
 use rustc_hash::FxHashMap;
 use std::net::Ipv4Addr;
 use std::sync::atomic::Ordering;
@@ -144,6 +144,7 @@ struct PassCost {
     path_visits: u64,
     reads: u64,
     ack_queries: u64,
+    acks_forced: u64,
 }
 
 fn ip(a: u32) -> Ipv4Addr {
@@ -552,7 +553,9 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
             let pos = hold.stash_pos;
             let cx = Ctx::new(now, path, self.persist.as_deref(), &self.stats, self.group);
             let id = (c.laddr, c.faddr, c.persist);
-            let used = feed(&mut c.engine, &mut c.rx[path], id, up, cx, &stash[pos..]);
+            // Its bytes left the link's buffer when they were read: an ACK_REQUIRED among them
+            // was answered by that read's pass, or waits at most the link's delayed ACK.
+            let (used, _) = feed(&mut c.engine, &mut c.rx[path], id, up, cx, &stash[pos..]);
             let hold = &mut c.rx[path];
             if hold.held.is_some() {
                 // Paused again: the rest of the stash waits, in place.
@@ -613,6 +616,7 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
         };
         let mut budget = READ_BUDGET;
         let mut input = false;
+        let mut ack_required = false;
         // A path stays ready until a read finds it drained; one left ready by the budget is
         // read again next pass.
         while budget > 0 && self.link.path_ready(&ps.io) {
@@ -627,7 +631,8 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
             work += 1;
             let cx = Ctx::new(now, path, self.persist.as_deref(), &self.stats, self.group);
             let id = (c.laddr, c.faddr, c.persist);
-            let used = feed(&mut c.engine, &mut c.rx[path], id, up, cx, data);
+            let (used, asked) = feed(&mut c.engine, &mut c.rx[path], id, up, cx, data);
+            ack_required |= asked;
             if c.rx[path].held.is_some() {
                 let hold = &mut c.rx[path];
                 hold.stash.clear();
@@ -639,6 +644,10 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
                 // The engine dropped the path (malformed input): its Close event follows.
                 return Ok(work);
             }
+        }
+        if ack_required {
+            self.cost.acks_forced += 1;
+            self.link.ack_now(&mut ps.io);
         }
         Ok(work + self.transmit(up, i, path, now, input)?)
     }
@@ -828,7 +837,8 @@ impl<'a> Ctx<'a> {
 
 /// Gives `data` (received on `cx.path`) to the engine and delivers what completes. Stops at
 /// the first message the receiver cannot take, which it keeps in the path's hold; returns the
-/// bytes of `data` consumed.
+/// bytes of `data` consumed, and whether a message asked for a prompt acknowledgement
+/// (`RDS_FLAG_ACK_REQUIRED`).
 fn feed<P: AsRef<[u8]>>(
     engine: &mut Connection<P>,
     hold: &mut RxHold,
@@ -836,15 +846,17 @@ fn feed<P: AsRef<[u8]>>(
     up: &mut dyn Upcalls,
     cx: Ctx<'_>,
     data: &[u8],
-) -> usize {
+) -> (usize, bool) {
     let persist = cx.persist.zip(slot);
     // The newest delivery's (generation, sequence): recorded once, after the publish.
     let mut newest = None;
     let mut off = 0;
+    let mut ack_required = false;
     while off < data.len() {
         let r = engine.receive(cx.now, cx.path, &data[off..]);
         off += r.consumed;
         if let Some(d) = r.delivery {
+            ack_required |= d.ack_required;
             let msg = Incoming {
                 laddr,
                 faddr,
@@ -858,7 +870,7 @@ fn feed<P: AsRef<[u8]>>(
                 hold.held = Some((d.sport, d.dport, d.sequence, d.peer_generation));
                 Stats::bump(&cx.stats.rx_paused);
                 record_delivered(up, persist, cx.path, newest);
-                return off;
+                return (off, ack_required);
             }
             Stats::bump(&cx.net.delivered);
             newest = Some((d.peer_generation, d.sequence));
@@ -869,7 +881,7 @@ fn feed<P: AsRef<[u8]>>(
         }
     }
     record_delivered(up, persist, cx.path, newest);
-    off
+    (off, ack_required)
 }
 
 /// Publishes what one read delivered, then stores its newest sequence number in the receive
@@ -916,9 +928,12 @@ impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
             SendOutcome::Queued
         };
         let payload = in_place.unwrap_or_else(|| self.link.payload(m.payload));
+        let flags = SendFlags {
+            ack_required: m.ack_required,
+        };
         match self.conns[i]
             .engine
-            .send(now, m.sport, m.dport, payload, m.token)
+            .send_with(now, m.sport, m.dport, payload, m.token, flags)
         {
             Ok(_) => queued,
             Err(_) => {
@@ -1111,5 +1126,7 @@ impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
         n.path_reads.store(self.cost.reads, Ordering::Relaxed);
         n.ack_queries
             .store(self.cost.ack_queries, Ordering::Relaxed);
+        n.acks_forced
+            .store(self.cost.acks_forced, Ordering::Relaxed);
     }
 }

@@ -125,6 +125,10 @@ pub trait Link: Send {
     fn acks_may_have_moved(&self, _p: &Self::Path) -> bool {
         true
     }
+    /// The peer asked for a prompt acknowledgement of what was just read (`RDS_FLAG_ACK_REQUIRED`:
+    /// its send buffer is half used): a link that delays its ACKs sends this one now. Kernel
+    /// TCP keeps the default (the kernel decides its ACKs).
+    fn ack_now(&mut self, _p: &mut Self::Path) {}
     /// The last word on acknowledgement before the path is reported down.
     fn final_acked(&mut self, p: &Self::Path, written: u64) -> Option<u64> {
         self.acked(p, written)

@@ -438,6 +438,7 @@ pub fn run<M: MakeLink>(lab: &mut M, r: Run, tag: &str) -> Outcome {
                 payload: MsgBytes::from_slice(&p),
                 token: u64::from(sport),
                 in_place: None,
+                ack_required: false,
             },
         );
         assert_eq!(out, SendOutcome::Queued);

@@ -72,8 +72,18 @@ pub struct Delivery<'a> {
     pub dport: u16,
     /// The sender marked it as a resend.
     pub retransmitted: bool,
+    /// The sender asked for a prompt acknowledgement (`RDS_FLAG_ACK_REQUIRED`: its send
+    /// buffer is half used); a transport that delays its acknowledgements sends one now.
+    pub ack_required: bool,
     /// The payload.
     pub payload: &'a [u8],
+}
+
+/// Options of [`super::Connection::send_with`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SendFlags {
+    /// Put `RDS_FLAG_ACK_REQUIRED` in the header (see [`Delivery::ack_required`]).
+    pub ack_required: bool,
 }
 
 /// Result of [`super::Connection::receive`].

@@ -69,8 +69,8 @@ mod timers;
 
 pub use config::{Config, ConfigError, PathChoice};
 pub use event::{
-    AcceptError, Counters, Delivery, Event, PathError, Received, SendError, TransmitChunk,
-    TransmitSlices,
+    AcceptError, Counters, Delivery, Event, PathError, Received, SendError, SendFlags,
+    TransmitChunk, TransmitSlices,
 };
 pub use path::PathState;
 
@@ -990,6 +990,21 @@ impl<P: AsRef<[u8]>> Connection<P> {
         payload: P,
         token: u64,
     ) -> Result<usize, SendError> {
+        self.send_with(now, sport, dport, payload, token, SendFlags::default())
+    }
+
+    /// [`Connection::send`] with `flags`: `ack_required` puts `RDS_FLAG_ACK_REQUIRED` in the
+    /// header, for a sender whose send buffer is at least half used (spec §7), so that a
+    /// receiver that delays its acknowledgements sends this one at once.
+    pub fn send_with(
+        &mut self,
+        now: Instant,
+        sport: u16,
+        dport: u16,
+        payload: P,
+        token: u64,
+        flags: SendFlags,
+    ) -> Result<usize, SendError> {
         let len = payload.as_ref().len();
         if len > MAX_MSG_SIZE as usize {
             return Err(SendError::TooLarge { len });
@@ -1007,6 +1022,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             ext: ExtHeaders::new(),
             body: Body::Data { payload, token },
             retransmit: false,
+            ack_required: flags.ack_required,
             cancelled: false,
             ack_end: 0,
         });
@@ -1055,6 +1071,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             ext,
             body: Body::Control(control),
             retransmit: false,
+            ack_required: false,
             cancelled: false,
             ack_end: 0,
         };
@@ -1405,6 +1422,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
                 sport: header.sport,
                 dport: header.dport,
                 retransmitted: header.flags & flags::RETRANSMITTED != 0,
+                ack_required: header.flags & flags::ACK_REQUIRED != 0,
                 payload,
             }),
         }

@@ -50,6 +50,9 @@ pub(crate) struct Message<P> {
     pub body: Body<P>,
     /// Set when the message goes back to the queue after a path drop.
     pub retransmit: bool,
+    /// `RDS_FLAG_ACK_REQUIRED` on the wire: its sender's send buffer is half used, so the
+    /// receiver should acknowledge it at once (spec §7).
+    pub ack_required: bool,
     /// Cancelled while its frame was being written; released once the frame is out.
     pub cancelled: bool,
     /// Stream offset just past the message's last byte, set when its header is written.
@@ -86,6 +89,10 @@ impl<P: AsRef<[u8]>> Message<P> {
             dport: self.dport,
             flags: if self.retransmit {
                 flags::RETRANSMITTED
+            } else {
+                0
+            } | if self.ack_required {
+                flags::ACK_REQUIRED
             } else {
                 0
             },

@@ -44,7 +44,7 @@ pub struct RawDpdk {
     mtu: u16,
     #[serde(default = "d_rto_min_ms")]
     rto_min_ms: u64,
-    #[serde(default)]
+    #[serde(default = "d_ack_delay_us")]
     ack_delay_us: u64,
     #[serde(default = "d_true")]
     check_kernel_addr: bool,
@@ -78,6 +78,13 @@ fn d_buf_kib() -> u32 {
 }
 fn d_mtu() -> u16 {
     9000
+}
+/// A request's ACK rides on its reply when the reply comes within this; a sender whose send
+/// buffer is half used asks for its ACK at once (`RDS_FLAG_ACK_REQUIRED`), so it never waits
+/// for the timer. 200 µs: many round trips of a datacenter wire (the kernel's floor,
+/// `TCP_DELACK_MIN`, is 40 ms).
+fn d_ack_delay_us() -> u64 {
+    200
 }
 fn d_rto_min_ms() -> u64 {
     5
@@ -653,6 +660,23 @@ mod tests {
         assert!(e("rto_min_ms = 0").contains("dpdk.rto_min_ms"));
         assert!(e("ack_delay_us = 5000").contains("dpdk.ack_delay_us"));
         assert!(raw("ack_delay_us = 200").is_ok());
+        let r: RawDpdk =
+            toml::from_str("vdev = \"net_memif0,role=server\"\naddr = \"10.0.0.1/24\"").unwrap();
+        let d = DpdkConfig::from_raw(r).unwrap();
+        assert_eq!(
+            d.ack_delay,
+            Some(std::time::Duration::from_micros(200)),
+            "the default"
+        );
+        let r: RawDpdk = toml::from_str(
+            "vdev = \"net_memif0,role=server\"\naddr = \"10.0.0.1/24\"\nack_delay_us = 0",
+        )
+        .unwrap();
+        assert_eq!(
+            DpdkConfig::from_raw(r).unwrap().ack_delay,
+            None,
+            "0 turns it off"
+        );
         assert!(e("mtu = 65000").contains("dpdk.mtu"));
         assert!(e("queues = 0").contains("dpdk.queues"));
         assert!(e("queues = 17").contains("dpdk.queues"));

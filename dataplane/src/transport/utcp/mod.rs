@@ -64,11 +64,13 @@
 //!   neighbour-cache entries (one per peer host, not per path) and 8 interface addresses.
 //! * Nagle off: RDS writes whole frames and wants them out now (kernel RDS sets
 //!   `TCP_NODELAY`).
-//! * ACK delay off by default ([`UtcpConfig::ack_delay`], `[dpdk] ack_delay_us`): the sender's
-//!   `acked` releases send buffer space, so a delayed ACK delays the app. Set, a request's ACK
-//!   rides on its reply (with `path_choice = "port-pair"` when there are several paths): one
-//!   frame per message instead of two (`dpdk_pass_cost.rs::a_delayed_ack_rides_on_the_reply`). ACKs are nevertheless **per pass, not per
-//!   segment**: 0.14 acknowledges in-order data from its egress half, and `Interface::poll`
+//! * ACK delay: off in [`UtcpConfig::new`], 200 µs on a DPDK port (`[dpdk] ack_delay_us`). A
+//!   request's ACK then rides on its reply, or joins later ones when the reply takes another
+//!   path: one frame per message instead of two (`dpdk_pass_cost.rs`). The sender's `acked`
+//!   releases send-buffer space, so a sender whose send buffer is half used must not wait for
+//!   the timer: its messages carry `RDS_FLAG_ACK_REQUIRED` and [`Link::ack_now`] acknowledges
+//!   them at once (`utcp_acknowledges_an_ack_required_message_at_once`). Even without the
+//!   timer, ACKs are **per pass, not per segment**: 0.14 acknowledges in-order data from its egress half, and `Interface::poll`
 //!   takes the pass's whole burst in (up to 32 frames from a DPDK port) before it sends, so a
 //!   burst of segments draws one ACK (or rides on the data going back). Out-of-order segments
 //!   are still answered at once (RFC 5681 duplicate ACKs, for fast retransmit). Measured:
@@ -866,6 +868,10 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
 
     fn acks_may_have_moved(&self, p: &UtcpPath) -> bool {
         !self.acks_read.intersects(p.bit)
+    }
+
+    fn ack_now(&mut self, p: &mut UtcpPath) {
+        self.sock_io(p.handle).ack_now();
     }
 
     fn close(&mut self, p: UtcpPath, reset: bool) {

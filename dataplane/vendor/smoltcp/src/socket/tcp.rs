@@ -855,6 +855,15 @@ impl<'a> Socket<'a> {
         self.ack_delay = duration
     }
 
+    /// rdsd patch: acknowledge what was received without waiting for the delayed-ACK timer (the
+    /// peer's RDS asked for it, `RDS_FLAG_ACK_REQUIRED`). The ACK leaves with the next
+    /// dispatch; nothing changes when no ACK is owed or none is being delayed.
+    pub fn ack_now(&mut self) {
+        if matches!(self.ack_delay_timer, AckDelayTimer::Waiting(_)) && self.ack_to_transmit() {
+            self.ack_delay_timer = AckDelayTimer::Immediate;
+        }
+    }
+
     /// Enable or disable Nagle's Algorithm.
     ///
     /// Also known as "tinygram prevention". By default, it is enabled.
