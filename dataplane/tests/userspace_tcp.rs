@@ -240,6 +240,29 @@ fn utcp_survives_path_cuts() {
     }
 }
 
+/// Queues message `seq` of 100 bytes from A:`sport` to B:7000 on `ea`.
+fn send_100(
+    ea: &mut rdsd::protocol::Endpoint<MemLink, VirtualClock>,
+    ta: &mut suite::Table,
+    sport: u16,
+    seq: u64,
+    ack_required: bool,
+) {
+    use rdsd::seam::{MsgBytes, OutMsg, SendOutcome, Transport};
+    let p = suite::payload(sport, seq, 100);
+    let m = OutMsg {
+        laddr: suite::A,
+        faddr: suite::B,
+        sport,
+        dport: 7000,
+        payload: MsgBytes::from_slice(&p),
+        token: 1,
+        in_place: None,
+        ack_required,
+    };
+    assert_eq!(ea.send(ta, m), SendOutcome::Queued);
+}
+
 /// A cut while the receiver is full: B's paused path reads nothing, so it does not notice
 /// that its socket was aborted. A reconnects that path and sends on the new connection, and
 /// B's TCP acknowledges those bytes before B's endpoint accepts it. B used to refuse the
@@ -248,26 +271,11 @@ fn utcp_survives_path_cuts() {
 /// reconnect of A was refused, and B's endpoint accepts within 16 passes of a connection being established.
 #[test]
 fn utcp_reconnect_while_the_receiver_is_full_loses_nothing() {
-    use rdsd::protocol::Endpoint;
-    use rdsd::seam::{MsgBytes, OutMsg, SendOutcome, Transport};
-    use suite::{payload, Hosts, Table, A, B};
+    use suite::{Hosts, A, B};
     let mut lab = Lab::new(Faults::default(), 8, Cut::Abort);
     let mut h = Hosts::new(&mut lab, 1, 2, None);
     let sport = 1000;
-    let send = |ea: &mut Endpoint<MemLink, VirtualClock>, ta: &mut Table, seq: u64| {
-        let p = payload(sport, seq, 100);
-        let m = OutMsg {
-            laddr: A,
-            faddr: B,
-            sport,
-            dport: 7000,
-            payload: MsgBytes::from_slice(&p),
-            token: 1,
-            in_place: None,
-            ack_required: false,
-        };
-        assert_eq!(ea.send(ta, m), SendOutcome::Queued);
-    };
+    let send = |ea: &mut _, ta: &mut _, seq| send_100(ea, ta, sport, seq, false);
     let a_idle = |h: &mut Hosts<MemLink, VirtualClock>| {
         h.a.connection(A, B)
             .is_some_and(|c| c.unacked_messages(0) == 0 && c.queued_messages(0) == 0)
@@ -306,27 +314,13 @@ fn utcp_reconnect_while_the_receiver_is_full_loses_nothing() {
 /// timer. Passes without a clock tick: no timer can fire, so only the flag can bring the ACK.
 #[test]
 fn utcp_acknowledges_an_ack_required_message_at_once() {
-    use rdsd::protocol::Endpoint;
-    use rdsd::seam::{MsgBytes, OutMsg, SendOutcome, Transport};
-    use suite::{payload, Hosts, Table, A, B};
+    use rdsd::seam::Transport;
+    use suite::{Hosts, A, B};
     let mut lab = Lab::new(Faults::default(), 12, Cut::Abort);
     lab.ack_delay = Some(Duration::from_millis(50));
     let mut h = Hosts::new(&mut lab, 1, 1 << 20, None);
     let sport = 1000;
-    let send = |ea: &mut Endpoint<MemLink, VirtualClock>, ta: &mut Table, seq: u64, ack: bool| {
-        let p = payload(sport, seq, 100);
-        let m = OutMsg {
-            laddr: A,
-            faddr: B,
-            sport,
-            dport: 7000,
-            payload: MsgBytes::from_slice(&p),
-            token: 1,
-            in_place: None,
-            ack_required: ack,
-        };
-        assert_eq!(ea.send(ta, m), SendOutcome::Queued);
-    };
+    let send = |ea: &mut _, ta: &mut _, seq, ack| send_100(ea, ta, sport, seq, ack);
     let unacked = |h: &Hosts<MemLink, VirtualClock>| {
         h.a.connection(A, B)
             .map_or(usize::MAX, |c| c.unacked_messages(0) + c.queued_messages(0))
