@@ -70,7 +70,8 @@ done
 TRANSPORT="${TRANSPORT:-tcp}"
 if [[ "$TRANSPORT" = dpdk ]]; then
     "$IP" link add dp0 netns "$A" type veth peer name dp0 netns "$B"
-    for n in "$A" "$B"; do "$IP" -n "$n" link set dp0 up; done
+    # Jumbo frames (rdsd takes the interface's MTU for af_packet); VETH_MTU=1500 for standard.
+    for n in "$A" "$B"; do "$IP" -n "$n" link set dp0 mtu "${VETH_MTU:-9000}" up; done
 fi
 rds_a=10.77.0.1 rds_b=10.77.0.2
 for n in a b; do

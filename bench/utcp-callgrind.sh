@@ -129,7 +129,8 @@ measure() {
     for n in "$A" "$B"; do ip -n "$n" link set lo up; done
     if [[ "$transport" = af_packet ]]; then
         ip link add dp0 netns "$A" type veth peer name dp0 netns "$B"
-        for n in "$A" "$B"; do ip -n "$n" link set dp0 up; done
+        # Jumbo frames (rdsd takes the interface's MTU for af_packet); VETH_MTU=1500 for standard.
+        for n in "$A" "$B"; do ip -n "$n" link set dp0 mtu "${VETH_MTU:-9000}" up; done
     fi
     for side in a b; do
         i=$([ $side = a ] && echo 1 || echo 2)

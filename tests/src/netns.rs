@@ -312,6 +312,44 @@ impl VethPair {
         Daemon::start_in(Some(&self.ns[i]), &args)
     }
 
+    /// Starts rdsd in host `i`'s namespace on a `net_af_packet` port on its veth end, with
+    /// `paths` paths, more `[dpdk]` lines and the `extra` arguments.
+    pub fn af_packet_daemon_with(
+        &self,
+        i: usize,
+        paths: u8,
+        dpdk_lines: &str,
+        extra: &[&str],
+    ) -> Daemon {
+        let cfg = crate::config_file(&format!(
+            "[dpdk]\nvdev = \"net_af_packet0,iface={}\"\naddr = \"{}/24\"\n{dpdk_lines}\n{}",
+            VethPair::iface(i),
+            self.addr(i),
+            crate::dpdk_queues_line(dpdk_lines)
+        ));
+        let cfg = cfg.to_str().unwrap().to_string();
+        let p = paths.to_string();
+        let mut args = vec!["-c", &cfg, "--local-addr", "127.0.0.0/8", "--paths", &p];
+        args.extend_from_slice(extra);
+        Daemon::start_in(Some(&self.ns[i]), &args)
+    }
+
+    /// Sets the MTU of both veth ends (jumbo frames: 9000).
+    pub fn set_mtu(&self, mtu: u16) {
+        for i in 0..2 {
+            sh(&[
+                "ip",
+                "-n",
+                &self.ns[i],
+                "link",
+                "set",
+                VethPair::iface(i),
+                "mtu",
+                &mtu.to_string(),
+            ]);
+        }
+    }
+
     /// Gives host `i`'s address to the kernel on its veth end (a kernel-TCP host).
     pub fn kernel_addr(&self, i: usize) {
         sh(&[

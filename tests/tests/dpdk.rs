@@ -224,9 +224,20 @@ fn exchange(da: &Daemon, a: Ipv4Addr, db: &Daemon, b: Ipv4Addr, port: u16) -> Du
     t.elapsed()
 }
 
-fn dpdk_pair_exchange(paths: u8) {
+/// Frames of standard size (1460 payload bytes) the plan's bytes need one way: a daemon that
+/// received fewer frames than this (its peer's data and the ACKs of its own) got jumbo frames.
+fn plan_standard_frames() -> u64 {
+    PLAN.iter().map(|&(len, n)| len as u64 * n).sum::<u64>() / 1460
+}
+
+/// The plan both ways between two rdsd on af_packet ports, the veth pair at `mtu` (None: the
+/// default 1500, which rdsd takes).
+fn dpdk_pair_exchange(paths: u8, mtu: Option<u16>) {
     require!(eal_works(), DPDK_INSTALL);
     let pair = VethPair::new();
+    if let Some(m) = mtu {
+        pair.set_mtu(m);
+    }
     let d0 = dpdk_daemon(&pair, 0, paths);
     let d1 = dpdk_daemon(&pair, 1, paths);
     let took = exchange(&d0, pair.addr(0), &d1, pair.addr(1), 7000);
@@ -260,23 +271,43 @@ fn dpdk_pair_exchange(paths: u8) {
         0,
         "the larger address never connects"
     );
+    let standard = plan_standard_frames();
+    for d in [&d0, &d1] {
+        let rx = d.stat("dpdk_rx_packets");
+        eprintln!("  rx frames {rx}, standard frames for the plan's data {standard}");
+        if mtu.is_some_and(|m| m >= 9000) {
+            assert!(rx < standard, "{rx} frames received: not jumbo frames");
+        } else {
+            assert!(rx >= standard, "{rx} frames received at MTU 1500?");
+        }
+    }
 }
 
 #[test]
 fn dpdk_to_dpdk_one_path_both_ways_up_to_1mib() {
-    dpdk_pair_exchange(1);
+    dpdk_pair_exchange(1, None);
 }
 
 #[test]
 fn dpdk_to_dpdk_eight_paths_both_ways_up_to_1mib() {
-    dpdk_pair_exchange(8);
+    dpdk_pair_exchange(8, None);
+}
+
+/// The same on a veth pair at MTU 9000: af_packet in jumbo frames (rdsd sizes the packet
+/// rings for them and takes the interface's MTU).
+#[test]
+fn dpdk_to_dpdk_eight_paths_both_ways_up_to_1mib_in_jumbo_frames() {
+    dpdk_pair_exchange(8, Some(9000));
 }
 
 /// rdsd on DPDK against rdsd on kernel TCP; `dpdk_host` picks which host (0 has the smaller
 /// address and connects) runs DPDK.
-fn interop(dpdk_host: usize) {
+fn interop(dpdk_host: usize, mtu: Option<u16>) {
     require!(eal_works(), DPDK_INSTALL);
     let pair = VethPair::new();
+    if let Some(m) = mtu {
+        pair.set_mtu(m);
+    }
     let k = 1 - dpdk_host;
     pair.no_tx_offload(k);
     let dd = dpdk_daemon(&pair, dpdk_host, 4);
@@ -297,12 +328,19 @@ fn interop(dpdk_host: usize) {
 
 #[test]
 fn dpdk_connects_to_kernel_tcp_rdsd() {
-    interop(0);
+    interop(0, None);
 }
 
 #[test]
 fn kernel_tcp_rdsd_connects_to_dpdk() {
-    interop(1);
+    interop(1, None);
+}
+
+/// Jumbo frames both ways between userspace TCP (af_packet, MTU 9000) and the kernel's TCP
+/// (its veth at 9000, offloads off): each side sends segments within the other's MSS.
+#[test]
+fn kernel_tcp_rdsd_and_dpdk_in_jumbo_frames() {
+    interop(1, Some(9000));
 }
 
 /// Host 0 streams to host 1 (both DPDK) while host `victim`'s rdsd is SIGKILLed and restarted:

@@ -156,6 +156,10 @@ pub struct DpdkConfig {
     /// crosses in one descriptor. rdsd adds `bsize=` to the vdev for an `mtu`-sized frame
     /// unless the vdev sets it; see [`DpdkConfig::memif_mtu`].
     pub memif_buffer: Option<u16>,
+    /// On an af_packet port, the bytes of one packet-ring frame (its `framesz`, DPDK's default
+    /// 2048 unless the vdev sets it). rdsd adds `framesz=` and `blocksz=` for an `mtu`-sized
+    /// frame when 2048 is too small; see [`DpdkConfig::af_packet_mtu`].
+    pub af_packet_frame: Option<u32>,
     /// Rx/tx queue pairs, one per poll thread that drives the port (the first `queues` poll
     /// threads; each owns the connections `config::conn_shard` gives it).
     pub queues: u16,
@@ -179,6 +183,27 @@ const MEMIF_FRAME_OVERHEAD: u16 = 14 + 4;
 /// The `bsize` rdsd gives a memif port for frames of IP MTU `mtu`: whole cache lines.
 fn memif_buffer_for(mtu: u16) -> u16 {
     (mtu + MEMIF_FRAME_OVERHEAD).next_multiple_of(64)
+}
+
+/// What an af_packet ring frame holds before the Ethernet header: the kernel's TPACKET2
+/// header and address, aligned (the received frame starts at `TPACKET_ALIGN(TPACKET2_HDRLEN +
+/// 16) - 14` = 66), plus the Ethernet header itself: IP MTU = `framesz` - 80.
+const AF_PACKET_FRAME_HEAD: u32 = 80;
+/// DPDK 22.11's af_packet `framesz` when the vdev gives none.
+const AF_PACKET_DEFAULT_FRAME: u32 = 2048;
+
+/// `framesz=` and `blocksz=` for frames of IP MTU `mtu`. The kernel wants a block of whole
+/// pages holding whole frames, and DPDK's driver addresses frame `i` at `i * framesz`, so a
+/// block must also be a multiple of the frame, with nothing between frames: frames of whole
+/// 2 KiB units, blocks of one frame (a multiple of 4 KiB) or two.
+fn af_packet_ring_for(mtu: u16) -> (u32, u32) {
+    let frame = (u32::from(mtu) + AF_PACKET_FRAME_HEAD).next_multiple_of(2048);
+    let block = if frame.is_multiple_of(4096) {
+        frame
+    } else {
+        2 * frame
+    };
+    (frame, block)
 }
 
 /// EAL options of DPDK 22.11 (`dpdk-app --help`), to name a bad one in `eal_args` before EAL
@@ -428,6 +453,35 @@ impl DpdkConfig {
         } else {
             (r.vdev, None)
         };
+        let (vdev, af_packet_frame) = if port_name.starts_with("net_af_packet") {
+            match devarg(&vdev, "framesz") {
+                Some(v) => {
+                    let f: u32 = v
+                        .parse()
+                        .ok()
+                        .filter(|&f| f >= u32::from(MIN_MTU) + AF_PACKET_FRAME_HEAD)
+                        .with_context(|| {
+                            format!(
+                                "dpdk.vdev: af_packet framesz={v:?} must be at least {} (bytes                                  per packet-ring frame; leave it out and rdsd sizes it for                                  dpdk.mtu)",
+                                u32::from(MIN_MTU) + AF_PACKET_FRAME_HEAD
+                            )
+                        })?;
+                    (vdev, Some(f))
+                }
+                None if u32::from(r.mtu) + AF_PACKET_FRAME_HEAD > AF_PACKET_DEFAULT_FRAME
+                    && devarg(&vdev, "blocksz").is_none() =>
+                {
+                    let (f, b) = af_packet_ring_for(r.mtu);
+                    (
+                        format!("{},framesz={f},blocksz={b}", vdev.trim_end_matches(',')),
+                        Some(f),
+                    )
+                }
+                None => (vdev, Some(AF_PACKET_DEFAULT_FRAME)),
+            }
+        } else {
+            (vdev, None)
+        };
         Ok(DpdkConfig {
             vdev,
             port_name,
@@ -457,6 +511,7 @@ impl DpdkConfig {
                 .then(|| std::time::Duration::from_micros(r.ack_delay_us)),
             verify_checksums,
             memif_buffer,
+            af_packet_frame,
             queues: r.queues,
         })
     }
@@ -470,6 +525,35 @@ impl DpdkConfig {
     pub fn memif_mtu(&self) -> Option<u16> {
         self.memif_buffer
             .map(|b| self.mtu.min(b.saturating_sub(MEMIF_FRAME_OVERHEAD)))
+    }
+
+    /// On an af_packet port, the largest IP MTU its packet rings carry: `mtu`, or less if the
+    /// ring frame (`framesz`) cannot hold such a frame. The port's own MTU is the kernel
+    /// interface's, which rdsd reads when it opens the port and never raises: DPDK 22.11's
+    /// af_packet driver reports a 1518-byte `max_rx_pktlen` (a constant), so ethdev would
+    /// refuse a larger MTU although the rings and the interface carry it. Set the interface's
+    /// MTU (and its peer's, for a veth) to use jumbo frames.
+    pub fn af_packet_mtu(&self) -> Option<u16> {
+        self.af_packet_frame.map(|f| {
+            let m = f
+                .saturating_sub(AF_PACKET_FRAME_HEAD)
+                .min(u32::from(u16::MAX)) as u16;
+            self.mtu.min(m)
+        })
+    }
+
+    /// The mbuf data room an af_packet port needs whatever the MTU: DPDK 22.11 refuses an rx
+    /// queue whose mbufs cannot hold a whole ring frame (less the 32 bytes before the frame).
+    pub fn af_packet_rx_room(&self) -> Option<u32> {
+        self.af_packet_frame.map(|f| f.saturating_sub(32))
+    }
+
+    /// The af_packet port's kernel interface (`iface=`).
+    pub fn af_packet_iface(&self) -> Option<String> {
+        self.port_name
+            .starts_with("net_af_packet")
+            .then(|| devarg(&self.vdev, "iface"))
+            .flatten()
     }
 
     /// Whether the port is a memif client (memif's default role), which connects to its
@@ -556,7 +640,7 @@ mod tests {
             "--no-pci",
             "--no-huge",
             "--no-shconf",
-            "--vdev=net_af_packet0,iface=v0",
+            "--vdev=net_af_packet0,iface=v0,framesz=10240,blocksz=20480",
         ] {
             assert!(a.iter().any(|x| x == want), "{want} in {a:?}");
         }
@@ -602,11 +686,42 @@ mod tests {
         let e = format!("{:#}", cfg("net_memif0,bsize=100", "").unwrap_err());
         assert!(e.contains("bsize"), "{e}");
         // Other ports: nothing added.
+        let c = cfg("net_tap0", "").unwrap();
+        assert_eq!(
+            (c.vdev.as_str(), c.memif_mtu(), c.af_packet_mtu()),
+            ("net_tap0", None, None)
+        );
+    }
+
+    #[test]
+    fn af_packet_rings_are_sized_for_jumbo_frames_unless_the_vdev_says() {
+        // 9000 + 80 bytes before the IP packet, in 2 KiB units; a block of two such frames
+        // (whole pages, frames back to back).
         let c = cfg("net_af_packet0,iface=v0", "").unwrap();
         assert_eq!(
-            (c.vdev.as_str(), c.memif_mtu()),
-            ("net_af_packet0,iface=v0", None)
+            c.vdev,
+            "net_af_packet0,iface=v0,framesz=10240,blocksz=20480"
         );
+        assert_eq!((c.af_packet_mtu(), c.memif_mtu()), (Some(9000), None));
+        assert_eq!(c.af_packet_rx_room(), Some(10208));
+        assert_eq!(af_packet_ring_for(4000), (4096, 4096));
+        assert_eq!(c.af_packet_iface().as_deref(), Some("v0"));
+        // Standard frames fit DPDK's default 2048-byte frame: nothing added.
+        let c = cfg("net_af_packet0,iface=v0", "mtu = 1500").unwrap();
+        assert_eq!(c.vdev, "net_af_packet0,iface=v0");
+        assert_eq!(c.af_packet_mtu(), Some(1500));
+        // The vdev's own framesz bounds the MTU; a blocksz alone is left to DPDK's framesz.
+        let c = cfg("net_af_packet0,iface=v0,framesz=4096", "").unwrap();
+        assert_eq!(c.vdev, "net_af_packet0,iface=v0,framesz=4096");
+        assert_eq!(c.af_packet_mtu(), Some(4016));
+        let c = cfg("net_af_packet0,iface=v0,blocksz=8192", "").unwrap();
+        assert_eq!(c.vdev, "net_af_packet0,iface=v0,blocksz=8192");
+        assert_eq!(c.af_packet_mtu(), Some(1968));
+        let e = format!(
+            "{:#}",
+            cfg("net_af_packet0,iface=v0,framesz=100", "").unwrap_err()
+        );
+        assert!(e.contains("framesz"), "{e}");
     }
 
     #[test]
@@ -637,7 +752,7 @@ mod tests {
             "net_memif0,id=7,bsize=9024"
         );
         // af_packet: a packet socket per queue pair.
-        let c = cfg("net_af_packet0,iface=v0", "queues = 2").unwrap();
+        let c = cfg("net_af_packet0,iface=v0", "queues = 2\nmtu = 1500").unwrap();
         assert_eq!(c.vdev, "net_af_packet0,iface=v0,qpairs=2");
         assert!(cfg("net_af_packet0,iface=v0,qpairs=2", "queues = 2").is_ok());
         let e = format!(

@@ -125,6 +125,31 @@ fn mtu_to_ask(configured: u16, info: &sys::rte_eth_dev_info) -> u16 {
     m.max(info.min_mtu).max(576)
 }
 
+/// The MTU of kernel interface `name` in this network namespace (`SIOCGIFMTU`), if it has one.
+fn interface_mtu(name: &str) -> Option<u16> {
+    // SAFETY: `ifreq` is plain old data, for which all zeros is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    let bytes = name.as_bytes();
+    if bytes.len() >= req.ifr_name.len() {
+        return None;
+    }
+    for (d, &b) in req.ifr_name.iter_mut().zip(bytes) {
+        *d = b as libc::c_char;
+    }
+    // SAFETY: a fresh datagram socket, closed below; `req` is a valid, NUL-terminated ifreq
+    // that the ioctl fills in.
+    let mtu = unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return None;
+        }
+        let rc = libc::ioctl(fd, libc::SIOCGIFMTU, &mut req);
+        libc::close(fd);
+        (rc == 0).then(|| req.ifr_ifru.ifru_mtu)
+    }?;
+    u16::try_from(mtu).ok()
+}
+
 /// The mbuf data room for frames of IP MTU `mtu` in one segment, with room for a VLAN tag
 /// (DPDK's default room for standard frames).
 fn data_room(mtu: u16) -> u16 {
@@ -150,11 +175,15 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
     // SAFETY: a valid port; the out-pointer is ours.
     let rc = unsafe { sys::rte_eth_dev_info_get(id, &mut info) };
     check(rc, "device info", cfg)?;
-    // memif: the driver's reported limit is not its rings' (`DpdkConfig::memif_mtu`); ethdev
-    // keeps its default MTU and the frames are sized here.
-    let want = cfg
-        .memif_mtu()
-        .unwrap_or_else(|| mtu_to_ask(cfg.mtu, &info));
+    // memif and af_packet: the driver's reported limit is not its rings'
+    // (`DpdkConfig::memif_mtu`, `af_packet_mtu`); ethdev keeps its default MTU and the frames
+    // are sized here (af_packet: within the kernel interface's MTU too).
+    let own_mtu = cfg.memif_mtu().or_else(|| {
+        let m = cfg.af_packet_mtu()?;
+        let iface = cfg.af_packet_iface().and_then(|i| interface_mtu(&i));
+        Some(iface.map_or(m, |i| m.min(i)).max(576))
+    });
+    let want = own_mtu.unwrap_or_else(|| mtu_to_ask(cfg.mtu, &info));
     let queues = cfg.queues;
     if info.max_rx_queues < queues || info.max_tx_queues < queues {
         bail!(
@@ -170,6 +199,11 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
         "DPDK port limits"
     );
     let pool_name = CString::new(format!("rdsd_pool_{id}"))?;
+    // af_packet copies a whole ring frame's worth into an mbuf, whatever the MTU.
+    let room = cfg.af_packet_rx_room().map_or(data_room(want), |r| {
+        let need = (sys::RTE_PKTMBUF_HEADROOM + r).next_multiple_of(64);
+        data_room(want).max(need.min(u32::from(u16::MAX)) as u16)
+    });
     // SAFETY: EAL is running; valid name; sizes within DPDK's limits (cache <= 512; a data
     // room of at most 9216 + headroom fits u16).
     let pool = unsafe {
@@ -178,7 +212,7 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
             cfg.mbufs,
             256,
             0,
-            data_room(want),
+            room,
             sys::rte_eth_dev_socket_id(id),
         )
     };
@@ -192,7 +226,7 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
         );
     }
     let mut conf = sys::rte_eth_conf::default();
-    if cfg.memif_mtu().is_none() {
+    if own_mtu.is_none() {
         conf.rxmode.mtu = u32::from(want);
     }
     let (mut nrx, mut ntx) = (cfg.rx_desc, cfg.tx_desc);
@@ -213,7 +247,7 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
         }
         // The driver's own MTU (af_packet: the kernel interface's). Drivers without one
         // (memif, null) keep the configured MTU.
-        let rc = if cfg.memif_mtu().is_some() {
+        let rc = if own_mtu.is_some() {
             0
         } else {
             sys::rte_eth_dev_set_mtu(id, want)
@@ -257,14 +291,14 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
             check(rc, "start", cfg)?;
         }
         check(sys::rte_eth_macaddr_get(id, &mut mac), "MAC address", cfg)?;
-        if let Some(m) = cfg.memif_mtu() {
+        if let Some(m) = own_mtu {
             mtu = m;
         } else if sys::rte_eth_dev_get_mtu(id, &mut mtu) != 0 || mtu < 576 {
             mtu = 1500;
         }
     }
     // The pool's data room bounds a single-segment frame.
-    let room = usize::from(data_room(want)) - sys::RTE_PKTMBUF_HEADROOM as usize;
+    let room = usize::from(room) - sys::RTE_PKTMBUF_HEADROOM as usize;
     let mtu = mtu.min((room - 14) as u16);
     Ok(Port {
         id,

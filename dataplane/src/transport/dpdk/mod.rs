@@ -13,15 +13,22 @@
 //!   mempool of `mbufs` mbufs, the MAC from the port. The MTU: `mtu` (9000 by default, jumbo
 //!   frames) capped by what the port says it takes (`rte_eth_dev_info`: `max_mtu`, and
 //!   `max_rx_pktlen` for the whole frame), set with `rte_eth_conf.rxmode.mtu` and
-//!   `rte_eth_dev_set_mtu` (af_packet: the kernel interface's MTU); the mbufs' data room is
-//!   sized so a frame fits one mbuf; 1500 if the port refuses. DPDK 22.11's af_packet reports
-//!   `max_rx_pktlen` 1518, so on it the MTU stays 1500. memif reports 1518 too, but that is a
-//!   constant of the driver, not of its rings, which carry any frame that fits a memif buffer
-//!   (`bsize`): on memif rdsd adds `bsize=` to the vdev for an `mtu`-sized frame (unless the
-//!   vdev sets it), sizes the mbufs to match and leaves ethdev's MTU alone
-//!   (`DpdkConfig::memif_mtu`). A 64 KiB message then crosses in 8 frames instead of 45
-//!   (`tests/tests/dpdk_pass_cost.rs`, `a_64k_message_crosses_memif_in_jumbo_frames`); a peer
-//!   with smaller frames is served by TCP's MSS.
+//!   `rte_eth_dev_set_mtu`; the mbufs' data room is
+//!   sized so a frame fits one mbuf; 1500 if the port refuses. DPDK 22.11's memif and
+//!   af_packet both report a 1518-byte `max_rx_pktlen`, a constant of each driver and not of
+//!   its rings, so on them rdsd sizes the rings itself and leaves ethdev's MTU alone:
+//!   - memif: `bsize=` added to the vdev for an `mtu`-sized frame (unless the vdev sets it),
+//!     the mbufs to match (`DpdkConfig::memif_mtu`);
+//!   - af_packet: `framesz=` and `blocksz=` added for an `mtu`-sized frame when DPDK's
+//!     default 2048-byte ring frame is too small (unless the vdev sets them), the mbufs to
+//!     hold a whole ring frame, and the MTU capped by the kernel interface's, which rdsd reads
+//!     and never changes (`DpdkConfig::af_packet_mtu`; set the veth's MTU, both ends, to
+//!     9000 for jumbo frames).
+//!
+//!   A 64 KiB message then crosses in 8 frames instead of 45 (`tests/tests/dpdk_pass_cost.rs`:
+//!   `a_64k_message_crosses_memif_in_jumbo_frames`,
+//!   `a_64k_message_crosses_af_packet_in_jumbo_frames_on_a_jumbo_veth`); a peer with smaller
+//!   frames is served by TCP's MSS.
 //! * **Several poll threads** (`queues` = N > 1, at most the poll-thread count): the port gets
 //!   N queue pairs and each of the first N poll threads drives one with an endpoint of its
 //!   own (its smoltcp interface, connections, timers), owning the connections
@@ -75,8 +82,8 @@
 //!
 //! # Known gaps
 //!
-//! * No jumbo frames on DPDK 22.11's af_packet (it reports a 1518-byte `max_rx_pktlen`);
-//!   rdsd asks for 9000 and gets it on memif and on ports that take it.
+//! * Jumbo frames on af_packet need the kernel interface's MTU raised by the operator (and the
+//!   peer's, on a veth): rdsd takes the interface's MTU as it finds it.
 //! * While the peer still holds a dead incarnation's path, the restarted side's connects for
 //!   that path are refused and retried at once (the engine resets the backoff when TCP comes
 //!   up): hundreds to thousands of refused connects a second for up to the 1 s keep-alive
