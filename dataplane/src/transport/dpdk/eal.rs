@@ -145,7 +145,7 @@ fn interface_mtu(name: &str) -> Option<u16> {
         }
         let rc = libc::ioctl(fd, libc::SIOCGIFMTU, &mut req);
         libc::close(fd);
-        (rc == 0).then(|| req.ifr_ifru.ifru_mtu)
+        (rc == 0).then_some(req.ifr_ifru.ifru_mtu)
     }?;
     u16::try_from(mtu).ok()
 }
