@@ -298,18 +298,11 @@ impl VethPair {
         extra: &[&str],
     ) -> Daemon {
         let role = ["server", "client"][i];
-        let cfg = crate::config_file(&format!(
-            "[dpdk]\nvdev = \"net_memif0,role={role},id=0,socket={},socket-abstract=no\"\n\
-             addr = \"{}/24\"\n{dpdk_lines}\n{}",
-            sock.display(),
-            self.addr(i),
-            crate::dpdk_queues_line(dpdk_lines)
-        ));
-        let cfg = cfg.to_str().unwrap().to_string();
-        let p = paths.to_string();
-        let mut args = vec!["-c", &cfg, "--local-addr", "127.0.0.0/8", "--paths", &p];
-        args.extend_from_slice(extra);
-        Daemon::start_in(Some(&self.ns[i]), &args)
+        let vdev = format!(
+            "net_memif0,role={role},id=0,socket={},socket-abstract=no",
+            sock.display()
+        );
+        self.dpdk_daemon_on(i, &vdev, paths, dpdk_lines, extra)
     }
 
     /// Starts rdsd in host `i`'s namespace on a `net_af_packet` port on its veth end, with
@@ -321,9 +314,21 @@ impl VethPair {
         dpdk_lines: &str,
         extra: &[&str],
     ) -> Daemon {
+        let vdev = format!("net_af_packet0,iface={}", VethPair::iface(i));
+        self.dpdk_daemon_on(i, &vdev, paths, dpdk_lines, extra)
+    }
+
+    /// rdsd in host `i`'s namespace on DPDK port `vdev` with host `i`'s address.
+    fn dpdk_daemon_on(
+        &self,
+        i: usize,
+        vdev: &str,
+        paths: u8,
+        dpdk_lines: &str,
+        extra: &[&str],
+    ) -> Daemon {
         let cfg = crate::config_file(&format!(
-            "[dpdk]\nvdev = \"net_af_packet0,iface={}\"\naddr = \"{}/24\"\n{dpdk_lines}\n{}",
-            VethPair::iface(i),
+            "[dpdk]\nvdev = \"{vdev}\"\naddr = \"{}/24\"\n{dpdk_lines}\n{}",
             self.addr(i),
             crate::dpdk_queues_line(dpdk_lines)
         ));
