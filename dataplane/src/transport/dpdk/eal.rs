@@ -204,8 +204,8 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
         let need = (sys::RTE_PKTMBUF_HEADROOM + r).next_multiple_of(64);
         data_room(want).max(need.min(u32::from(u16::MAX)) as u16)
     });
-    // SAFETY: EAL is running; valid name; sizes within DPDK's limits (cache <= 512; a data
-    // room of at most 9216 + headroom fits u16).
+    // SAFETY: EAL is running; valid name; sizes within DPDK's limits (cache <= 512; the data
+    // room is capped to fit u16).
     let pool = unsafe {
         sys::rte_pktmbuf_pool_create(
             pool_name.as_ptr(),
