@@ -44,10 +44,10 @@ pub enum HugepageMode {
 pub enum PathChoice {
     /// By the sending socket's port, as Linux: a socket's messages to one host stay in order
     /// whatever their destination ports.
-    #[default]
     SourcePort,
-    /// By the pair of ports: a reply takes its request's path (no pure ACK segment per
-    /// message with several paths); order holds per (socket, destination).
+    /// By the pair of ports (the default): a reply takes its request's path, so with several
+    /// paths no message draws a pure ACK segment; order holds per (socket, destination).
+    #[default]
     PortPair,
 }
 
@@ -272,7 +272,8 @@ pub struct Overrides {
     /// Paths offered per peer, 1..=8.
     #[arg(long)]
     pub paths: Option<u8>,
-    /// Which path a message takes: by the sender's port (as Linux) or by the pair of ports.
+    /// Which path a message takes: by the pair of ports (default) or by the sender's port (as
+    /// Linux).
     #[arg(long, value_enum)]
     pub path_choice: Option<PathChoice>,
     /// Receive-state file (default: next to the control socket, extension .rxseq).
