@@ -10,9 +10,9 @@
 #   pinned    bench/pinned-bench.sh: memif, af_packet (dpdk) and rdsd on kernel TCP against
 #             kernel TCP, 1 and 8 paths: 64 B RTT, 64 KiB RTT, 4 x 16 in flight, 1 MiB one
 #             way, the per-hop breakdown (issue 17's table).
-#   optin     the 64 B RTT with 8 paths again with --path-choice port-pair (a reply on its
-#             request's path, so its ACK rides on it; the delayed ACK is the default since
-#             2026-11-28): whether port-pair should become the default.
+#   sourceport the 64 B RTT with 8 paths again with --path-choice source-port (Linux's choice:
+#             a reply on another path than its request, so its ACK cannot ride on it): what
+#             the default since 2026-11-28 (port-pair) saves.
 #   scaling   bench/scaling-bench.sh: 1, 2, 4 poll threads x 1, 2, 4, 8, 16 app threads per
 #             side against AF_UNIX (issue 18's table), one attachment per task.
 #   socket    the same with PLACEMENT=socket (one attachment per side) for 8 and 16 threads.
@@ -30,7 +30,7 @@ out="$(cd "$out" && pwd)"
 scripts="$here"
 : "${BIN:?BIN: the folder with rdsd, rds-bench and rdsctl, set by the bundle wrapper}"
 SECS="${SECS:-2}"
-STEPS="${STEPS:-pinned optin scaling socket wakeup}"
+STEPS="${STEPS:-pinned sourceport scaling socket wakeup}"
 summary="$out/summary.txt"
 : >"$summary"
 log() { echo "$*" | tee -a "$summary"; }
@@ -65,9 +65,9 @@ for s in $STEPS; do
     case "$s" in
         pinned)
             run pinned 270 OUTDIR="$out/raw/pinned" -- bash "$scripts/pinned-bench.sh" -T "$SECS" ;;
-        optin)
-            run optin 60 OUTDIR="$out/raw/optin" WORKLOADS=rtt64 PATHS_LIST=8 \
-                RDSD_ARGS="--path-choice port-pair" \
+        sourceport)
+            run sourceport 60 OUTDIR="$out/raw/sourceport" WORKLOADS=rtt64 PATHS_LIST=8 \
+                RDSD_ARGS="--path-choice source-port" \
                 -- bash "$scripts/pinned-bench.sh" -T "$SECS" ;;
         scaling)
             run scaling 120 OUTDIR="$out/raw/scaling" -- bash "$scripts/scaling-bench.sh" -T "$SECS" ;;

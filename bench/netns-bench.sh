@@ -23,7 +23,7 @@
 # IP: the ip(8) to use (a bundle ships its own for hosts without iproute2).
 # STATS="name,name": print those counters of both rdsd after the run (e.g. rx_publishes), and
 # the kernel TCP segments of each namespace (tcp_InSegs, tcp_OutSegs).
-# RDSD_ARGS: extra arguments for both rdsd (e.g. "--path-choice port-pair"). DPDK_EXTRA: lines
+# RDSD_ARGS: extra arguments for both rdsd (e.g. "--path-choice source-port"). DPDK_EXTRA: lines
 # added to both rdsd's [dpdk] section (e.g. "ack_delay_us = 200").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -12,8 +12,8 @@
 # Other knobs: TRANSPORTS="memif dpdk tcp" (dpdk = net_af_packet over a veth), PATHS_LIST="1 8",
 # WORKLOADS="rtt64 rtt64k pipe oneway1m hops" (hops: 64 B requests, 96 B acks with
 # rds-bench --breakdown and rdsd --trace-hops: where a round trip's time goes), OUTDIR (JSON per run; default /tmp/pinned-bench.N),
-# RDSD_ARGS (extra flags for both rdsd, e.g. "--path-choice port-pair": replies on their
-# requests' paths, see bench/RESULTS.md).
+# RDSD_ARGS (extra flags for both rdsd, e.g. "--path-choice source-port": Linux's path choice,
+# replies on other paths than their requests, see bench/RESULTS.md).
 # Each line of the table: rdsd's figure, kernel TCP's from the same rds-bench invocation (same
 # CPUs for the app tasks), and rdsd ÷ kernel (for latency < 1 is better for rdsd; for rates
 # > 1 is better).

@@ -38,7 +38,7 @@
 # MODE=pingpong: COUNT round trips instead (rds-testapp ping / echo: the second app sends each
 # message back), every figure per round trip; each rdsd then sends one message and receives one
 # per round trip, with the ACKs that go with them. RDSD_ARGS: extra flags for the two DPDK rdsd
-# (e.g. "--path-choice port-pair"); DPDK_EXTRA: lines added to their [dpdk] section (e.g.
+# (e.g. "--path-choice source-port"); DPDK_EXTRA: lines added to their [dpdk] section (e.g.
 # "ack_delay_us = 200").
 #
 # usage: [PATHS=1|8] [TRANSPORT=memif|af_packet] [MODE=stream|pingpong] bench/utcp-callgrind.sh [COUNT] [LEN]

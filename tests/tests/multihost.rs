@@ -33,6 +33,37 @@ fn exchange_in_both_directions() {
     // The smaller address connected every path; the larger accepted them.
     assert_eq!(h0.d().stat("tcp_path_up"), 8);
     assert_eq!(h1.d().stat("tcp_accepts"), 8);
+    // Each from a source port that names its path (SPORT_IDX), so the passive side maps them
+    // by port, not by accept order; none was taken for another path.
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &h0.ns,
+            "ss",
+            "-Htn",
+            "state",
+            "established",
+        ])
+        .args(["dport", "=", ":16385"])
+        .output()
+        .expect("ss");
+    let mut residues: Vec<u16> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            l.split_whitespace()
+                .nth(2)?
+                .rsplit_once(':')?
+                .1
+                .parse()
+                .ok()
+        })
+        .map(|port: u16| port % 8)
+        .collect();
+    residues.sort_unstable();
+    assert_eq!(residues, (0..8).collect::<Vec<u16>>(), "source ports mod 8");
+    assert_eq!(h0.d().stat("tcp_path_mismaps"), 0);
+    assert_eq!(h1.d().stat("tcp_path_mismaps"), 0);
 }
 
 #[test]

@@ -37,7 +37,8 @@ pub struct Config {
     /// connects while every path is up, each up path is pinged; a path without a pong by then
     /// is closed as dead (see `Connection::handle_accepted`).
     pub liveness_timeout: Duration,
-    /// Which path a message takes (default: by the sender's port, as Linux).
+    /// Which path a message takes (here by the sender's port, as Linux; rdsd's configuration
+    /// defaults to the port pair).
     pub path_choice: PathChoice,
 }
 

@@ -1,7 +1,8 @@
 //! The kernel-TCP transport: a [`Link`] over kernel sockets under the shared protocol layer.
 //!
 //! One non-blocking `TCP_NODELAY` socket per path, bound to the RDS source address (RDS
-//! addresses are implied by the TCP endpoints); a listener on 16385; readiness from one
+//! addresses are implied by the TCP endpoints) and, for our connects, to a source port with
+//! `port % 8 == path` (SPORT_IDX, as recent kernels; `SourcePorts`); a listener on 16385; readiness from one
 //! edge-triggered `epoll` instance for every path socket, asked once per pass (`begin_pass`),
 //! so that an idle path costs no syscall; `recv(MSG_DONTWAIT)` of a ready path until it is
 //! drained; `sendmsg` of header + payload with partial writes; acknowledgement as bytes written
@@ -81,6 +82,66 @@ pub struct TcpLink {
     /// `epoll_wait` (an rdsd whose traffic all goes over DPDK pays no syscall for kernel TCP).
     watched: usize,
     events: Vec<libc::epoll_event>,
+    /// Source ports of our connects, `port % 8 == path` (SPORT_IDX).
+    ports: SourcePorts,
+}
+
+/// Source ports for our connects, chosen as recent kernels choose them (spec §6.2) so that
+/// the endpoint can announce SPORT_IDX: the low end of the kernel's ephemeral range aligned up
+/// to 8, then groups of 8 walked round-robin, port `group base + path`, the next group when
+/// a bind finds the port taken. A passive peer then maps each connection to its path by that
+/// port. Without it, an rdsd restarted on the passive side maps connections in accept order,
+/// and one of ours for a path above a path it still believes up (idle, so it never learned
+/// that the peer died) landed on a lower index: its resends were judged against that path's
+/// restored sequence numbers and delivered again (`delivery.rs::receiver_restart_after_lost_acks_no_duplicates`).
+#[derive(Debug)]
+struct SourcePorts {
+    /// First port of group 0 (a multiple of 8).
+    base: u32,
+    /// Whole groups of 8 in the range.
+    groups: u32,
+    /// The next group to try.
+    next: u32,
+}
+
+impl SourcePorts {
+    /// Most binds one connect tries before it fails (and is retried after the backoff).
+    const TRIES: u32 = 64;
+
+    /// The range of `/proc/sys/net/ipv4/ip_local_port_range` (this network namespace's), or
+    /// Linux's default; `seed` spreads several links' walks over the range.
+    fn new(seed: u32) -> SourcePorts {
+        let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|s| {
+                let mut it = s.split_whitespace().map(|v| v.parse::<u16>().ok());
+                Some((it.next()??, it.next()??))
+            });
+        SourcePorts::in_range(range.unwrap_or((32768, 60999)), seed)
+    }
+
+    fn in_range((lo, hi): (u16, u16), seed: u32) -> SourcePorts {
+        let base = u32::from(lo).div_ceil(8) * 8;
+        let groups = ((u32::from(hi) + 1).saturating_sub(base) / 8).max(1);
+        // A range narrower than 8 ports: group 0 of the default range instead.
+        let base = if u32::from(hi) + 1 < base + 8 {
+            32768
+        } else {
+            base
+        };
+        SourcePorts {
+            base,
+            groups,
+            next: seed % groups,
+        }
+    }
+
+    /// The next candidate port for `path`.
+    fn next(&mut self, path: usize) -> u16 {
+        let g = self.next;
+        self.next = (g + 1) % self.groups;
+        (self.base + 8 * g + (path % 8) as u32) as u16
+    }
 }
 
 /// Options of every data socket, as the kernel's rds_tcp sets them (spec §6.1): no Nagle, and
@@ -97,15 +158,19 @@ fn data_socket_options(s: &Socket) -> std::io::Result<()> {
     s.set_tcp_keepalive(&ka)
 }
 
-fn new_stream(laddr: u32) -> std::io::Result<Socket> {
+fn new_stream(laddr: u32, sport: u16) -> std::io::Result<Socket> {
     let s = Socket::new(Domain::IPV4, Type::STREAM.cloexec(), Some(Protocol::TCP))?;
     data_socket_options(&s)?;
-    s.bind(&SockAddr::from(SocketAddrV4::new(Ipv4Addr::from(laddr), 0)))?;
+    s.bind(&SockAddr::from(SocketAddrV4::new(
+        Ipv4Addr::from(laddr),
+        sport,
+    )))?;
     Ok(s)
 }
 
-fn connect_nonblocking(laddr: u32, faddr: u32, port: u16) -> std::io::Result<Socket> {
-    let s = new_stream(laddr)?;
+/// A connect from `laddr`, source port `sport` (0: an ephemeral one).
+fn connect_nonblocking(laddr: u32, sport: u16, faddr: u32, port: u16) -> std::io::Result<Socket> {
+    let s = new_stream(laddr, sport)?;
     match s.connect(&SockAddr::from(SocketAddrV4::new(
         Ipv4Addr::from(faddr),
         port,
@@ -209,7 +274,8 @@ impl TcpLink {
             },
         )?;
         ends.into_iter()
-            .map(|accepted| {
+            .enumerate()
+            .map(|(shard, accepted)| {
                 // SAFETY: epoll_create1 takes no pointers; a non-negative result is a new
                 // descriptor that nothing else owns.
                 let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
@@ -226,6 +292,12 @@ impl TcpLink {
                     ready: Vec::new(),
                     watched: 0,
                     events: vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS],
+                    // Spread over the range by process and shard, so that threads and a
+                    // restarted rdsd start on other ports than the last one.
+                    ports: SourcePorts::new(
+                        std::process::id().wrapping_mul(2_654_435_761)
+                            ^ (shard as u32).wrapping_mul(97),
+                    ),
                 })
             })
             .collect()
@@ -268,6 +340,7 @@ impl Link for TcpLink {
     type Path = TcpPath;
     type Payload = PoolBuf;
     const FRAMING: Framing = Framing::Stream;
+    const SPORT_IDX: bool = true;
 
     fn payload(&mut self, bytes: MsgBytes<'_>) -> PoolBuf {
         PoolBuf::copy_of(bytes)
@@ -283,10 +356,28 @@ impl Link for TcpLink {
         }
     }
 
-    fn connect(&mut self, laddr: u32, faddr: u32, _path: usize) -> std::io::Result<TcpPath> {
-        let sock = connect_nonblocking(laddr, faddr, self.port)?;
-        self.watch(&sock)?;
-        Ok(TcpPath { sock })
+    fn connect(&mut self, laddr: u32, faddr: u32, path: usize) -> std::io::Result<TcpPath> {
+        let mut last = None;
+        for _ in 0..SourcePorts::TRIES {
+            let sport = self.ports.next(path);
+            match connect_nonblocking(laddr, sport, faddr, self.port) {
+                Ok(sock) => {
+                    self.watch(&sock)?;
+                    return Ok(TcpPath { sock });
+                }
+                // Taken here (EADDRINUSE), or this 4-tuple is (EADDRNOTAVAIL): the next group.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EADDRINUSE) | Some(libc::EADDRNOTAVAIL)
+                    ) =>
+                {
+                    last = Some(e)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::from_raw_os_error(libc::EADDRINUSE)))
     }
 
     fn poll_connect(&mut self, p: &mut TcpPath) -> ConnectPoll {
@@ -304,7 +395,7 @@ impl Link for TcpLink {
     }
 
     fn doorbell(&mut self, laddr: u32, faddr: u32) {
-        if let Ok(s) = connect_nonblocking(laddr, faddr, self.port) {
+        if let Ok(s) = connect_nonblocking(laddr, 0, faddr, self.port) {
             self.doorbells
                 .push((s, std::time::Instant::now() + DOORBELL_TTL));
         }
@@ -472,8 +563,48 @@ mod tests {
     use super::*;
 
     #[test]
+    fn source_ports_say_their_path_and_walk_the_range() {
+        let mut p = SourcePorts::in_range((32768, 60999), 0);
+        assert_eq!((p.base, p.groups), (32768, 3529));
+        let ports: Vec<u16> = (0..8).map(|path| p.next(path)).collect();
+        for (path, port) in ports.iter().enumerate() {
+            assert_eq!(usize::from(*port) % 8, path);
+        }
+        // Round-robin over the groups: no port again before the range is walked.
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..3529 {
+            assert!(seen.insert(p.next(3)));
+        }
+        assert!(!seen.insert(p.next(3)));
+        // An unaligned low end is aligned up; the last group ends inside the range.
+        let mut p = SourcePorts::in_range((1025, 1049), 5);
+        assert_eq!((p.base, p.groups), (1032, 2));
+        for _ in 0..4 {
+            let port = p.next(7);
+            assert!((1032..=1049).contains(&port) && port % 8 == 7, "{port}");
+        }
+        // A range without a whole group of 8 falls back to the default range's first group.
+        let mut p = SourcePorts::in_range((40001, 40003), 0);
+        assert_eq!(p.next(2), 32770);
+    }
+
+    #[test]
+    fn a_connect_binds_a_source_port_that_says_its_path() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let lo = u32::from(Ipv4Addr::LOCALHOST);
+        let mut ports = SourcePorts::new(7);
+        for path in 0..8 {
+            let sport = ports.next(path);
+            let s = connect_nonblocking(lo, sport, lo, port).unwrap();
+            let local = s.local_addr().unwrap().as_socket_ipv4().unwrap();
+            assert_eq!(usize::from(local.port()) % 8, path);
+        }
+    }
+
+    #[test]
     fn data_sockets_have_the_kernels_keepalive() {
-        let s = new_stream(u32::from(Ipv4Addr::LOCALHOST)).unwrap();
+        let s = new_stream(u32::from(Ipv4Addr::LOCALHOST), 0).unwrap();
         assert!(s.keepalive().unwrap());
         assert_eq!(s.keepalive_time().unwrap(), Duration::from_secs(5));
         assert_eq!(s.keepalive_interval().unwrap(), Duration::from_secs(5));
