@@ -263,6 +263,12 @@ counters! {
     /// Sockets those egress runs dispatched: only those that may have something to send, not
     /// every path and listener (vendored smoltcp, PATCHES.md item 4).
     egress_sockets,
+    /// Sockets those egress runs examined, dispatched or skipped as not due: only the due
+    /// sockets, unless a timer may have come (PATCHES.md item 4).
+    egress_examined,
+    /// TCP sockets smoltcp's ingress asked to take a segment: one per segment once its port
+    /// pair is known, not every listener first (PATCHES.md item 6).
+    ingress_examined,
     /// Frames received on this poll thread's queue that belong to another's connection, handed
     /// over (`[dpdk] queues` > 1: software steering).
     steered,

@@ -478,9 +478,10 @@ fn utcp_partial_writes_around_the_ring_end_keep_the_stream_exact() {
 }
 
 /// smoltcp's egress per 64 B round trip on one busy path, with `paths` paths up between two
-/// links (the others connected and idle): (egress runs, sockets dispatched) per round trip,
-/// both links together.
-fn egress_per_round_trip(paths: usize) -> (f64, f64) {
+/// links (the others connected and idle), the busy one the last: (egress runs, sockets
+/// dispatched, sockets examined by the egress, sockets examined by the ingress) per round
+/// trip, both links together.
+fn egress_per_round_trip(paths: usize) -> (f64, f64, f64, f64) {
     use rdsd::protocol::{ConnectPoll, Link};
     use rdsd::transport::utcp::UtcpPath;
     const ROUND_TRIPS: u64 = 200;
@@ -514,6 +515,8 @@ fn egress_per_round_trip(paths: usize) -> (f64, f64) {
         (
             a.egress_runs() + b.egress_runs(),
             a.egress_visits() + b.egress_visits(),
+            a.egress_examined() + b.egress_examined(),
+            a.ingress_examined() + b.ingress_examined(),
         )
     };
     // One 64 B message from `from` to `to` on the busy path, as the endpoint does it: the
@@ -545,20 +548,38 @@ fn egress_per_round_trip(paths: usize) -> (f64, f64) {
     }
     let after = count(&a, &b);
     let per = |x: u64, y: u64| (x - y) as f64 / ROUND_TRIPS as f64;
-    (per(after.0, before.0), per(after.1, before.1))
+    (
+        per(after.0, before.0),
+        per(after.1, before.1),
+        per(after.2, before.2),
+        per(after.3, before.3),
+    )
 }
 
 /// smoltcp's egress dispatches the sockets that may have something to send, not every socket:
 /// a round trip on one path with 8 paths up (each link: 8 path sockets and 8 listeners)
-/// dispatches as many sockets as with 1 path. Unpatched smoltcp walked all of them each
-/// egress run (vendored smoltcp, PATCHES.md item 4).
+/// dispatches as many sockets as with 1 path, examines as many to find them (no timer comes
+/// due: the clock stands still), and the ingress asks as many sockets to take a segment. Unpatched smoltcp dispatched all of them each egress
+/// run, and the first patch still walked them all to skip the idle ones (vendored smoltcp,
+/// PATCHES.md item 4).
 #[test]
 fn utcp_idle_paths_cost_the_egress_nothing() {
-    let (runs1, socks1) = egress_per_round_trip(1);
-    let (runs8, socks8) = egress_per_round_trip(8);
+    let (runs1, socks1, seen1, in1) = egress_per_round_trip(1);
+    let (runs8, socks8, seen8, in8) = egress_per_round_trip(8);
     eprintln!(
-        "per round trip, both links: 1 path: {runs1} egress runs, {socks1} sockets dispatched; \
-         8 paths: {runs8} runs, {socks8} sockets"
+        "per round trip, both links: 1 path: {runs1} egress runs, {socks1} sockets dispatched, \
+         {seen1} examined, {in1} asked by ingress; 8 paths: {runs8} runs, {socks8} dispatched, \
+         {seen8} examined, {in8} asked by ingress"
+    );
+    // The busy path's socket is the last one made, after 16 listeners: the ingress finds it by
+    // its port pair (PATCHES.md item 6), not by asking every socket before it.
+    assert!(
+        in8 <= in1 + 0.5,
+        "8 paths: the ingress asked {in8} sockets per round trip, 1 path: {in1}"
+    );
+    assert!(
+        seen8 <= seen1 + 0.5,
+        "8 paths: {seen8} sockets examined per round trip, 1 path: {seen1}"
     );
     assert!(
         socks8 <= socks1 + 0.5,

@@ -605,10 +605,14 @@ fn af_packet_with_a_queue_pair_per_poll_thread_steers_frames_to_their_owner() {
     };
     let (d0, d1) = (start(0), start(1));
     let (_, steered) = two_queue_exchange([&d0, &d1], &pair, 7400);
-    // Fanned out, not copied: each frame reaches one of the two packet sockets.
+    // Fanned out, not copied: each frame reaches one of the two packet sockets (copied, each
+    // would arrive twice). The receiver's count is read first, both exactly (the published
+    // counters lag, and keep-alives still flow); the kernel's own frames on the veth (IPv6
+    // neighbour discovery) reach the packet sockets too: a few frames of slack.
     for (rx, tx) in [(&d0, &d1), (&d1, &d0)] {
-        let (got, sent) = (rx.stat("dpdk_rx_packets"), tx.stat("dpdk_tx_packets"));
-        assert!(got <= sent, "{got} frames received of {sent} sent");
+        let got = rx.exact_stat("dpdk_rx_packets");
+        let sent = tx.exact_stat("dpdk_tx_packets");
+        assert!(got <= sent + 8, "{got} frames received of {sent} sent");
     }
     assert!(
         steered[0] + steered[1] > 0,

@@ -7,11 +7,13 @@
 //! (64 B), which uses one path whatever the path count. Counted per round trip on each daemon
 //! from its exact counters: passes, path visits (`dpdk_path_visits`), acknowledgement queries
 //! (`dpdk_ack_queries`), frames sent (`dpdk_tx_packets`), transmit bursts (`dpdk_tx_bursts`),
-//! smoltcp egress runs (`dpdk_egress_runs`) and the sockets they dispatched
-//! (`dpdk_egress_sockets`). An idle path that is visited, that sends a frame, or whose socket
-//! smoltcp's egress looks at, each pass shows up as at least one more per pass with 8 paths
-//! (with 8 paths rdsd keeps 16 listening sockets and 8 path sockets; unpatched smoltcp
-//! dispatched all 24 in every egress run).
+//! smoltcp egress runs (`dpdk_egress_runs`), the sockets they dispatched
+//! (`dpdk_egress_sockets`), those they examined to find them (`dpdk_egress_examined`) and the
+//! sockets the ingress asked to take a segment (`dpdk_ingress_examined`). An
+//! idle path that is visited, that sends a frame, or whose socket smoltcp's egress looks at,
+//! each pass shows up as at least one more per pass with 8 paths (with 8 paths rdsd keeps 16
+//! listening sockets and 8 path sockets; unpatched smoltcp dispatched all 24 in every egress
+//! run, and the first patch still examined all 24 to skip the idle ones).
 //!
 //! Needs root (namespaces) and DPDK's memif PMD (`librte-net-memif23`, pulled in by
 //! `libdpdk-dev`, which `tests/run.sh` installs through `dataplane/install-build-deps.sh`).
@@ -27,7 +29,7 @@ const WARM_UP: u64 = 50;
 const DPDK_INSTALL: &str =
     "run as root with DPDK 22.11 installed: sudo -E bash tests/run.sh (dataplane/install-build-deps.sh)";
 
-const NAMES: [&str; 7] = [
+const NAMES: [&str; 9] = [
     "dpdk_passes",
     "dpdk_path_visits",
     "dpdk_ack_queries",
@@ -35,11 +37,13 @@ const NAMES: [&str; 7] = [
     "dpdk_tx_bursts",
     "dpdk_egress_runs",
     "dpdk_egress_sockets",
+    "dpdk_egress_examined",
+    "dpdk_ingress_examined",
 ];
 
 /// Counters of both daemons, exact ([`Daemon::exact_stats`]). The reads cost each poll core a
 /// pass or two without a path visit: nothing next to the round trips counted.
-fn counters(d: [&Daemon; 2]) -> [[u64; 7]; 2] {
+fn counters(d: [&Daemon; 2]) -> [[u64; 9]; 2] {
     d.map(|d| {
         let s = d.exact_stats();
         NAMES.map(|n| stat_from(&s, n))
@@ -48,7 +52,7 @@ fn counters(d: [&Daemon; 2]) -> [[u64; 7]; 2] {
 
 /// Per round trip and daemon, in the order of [`NAMES`], with more `[dpdk]` lines and rdsd
 /// flags for both daemons.
-fn ping_pong_with(paths: u8, dpdk_lines: &str, extra: &[&str]) -> [[f64; 7]; 2] {
+fn ping_pong_with(paths: u8, dpdk_lines: &str, extra: &[&str]) -> [[f64; 9]; 2] {
     let pair = VethPair::new();
     // One memif socket per run: the tests run in parallel.
     static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -83,9 +87,9 @@ fn ping_pong_with(paths: u8, dpdk_lines: &str, extra: &[&str]) -> [[f64; 7]; 2] 
     }
     let after = counters([&d0, &d1]);
     pp.finish();
-    let mut per_rt = [[0.0; 7]; 2];
+    let mut per_rt = [[0.0; 9]; 2];
     for d in 0..2 {
-        for k in 0..7 {
+        for k in 0..9 {
             per_rt[d][k] = (after[d][k] - before[d][k]) as f64 / ROUND_TRIPS as f64;
         }
     }
@@ -100,11 +104,11 @@ fn ping_pong_with(paths: u8, dpdk_lines: &str, extra: &[&str]) -> [[f64; 7]; 2] 
 
 /// [`ping_pong_with`], whose failure (printed above) also names the install step: a missing DPDK or
 /// memif PMD shows up as an rdsd that does not start.
-fn run(paths: u8) -> [[f64; 7]; 2] {
+fn run(paths: u8) -> [[f64; 9]; 2] {
     run_with(paths, "", &[])
 }
 
-fn run_with(paths: u8, dpdk_lines: &str, extra: &[&str]) -> [[f64; 7]; 2] {
+fn run_with(paths: u8, dpdk_lines: &str, extra: &[&str]) -> [[f64; 9]; 2] {
     std::panic::catch_unwind(|| ping_pong_with(paths, dpdk_lines, extra)).unwrap_or_else(|_| {
         panic!("the {paths}-path run failed (above); if rdsd's DPDK port did not start: {DPDK_INSTALL}")
     })
@@ -139,8 +143,8 @@ fn an_idle_dpdk_path_costs_nothing() {
     let one = run(1);
     let eight = run(8);
     for (d, side) in ["active", "passive"].iter().enumerate() {
-        let [p1, v1, q1, f1, b1, _e1, s1] = one[d];
-        let [p8, v8, q8, f8, b8, e8, s8] = eight[d];
+        let [p1, v1, q1, f1, b1, _e1, s1, x1, i1] = one[d];
+        let [p8, v8, q8, f8, b8, e8, s8, x8, i8] = eight[d];
         // A pass visits a path only for work (input, a receiver to resume, frames to send,
         // acknowledgements to ask for): the one busy path at most once a pass, plus the odd
         // path whose timer or ACK falls due. How many passes a round trip takes depends on the
@@ -190,6 +194,21 @@ fn an_idle_dpdk_path_costs_nothing() {
         assert!(
             s8 <= e8 * 1.5 + 0.5,
             "{side}, 8 paths: {s8} sockets dispatched per round trip in {e8} egress runs"
+        );
+        // Nor does the egress walk the idle sockets to skip them: it examines the due ones
+        // and, when its time comes, the busy socket's timer; all 24 only after a neighbour was
+        // learned.
+        assert!(
+            x8 <= x1 + 1.0,
+            "{side}, 8 paths: {x8} sockets examined per round trip (1 path: {x1}): idle \
+             sockets are walked"
+        );
+        // And a segment in goes to its socket by its port pair, not through the 16 listeners
+        // made before it (vendored smoltcp, PATCHES.md item 6): one socket asked per segment.
+        assert!(
+            i8 <= i1 + 0.5 && i8 <= f8 + 1.0,
+            "{side}, 8 paths: the ingress asked {i8} sockets per round trip (1 path: {i1}; \
+             {f8} frames sent, as many received)"
         );
     }
 }

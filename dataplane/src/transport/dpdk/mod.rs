@@ -304,6 +304,8 @@ impl Transport for DpdkTransport {
             (&p.tcp_zero_window_tx, c.tcp.zero_window_tx),
             (&p.egress_runs, self.ep.link().egress_runs()),
             (&p.egress_sockets, self.ep.link().egress_visits()),
+            (&p.egress_examined, self.ep.link().egress_examined()),
+            (&p.ingress_examined, self.ep.link().ingress_examined()),
             (&p.steered, c.steered),
             (&p.steer_drops, c.steer_drops),
         ] {

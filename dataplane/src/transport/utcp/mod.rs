@@ -392,6 +392,18 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
         self.iface.egress_visits()
     }
 
+    /// How many sockets smoltcp's egress has examined so far, dispatched or skipped: the
+    /// walk's length (only the due sockets unless a timer may have come: PATCHES.md item 4).
+    pub fn egress_examined(&self) -> u64 {
+        self.iface.egress_examined()
+    }
+
+    /// How many TCP sockets smoltcp's ingress has asked to take a segment so far: one per
+    /// segment once its port pair is known (PATCHES.md item 6), not every listener first.
+    pub fn ingress_examined(&self) -> u64 {
+        self.iface.tcp_ingress_examined()
+    }
+
     /// The device, for its counters.
     pub fn device(&self) -> &D {
         &self.device

@@ -30,6 +30,13 @@ pub(crate) struct Item<'a> {
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct SocketHandle(usize);
 
+impl SocketHandle {
+    /// rdsd patch (PATCHES.md, item 6): the socket's slot in its set.
+    pub(crate) fn slot(self) -> usize {
+        self.0
+    }
+}
+
 impl fmt::Display for SocketHandle {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "#{}", self.0)
@@ -47,6 +54,12 @@ impl SocketMask {
     /// No socket.
     pub const EMPTY: SocketMask = SocketMask(0);
 
+    /// rdsd patch (PATCHES.md, item 4): every socket.
+    pub const ALL: SocketMask = SocketMask(u64::MAX);
+
+    /// rdsd patch (PATCHES.md, item 4): the sockets from slot 63 on (the shared bit).
+    pub(crate) const HIGH: SocketMask = SocketMask(1 << 63);
+
     fn bit(handle: SocketHandle) -> u64 {
         1 << handle.0.min(63)
     }
@@ -54,6 +67,12 @@ impl SocketMask {
     /// Adds a socket.
     pub fn insert(&mut self, handle: SocketHandle) {
         self.0 |= Self::bit(handle);
+    }
+
+    /// rdsd patch (PATCHES.md, item 4): takes a socket out, if it has a bit of its own (a
+    /// socket from slot 63 on stays covered by the shared bit).
+    pub(crate) fn remove_exact(&mut self, handle: SocketHandle) {
+        self.0 &= !SocketMask::single(handle).0;
     }
 
     /// Whether the socket may be in the set (see the type's doc).
@@ -69,6 +88,25 @@ impl SocketMask {
     /// Whether the set is empty.
     pub fn is_empty(&self) -> bool {
         self.0 == 0
+    }
+
+    /// rdsd patch (PATCHES.md, item 4): whether the set may hold a socket in a slot from 63
+    /// on (those share one bit, so [`slots`](Self::slots) cannot name them).
+    pub(crate) fn has_high(&self) -> bool {
+        self.0 >> 63 != 0
+    }
+
+    /// rdsd patch (PATCHES.md, item 4): the slots below 63 in the set, lowest first.
+    pub(crate) fn slots(self) -> impl Iterator<Item = usize> {
+        let mut bits = self.0 & !(1 << 63);
+        core::iter::from_fn(move || {
+            if bits == 0 {
+                return None;
+            }
+            let slot = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            Some(slot)
+        })
     }
 
     /// rdsd patch (PATCHES.md, item 4): the set of this socket alone, exactly: empty for a
@@ -99,10 +137,20 @@ impl SocketMask {
 #[derive(Debug)]
 pub struct SocketSet<'a> {
     sockets: ManagedSlice<'a, SocketStorage<'a>>,
-    /// rdsd patch (PATCHES.md, item 4): the earliest `Meta::egress_at` of the sockets, as of
-    /// the last egress walk, lowered to `EGRESS_NOW` whenever a socket is added or handed out
-    /// by `&mut` (the interface keeps its own flag for the sockets its ingress fed).
-    egress_at: Instant,
+    /// rdsd patch (PATCHES.md, item 4): the sockets due now (`Meta::egress_at` is
+    /// `EGRESS_NOW`): added, handed out by `&mut`, or left with more to send by their last
+    /// dispatch (the interface keeps its own mask for the sockets its ingress fed).
+    due: SocketMask,
+    /// rdsd patch (PATCHES.md, item 4): the sockets outside `due` whose `egress_at` is a time
+    /// (a timer: retransmission, delayed ACK, keep-alive, idle timeout...), not never.
+    timers: SocketMask,
+    /// rdsd patch (PATCHES.md, item 4): their times, by slot (below 63), side by side so that
+    /// the earliest is found without touching the sockets.
+    times: [Instant; 63],
+    /// rdsd patch (PATCHES.md, item 4): no socket in `timers` has an earlier time (exact after
+    /// an egress found a timer had come; until then a socket's timer that went away or moved
+    /// later may leave it early).
+    timer_at: Instant,
 }
 
 impl<'a> SocketSet<'a> {
@@ -114,7 +162,10 @@ impl<'a> SocketSet<'a> {
         let sockets = sockets.into();
         SocketSet {
             sockets,
-            egress_at: EGRESS_NEVER,
+            due: SocketMask::EMPTY,
+            timers: SocketMask::EMPTY,
+            times: [EGRESS_NEVER; 63],
+            timer_at: EGRESS_NEVER,
         }
     }
 
@@ -136,8 +187,16 @@ impl<'a> SocketSet<'a> {
 
         let socket = socket.upcast();
         // rdsd patch: a new socket is looked at by the next egress (`Meta::default`).
-        self.egress_at = EGRESS_NOW;
+        let handle = self.put_first_free(socket, put);
+        self.due.insert(handle);
+        handle
+    }
 
+    fn put_first_free(
+        &mut self,
+        socket: Socket<'a>,
+        put: fn(usize, &mut SocketStorage<'a>, Socket<'a>) -> SocketHandle,
+    ) -> SocketHandle {
         for (index, slot) in self.sockets.iter_mut().enumerate() {
             if slot.inner.is_none() {
                 return put(index, slot, socket);
@@ -180,7 +239,7 @@ impl<'a> SocketSet<'a> {
                 // rdsd patch (PATCHES.md, item 4): whatever the caller does with the socket
                 // (send, recv, connect, close, a setting), the next egress looks at it.
                 item.meta.egress_at = EGRESS_NOW;
-                self.egress_at = EGRESS_NOW;
+                self.due.insert(handle);
                 T::downcast_mut(&mut item.socket)
                     .expect("handle refers to a socket of a wrong type")
             }
@@ -194,6 +253,9 @@ impl<'a> SocketSet<'a> {
     /// This function may panic if the handle does not belong to this socket set.
     pub fn remove(&mut self, handle: SocketHandle) -> Socket<'a> {
         net_trace!("[{}]: removing", handle.0);
+        // rdsd patch (PATCHES.md, item 4): no egress looks at the slot for it any more.
+        self.due.remove_exact(handle);
+        self.timers.remove_exact(handle);
         match self.sockets[handle.0].inner.take() {
             Some(item) => item.socket,
             None => panic!("handle does not refer to a valid socket"),
@@ -209,22 +271,100 @@ impl<'a> SocketSet<'a> {
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (SocketHandle, &mut Socket<'a>)> {
         // rdsd patch (PATCHES.md, item 4): each socket handed out is looked at by the next
         // egress.
-        self.egress_at = EGRESS_NOW;
+        self.due = SocketMask::ALL;
         self.items_mut().map(|i| {
             i.meta.egress_at = EGRESS_NOW;
             (i.meta.handle, &mut i.socket)
         })
     }
 
-    /// rdsd patch (PATCHES.md, item 4): the earliest time any socket's egress may send, as
-    /// the last egress walk left it or lower (see [`crate::iface::Interface::egress_at`]).
+    /// rdsd patch (PATCHES.md, item 4): the earliest time any socket's egress may send (see
+    /// [`crate::iface::Interface::egress_at`]).
     pub(crate) fn egress_at(&self) -> Instant {
-        self.egress_at
+        if self.due.is_empty() {
+            self.timer_at
+        } else {
+            EGRESS_NOW
+        }
     }
 
-    /// Sets what [`SocketSet::egress_at`] answers (the egress walk, which saw every socket).
-    pub(crate) fn set_egress_at(&mut self, at: Instant) {
-        self.egress_at = at;
+    /// rdsd patch (PATCHES.md, item 4): the sockets an egress at `now` looks at: every one
+    /// when `all`, else those due now, and those whose timer has come (found in `times`,
+    /// without touching the sockets) once the earliest timer has come. Those looked at leave
+    /// `due` and `timers`, and [`egress_record`](Self::egress_record) puts each back where
+    /// the egress left it.
+    #[inline]
+    pub(crate) fn egress_start(&mut self, now: Instant, all: bool) -> SocketMask {
+        let due = core::mem::take(&mut self.due);
+        if all {
+            self.timers = SocketMask::EMPTY;
+            self.timer_at = EGRESS_NEVER;
+            return SocketMask::ALL;
+        }
+        if now < self.timer_at {
+            // (A socket both due and with a timer keeps its bit in `timers` until recorded.)
+            return due;
+        }
+        // A timer has come, or `timer_at` is early (a timer that went away or moved on left
+        // it there): the sockets whose time has come, and the earliest of the others, exactly.
+        let mut expired = SocketMask::EMPTY;
+        let mut at = EGRESS_NEVER;
+        for slot in self.timers.slots() {
+            let t = self.times[slot];
+            if t <= now {
+                expired.insert(SocketHandle(slot));
+            } else {
+                at = at.min(t);
+            }
+        }
+        if self.timers.has_high() {
+            // No times kept for these: all of them are looked at, and recorded again.
+            expired = expired.union(SocketMask::HIGH);
+        }
+        self.timers = self.timers.difference(expired);
+        self.timer_at = at;
+        due.union(expired)
+    }
+
+    /// rdsd patch (PATCHES.md, item 4): where the egress left a socket it looked at: due now,
+    /// a timer, or nothing until a packet or `&mut` access. `None`: the slot is empty.
+    #[inline]
+    pub(crate) fn egress_record(&mut self, slot: usize, left: Option<(SocketHandle, Instant)>) {
+        let Some((handle, at)) = left else {
+            self.timers.remove_exact(SocketHandle(slot));
+            return;
+        };
+        match at {
+            EGRESS_NOW => {
+                self.due.insert(handle);
+                self.timers.remove_exact(handle);
+            }
+            EGRESS_NEVER => self.timers.remove_exact(handle),
+            t => {
+                self.timers.insert(handle);
+                if let Some(time) = self.times.get_mut(slot) {
+                    *time = t;
+                }
+                self.timer_at = self.timer_at.min(t);
+            }
+        }
+    }
+
+    /// rdsd patch (PATCHES.md, item 4): the slots a mask stands for, lowest first: its bits
+    /// below 63, and every slot from 63 on when it has the shared bit. (The range is taken
+    /// now, so the caller may hand out the sockets by `&mut` as it goes.)
+    pub(crate) fn slots_of(&self, mask: SocketMask) -> impl Iterator<Item = usize> + use<> {
+        let high = if mask.has_high() {
+            63..self.sockets.len().max(63)
+        } else {
+            0..0
+        };
+        mask.slots().chain(high)
+    }
+
+    /// rdsd patch (PATCHES.md, item 4): the socket in this slot, if any.
+    pub(crate) fn item_mut(&mut self, slot: usize) -> Option<&mut Item<'a>> {
+        self.sockets.get_mut(slot)?.inner.as_mut()
     }
 
     /// Iterate every socket in this set.

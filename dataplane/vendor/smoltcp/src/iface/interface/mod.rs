@@ -38,7 +38,7 @@ use super::fragmentation::{Fragmenter, FragmentsBuffer};
 #[cfg(any(feature = "medium-ethernet", feature = "medium-ieee802154"))]
 use super::neighbor::{Answer as NeighborAnswer, Cache as NeighborCache};
 use super::socket_meta::{EGRESS_NEVER, EGRESS_NOW, Meta, egress_time};
-use super::socket_set::{SocketMask, SocketSet};
+use super::socket_set::{Item, SocketMask, SocketSet};
 use crate::config::{
     IFACE_MAX_ADDR_COUNT, IFACE_MAX_PREFIX_COUNT, IFACE_MAX_SIXLOWPAN_ADDRESS_CONTEXT_COUNT,
 };
@@ -159,15 +159,30 @@ pub struct InterfaceInner {
     /// rdsd patch (vendor/smoltcp/PATCHES.md, item 4): the next egress looks at every socket,
     /// not only those due (the interface's addresses or routes changed).
     egress_all: bool,
-    /// rdsd patch: ingress fed a socket since the last egress (and marked it due).
-    socket_input: bool,
+    /// rdsd patch: the sockets ingress fed since the last egress (its next egress looks at
+    /// them).
+    fed: SocketMask,
     /// rdsd patch: sockets fed by ingress or dispatched by egress since the last
     /// [`Interface::take_touched`].
     touched: SocketMask,
     /// rdsd patch: sockets the egress looked at (dispatched, or found waiting for their
     /// neighbour), ever ([`Interface::egress_visits`]).
     egress_visits: u64,
+    /// rdsd patch: sockets the egress examined, dispatched or skipped, ever
+    /// ([`Interface::egress_examined`]).
+    egress_examined: u64,
+    /// rdsd patch (PATCHES.md, item 6): by a hash of a segment's ports, the slot of the socket
+    /// that took the last segment with an ACK (`usize::MAX`: none).
+    #[cfg(feature = "socket-tcp")]
+    tcp_hints: [usize; TCP_HINTS],
+    /// rdsd patch (PATCHES.md, item 6): TCP sockets ingress asked to take a segment, ever
+    /// ([`Interface::tcp_ingress_examined`]).
+    tcp_ingress_examined: u64,
 }
+
+/// rdsd patch (PATCHES.md, item 6): entries of `InterfaceInner::tcp_hints`.
+#[cfg(feature = "socket-tcp")]
+const TCP_HINTS: usize = 16;
 
 /// Configuration structure used for creating a network interface.
 #[non_exhaustive]
@@ -310,9 +325,13 @@ impl Interface {
                 slaac_updated: Instant::from_millis(0),
                 rand,
                 egress_all: false,
-                socket_input: false,
+                fed: SocketMask::EMPTY,
                 touched: SocketMask::EMPTY,
                 egress_visits: 0,
+                egress_examined: 0,
+                #[cfg(feature = "socket-tcp")]
+                tcp_hints: [usize::MAX; TCP_HINTS],
+                tcp_ingress_examined: 0,
             },
         }
     }
@@ -666,8 +685,8 @@ impl Interface {
     /// [`poll_egress`](Self::poll_egress) may have something to send, in O(1): `Some(t)` with
     /// `t <= timestamp` when it may have now, `None` when only a packet (ingress) or a socket
     /// handed out by `&mut` can give it something. A conservative summary of
-    /// [`poll_at`](Self::poll_at) kept by the egress walk itself: each socket's `poll_at` is
-    /// taken after its dispatch, and a socket that got a packet, was added or was handed out
+    /// [`poll_at`](Self::poll_at) kept by the egress itself: each socket's `poll_at` is
+    /// taken after its dispatch (the earliest of those with a timer is kept), and a socket that got a packet, was added or was handed out
     /// by `&mut` (`SocketSet::get_mut`, `iter_mut`) counts as due now, as do all of them after
     /// a neighbour was learned or the addresses or routes changed. For one interface per
     /// socket set.
@@ -678,7 +697,7 @@ impl Interface {
         }
 
         let due = self.inner.egress_all
-            || self.inner.socket_input
+            || !self.inner.fed.is_empty()
             || self.inner.neighbor_learned_pending();
         #[allow(unused_mut)]
         let mut res = if due {
@@ -716,6 +735,22 @@ impl Interface {
         self.inner.egress_visits
     }
 
+    /// rdsd patch (vendor/smoltcp/PATCHES.md, item 4): how many sockets the egress has
+    /// examined so far, dispatched or skipped as not due: the walk's length. Only the due
+    /// sockets, unless a timer may have come or all were due.
+    pub fn egress_examined(&self) -> u64 {
+        self.inner.egress_examined
+    }
+
+    /// rdsd patch (vendor/smoltcp/PATCHES.md, item 6): how many TCP sockets ingress has asked
+    /// to take a segment so far (one per segment when the port-pair table knows its socket).
+    pub fn tcp_ingress_examined(&self) -> u64 {
+        self.inner.tcp_ingress_examined
+    }
+
+    // rdsd patch (PATCHES.md, item 6): inlined, as before the port-pair table grew
+    // `process_tcp` (a pass with no frame paid the call).
+    #[inline]
     fn socket_ingress(
         &mut self,
         device: &mut (impl Device + ?Sized),
@@ -803,23 +838,22 @@ impl Interface {
         // neighbour was learned or the addresses or routes changed. A socket that changed
         // since its last dispatch (a packet, `&mut` access) is due now; a skipped socket's
         // dispatch would have done nothing (its `poll_at`, taken after its last dispatch, is
-        // still ahead).
+        // still ahead). Nor does the egress walk every socket to find them: the due ones are
+        // in masks (`SocketSet::due`, `fed`), and so are those with a timer, whose earliest
+        // time says when they need looking at.
         let all = core::mem::take(&mut self.inner.egress_all) | self.inner.take_neighbor_learned();
-        self.inner.socket_input = false;
         let now = self.inner.now;
-        let mut next = EGRESS_NEVER;
+        let look_at = sockets
+            .egress_start(now, all)
+            .union(core::mem::take(&mut self.inner.fed));
         let mut exhausted = false;
+        let mut poll_result = PollResult::None;
 
-        let mut result = PollResult::None;
-        for item in sockets.items_mut() {
-            if exhausted {
-                // Not looked at: as due as it was.
-                next = next.min(item.meta.egress_at);
-                continue;
-            }
-            if !all && now < item.meta.egress_at {
-                next = next.min(item.meta.egress_at);
-                continue;
+        let mut visit = |item: &mut Item<'_>| {
+            self.inner.egress_examined += 1;
+            if exhausted || (!all && now < item.meta.egress_at) {
+                // Not looked at (the device is out of buffers), or not due: as it was.
+                return;
             }
             self.inner.touched.insert(item.meta.handle);
             self.inner.egress_visits += 1;
@@ -830,8 +864,7 @@ impl Interface {
                 // Waiting for its neighbour: until it is learned (that marks every socket) or
                 // the silence is over.
                 Self::egress_done(&mut self.inner, &mut item.meta, &item.socket);
-                next = next.min(item.meta.egress_at);
-                continue;
+                return;
             }
 
             let mut neighbor_addr = None;
@@ -846,7 +879,7 @@ impl Interface {
                     .dispatch_ip(t, meta, response, &mut self.fragmenter)
                     .map_err(|_| EgressError::Dispatch)?;
 
-                result = PollResult::SocketStateChanged;
+                poll_result = PollResult::SocketStateChanged;
 
                 Ok(())
             };
@@ -915,10 +948,9 @@ impl Interface {
                 Err(EgressError::Exhausted) => {
                     // Device buffer full. rdsd patch: this socket and those not looked at
                     // stay as due as they were, and a walk of all is not over.
-                    next = EGRESS_NOW;
                     self.inner.egress_all |= all;
                     exhausted = true;
-                    continue;
+                    return;
                 }
                 Err(EgressError::Dispatch) => {
                     // `NeighborCache` already takes care of rate limiting the neighbor discovery
@@ -933,10 +965,16 @@ impl Interface {
                 Ok(()) => {}
             }
             Self::egress_done(&mut self.inner, &mut item.meta, &item.socket);
-            next = next.min(item.meta.egress_at);
+        };
+
+        for slot in sockets.slots_of(look_at) {
+            let left = sockets.item_mut(slot).map(|item| {
+                visit(item);
+                (item.meta.handle, item.meta.egress_at)
+            });
+            sockets.egress_record(slot, left);
         }
-        sockets.set_egress_at(next);
-        result
+        poll_result
     }
 
     /// rdsd patch (PATCHES.md, item 4): after a socket's dispatch, when its egress is next due:
@@ -963,7 +1001,7 @@ impl InterfaceInner {
     #[allow(unused)] // unused depending on which sockets are enabled
     pub(crate) fn socket_fed(&mut self, meta: &mut Meta) {
         meta.egress_at = EGRESS_NOW;
-        self.socket_input = true;
+        self.fed.insert(meta.handle);
         self.touched.insert(meta.handle);
     }
 

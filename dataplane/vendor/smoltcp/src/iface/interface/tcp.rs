@@ -29,25 +29,35 @@ impl InterfaceInner {
             &self.caps.checksum
         ));
 
+        // rdsd patch (vendor/smoltcp/PATCHES.md, item 6): a segment that carries an ACK goes
+        // first to the socket that took the last such segment of its port pair (a small table
+        // by ports). Only a socket with the segment's 4-tuple accepts it (a listener takes no
+        // ACK), so the walk below would find that socket too, unless two sockets hold the same
+        // 4-tuple (then the walk's lowest slot is no better a choice). With a socket per path
+        // and two listeners per path, the walk passed every listener first.
+        let hint = Self::tcp_hint(&tcp_repr);
+        if tcp_repr.ack_number.is_some() {
+            let slot = self.tcp_hints[hint];
+            if let Some(item) = sockets.item_mut(slot) {
+                self.tcp_ingress_examined += 1;
+                if let Some(tcp_socket) = Socket::downcast_mut(&mut item.socket) {
+                    if tcp_socket.accepts(self, &ip_repr, &tcp_repr) {
+                        return self.tcp_feed(item, &ip_repr, &tcp_repr);
+                    }
+                }
+            }
+        }
+
         for item in sockets.items_mut() {
+            self.tcp_ingress_examined += 1;
             let Some(tcp_socket) = Socket::downcast_mut(&mut item.socket) else {
                 continue;
             };
             if tcp_socket.accepts(self, &ip_repr, &tcp_repr) {
-                // rdsd patch (vendor/smoltcp/PATCHES.md, item 4): its next egress looks at it
-                // when its `poll_at` after the segment says so, as after a dispatch
-                // (`poll_at` mirrors the start of `dispatch`): a segment that leaves nothing to
-                // send (a pure ACK in, an ACK of ours delayed) costs no dispatch.
-                self.socket_fed(&mut item.meta);
-                let reply = tcp_socket
-                    .process(self, &ip_repr, &tcp_repr)
-                    .map(|(ip, tcp)| Packet::new(ip, IpPayload::Tcp(tcp)));
-                let socket_poll_at = tcp_socket.poll_at(self);
-                let at = item
-                    .meta
-                    .poll_at(socket_poll_at, |a| self.has_neighbor(&a), self.now);
-                item.meta.egress_at = crate::iface::socket_meta::egress_time(at);
-                return reply;
+                if tcp_repr.ack_number.is_some() {
+                    self.tcp_hints[hint] = item.meta.handle.slot();
+                }
+                return self.tcp_feed(item, &ip_repr, &tcp_repr);
             }
         }
 
@@ -65,5 +75,34 @@ impl InterfaceInner {
             let (ip, tcp) = tcp::Socket::rst_reply(&ip_repr, &tcp_repr);
             Some(Packet::new(ip, IpPayload::Tcp(tcp)))
         }
+    }
+
+    /// rdsd patch (PATCHES.md, item 6): the entry of `tcp_hints` for a segment's ports.
+    fn tcp_hint(repr: &TcpRepr) -> usize {
+        usize::from(repr.src_port ^ repr.dst_port.rotate_left(5)) % TCP_HINTS
+    }
+
+    /// A segment to the TCP socket that accepts it.
+    #[inline]
+    fn tcp_feed(
+        &mut self,
+        item: &mut Item<'_>,
+        ip_repr: &IpRepr,
+        tcp_repr: &TcpRepr,
+    ) -> Option<Packet<'static>> {
+        let Item { meta, socket } = item;
+        let tcp_socket = Socket::downcast_mut(socket).expect("a TCP socket");
+        // rdsd patch (vendor/smoltcp/PATCHES.md, item 4): its next egress looks at it
+        // when its `poll_at` after the segment says so, as after a dispatch
+        // (`poll_at` mirrors the start of `dispatch`): a segment that leaves nothing to
+        // send (a pure ACK in, an ACK of ours delayed) costs no dispatch.
+        self.socket_fed(meta);
+        let reply = tcp_socket
+            .process(self, ip_repr, tcp_repr)
+            .map(|(ip, tcp)| Packet::new(ip, IpPayload::Tcp(tcp)));
+        let socket_poll_at = tcp_socket.poll_at(self);
+        let at = meta.poll_at(socket_poll_at, |a| self.has_neighbor(&a), self.now);
+        meta.egress_at = crate::iface::socket_meta::egress_time(at);
+        reply
     }
 }

@@ -1614,14 +1614,24 @@ fn rdsd_egress_dispatches_only_due_sockets() {
         );
     }
 
-    // Settled: no timer (no keep-alive, no idle timeout), nothing to send.
-    assert_eq!(iface.egress_at(t, &sockets), None);
+    // Settled: no timer (no keep-alive, no idle timeout), nothing to send. The O(1) answer
+    // may be early: a timer that went away (the handshake's retransmission) leaves it there
+    // until an egress at that time finds no timer has come (without looking at a socket).
     assert_eq!(iface.poll_at(t, &sockets), None);
     let visits = iface.egress_visits();
+    let examined = iface.egress_examined();
+    if let Some(early) = iface.egress_at(t, &sockets) {
+        assert!(early > t, "nothing is due now");
+        t = early;
+        iface.poll(t, &mut device, &mut sockets);
+    }
+    assert_eq!(iface.egress_at(t, &sockets), None);
     iface.poll(t, &mut device, &mut sockets);
     assert_eq!(iface.egress_visits(), visits, "idle sockets are skipped");
+    assert_eq!(iface.egress_examined(), examined, "nor looked at");
 
     // A write: the egress is due now; the segment, its ACK and nothing else go out.
+    let examined = iface.egress_examined();
     let (writer, reader) = pairs[1];
     sockets
         .get_mut::<tcp::Socket>(writer)
@@ -1651,13 +1661,22 @@ fn rdsd_egress_dispatches_only_due_sockets() {
         "{walked} sockets dispatched for one segment and its ACK ({} sockets)",
         2 * PAIRS + 1
     );
+    // Nor does the egress walk the others to find the due ones.
+    let examined = iface.egress_examined() - examined;
+    assert!(
+        examined <= 4,
+        "{examined} sockets examined for one segment and its ACK ({} sockets)",
+        2 * PAIRS + 1
+    );
     // The read hands the socket out by `&mut`: the next egress looks at it (a window update
     // may be due), and only at it.
     let visits = iface.egress_visits();
     assert_eq!(iface.egress_at(t, &sockets), Some(t));
     iface.poll(t, &mut device, &mut sockets);
     assert_eq!(iface.egress_visits(), visits + 1);
-    assert_eq!(iface.egress_at(t, &sockets), None);
+    // Nothing due now (the writer's retransmission timer, stopped by the ACK, may still bound
+    // the answer from below).
+    assert!(iface.egress_at(t, &sockets).is_none_or(|at| at > t));
 
     // A socket's timer (keep-alive) makes the egress due at its time, and then only it.
     sockets
@@ -1680,6 +1699,203 @@ fn rdsd_egress_dispatches_only_due_sockets() {
         "the keep-alive's socket alone"
     );
     assert!(iface.take_touched().contains(pairs[2].0));
+}
+
+/// rdsd patch (vendor/smoltcp/PATCHES.md, item 4): sockets from slot 63 on share one bit of the
+/// egress's masks; they are served all the same: a write, its ACK and a timer (keep-alive).
+#[test]
+#[cfg(all(feature = "medium-ip", feature = "socket-tcp", feature = "alloc"))]
+fn rdsd_egress_serves_sockets_past_slot_63() {
+    use crate::phy::Loopback;
+    use crate::socket::tcp;
+
+    let mut device = Loopback::new(Medium::Ip);
+    let mut iface = Interface::new(Config::new(HardwareAddress::Ip), &mut device, Instant::ZERO);
+    iface.update_ip_addrs(|a| {
+        a.push(IpCidr::new(IpAddress::v4(127, 0, 0, 1), 8)).unwrap();
+    });
+    let mut sockets = SocketSet::new(vec![]);
+    let new = || {
+        let mut s = tcp::Socket::new(
+            tcp::SocketBuffer::new(vec![0; 1024]),
+            tcp::SocketBuffer::new(vec![0; 1024]),
+        );
+        s.set_ack_delay(None);
+        s
+    };
+    const PAIRS: u16 = 36;
+    let mut pairs = vec![];
+    for k in 0..PAIRS {
+        let server = sockets.add(new());
+        sockets
+            .get_mut::<tcp::Socket>(server)
+            .listen(1000 + k)
+            .unwrap();
+        let client = sockets.add(new());
+        sockets
+            .get_mut::<tcp::Socket>(client)
+            .connect(
+                iface.context(),
+                (IpAddress::v4(127, 0, 0, 1), 1000 + k),
+                2000 + k,
+            )
+            .unwrap();
+        pairs.push((client, server));
+    }
+    let mut t = Instant::ZERO;
+    for _ in 0..10 {
+        iface.poll(t, &mut device, &mut sockets);
+        t += Duration::from_millis(1);
+    }
+    let (writer, reader) = pairs[PAIRS as usize - 1];
+    // Both past slot 63: no bit of their own.
+    assert!(
+        crate::iface::SocketMask::single(writer).is_empty()
+            && SocketMask::single(reader).is_empty()
+    );
+    for &(c, s) in &pairs {
+        assert_eq!(
+            sockets.get::<tcp::Socket>(c).state(),
+            tcp::State::Established
+        );
+        assert_eq!(
+            sockets.get::<tcp::Socket>(s).state(),
+            tcp::State::Established
+        );
+    }
+    // (Early by the handshake's retransmission timer, until an egress at its time.)
+    if let Some(early) = iface.egress_at(t, &sockets) {
+        t = early;
+        iface.poll(t, &mut device, &mut sockets);
+    }
+    assert_eq!(iface.egress_at(t, &sockets), None);
+
+    sockets
+        .get_mut::<tcp::Socket>(writer)
+        .send_slice(b"high")
+        .unwrap();
+    for _ in 0..5 {
+        iface.poll(t, &mut device, &mut sockets);
+        t += Duration::from_millis(1);
+    }
+    let mut buf = [0u8; 16];
+    assert_eq!(
+        sockets.get_mut::<tcp::Socket>(reader).recv_slice(&mut buf),
+        Ok(4)
+    );
+    assert_eq!(&buf[..4], b"high");
+    assert_eq!(sockets.get::<tcp::Socket>(writer).send_queue(), 0);
+
+    sockets
+        .get_mut::<tcp::Socket>(writer)
+        .set_keep_alive(Some(Duration::from_millis(50)));
+    for _ in 0..3 {
+        iface.poll(t, &mut device, &mut sockets);
+    }
+    let at = iface.egress_at(t, &sockets).expect("the keep-alive timer");
+    assert_eq!(at, t + Duration::from_millis(50));
+    let visits = iface.egress_visits();
+    iface.poll(at, &mut device, &mut sockets);
+    assert!(
+        iface.egress_visits() > visits,
+        "the keep-alive's socket is dispatched"
+    );
+    // Its peer answers the probe, and the writer is due again 50 ms later.
+    for _ in 0..3 {
+        iface.poll(at, &mut device, &mut sockets);
+    }
+    assert_eq!(
+        iface.egress_at(at, &sockets),
+        Some(at + Duration::from_millis(50))
+    );
+}
+
+/// rdsd patch (vendor/smoltcp/PATCHES.md, item 6): a segment with an ACK goes to the socket its
+/// port pair took last time, not through every listener first; traffic on several connections
+/// in turn still reaches the right sockets.
+#[test]
+#[cfg(all(feature = "medium-ip", feature = "socket-tcp", feature = "alloc"))]
+fn rdsd_tcp_ingress_finds_the_socket_by_its_ports() {
+    use crate::phy::Loopback;
+    use crate::socket::tcp;
+
+    let mut device = Loopback::new(Medium::Ip);
+    let mut iface = Interface::new(Config::new(HardwareAddress::Ip), &mut device, Instant::ZERO);
+    iface.update_ip_addrs(|a| {
+        a.push(IpCidr::new(IpAddress::v4(127, 0, 0, 1), 8)).unwrap();
+    });
+    let mut sockets = SocketSet::new(vec![]);
+    let new = || {
+        let mut s = tcp::Socket::new(
+            tcp::SocketBuffer::new(vec![0; 1024]),
+            tcp::SocketBuffer::new(vec![0; 1024]),
+        );
+        s.set_ack_delay(None);
+        s
+    };
+    // Listeners in the first slots, as rdsd's (two per path).
+    const LISTENERS: u16 = 16;
+    for k in 0..LISTENERS {
+        let l = sockets.add(new());
+        sockets.get_mut::<tcp::Socket>(l).listen(3000 + k).unwrap();
+    }
+    const PAIRS: u16 = 4;
+    let mut pairs = vec![];
+    for k in 0..PAIRS {
+        let server = sockets.add(new());
+        sockets
+            .get_mut::<tcp::Socket>(server)
+            .listen(1000 + k)
+            .unwrap();
+        let client = sockets.add(new());
+        sockets
+            .get_mut::<tcp::Socket>(client)
+            .connect(
+                iface.context(),
+                (IpAddress::v4(127, 0, 0, 1), 1000 + k),
+                2000 + k,
+            )
+            .unwrap();
+        pairs.push((client, server));
+    }
+    let mut t = Instant::ZERO;
+    for _ in 0..10 {
+        iface.poll(t, &mut device, &mut sockets);
+        t += Duration::from_millis(1);
+    }
+
+    // 10 rounds, each a message on every pair in turn, each way: a data segment and its ACK.
+    const ROUNDS: u16 = 10;
+    let examined = iface.tcp_ingress_examined();
+    let mut buf = [0u8; 16];
+    for round in 0..ROUNDS {
+        for (k, &(c, s)) in pairs.iter().enumerate() {
+            for (from, to) in [(c, s), (s, c)] {
+                let msg = [round as u8, k as u8, (from == c) as u8];
+                sockets
+                    .get_mut::<tcp::Socket>(from)
+                    .send_slice(&msg)
+                    .unwrap();
+                for _ in 0..3 {
+                    iface.poll(t, &mut device, &mut sockets);
+                }
+                assert_eq!(
+                    sockets.get_mut::<tcp::Socket>(to).recv_slice(&mut buf),
+                    Ok(3)
+                );
+                assert_eq!(buf[..3], msg, "the message reached its socket");
+                assert_eq!(sockets.get::<tcp::Socket>(from).send_queue(), 0);
+            }
+        }
+    }
+    let segments = u64::from(ROUNDS * PAIRS * 2 * 2);
+    let examined = iface.tcp_ingress_examined() - examined;
+    // Through the listeners, at least 16 per segment; by the table, one (a pair whose ports
+    // share an entry with another's walks when they alternate).
+    assert!(
+        examined <= 3 * segments,
+        "{examined} sockets asked for {segments} segments"
+    );
 }
 
 /// rdsd patch (vendor/smoltcp/PATCHES.md, item 4): a segment that leaves its socket nothing to
