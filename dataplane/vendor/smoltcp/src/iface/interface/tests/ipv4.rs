@@ -1898,6 +1898,141 @@ fn rdsd_tcp_ingress_finds_the_socket_by_its_ports() {
     );
 }
 
+/// rdsd patch (vendor/smoltcp/PATCHES.md, items 4 and 6): under random traffic, loss, timers
+/// and reads, the O(1) `egress_at` is never later than upstream's `poll_at` (a walk of every
+/// socket's own `poll_at`): no socket's due send is left waiting; and every byte written
+/// arrives, in order, on the socket it was written to.
+#[test]
+#[cfg(all(feature = "medium-ip", feature = "socket-tcp", feature = "alloc"))]
+fn rdsd_egress_at_is_never_later_than_poll_at() {
+    use crate::phy::{FaultInjector, Loopback};
+    use crate::socket::tcp;
+
+    let mut device = FaultInjector::new(Loopback::new(Medium::Ip), 0x5eed);
+    device.set_drop_chance(10);
+    let mut iface = Interface::new(Config::new(HardwareAddress::Ip), &mut device, Instant::ZERO);
+    iface.update_ip_addrs(|a| {
+        a.push(IpCidr::new(IpAddress::v4(127, 0, 0, 1), 8)).unwrap();
+    });
+    let mut sockets = SocketSet::new(vec![]);
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let new = |k: u16| {
+        let mut s = tcp::Socket::new(
+            tcp::SocketBuffer::new(vec![0; 4096]),
+            tcp::SocketBuffer::new(vec![0; 4096]),
+        );
+        // Some with a delayed ACK, some with keep-alive: timers of every kind.
+        if k % 2 == 0 {
+            s.set_ack_delay(None);
+        }
+        if k % 3 == 0 {
+            s.set_keep_alive(Some(Duration::from_millis(40)));
+        }
+        s
+    };
+    for k in 0..6 {
+        let l = sockets.add(new(k));
+        sockets.get_mut::<tcp::Socket>(l).listen(3000 + k).unwrap();
+    }
+    const PAIRS: u16 = 6;
+    let mut pairs = vec![];
+    for k in 0..PAIRS {
+        let server = sockets.add(new(k));
+        sockets
+            .get_mut::<tcp::Socket>(server)
+            .listen(1000 + k)
+            .unwrap();
+        let client = sockets.add(new(k + 1));
+        sockets
+            .get_mut::<tcp::Socket>(client)
+            .connect(
+                iface.context(),
+                (IpAddress::v4(127, 0, 0, 1), 1000 + k),
+                2000 + k,
+            )
+            .unwrap();
+        pairs.push((client, server));
+    }
+    let mut t = Instant::ZERO;
+    // Per pair and direction: bytes written and read (byte i is `i as u8`, from an offset).
+    let mut written = vec![[0usize; 2]; PAIRS as usize];
+    let mut read = vec![[0usize; 2]; PAIRS as usize];
+    let check = |iface: &mut Interface, sockets: &SocketSet, t: Instant| {
+        let exact = iface.poll_at(t, sockets);
+        let fast = iface.egress_at(t, sockets);
+        if let Some(exact) = exact {
+            let fast = fast.expect("egress_at says never while a socket has something to send");
+            assert!(
+                fast <= exact.max(t),
+                "egress_at {fast} later than poll_at {exact}"
+            );
+        }
+    };
+    for step in 0..4000 {
+        let k = next(u64::from(PAIRS)) as usize;
+        let dir = next(2) as usize;
+        let (c, s) = pairs[k];
+        let (from, to) = if dir == 0 { (c, s) } else { (s, c) };
+        match next(4) {
+            0 => {
+                let sock = sockets.get_mut::<tcp::Socket>(from);
+                if sock.may_send() {
+                    let len = 1 + next(600) as usize;
+                    let base = written[k][dir];
+                    let data: std::vec::Vec<u8> = (base..base + len).map(|i| i as u8).collect();
+                    written[k][dir] += sock.send_slice(&data).unwrap();
+                }
+            }
+            1 => {
+                let mut buf = [0u8; 700];
+                let sock = sockets.get_mut::<tcp::Socket>(to);
+                if sock.may_recv() {
+                    let n = sock.recv_slice(&mut buf).unwrap();
+                    for (i, b) in buf[..n].iter().enumerate() {
+                        assert_eq!(*b, (read[k][dir] + i) as u8, "pair {k} step {step}");
+                    }
+                    read[k][dir] += n;
+                }
+            }
+            2 => t += Duration::from_micros(next(30_000)),
+            _ => {}
+        }
+        check(&mut iface, &sockets, t);
+        iface.poll(t, &mut device, &mut sockets);
+        check(&mut iface, &sockets, t);
+    }
+    // No more writes: poll and read until everything written has arrived (the retransmission
+    // timers must fire for what was lost).
+    for _ in 0..20_000 {
+        t += Duration::from_millis(1);
+        iface.poll(t, &mut device, &mut sockets);
+        check(&mut iface, &sockets, t);
+        for (k, &(c, s)) in pairs.iter().enumerate() {
+            for (dir, to) in [(0, s), (1, c)] {
+                let mut buf = [0u8; 4096];
+                let sock = sockets.get_mut::<tcp::Socket>(to);
+                if let Ok(n) = sock.recv_slice(&mut buf) {
+                    for (i, b) in buf[..n].iter().enumerate() {
+                        assert_eq!(*b, (read[k][dir] + i) as u8);
+                    }
+                    read[k][dir] += n;
+                }
+            }
+        }
+        if read == written {
+            break;
+        }
+    }
+    assert_eq!(read, written, "everything written arrives");
+    assert!(written.iter().all(|w| w[0] > 0 && w[1] > 0));
+}
+
 /// rdsd patch (vendor/smoltcp/PATCHES.md, item 4): a segment that leaves its socket nothing to
 /// send costs no dispatch. With a delayed ACK, a request and its reply are two dispatches
 /// (each write), the reply carries the request's ACK, and no pure ACK goes out.
