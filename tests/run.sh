@@ -106,6 +106,9 @@ RDSD_TESTS_PLACEMENT=socket RDSD_TESTS_POLL_THREADS=2 cargo test -p rdsd-tests -
 log "ring model checks"
 bash shm-api/check-ring-models.sh
 
+log "vendored smoltcp's own tests (rdsd's patch among them)"
+bash dataplane/vendor/smoltcp/run-tests.sh
+
 log "fuzz smoke runs"
 # Every fuzz target (dataplane/proto/fuzz, shm-api/fuzz, dataplane/fuzz) for a few seconds:
 # a crash fails the suite. cargo-fuzz needs the nightly toolchain.
