@@ -214,6 +214,9 @@ counters! {
     /// Paths a pass visited (one with input, a receiver to resume, frames to send or
     /// acknowledgements to ask for); an idle path is skipped.
     path_visits,
+    /// Readiness asks of a path (`Link::path_ready`): a path found not ready is asked again
+    /// only once the link's readiness epoch moved (userspace TCP), every pass elsewhere.
+    path_checks,
     /// Reads of a path (a `recv` for kernel TCP); only paths the link reports ready are read.
     path_reads,
     /// Queries of a path's acknowledged offset (a `SIOCOUTQ` ioctl for kernel TCP).

@@ -99,6 +99,16 @@ struct Conn<L: Link> {
     /// Bit `p`: path `p` may be dead or paused (set by `path_down`, kept by `poll_conn`), so
     /// that `poll_conn` skips the others' checks.
     rx_marked: u8,
+    /// Bit `p`: `paths[p]` is `Some` (kept where `paths` changes, checked in `poll_conn`), so
+    /// that `poll_conn` looks only at paths that exist or are marked.
+    present: u8,
+    /// Bit `p`: `path_ready` said path `p` was not ready while the link's `ready_epoch` was
+    /// `quiet_epoch`; until that changes, `poll_conn` does not ask again (idle paths cost it
+    /// nothing).
+    quiet: u8,
+    quiet_epoch: u64,
+    /// The peer generation last handed to the receive-state file (`learn_generation`).
+    learned: u32,
     acks: [AckPoll; MAX_PATHS],
     laddr: u32,
     faddr: u32,
@@ -142,6 +152,7 @@ pub struct Endpoint<L: Link, C: Clock = MonotonicClock> {
 struct PassCost {
     passes: u64,
     path_visits: u64,
+    path_checks: u64,
     reads: u64,
     ack_queries: u64,
     acks_forced: u64,
@@ -303,6 +314,10 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
             rx: Default::default(),
             dead: [false; MAX_PATHS],
             rx_marked: 0,
+            present: 0,
+            quiet: 0,
+            quiet_epoch: 0,
+            learned: 0,
             acks: Default::default(),
             laddr,
             faddr,
@@ -371,6 +386,8 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
                         io: accepted.path,
                         connecting: false,
                     });
+                    c.present |= 1 << p;
+                    c.quiet &= !(1 << p);
                     c.dead[p] = false;
                 }
                 Err(AcceptError::PathBusy(_) | AcceptError::CheckingPaths) => {
@@ -405,6 +422,8 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
     fn path_down(&mut self, i: usize, path: usize, now: Instant) {
         let c = &mut self.conns[i];
         c.rx_marked |= 1 << path;
+        c.present &= !(1 << path);
+        c.quiet &= !(1 << path);
         if let Some(mut ps) = c.paths[path].take() {
             if !ps.connecting {
                 let written = c.engine.stream_offset(path);
@@ -467,32 +486,73 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
         // would fail them all. Only a visit changes them: they are read again after one. An
         // idle path costs a bit test and `path_ready`.
         let mut marked_paths = self.conns[i].rx_marked | self.conns[i].engine.paths_with_work();
-        for path in 0..MAX_PATHS {
-            let bit = 1u8 << path;
+        debug_assert!(
+            (0..MAX_PATHS)
+                .all(|p| self.conns[i].paths[p].is_some() == (self.conns[i].present >> p & 1 != 0)),
+            "present out of step with paths"
+        );
+        // Paths found not ready stay so while the link's readiness epoch stands (a link
+        // without one: none is known).
+        let epoch = self.link.ready_epoch();
+        {
+            let c = &mut self.conns[i];
+            if epoch != Some(c.quiet_epoch) {
+                c.quiet = 0;
+            }
+            c.quiet_epoch = epoch.unwrap_or(0);
+            debug_assert!(
+                (0..MAX_PATHS).all(|p| c.quiet >> p & 1 == 0
+                    || c.paths[p]
+                        .as_ref()
+                        .is_some_and(|ps| !self.link.path_ready(&ps.io))),
+                "a path known quiet is ready"
+            );
+        }
+        // A path neither present nor marked fails every test below, and so does a quiet one
+        // that is not marked: only the others are looked at, in order (a visit may mark a
+        // later path).
+        let mut next = 0;
+        loop {
             let c = &self.conns[i];
+            let rest = u32::from(marked_paths | c.present & !c.quiet) >> next;
+            if rest == 0 {
+                break;
+            }
+            let path = next + rest.trailing_zeros() as usize;
+            next = path + 1;
+            let bit = 1u8 << path;
             let marked = marked_paths & bit != 0;
+            let mut quiet = false;
             let visit = match &c.paths[path] {
                 None => marked && (c.dead[path] || c.rx[path].held.is_some()),
                 // Only a path with work: input (or connect progress), a receiver to resume,
                 // frames to send, or acknowledgements worth asking for.
                 Some(ps) => {
-                    self.link.path_ready(&ps.io)
-                        || marked
+                    self.cost.path_checks += 1;
+                    self.link.path_ready(&ps.io) || {
+                        quiet = true;
+                        marked
                             && (c.dead[path]
                                 || c.rx[path].is_paused()
                                 || c.engine.has_pending_transmit(path)
                                 || (c.engine.unacked_messages(path) > 0
                                     && (!costly_acks || now >= c.acks[path].at)
                                     && self.link.acks_may_have_moved(&ps.io)))
+                    }
                 }
             };
             if !visit {
                 let c = &mut self.conns[i];
+                if quiet {
+                    c.quiet |= bit;
+                }
                 if marked && c.rx_marked & bit != 0 && !c.dead[path] && !c.rx[path].is_paused() {
                     c.rx_marked &= !bit;
                 }
                 continue;
             }
+            // The visit may change what the link answers for this path.
+            self.conns[i].quiet &= !bit;
             self.cost.path_visits += 1;
             match self.poll_path(up, i, path, now) {
                 Ok(n) => work += n,
@@ -745,11 +805,18 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
         self.drain_events_slow(up, i, now)
     }
 
+    /// Hands a new peer generation to the receive-state file. Only this connection writes its
+    /// slot's generation, so an unchanged one is skipped without touching the file.
     #[inline]
-    fn learn_generation(&self, i: usize) {
-        let c = &self.conns[i];
+    fn learn_generation(&mut self, i: usize) {
+        let c = &mut self.conns[i];
+        let generation = c.engine.peer_generation();
+        if generation == c.learned {
+            return;
+        }
+        c.learned = generation;
         if let (Some(f), Some(slot)) = (&self.persist, c.persist) {
-            f.learned(slot, c.engine.peer_generation());
+            f.learned(slot, generation);
         }
     }
 
@@ -769,6 +836,8 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
                                 io,
                                 connecting: true,
                             });
+                            c.present |= 1 << path;
+                            c.quiet &= !(1 << path);
                             c.dead[path] = false;
                         }
                         Err(e) => {
@@ -1123,6 +1192,8 @@ impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
         n.passes.store(self.cost.passes, Ordering::Relaxed);
         n.path_visits
             .store(self.cost.path_visits, Ordering::Relaxed);
+        n.path_checks
+            .store(self.cost.path_checks, Ordering::Relaxed);
         n.path_reads.store(self.cost.reads, Ordering::Relaxed);
         n.ack_queries
             .store(self.cost.ack_queries, Ordering::Relaxed);

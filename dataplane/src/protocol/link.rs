@@ -146,6 +146,12 @@ pub trait Link: Send {
     fn path_ready(&self, _p: &Self::Path) -> bool {
         true
     }
+    /// A count that changes whenever a path `path_ready` answered false for may have become
+    /// ready, so that the endpoint need not ask again meanwhile; `None` (the default): the
+    /// link keeps none, and every path is asked every pass. Memory reads only.
+    fn ready_epoch(&self) -> Option<u64> {
+        None
+    }
     /// End of a pass (`wrote`: the pass wrote on some path): send what the pass queued on the
     /// link, if it batches, so that it leaves in the pass that took it.
     fn end_pass(&mut self, _wrote: bool) {}

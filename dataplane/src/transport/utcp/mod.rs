@@ -299,8 +299,10 @@ pub struct UtcpLink<D: Device, C: Clock = MonotonicClock> {
     /// change that happened since): an idle path's `path_ready` is a bit test. Slots from 63
     /// on are never in it ([`SocketMask::single`]). A `Cell`: `path_ready` takes `&self`.
     not_ready: Cell<SocketMask>,
+    /// Moves on whenever a socket may have left `not_ready` (`Link::ready_epoch`).
+    ready_epoch: Cell<u64>,
     /// Path sockets whose acknowledgements `acked` read, untouched by smoltcp since: only a
-    /// segment for the socket (ingress touches it) or an abort moves `snd_una`, and a `send`
+    /// segment for the socket (ingress feeds it: `take_fed`) or an abort moves `snd_una`, and a `send`
     /// moves the bytes written and the send queue alike, so `acked` would answer the same.
     acks_read: SocketMask,
     /// Listeners that left LISTEN (a handshake; `accept` has nothing to do while none did).
@@ -362,6 +364,7 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
             listener_mask: SocketMask::EMPTY,
             touched: SocketMask::EMPTY,
             not_ready: Cell::new(SocketMask::EMPTY),
+            ready_epoch: Cell::new(0),
             acks_read: SocketMask::EMPTY,
             handshakes: 0,
             passes: 0,
@@ -525,9 +528,11 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
         h
     }
 
-    /// The sockets of `m` are no longer known not ready.
+    /// The sockets of `m` are no longer known not ready, and `ready_epoch` moves on (also for
+    /// an empty `m`: a socket from slot 63 on has no bit of its own).
     fn forget_not_ready(&self, m: SocketMask) {
         self.not_ready.set(self.not_ready.get().difference(m));
+        self.ready_epoch.set(self.ready_epoch.get().wrapping_add(1));
     }
 
     /// Takes smoltcp's touched sockets (after every ingress and egress call, so that
@@ -535,9 +540,13 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
     /// ready, and the listeners among them are checked at the next `poll_aux`.
     fn absorb_touched(&mut self) {
         let t = self.iface.take_touched();
-        self.touched = self.touched.union(t);
-        self.forget_not_ready(t);
-        self.acks_read = self.acks_read.difference(t);
+        if !t.is_empty() {
+            self.touched = self.touched.union(t);
+            self.forget_not_ready(t);
+        }
+        // Acknowledgements move only with a segment in (smoltcp patch item 9): a socket the
+        // egress dispatched sent, and its path is not visited again to ask.
+        self.acks_read = self.acks_read.difference(self.iface.take_fed());
     }
 
     /// What `path_ready` answers, computed: a connecting path, bytes to read, or a socket that
@@ -818,8 +827,10 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
         let max = buf.len();
         // In place, not copied into `buf`: `recv` dequeues the bytes and lends them, and they
         // stay as they are while the borrow of `self` lasts (nothing can enqueue meanwhile).
-        // At most `max`, and only up to the ring's wrap: the next read takes the rest.
-        let got = self.sock_io(p.handle).recv(|b| {
+        // At most `max`, and only up to the ring's wrap: the next read takes the rest. The
+        // socket counts as due for smoltcp's egress only if the read opened its window enough
+        // for a window update (`tcp_recv`, smoltcp patch item 7): no dispatch per read.
+        let got = self.sockets.tcp_recv(p.handle, |b| {
             let n = b.len().min(max);
             let (head, _) = b.split_at_mut(n);
             (n, &*head)
@@ -935,6 +946,10 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
     /// `absorb_touched` takes after every ingress and egress call and removes from the set;
     /// `sock` (abort, close, connect) removes it; `sock_io` (send, recv) cannot make it ready;
     /// a socket put in a freed slot (`add`) or removed from it (`reap`) is removed too.
+    fn ready_epoch(&self) -> Option<u64> {
+        Some(self.ready_epoch.get())
+    }
+
     fn path_ready(&self, p: &UtcpPath) -> bool {
         let known = self.not_ready.get();
         if known.intersects(p.bit) {

@@ -247,6 +247,39 @@ impl<'a> SocketSet<'a> {
         }
     }
 
+    /// rdsd patch (PATCHES.md, item 7): `tcp::Socket::recv` on the TCP socket `handle`, which
+    /// counts as due for the next egress (as [`get_mut`](Self::get_mut) makes it) only when the
+    /// read opened the receive window enough for a window update: otherwise its dispatch
+    /// would send nothing (a read changes nothing else it looks at), and a request/reply
+    /// exchange paid one dispatch per read.
+    ///
+    /// # Panics
+    /// This function may panic if the handle does not belong to this socket set or is not a
+    /// TCP socket.
+    #[cfg(feature = "socket-tcp")]
+    pub fn tcp_recv<'b, F, R>(
+        &'b mut self,
+        handle: SocketHandle,
+        f: F,
+    ) -> Result<R, crate::socket::tcp::RecvError>
+    where
+        F: FnOnce(&'b mut [u8]) -> (usize, R),
+    {
+        let Some(item) = self.sockets[handle.0].inner.as_mut() else {
+            panic!("handle does not refer to a valid socket");
+        };
+        #[allow(irrefutable_let_patterns)] // TCP alone among the features
+        let Socket::Tcp(socket) = &mut item.socket else {
+            panic!("handle refers to a socket of a wrong type");
+        };
+        let (result, opened) = socket.recv_noting_window(f);
+        if opened {
+            item.meta.egress_at = EGRESS_NOW;
+            self.due.insert(handle);
+        }
+        result
+    }
+
     /// Remove a socket from the set, without changing its state.
     ///
     /// # Panics

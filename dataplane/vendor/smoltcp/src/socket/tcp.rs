@@ -1408,6 +1408,37 @@ impl<'a> Socket<'a> {
         self.recv_impl(|rx_buffer| rx_buffer.dequeue_many_with(f))
     }
 
+    /// rdsd patch (PATCHES.md, item 7): [`recv`](Self::recv), and whether the dequeue opened
+    /// the receive window enough for a window update ([`window_to_update`]), the only thing a
+    /// read can give the egress to send: a read changes the receive buffer and `remote_seq_no`
+    /// (whose sum, the next sequence number to acknowledge, stays), nothing else `dispatch` or
+    /// `poll_at` looks at. `SocketSet::tcp_recv` counts the socket as due only then.
+    ///
+    /// [`window_to_update`]: Self::window_to_update
+    pub(crate) fn recv_noting_window<'b, F, R>(&'b mut self, f: F) -> (Result<R, RecvError>, bool)
+    where
+        F: FnOnce(&'b mut [u8]) -> (usize, R),
+    {
+        if let Err(e) = self.recv_error_check() {
+            return (Err(e), false);
+        }
+        let (len, cap) = (self.rx_buffer.len(), self.rx_buffer.capacity());
+        let (size, result) = self.rx_buffer.dequeue_many_with(f);
+        self.remote_seq_no += size;
+        // The buffer is lent out with the bytes: the window from its length after the dequeue.
+        let opened = size > 0
+            && window_update_due(
+                self.state,
+                self.remote_win_shift,
+                self.remote_last_ack,
+                self.remote_seq_no,
+                self.remote_last_win,
+                len - size,
+                cap,
+            );
+        (Ok(result), opened)
+    }
+
     /// Dequeue a sequence of received octets, and fill a slice from it.
     ///
     /// This function returns the amount of octets actually dequeued, which is limited
@@ -2471,21 +2502,15 @@ impl<'a> Socket<'a> {
     /// doubling the receive window. The Linux kernel implementation can be found at
     /// <https://elixir.bootlin.com/linux/v6.9.9/source/net/ipv4/tcp.c#L1472>.
     fn window_to_update(&self) -> bool {
-        match self.state {
-            State::SynSent
-            | State::SynReceived
-            | State::Established
-            | State::FinWait1
-            | State::FinWait2 => {
-                let new_win = self.scaled_window();
-                if let Some(last_win) = self.last_scaled_window() {
-                    new_win > 0 && new_win / 2 >= last_win
-                } else {
-                    false
-                }
-            }
-            _ => false,
-        }
+        window_update_due(
+            self.state,
+            self.remote_win_shift,
+            self.remote_last_ack,
+            self.remote_seq_no,
+            self.remote_last_win,
+            self.rx_buffer.len(),
+            self.rx_buffer.capacity(),
+        )
     }
 
     pub(crate) fn dispatch<F, E>(&mut self, cx: &mut Context, emit: F) -> Result<(), E>
@@ -2956,6 +2981,39 @@ impl<'a> Socket<'a> {
                 .min()
                 .unwrap_or(&PollAt::Ingress)
         }
+    }
+}
+
+/// [`Socket::window_to_update`] from the fields it reads, for a receive buffer holding `rx_len`
+/// of `rx_cap` octets: the window to advertise (`scaled_window`) against the last advertised,
+/// less what arrived since (`last_scaled_window`). rdsd patch (PATCHES.md, item 7): a free
+/// function, so that `recv_noting_window` can ask it while the receive buffer is lent out.
+#[inline]
+fn window_update_due(
+    state: State,
+    win_shift: u8,
+    last_ack: Option<TcpSeqNumber>,
+    seq_no: TcpSeqNumber,
+    last_win: u16,
+    rx_len: usize,
+    rx_cap: usize,
+) -> bool {
+    match state {
+        State::SynSent
+        | State::SynReceived
+        | State::Established
+        | State::FinWait1
+        | State::FinWait2 => {
+            let new_win = u16::try_from((rx_cap - rx_len) >> win_shift).unwrap_or(u16::MAX);
+            let Some(last_ack) = last_ack else {
+                return false;
+            };
+            let next_ack = seq_no + rx_len;
+            let last_win_adjusted = last_ack + ((last_win as usize) << win_shift) - next_ack;
+            let last_win = u16::try_from(last_win_adjusted >> win_shift).unwrap_or(u16::MAX);
+            new_win > 0 && new_win / 2 >= last_win
+        }
+        _ => false,
     }
 }
 

@@ -165,6 +165,9 @@ pub struct InterfaceInner {
     /// rdsd patch: sockets fed by ingress or dispatched by egress since the last
     /// [`Interface::take_touched`].
     touched: SocketMask,
+    /// rdsd patch (PATCHES.md, item 9): sockets fed by ingress since the last
+    /// [`Interface::take_fed`].
+    fed_since: SocketMask,
     /// rdsd patch: sockets the egress looked at (dispatched, or found waiting for their
     /// neighbour), ever ([`Interface::egress_visits`]).
     egress_visits: u64,
@@ -327,6 +330,7 @@ impl Interface {
                 egress_all: false,
                 fed: SocketMask::EMPTY,
                 touched: SocketMask::EMPTY,
+                fed_since: SocketMask::EMPTY,
                 egress_visits: 0,
                 egress_examined: 0,
                 #[cfg(feature = "socket-tcp")]
@@ -729,6 +733,14 @@ impl Interface {
         core::mem::take(&mut self.inner.touched)
     }
 
+    /// rdsd patch (vendor/smoltcp/PATCHES.md, item 9): the sockets ingress handed a packet
+    /// since the last call, and forgets them: those whose acknowledged data (`send_queue`) may
+    /// have moved. A subset of [`take_touched`](Self::take_touched)'s, kept apart: a dispatch
+    /// sends, it acknowledges nothing.
+    pub fn take_fed(&mut self) -> SocketMask {
+        core::mem::take(&mut self.inner.fed_since)
+    }
+
     /// rdsd patch (vendor/smoltcp/PATCHES.md, item 4): how many sockets the egress has looked
     /// at so far (one per socket per walk that did not skip it), for tests and diagnostics.
     pub fn egress_visits(&self) -> u64 {
@@ -1003,6 +1015,7 @@ impl InterfaceInner {
         meta.egress_at = EGRESS_NOW;
         self.fed.insert(meta.handle);
         self.touched.insert(meta.handle);
+        self.fed_since.insert(meta.handle);
     }
 
     /// Whether a neighbour was learned since the last egress (a socket waiting for it may

@@ -1,5 +1,6 @@
 use super::*;
 
+use crate::iface::SocketHandle;
 use crate::socket::tcp::Socket;
 
 impl InterfaceInner {
@@ -42,12 +43,15 @@ impl InterfaceInner {
                 self.tcp_ingress_examined += 1;
                 if let Some(tcp_socket) = Socket::downcast_mut(&mut item.socket) {
                     if tcp_socket.accepts(self, &ip_repr, &tcp_repr) {
-                        return self.tcp_feed(item, &ip_repr, &tcp_repr);
+                        let (reply, left) = self.tcp_feed(item, &ip_repr, &tcp_repr);
+                        sockets.egress_record(slot, Some(left));
+                        return reply;
                     }
                 }
             }
         }
 
+        let mut fed = None;
         for item in sockets.items_mut() {
             self.tcp_ingress_examined += 1;
             let Some(tcp_socket) = Socket::downcast_mut(&mut item.socket) else {
@@ -57,8 +61,13 @@ impl InterfaceInner {
                 if tcp_repr.ack_number.is_some() {
                     self.tcp_hints[hint] = item.meta.handle.slot();
                 }
-                return self.tcp_feed(item, &ip_repr, &tcp_repr);
+                fed = Some(self.tcp_feed(item, &ip_repr, &tcp_repr));
+                break;
             }
+        }
+        if let Some((reply, left)) = fed {
+            sockets.egress_record(left.0.slot(), Some(left));
+            return reply;
         }
 
         if tcp_repr.control == TcpControl::Rst
@@ -82,27 +91,29 @@ impl InterfaceInner {
         usize::from(repr.src_port ^ repr.dst_port.rotate_left(5)) % TCP_HINTS
     }
 
-    /// A segment to the TCP socket that accepts it.
+    /// A segment to the TCP socket that accepts it; the reply, and when the socket's egress is
+    /// next due, for the caller to record in the socket set (`SocketSet::egress_record`).
     #[inline]
     fn tcp_feed(
         &mut self,
         item: &mut Item<'_>,
         ip_repr: &IpRepr,
         tcp_repr: &TcpRepr,
-    ) -> Option<Packet<'static>> {
+    ) -> (Option<Packet<'static>>, (SocketHandle, Instant)) {
         let Item { meta, socket } = item;
         let tcp_socket = Socket::downcast_mut(socket).expect("a TCP socket");
-        // rdsd patch (vendor/smoltcp/PATCHES.md, item 4): its next egress looks at it
-        // when its `poll_at` after the segment says so, as after a dispatch
-        // (`poll_at` mirrors the start of `dispatch`): a segment that leaves nothing to
-        // send (a pure ACK in, an ACK of ours delayed) costs no dispatch.
-        self.socket_fed(meta);
+        // rdsd patch (vendor/smoltcp/PATCHES.md, items 4 and 8): its next egress looks at it
+        // when its `poll_at` after the segment says so, as after a dispatch (`poll_at` mirrors
+        // the start of `dispatch`), recorded at once: a segment that leaves nothing to send
+        // (a pure ACK in, an ACK of ours delayed) costs no dispatch, and no egress either.
+        self.touched.insert(meta.handle);
+        self.fed_since.insert(meta.handle);
         let reply = tcp_socket
             .process(self, ip_repr, tcp_repr)
             .map(|(ip, tcp)| Packet::new(ip, IpPayload::Tcp(tcp)));
         let socket_poll_at = tcp_socket.poll_at(self);
         let at = meta.poll_at(socket_poll_at, |a| self.has_neighbor(&a), self.now);
         meta.egress_at = crate::iface::socket_meta::egress_time(at);
-        reply
+        (reply, (meta.handle, meta.egress_at))
     }
 }

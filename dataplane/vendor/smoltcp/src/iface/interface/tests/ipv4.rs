@@ -1991,14 +1991,30 @@ fn rdsd_egress_at_is_never_later_than_poll_at() {
             }
             1 => {
                 let mut buf = [0u8; 700];
-                let sock = sockets.get_mut::<tcp::Socket>(to);
-                if sock.may_recv() {
-                    let n = sock.recv_slice(&mut buf).unwrap();
-                    for (i, b) in buf[..n].iter().enumerate() {
-                        assert_eq!(*b, (read[k][dir] + i) as u8, "pair {k} step {step}");
+                let max = 1 + next(700) as usize;
+                let n = if next(2) == 0 {
+                    // Item 7: a read that counts the socket as due only if it opened the
+                    // window; `check` (against `poll_at`, which asks `window_to_update`)
+                    // fails if one that did is not.
+                    sockets
+                        .tcp_recv(to, |b| {
+                            let n = b.len().min(max);
+                            buf[..n].copy_from_slice(&b[..n]);
+                            (n, n)
+                        })
+                        .unwrap_or(0)
+                } else {
+                    let sock = sockets.get_mut::<tcp::Socket>(to);
+                    if sock.may_recv() {
+                        sock.recv_slice(&mut buf[..max]).unwrap()
+                    } else {
+                        0
                     }
-                    read[k][dir] += n;
+                };
+                for (i, b) in buf[..n].iter().enumerate() {
+                    assert_eq!(*b, (read[k][dir] + i) as u8, "pair {k} step {step}");
                 }
+                read[k][dir] += n;
             }
             2 => t += Duration::from_micros(next(30_000)),
             _ => {}
@@ -2008,8 +2024,9 @@ fn rdsd_egress_at_is_never_later_than_poll_at() {
         check(&mut iface, &sockets, t);
     }
     // No more writes: poll and read until everything written has arrived (the retransmission
-    // timers must fire for what was lost).
-    for _ in 0..20_000 {
+    // timers must fire for what was lost, backing off from smoltcp's 1 s floor: up to 64 s
+    // after a few losses in a row).
+    for _ in 0..300_000 {
         t += Duration::from_millis(1);
         iface.poll(t, &mut device, &mut sockets);
         check(&mut iface, &sockets, t);
@@ -2106,6 +2123,136 @@ fn rdsd_a_segment_that_leaves_nothing_to_send_costs_no_dispatch() {
     assert_eq!(
         sockets.get_mut::<tcp::Socket>(client).recv_slice(&mut buf),
         Ok(5)
+    );
+}
+
+/// rdsd patch (vendor/smoltcp/PATCHES.md, items 7 to 9): a segment whose ACK is delayed costs
+/// no egress at all (its socket's timer is recorded by ingress) and is reported by `take_fed`
+/// (the sender, which only sent, is not), a read through
+/// `SocketSet::tcp_recv` that leaves the window as it was costs no dispatch, and one that opens
+/// it (the receive buffer had filled past half) is dispatched at once and sends the window
+/// update, which lets the peer send again without waiting for a timer.
+#[test]
+#[cfg(all(feature = "medium-ip", feature = "socket-tcp", feature = "alloc"))]
+fn rdsd_a_read_costs_a_dispatch_only_when_it_opens_the_window() {
+    use crate::phy::Loopback;
+    use crate::socket::tcp;
+
+    let mut device = Loopback::new(Medium::Ip);
+    let mut iface = Interface::new(Config::new(HardwareAddress::Ip), &mut device, Instant::ZERO);
+    iface.update_ip_addrs(|a| {
+        a.push(IpCidr::new(IpAddress::v4(127, 0, 0, 1), 8)).unwrap();
+    });
+    let mut sockets = SocketSet::new(vec![]);
+    // The server receives into 4 KiB; the client has 16 KiB to send.
+    let new = |rx: usize| {
+        tcp::Socket::new(
+            tcp::SocketBuffer::new(vec![0; rx]),
+            tcp::SocketBuffer::new(vec![0; 16384]),
+        )
+    };
+    let server = sockets.add(new(4096));
+    sockets.get_mut::<tcp::Socket>(server).listen(1000).unwrap();
+    let client = sockets.add(new(4096));
+    sockets
+        .get_mut::<tcp::Socket>(client)
+        .connect(iface.context(), (IpAddress::v4(127, 0, 0, 1), 1000), 2000)
+        .unwrap();
+    let mut t = Instant::ZERO;
+    for _ in 0..10 {
+        iface.poll(t, &mut device, &mut sockets);
+        t += Duration::from_millis(1);
+    }
+    for h in [client, server] {
+        let s = sockets.get_mut::<tcp::Socket>(h);
+        assert_eq!(s.state(), tcp::State::Established);
+        s.set_ack_delay(Some(Duration::from_millis(10)));
+    }
+    iface.poll(t, &mut device, &mut sockets);
+    let read = |sockets: &mut SocketSet, n: usize| {
+        sockets
+            .tcp_recv(server, |b| {
+                let k = b.len().min(n);
+                (k, k)
+            })
+            .unwrap()
+    };
+
+    // A small request: the client's write is one dispatch; its arrival at the server, whose
+    // ACK waits for the timer, is no egress at all; the server's read of it is no dispatch.
+    let (visits, examined) = (iface.egress_visits(), iface.egress_examined());
+    iface.take_fed();
+    sockets
+        .get_mut::<tcp::Socket>(client)
+        .send_slice(&[7; 100])
+        .unwrap();
+    for _ in 0..3 {
+        iface.poll(t, &mut device, &mut sockets);
+    }
+    assert_eq!(iface.egress_visits(), visits + 1, "the write's dispatch");
+    // Item 9: the server got a segment, the client only sent one (its ACK is not back).
+    assert_eq!(iface.take_fed(), SocketMask::single(server));
+    assert_eq!(
+        iface.egress_examined(),
+        examined + 1,
+        "the segment in, its ACK delayed: recorded by ingress, no egress looks at the server"
+    );
+    let ack_at = iface
+        .egress_at(t, &sockets)
+        .expect("the delayed ACK's timer");
+    assert!(
+        ack_at > t,
+        "no egress due before the delayed ACK's time: {ack_at}"
+    );
+    assert_eq!(read(&mut sockets, 100), 100);
+    assert_eq!(
+        iface.egress_at(t, &sockets),
+        Some(ack_at),
+        "a read that opens no window makes nothing due"
+    );
+    iface.poll(t, &mut device, &mut sockets);
+    assert_eq!(iface.egress_visits(), visits + 1, "and costs no dispatch");
+
+    // Fill the server's receive buffer past half: its advertised window shrinks below half.
+    let mut sent = 0;
+    for _ in 0..20 {
+        sent += sockets
+            .get_mut::<tcp::Socket>(client)
+            .send_slice(&[7; 1024])
+            .unwrap();
+        iface.poll(t, &mut device, &mut sockets);
+    }
+    t += Duration::from_millis(20); // every delayed ACK out
+    for _ in 0..4 {
+        iface.poll(t, &mut device, &mut sockets);
+    }
+    let queued = sockets.get::<tcp::Socket>(server).recv_queue();
+    assert!(
+        queued > 3000,
+        "the server's buffer filled: {queued} of {sent}"
+    );
+    assert!(
+        sockets.get::<tcp::Socket>(client).send_queue() > queued,
+        "the client waits for window"
+    );
+    let visits = iface.egress_visits();
+    // (Two reads: the buffer's bytes wrap around its end.)
+    assert_eq!(read(&mut sockets, 4096) + read(&mut sockets, 4096), queued);
+    assert_eq!(
+        iface.egress_at(t, &sockets),
+        Some(t),
+        "a read that opens the window makes the socket due"
+    );
+    for _ in 0..3 {
+        iface.poll(t, &mut device, &mut sockets);
+    }
+    assert!(
+        iface.egress_visits() >= visits + 2,
+        "the window update's dispatch, then the client's"
+    );
+    assert!(
+        sockets.get::<tcp::Socket>(server).recv_queue() > 0,
+        "the client sent again at once, with no timer"
     );
 }
 
