@@ -241,3 +241,44 @@ fn a_reply_on_its_requests_path_costs_no_ack_segment() {
         );
     }
 }
+
+/// An idle pass asks no path whether it is ready: a path found not ready is not asked again
+/// until an `epoll_wait` marks a path ready (`Link::ready_epoch`), so with 8 paths up and no
+/// traffic a pass costs what it costs with one (`tcp_path_checks`; before, every path was
+/// asked every pass).
+#[test]
+fn an_idle_pass_asks_no_path() {
+    let (lab, mut pp) = warm_ping_pong(&["--paths", "8"], (7302, 7302));
+    for seq in WARM_UP..WARM_UP + ROUND_TRIPS {
+        pp.round_trip(seq);
+    }
+    pp.finish();
+    wait_until(
+        Duration::from_secs(30),
+        "8 paths up on the connecting daemon",
+        || lab.hosts[0].d().stat("tcp_path_up"),
+        |&up| up >= 8,
+    );
+    // The last ACKs and acknowledgement queries go by, then a quiet stretch is counted.
+    std::thread::sleep(Duration::from_millis(300));
+    let read = |i: usize| {
+        let s = lab.hosts[i].d().exact_stats();
+        [
+            stat_from(&s, "tcp_passes"),
+            stat_from(&s, "tcp_path_checks"),
+        ]
+    };
+    let before = [read(0), read(1)];
+    std::thread::sleep(Duration::from_millis(500));
+    let after = [read(0), read(1)];
+    for (d, side) in ["active", "passive"].iter().enumerate() {
+        let passes = after[d][0] - before[d][0];
+        let checks = after[d][1] - before[d][1];
+        eprintln!("{side}, 8 paths idle: {checks} path checks in {passes} passes");
+        assert!(passes > 0, "{side}: the stats reads cost a pass");
+        assert!(
+            checks <= passes,
+            "{side}: {checks} readiness checks in {passes} idle passes with 8 paths up"
+        );
+    }
+}

@@ -78,6 +78,9 @@ pub struct TcpLink {
     epoll: OwnedFd,
     /// Per descriptor: an event arrived and no read has found the socket drained since.
     ready: Vec<bool>,
+    /// Moves on with every pass whose `epoll_wait` marked a path ready: the only way a path
+    /// found not ready becomes ready (`Link::ready_epoch`).
+    ready_epoch: u64,
     /// Path sockets in the epoll set (watched, not yet closed): with none, a pass makes no
     /// `epoll_wait` (an rdsd whose traffic all goes over DPDK pays no syscall for kernel TCP).
     watched: usize,
@@ -290,6 +293,7 @@ impl TcpLink {
                     doorbells: Vec::new(),
                     epoll,
                     ready: Vec::new(),
+                    ready_epoch: 0,
                     watched: 0,
                     events: vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS],
                     // Spread over the range by process and shard, so that threads and a
@@ -418,6 +422,7 @@ impl Link for TcpLink {
             if n <= 0 {
                 return;
             }
+            self.ready_epoch += 1;
             for i in 0..n as usize {
                 let fd = self.events[i].u64 as RawFd;
                 self.set_ready(fd, true);
@@ -426,6 +431,10 @@ impl Link for TcpLink {
                 return;
             }
         }
+    }
+
+    fn ready_epoch(&self) -> Option<u64> {
+        Some(self.ready_epoch)
     }
 
     fn path_ready(&self, p: &TcpPath) -> bool {
