@@ -433,8 +433,10 @@ fn an_idle_pass_asks_no_path() {
         let checks = after[d][1] - before[d][1];
         eprintln!("{side}, {paths} paths idle: {checks} path checks in {passes} passes");
         assert!(passes > 0, "{side}: the stats reads cost a pass");
+        // Without the epoch: 8 per pass. A timer's segment (a keep-alive and its ACK) moves
+        // the epoch, and the pass after asks the 8 paths once: far below 2 per pass.
         assert!(
-            checks <= passes,
+            checks <= 2 * passes,
             "{side}: {checks} readiness checks in {passes} idle passes with {paths} paths up"
         );
     }
