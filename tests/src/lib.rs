@@ -293,6 +293,33 @@ impl Daemon {
     }
 }
 
+/// Idle passes ask no path whether it is ready (issue 17, `Link::ready_epoch`): over half a
+/// second without traffic, each daemon's `{prefix}_path_checks` grow by at most 2 per pass
+/// (`{prefix}_passes`). Without the epoch every path is asked every pass; a timer's segment
+/// (a keep-alive and its ACK) moves the epoch, and the pass after asks every path once.
+pub fn assert_idle_passes_ask_no_path(daemons: [&Daemon; 2], prefix: &str, paths: u8) {
+    let names = [format!("{prefix}_passes"), format!("{prefix}_path_checks")];
+    let read = |d: &Daemon| {
+        let s = d.exact_stats();
+        [stat_from(&s, &names[0]), stat_from(&s, &names[1])]
+    };
+    // The last ACKs and acknowledgement queries go by, then a quiet stretch is counted.
+    std::thread::sleep(Duration::from_millis(300));
+    let before = daemons.map(read);
+    std::thread::sleep(Duration::from_millis(500));
+    let after = daemons.map(read);
+    for (d, side) in ["active", "passive"].iter().enumerate() {
+        let passes = after[d][0] - before[d][0];
+        let checks = after[d][1] - before[d][1];
+        eprintln!("{prefix}, {side}, {paths} paths idle: {checks} path checks in {passes} passes");
+        assert!(passes > 0, "{side}: the stats reads cost a pass");
+        assert!(
+            checks <= 2 * passes,
+            "{prefix}, {side}: {checks} readiness checks in {passes} idle passes with {paths} paths up"
+        );
+    }
+}
+
 /// Reads counter `name` out of a stats text.
 pub fn stat_from(stats: &str, name: &str) -> u64 {
     stats
