@@ -342,6 +342,14 @@ impl<M: RingMemory> Consumer<M> {
         Ok(())
     }
 
+    /// True when the producer has published nothing past this consumer's position: one load
+    /// of its position, validated by nobody (a [`peek`](Self::peek) validates what there is).
+    /// For a poll loop over many rings, most of them empty most of the time.
+    #[inline]
+    pub fn nothing_published(&self) -> bool {
+        self.mem.producer().load(Ordering::Relaxed) == self.tail
+    }
+
     /// The next record, if one is published. Skips padding. Validates everything it reads.
     ///
     /// Bounded work whatever the peer does: the published position is read at most once per
@@ -726,6 +734,24 @@ mod tests {
         p.publish();
         assert_eq!(pop(&mut c).unwrap().1, b"a");
         assert_eq!(pop(&mut c).unwrap().1, b"b");
+    }
+
+    /// `nothing_published` says "empty" exactly when `peek` would find nothing: before a
+    /// publish, and once everything published was consumed; a record peeked but left on the
+    /// ring (a blocked destination) keeps it non-empty.
+    #[test]
+    fn nothing_published_agrees_with_peek() {
+        let (_h, mut p, mut c) = pair(256);
+        assert!(c.nothing_published());
+        p.push(RecordHeader::data(0, 1, 1), b"a").unwrap();
+        assert!(c.nothing_published(), "pushed, not published");
+        p.publish();
+        assert!(!c.nothing_published());
+        assert!(c.peek().unwrap().is_some());
+        assert!(!c.nothing_published(), "peeked, not consumed");
+        assert_eq!(pop(&mut c).unwrap().1, b"a");
+        assert!(c.nothing_published());
+        assert!(c.peek().unwrap().is_none());
     }
 
     #[test]
