@@ -285,7 +285,14 @@ impl SocketTable {
     /// The next command the control thread queued for this poll thread.
     #[inline]
     pub(super) fn next_cmd(&self) -> Option<(u64, Cmd)> {
-        self.chans.cmds[self.shard].pop()
+        // Almost every pass finds none: `is_empty` is two loads, a `pop` on an empty queue
+        // about 35 instructions.
+        let q = &self.chans.cmds[self.shard];
+        if q.is_empty() {
+            None
+        } else {
+            q.pop()
+        }
     }
 
     /// The `i`-th open socket. Closing one (an eviction) moves another into its place: a
@@ -616,11 +623,18 @@ impl SocketTable {
         }
     }
 
-    /// Clears congestion on ports whose queue fell below half of SO_RCVBUF.
+    /// Clears congestion on ports whose queue fell below half of SO_RCVBUF. Inline: every pass
+    /// asks, and almost always nothing is congested.
+    #[inline]
     pub(super) fn check_congested(&mut self) -> usize {
         if self.congested.is_empty() {
             return 0;
         }
+        self.check_congested_slow()
+    }
+
+    #[inline(never)]
+    fn check_congested_slow(&mut self) -> usize {
         let mut cleared = 0;
         let mut i = 0;
         while i < self.congested.len() {
