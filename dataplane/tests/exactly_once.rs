@@ -56,18 +56,27 @@ struct Net {
     next_port: u16,
     /// Frames a receiver consumes before it acknowledges them (lazy acks, as with credits).
     ack_every: u64,
+    /// Moves on with everything that can make a path ready (a frame written, a connection
+    /// made or accepted, a close): `Link::ready_epoch` of links made `with_readiness`.
+    epoch: u64,
 }
 
 struct MockMessageLink {
     net: Arc<Mutex<Net>>,
     addr: u32,
     credits: usize,
+    /// `None`: every path is ready every pass (the default `path_ready`). `Some(epoch)`: a
+    /// path is ready only until `poll_connect` saw it up, once closed, or with a frame to
+    /// read; with `epoch` the link reports `Net::epoch` as its readiness epoch.
+    readiness: Option<bool>,
 }
 
 struct MockPath {
     chan: usize,
     /// Which pipe we send on.
     side: usize,
+    /// Accepted, or `poll_connect` reported it up (a path is ready until then).
+    up: bool,
 }
 
 impl Link for MockMessageLink {
@@ -79,12 +88,32 @@ impl Link for MockMessageLink {
         PoolBuf::copy_of(bytes)
     }
 
+    fn path_ready(&self, p: &MockPath) -> bool {
+        if self.readiness.is_none() {
+            return true;
+        }
+        let net = self.net.lock().unwrap();
+        let c = &net.channels[p.chan];
+        !p.up || c.closed || !c.pipes[1 - p.side].frames.is_empty()
+    }
+
+    fn ready_epoch(&self) -> Option<u64> {
+        self.readiness
+            .filter(|&epoch| epoch)
+            .map(|_| self.net.lock().unwrap().epoch)
+    }
+
     fn accept(&mut self) -> Option<Accepted<MockPath>> {
         let mut net = self.net.lock().unwrap();
         let (chan, faddr, peer_port) = net.listen.get_mut(&self.addr)?.pop_front()?;
         net.channels[chan].established = true;
+        net.epoch += 1;
         Some(Accepted {
-            path: MockPath { chan, side: 1 },
+            path: MockPath {
+                chan,
+                side: 1,
+                up: true,
+            },
             laddr: self.addr,
             faddr,
             peer_port,
@@ -105,7 +134,12 @@ impl Link for MockMessageLink {
             .entry(faddr)
             .or_default()
             .push_back((chan, laddr, port));
-        Ok(MockPath { chan, side: 0 })
+        net.epoch += 1;
+        Ok(MockPath {
+            chan,
+            side: 0,
+            up: false,
+        })
     }
 
     fn poll_connect(&mut self, p: &mut MockPath) -> ConnectPoll {
@@ -114,6 +148,7 @@ impl Link for MockMessageLink {
         if c.closed {
             ConnectPoll::Failed
         } else if c.established {
+            p.up = true;
             ConnectPoll::Up
         } else {
             ConnectPoll::Pending
@@ -162,6 +197,7 @@ impl Link for MockMessageLink {
         let f = slices.concat();
         let n = f.len();
         pipe.frames.push_back(f);
+        net.epoch += 1;
         Write::Wrote(n)
     }
 
@@ -173,6 +209,7 @@ impl Link for MockMessageLink {
     fn close(&mut self, p: MockPath, _reset: bool) {
         let mut net = self.net.lock().unwrap();
         net.channels[p.chan].closed = true;
+        net.epoch += 1;
     }
 }
 
@@ -180,6 +217,7 @@ struct MockLab {
     net: Arc<Mutex<Net>>,
     credits: usize,
     clock: VirtualClock,
+    readiness: Option<bool>,
 }
 
 impl MockLab {
@@ -191,6 +229,16 @@ impl MockLab {
             })),
             credits,
             clock: VirtualClock::new(),
+            readiness: None,
+        }
+    }
+
+    /// Links whose paths are ready only with something to read (or a connect or close to
+    /// see), with a readiness epoch (`epoch`) or without.
+    fn with_readiness(ack_every: u64, credits: usize, epoch: bool) -> MockLab {
+        MockLab {
+            readiness: Some(epoch),
+            ..MockLab::new(ack_every, credits)
         }
     }
 }
@@ -206,6 +254,7 @@ impl MakeLink for MockLab {
             net: self.net.clone(),
             addr,
             credits: self.credits,
+            readiness: self.readiness,
         }
     }
     fn cut(&mut self, _addr: u32) {
@@ -213,6 +262,7 @@ impl MakeLink for MockLab {
         for c in net.channels.iter_mut() {
             c.closed = true;
         }
+        net.epoch += 1;
     }
     fn settle(&mut self) {
         let mut net = self.net.lock().unwrap();
@@ -255,6 +305,77 @@ fn tcp_link_passes_the_exactly_once_suite() {
             clock: MonotonicClock::new(),
         },
         "tcp",
+    );
+}
+
+/// The suite again with paths that are ready only with something to read and a readiness
+/// epoch: the endpoint skips the paths it found not ready until the epoch moves, and still
+/// loses, doubles and reorders nothing (its debug check compares every skipped path with
+/// `path_ready`).
+#[test]
+fn mock_link_with_a_readiness_epoch_passes_the_exactly_once_suite() {
+    suite(|| MockLab::with_readiness(3, 4, true), "mock-epoch");
+    let o = run(
+        &mut MockLab::with_readiness(5, 4, true),
+        Run::path_cut(),
+        "mock-epoch-cut",
+    );
+    assert_eq!(o.gaps, 0);
+}
+
+/// Idle passes ask no path whether it is ready while the link's readiness epoch stands; a
+/// link without one has every present path asked every pass (`path_checks`).
+#[test]
+fn idle_passes_ask_no_path_while_the_readiness_epoch_stands() {
+    use rdsd::seam::Transport;
+    use suite::{endpoint, LabClock, Table, A, B, SEED_A, SEED_B};
+    let asks = |epoch: bool| {
+        let mut lab = MockLab::with_readiness(1, 16, epoch);
+        let clock = lab.clock();
+        let (mut a, stats) = endpoint(lab.make(A), A, 4, None, clock.clone(), SEED_A);
+        let (mut b, _) = endpoint(lab.make(B), B, 4, None, clock.clone(), SEED_B);
+        let (mut ta, mut tb) = (Table::new(1 << 20), Table::new(64));
+        // Four messages from four ports: the paths come up and carry them.
+        for sport in 1000..1004u16 {
+            let p = suite::payload(sport, 0, 64);
+            a.send(&mut ta, suite::message(sport, &p));
+        }
+        let mut got = Vec::new();
+        for _ in 0..5000 {
+            a.poll(&mut ta);
+            b.poll(&mut tb);
+            tb.drain(64, &mut got);
+            clock.tick();
+        }
+        assert_eq!(got.len(), 4, "delivered");
+        let read = |a: &rdsd::protocol::Endpoint<MockMessageLink, VirtualClock>| {
+            a.publish_counters();
+            let t = &stats.tcp;
+            (
+                t.passes.load(Ordering::Relaxed),
+                t.path_checks.load(Ordering::Relaxed),
+                t.path_up.load(Ordering::Relaxed) + t.accepts.load(Ordering::Relaxed),
+            )
+        };
+        let (p0, c0, up) = read(&a);
+        for _ in 0..1000 {
+            a.poll(&mut ta);
+            b.poll(&mut tb);
+            clock.tick();
+        }
+        let (p1, c1, _) = read(&a);
+        (p1 - p0, c1 - c0, up)
+    };
+    let (passes, with, up) = asks(true);
+    assert!(up >= 4, "A's 4 paths came up ({up})");
+    assert!(
+        with * 10 <= passes,
+        "{with} readiness asks in {passes} idle passes with an epoch"
+    );
+    let (passes, without, _) = asks(false);
+    assert!(
+        without >= 4 * passes,
+        "without an epoch every path is asked every pass: {without} in {passes} passes"
     );
 }
 

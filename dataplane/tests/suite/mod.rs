@@ -203,8 +203,9 @@ pub fn state_file(tag: &str) -> PathBuf {
     d.join("rx.state")
 }
 
-/// An endpoint for `addr` on `clock`; `seed` fixes its generation and RNGs (a restarted
-/// endpoint takes a new one).
+/// An endpoint for `addr` on `clock`, and the counters it publishes (`Stats::tcp`, by
+/// `publish_counters`); `seed` fixes its generation and RNGs (a restarted endpoint takes a new
+/// one).
 pub fn endpoint<L: Link, C: Clock>(
     link: L,
     addr: u32,
@@ -212,7 +213,7 @@ pub fn endpoint<L: Link, C: Clock>(
     state: Option<PathBuf>,
     clock: C,
     seed: u64,
-) -> Endpoint<L, C> {
+) -> (Endpoint<L, C>, Arc<Stats>) {
     let me = Prefix {
         addr: Ipv4Addr::from(addr),
         len: 32,
@@ -226,7 +227,22 @@ pub fn endpoint<L: Link, C: Clock>(
         state: state.map(|p| RxStateFile::open_shared(&p).expect("state file")),
     };
     let stats = Arc::new(Stats::default());
-    Endpoint::with_clock(link, cfg, stats, |s| &s.tcp, clock, seed)
+    let ep = Endpoint::with_clock(link, cfg, stats.clone(), |s| &s.tcp, clock, seed);
+    (ep, stats)
+}
+
+/// A's message from port `sport` to B's port 7000 (token: the port).
+pub fn message(sport: u16, payload: &[u8]) -> OutMsg<'_> {
+    OutMsg {
+        laddr: A,
+        faddr: B,
+        sport,
+        dport: 7000,
+        payload: MsgBytes::from_slice(payload),
+        token: u64::from(sport),
+        in_place: None,
+        ack_required: false,
+    }
 }
 
 pub fn payload(sport: u16, seq: u64, len: usize) -> Vec<u8> {
@@ -350,8 +366,8 @@ impl<L: Link, C: LabClock> Hosts<L, C> {
     ) -> Hosts<L, C> {
         let clock = lab.clock();
         Hosts {
-            a: endpoint(lab.make(A), A, npaths, None, clock.clone(), SEED_A),
-            b: endpoint(lab.make(B), B, npaths, state, clock.clone(), SEED_B),
+            a: endpoint(lab.make(A), A, npaths, None, clock.clone(), SEED_A).0,
+            b: endpoint(lab.make(B), B, npaths, state, clock.clone(), SEED_B).0,
             ta: Table::new(1 << 20),
             tb: Table::new(capacity),
             seen: Seen::default(),
@@ -428,19 +444,7 @@ pub fn run<M: MakeLink>(lab: &mut M, r: Run, tag: &str) -> Outcome {
         let seq = sent.entry(sport).or_insert(0);
         let p = payload(sport, *seq, r.len);
         *seq += 1;
-        let out = h.a.send(
-            &mut h.ta,
-            OutMsg {
-                laddr: A,
-                faddr: B,
-                sport,
-                dport: 7000,
-                payload: MsgBytes::from_slice(&p),
-                token: u64::from(sport),
-                in_place: None,
-                ack_required: false,
-            },
-        );
+        let out = h.a.send(&mut h.ta, message(sport, &p));
         assert_eq!(out, SendOutcome::Queued);
         // A slow receiver: it drains one message per port per pass while A sends.
         h.pump(1);
@@ -466,7 +470,8 @@ pub fn run<M: MakeLink>(lab: &mut M, r: Run, tag: &str) -> Outcome {
                 state.clone(),
                 clock.clone(),
                 SEED_B + 1,
-            );
+            )
+            .0;
             h = Hosts {
                 a,
                 b,
