@@ -484,7 +484,7 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
         // that only `rx_marked` (dead, paused) or `paths_with_work` (frames, queued or
         // unacknowledged messages, a pending map) can make true, so a path in neither mask
         // would fail them all. Only a visit changes them: they are read again after one. An
-        // idle path costs a bit test and `path_ready`.
+        // idle path costs a bit test, and `path_ready` only when the link's epoch moved.
         let mut marked_paths = self.conns[i].rx_marked | self.conns[i].engine.paths_with_work();
         debug_assert!(
             (0..MAX_PATHS)
