@@ -19,6 +19,9 @@
 # * librte_bus_vdev (and bus_pci) must be loaded exactly once: a second copy registers a
 #   second vdev bus and every vdev probe fails. They stay out of pmds/ and are found through
 #   the PMDs' DT_NEEDED in lib/.
+# * On a host that has this DPDK installed, EAL also loads the host's driver directory by
+#   itself (its compiled-in RTE_EAL_PMD_PATH), so the buses would load twice: env.sh then
+#   uses the host's DPDK instead of lib/ and pmds/.
 # Environment: BIN (folder with rdsd, rds-bench, rdsctl already built: skips the build).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -55,12 +58,23 @@ for elf in "$OUT"/bin/* "$OUT"/pmds/*.so; do
 done
 cp bench/netns-bench.sh bench/pinned-bench.sh bench/scaling-bench.sh bench/device-check.sh \
     "$OUT/bench/"
-cat >"$OUT/env.sh" <<'EOF'
+# The driver directory the bundled EAL loads by itself when it exists (its RTE_EAL_PMD_PATH).
+pmd_default=$(strings "$OUT/lib/librte_eal.so.23" | grep -m1 -E '^/.*/dpdk/pmds-' || true)
+echo "pmd_default=\"$pmd_default\"" >"$OUT/env.sh"
+cat >>"$OUT/env.sh" <<'EOF'
 # Sourced by run.sh: the bundle's binaries, libraries and DPDK drivers.
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export BIN="$here/bin" IP="$here/bin/ip" STRACE="$here/bin/strace" PERF="$here/bin/perf"
-export EAL_ARGS="-d $here/pmds"
+if [ -n "$pmd_default" ] && [ -d "$pmd_default" ]; then
+    # This host has the same DPDK installed: EAL loads its drivers from there by itself, and
+    # a bus loaded both from there and from lib/ registers twice (EAL panics: "tailq is
+    # already registered"). The host's DPDK it is, then, with its own libraries.
+    echo "rdsd-bundle: this host has DPDK's $pmd_default; using the host's DPDK libraries and drivers" >&2
+    export EAL_ARGS=""
+else
+    export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export EAL_ARGS="-d $here/pmds"
+fi
 EOF
 cat >"$OUT/run.sh" <<'EOF'
 #!/usr/bin/env bash
