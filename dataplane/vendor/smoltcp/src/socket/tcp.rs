@@ -811,26 +811,7 @@ impl<'a> Socket<'a> {
     /// Used in internal calculations as well as packet generation.
     #[inline]
     fn scaled_window(&self) -> u16 {
-        u16::try_from(self.rx_buffer.window() >> self.remote_win_shift).unwrap_or(u16::MAX)
-    }
-
-    /// Return the last window field value, including scaling according to RFC 1323.
-    ///
-    /// Used in internal calculations as well as packet generation.
-    ///
-    /// Unlike `remote_last_win`, we take into account new packets received (but not acknowledged)
-    /// since the last window update and adjust the window length accordingly. This ensures a fair
-    /// comparison between the last window length and the new window length we're going to
-    /// advertise.
-    #[inline]
-    fn last_scaled_window(&self) -> Option<u16> {
-        let last_ack = self.remote_last_ack?;
-        let next_ack = self.remote_seq_no + self.rx_buffer.len();
-
-        let last_win = (self.remote_last_win as usize) << self.remote_win_shift;
-        let last_win_adjusted = last_ack + last_win - next_ack;
-
-        Some(u16::try_from(last_win_adjusted >> self.remote_win_shift).unwrap_or(u16::MAX))
+        scale_window(self.rx_buffer.window(), self.remote_win_shift)
     }
 
     /// Set the timeout duration.
@@ -2984,10 +2965,16 @@ impl<'a> Socket<'a> {
     }
 }
 
+/// The window field for `octets` of window, scaled according to RFC 1323.
+#[inline]
+fn scale_window(octets: usize, shift: u8) -> u16 {
+    u16::try_from(octets >> shift).unwrap_or(u16::MAX)
+}
+
 /// [`Socket::window_to_update`] from the fields it reads, for a receive buffer holding `rx_len`
-/// of `rx_cap` octets: the window to advertise (`scaled_window`) against the last advertised,
-/// less what arrived since (`last_scaled_window`). rdsd patch (PATCHES.md, item 7): a free
-/// function, so that `recv_noting_window` can ask it while the receive buffer is lent out.
+/// of `rx_cap` octets. rdsd patch (PATCHES.md, item 7): a free function, so that
+/// `recv_noting_window` can ask it while the receive buffer is lent out; it replaces the
+/// method `last_scaled_window`, whose computation is the second half below.
 #[inline]
 fn window_update_due(
     state: State,
@@ -3004,14 +2991,15 @@ fn window_update_due(
         | State::Established
         | State::FinWait1
         | State::FinWait2 => {
-            let new_win = u16::try_from((rx_cap - rx_len) >> win_shift).unwrap_or(u16::MAX);
+            let new_win = scale_window(rx_cap - rx_len, win_shift);
             let Some(last_ack) = last_ack else {
                 return false;
             };
+            // The last window field sent, less the packets received (not yet acknowledged)
+            // since: a fair comparison with the window we're going to advertise.
             let next_ack = seq_no + rx_len;
             let last_win_adjusted = last_ack + ((last_win as usize) << win_shift) - next_ack;
-            let last_win = u16::try_from(last_win_adjusted >> win_shift).unwrap_or(u16::MAX);
-            new_win > 0 && new_win / 2 >= last_win
+            new_win > 0 && new_win / 2 >= scale_window(last_win_adjusted, win_shift)
         }
         _ => false,
     }

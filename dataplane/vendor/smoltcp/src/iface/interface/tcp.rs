@@ -51,7 +51,7 @@ impl InterfaceInner {
             }
         }
 
-        let mut fed = None;
+        let mut taken = None;
         for item in sockets.items_mut() {
             self.tcp_ingress_examined += 1;
             let Some(tcp_socket) = Socket::downcast_mut(&mut item.socket) else {
@@ -61,11 +61,11 @@ impl InterfaceInner {
                 if tcp_repr.ack_number.is_some() {
                     self.tcp_hints[hint] = item.meta.handle.slot();
                 }
-                fed = Some(self.tcp_feed(item, &ip_repr, &tcp_repr));
+                taken = Some(self.tcp_feed(item, &ip_repr, &tcp_repr));
                 break;
             }
         }
-        if let Some((reply, left)) = fed {
+        if let Some((reply, left)) = taken {
             sockets.egress_record(left.0.slot(), Some(left));
             return reply;
         }
