@@ -279,14 +279,17 @@ impl PollCore {
         if work > 0 {
             self.table.wake_control();
         }
-        // Only open sockets: a pass costs what exists, not a scan of every slot of every app.
+        // Only open sockets whose app published: a pass costs a load per open socket, not a
+        // scan of every slot of every app.
         let mut i = 0;
-        while let Some(r) = self.table.open_sock_at(i) {
+        while let Some((at, r)) = self.table.next_published(i) {
+            i = at;
             if !self.table.is_evicted(r.app) {
                 work += self.drain_tx(r);
             }
             // An eviction removes the app's sockets from the list: look at index i again.
             if self.table.open_sock_at(i) == Some(r) {
+                self.table.mark_seen(i);
                 i += 1;
             }
         }

@@ -135,11 +135,20 @@ fn main() {
             }
             say(format!("pinged {count}"));
         }
-        // hold ADDR: bind and sleep (to be killed).
+        // hold ADDR [N]: binds N sockets (default 1) on ADDR's port and the ones after it,
+        // says "bound", and sleeps with them open.
         "hold" => {
             let addr: SocketAddrV4 = arg(&args, 1, "addr");
-            let s = rdsd.socket().unwrap();
-            s.bind(addr).unwrap_or_else(|e| fail(format!("bind: {e}")));
+            let n: u16 = args.get(2).map_or(1, |_| arg(&args, 2, "count"));
+            let _held: Vec<_> = (0..n)
+                .map(|k| {
+                    let s = rdsd.socket().unwrap();
+                    let at = SocketAddrV4::new(*addr.ip(), addr.port() + k);
+                    s.bind(at)
+                        .unwrap_or_else(|e| fail(format!("bind {at}: {e}")));
+                    s
+                })
+                .collect();
             say("bound");
             std::thread::sleep(Duration::from_secs(3600));
         }
