@@ -184,6 +184,9 @@ pub struct RdmaLink {
     /// Paths that got completions this pass (indices into `conns`); its capacity follows the
     /// table's, so a pass never allocates.
     touched: Vec<usize>,
+    /// Completions of one CQ poll, kept here: a fresh array per pass would be 768 bytes to
+    /// initialise on every pass, busy or not.
+    wcs: [flow::Completion; 32],
     /// Completions handled by this pass's `begin_pass` (reported as work by `poll_aux`).
     completions: usize,
     passes: u32,
@@ -238,6 +241,7 @@ impl RdmaLink {
             accepted: VecDeque::new(),
             early: Default::default(),
             touched: Vec::new(),
+            wcs: [flow::Completion::default(); 32],
             completions: 0,
             passes: 0,
             ready_fd,
@@ -660,14 +664,14 @@ impl Link for RdmaLink {
             self.dispatch(wc);
         }
         *self.early.borrow_mut() = early;
-        let mut wcs = [flow::Completion::default(); 32];
         for k in 0..self.devices.len() {
             while let Some(cq) = self.devices[k].cq() {
-                let got = cq.poll(&mut wcs);
-                for wc in &wcs[..got] {
-                    self.dispatch(*wc);
+                let got = cq.poll(&mut self.wcs);
+                for j in 0..got {
+                    let wc = self.wcs[j];
+                    self.dispatch(wc);
                 }
-                if got < wcs.len() {
+                if got < self.wcs.len() {
                     break;
                 }
             }
