@@ -189,6 +189,10 @@ pub struct RdmaLink {
     wcs: [flow::Completion; 32],
     /// Completions handled by this pass's `begin_pass` (reported as work by `poll_aux`).
     completions: usize,
+    /// Moves on whenever a path may have become ready (`Link::ready_epoch`): completions
+    /// handled, an rdma_cm event, housekeeping (a timeout, the keepalive), a connection
+    /// started, reported up or destroyed, a region detached.
+    ready_epoch: u64,
     passes: u32,
     ready_fd: std::os::fd::OwnedFd,
     /// TEST ONLY (`crate::fault::rdma_qp_error_every`): every N-th frame written moves its
@@ -243,6 +247,7 @@ impl RdmaLink {
             touched: Vec::new(),
             wcs: [flow::Completion::default(); 32],
             completions: 0,
+            ready_epoch: 0,
             passes: 0,
             ready_fd,
             qp_error_every: crate::fault::rdma_qp_error_every(),
@@ -305,6 +310,7 @@ impl RdmaLink {
         faddr: u32,
         path: Option<usize>,
     ) -> std::io::Result<usize> {
+        self.moved();
         let mut tries = 0;
         loop {
             let sport = path.map_or(0, |k| self.source_port(k));
@@ -348,6 +354,7 @@ impl RdmaLink {
     }
 
     fn destroy(&mut self, i: usize) {
+        self.moved();
         if let Some(c) = self.conns.get_mut(i).and_then(Option::take) {
             // Also after a QP error: the DREQ tells the peer, whose QP may not have noticed
             // (it sees an error only when it sends), to take its side of the path down too.
@@ -424,7 +431,15 @@ impl RdmaLink {
             n += 1;
             self.handle_cm(ev);
         }
+        if n > 0 {
+            self.moved();
+        }
         n
+    }
+
+    /// Some path may have become ready (see `ready_epoch`).
+    fn moved(&mut self) {
+        self.ready_epoch = self.ready_epoch.wrapping_add(1);
     }
 
     fn handle_cm(&mut self, ev: CmEvent) {
@@ -622,6 +637,7 @@ impl Link for RdmaLink {
     fn accept(&mut self) -> Option<Accepted<RdmaPath>> {
         self.poll_cm();
         let i = self.accepted.pop_front()?;
+        self.moved();
         let c = self.conns[i].as_mut()?;
         c.reported_up = true;
         Some(Accepted {
@@ -647,6 +663,7 @@ impl Link for RdmaLink {
             PathState::Connecting => ConnectPoll::Pending,
             PathState::Up => {
                 c.reported_up = true;
+                self.moved();
                 ConnectPoll::Up
             }
             _ => ConnectPoll::Failed,
@@ -688,6 +705,13 @@ impl Link for RdmaLink {
             }
         }
         self.touched.clear();
+        if self.completions > 0 {
+            self.moved();
+        }
+    }
+
+    fn ready_epoch(&self) -> Option<u64> {
+        Some(self.ready_epoch)
     }
 
     fn path_ready(&self, p: &RdmaPath) -> bool {
@@ -800,6 +824,8 @@ impl Link for RdmaLink {
         if !self.passes.is_multiple_of(HOUSEKEEPING_EVERY) {
             return work;
         }
+        // Timeouts and the keepalive may kill a path below.
+        self.moved();
         let now = Instant::now();
         for i in 0..self.conns.len() {
             let Some(c) = self.conns[i].as_ref() else {
