@@ -77,6 +77,11 @@ counters! {
     cong_notifications,
     /// Times the poll core parked.
     poll_parks,
+    /// Passes of the poll core (summed lazily, like the transports' counters).
+    poll_passes,
+    /// Tx rings a pass looked into because their app published on them (an idle socket costs
+    /// a pass one load of its ring's producer position and no visit).
+    tx_ring_visits,
     /// Futex wake-ups of app threads blocked in a send or a receive (one per change that a
     /// blocked thread waits for: a delivery wakes receivers, a release wakes senders).
     app_wakeups,

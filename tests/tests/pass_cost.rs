@@ -7,6 +7,8 @@
 //! `SIOCOUTQ` ioctl each), and with `strace -c` on the active side's poll thread the
 //! `recvfrom` and `ioctl` calls themselves. Before readiness came from epoll, 8 paths cost a
 //! `recv` per path per pass: at least 16 reads per round trip per daemon.
+//!
+//! And what an open socket that sends nothing costs a pass: no look into its tx ring.
 
 use rdsd_tests::netns::Lab;
 use rdsd_tests::*;
@@ -261,4 +263,45 @@ fn an_idle_pass_asks_no_path() {
     );
     let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
     assert_idle_passes_ask_no_path([h0.d(), h1.d()], "tcp", 8);
+}
+
+/// An app holding 64 sockets open and idle: a pass looks into none of their tx rings
+/// (`tx_ring_visits`), it only compares each ring's producer position with the one it last saw
+/// (`SocketTable::next_published`). Before, every pass called `drain_tx` for every open socket:
+/// 64 visits a pass. Then one message from one of them: one visit.
+#[test]
+fn an_idle_socket_costs_a_pass_no_ring_visit() {
+    let d = Daemon::start(&["--max-sockets-per-app", "64"]);
+    let mut holder = d.app(&["hold", "127.0.0.1:7300", "64"]);
+    holder.expect("bound");
+    let read = || {
+        let s = d.exact_stats();
+        (
+            stat_from(&s, "poll_passes"),
+            stat_from(&s, "tx_ring_visits"),
+        )
+    };
+    let (p0, v0) = read();
+    std::thread::sleep(Duration::from_millis(300));
+    let (p1, v1) = read();
+    eprintln!(
+        "64 idle sockets: {} ring visits in {} passes",
+        v1 - v0,
+        p1 - p0
+    );
+    assert!(p1 > p0, "the stats reads cost a pass");
+    assert_eq!(v1, v0, "ring visits in {} idle passes", p1 - p0);
+
+    // One message from another app's socket to one of the held ones: its ring is visited,
+    // the 64 idle ones still are not.
+    let mut sender = d.app(&["send", "127.0.0.1:7400", "127.0.0.1:7300", "1", "64"]);
+    sender.expect("sent 1");
+    let (p2, v2) = read();
+    eprintln!("one message: {} ring visits in {} passes", v2 - v1, p2 - p1);
+    assert!(
+        (1..=2).contains(&(v2 - v1)),
+        "{} ring visits for one message in {} passes",
+        v2 - v1,
+        p2 - p1
+    );
 }

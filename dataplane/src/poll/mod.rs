@@ -165,7 +165,9 @@ pub struct PollCore {
     transports: Vec<Box<dyn Transport>>,
     /// Which of `transports` carries each recent destination.
     routes: routes::RouteCache,
-    passes: u32,
+    passes: u64,
+    /// Tx rings looked into (`drain_tx` calls), published as `tx_ring_visits`.
+    tx_visits: u64,
     /// The time of the last pass, if it read the clock (for the idle strategy).
     pass_time: Option<rds_proto::Instant>,
     /// TEST ONLY: `crate::fault::poll_stall` (`None` without the `fault-injection` feature).
@@ -236,6 +238,7 @@ impl PollCore {
             transports,
             routes: routes::RouteCache::new(),
             passes: 0,
+            tx_visits: 0,
             pass_time: None,
             test_stall: crate::fault::poll_stall(),
         }
@@ -633,11 +636,17 @@ impl PollCore {
         for t in &self.transports {
             t.publish_counters();
         }
+        let stats = self.table.stats();
+        stats.poll_passes.store(self.passes, Ordering::Relaxed);
+        stats
+            .tx_ring_visits
+            .store(self.tx_visits, Ordering::Relaxed);
     }
 
     /// Moves up to TX_BATCH messages off one socket's tx ring, as one burst: each local
     /// receiver's rx ring is published once, at its end.
     fn drain_tx(&mut self, from: SockRef) -> usize {
+        self.tx_visits += 1;
         // Most sockets have nothing to send in most passes: one load of the producer's
         // position, not the burst bookkeeping and a validated `peek` (~100 instructions).
         if self
