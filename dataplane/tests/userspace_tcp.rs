@@ -51,6 +51,8 @@ struct Lab {
     made: u64,
     /// The links' delayed-ACK timer (`UtcpConfig::ack_delay`).
     ack_delay: Option<Duration>,
+    /// `UtcpConfig::congestion_control` (on unless a test turns it off, as memif does).
+    congestion_control: bool,
 }
 
 impl Lab {
@@ -66,6 +68,7 @@ impl Lab {
             cut,
             made: 0,
             ack_delay: None,
+            congestion_control: true,
         }
     }
 }
@@ -93,8 +96,11 @@ impl MakeLink for Lab {
         self.clock.clone()
     }
     fn make(&mut self, addr: u32) -> MemLink {
-        let ack_delay = self.ack_delay;
-        self.make_with(addr, |c| c.ack_delay = ack_delay)
+        let (ack_delay, cc) = (self.ack_delay, self.congestion_control);
+        self.make_with(addr, |c| {
+            c.ack_delay = ack_delay;
+            c.congestion_control = cc;
+        })
     }
     fn cut(&mut self, addr: u32) {
         match self.cut {
@@ -221,6 +227,17 @@ fn utcp_passes_the_suite_with_jumbo_frames() {
 #[test]
 fn utcp_passes_the_suite_under_loss_duplication_and_reordering() {
     suite_with("utcp-lossy", || Lab::new(LOSSY, 0x5eed, Cut::Abort));
+}
+
+/// Without congestion control (memif's default, `[dpdk] congestion_control`): retransmission
+/// does not depend on it, so loss, duplication and reordering still lose nothing.
+#[test]
+fn utcp_passes_the_suite_under_loss_without_congestion_control() {
+    suite_with("utcp-lossy-no-cc", || {
+        let mut lab = Lab::new(LOSSY, 0x5eee, Cut::Abort);
+        lab.congestion_control = false;
+        lab
+    });
 }
 
 fn cut_run(tag: &str, lab: &mut Lab) -> WireStats {

@@ -50,6 +50,8 @@ pub struct RawDpdk {
     check_kernel_addr: bool,
     /// Absent: false on memif, true on any other port.
     verify_checksums: Option<bool>,
+    /// "cubic" or "none"; absent: "none" on memif, "cubic" on any other port.
+    congestion_control: Option<String>,
     #[serde(default = "d_queues")]
     queues: u16,
 }
@@ -152,6 +154,11 @@ pub struct DpdkConfig {
     /// and a peer that writes wrong bytes can as well write a right checksum. Checksums are
     /// always computed on transmit, for a peer that verifies.
     pub verify_checksums: bool,
+    /// TCP congestion control (CUBIC) on the paths. Off by default on memif: shared memory
+    /// with one process of this host has no network to congest, and the peer's receive window
+    /// already bounds what is in flight; on any other port (af_packet may sit on a real NIC)
+    /// it stays on.
+    pub congestion_control: bool,
     /// On a memif port, the bytes one memif buffer holds (its `bsize`): the largest frame that
     /// crosses in one descriptor. rdsd adds `bsize=` to the vdev for an `mtu`-sized frame
     /// unless the vdev sets it; see [`DpdkConfig::memif_mtu`].
@@ -379,6 +386,14 @@ impl DpdkConfig {
         let verify_checksums = r
             .verify_checksums
             .unwrap_or(!port_name.starts_with("net_memif"));
+        let congestion_control = match r.congestion_control.as_deref() {
+            None => !port_name.starts_with("net_memif"),
+            Some("cubic") => true,
+            Some("none") => false,
+            Some(other) => {
+                bail!("dpdk.congestion_control must be \"cubic\" or \"none\" (got {other:?})")
+            }
+        };
         if !(1..=MAX_QUEUES).contains(&r.queues) {
             bail!("dpdk.queues must be 1..={MAX_QUEUES} (got {})", r.queues);
         }
@@ -510,6 +525,7 @@ impl DpdkConfig {
             ack_delay: (r.ack_delay_us > 0)
                 .then(|| std::time::Duration::from_micros(r.ack_delay_us)),
             verify_checksums,
+            congestion_control,
             memif_buffer,
             af_packet_frame,
             queues: r.queues,
@@ -661,6 +677,21 @@ mod tests {
         assert!(!cfg("net_memif0,role=server,socket=/tmp/m.sock", ""));
         assert!(cfg("net_memif0", "verify_checksums = true"));
         assert!(!cfg("net_af_packet0,iface=v0", "verify_checksums = false"));
+    }
+
+    #[test]
+    fn congestion_control_is_off_on_memif_unless_told() {
+        let cc = |vdev: &str, extra: &str| cfg(vdev, extra).map(|c| c.congestion_control);
+        assert!(cc("net_af_packet0,iface=v0", "").unwrap());
+        assert!(cc("net_tap0", "").unwrap());
+        assert!(!cc("net_memif0,role=server,socket=/tmp/m.sock", "").unwrap());
+        assert!(cc("net_memif0", "congestion_control = \"cubic\"").unwrap());
+        assert!(!cc("net_af_packet0,iface=v0", "congestion_control = \"none\"").unwrap());
+        let e = cc("net_tap0", "congestion_control = \"bbr\"").unwrap_err();
+        assert!(
+            format!("{e:#}").contains("dpdk.congestion_control"),
+            "{e:#}"
+        );
     }
 
     #[test]

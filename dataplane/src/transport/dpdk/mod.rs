@@ -203,6 +203,7 @@ fn transport(
     ucfg.rto_min = d.rto_min;
     ucfg.rto_initial = ucfg.rto_initial.max(d.rto_min);
     ucfg.ack_delay = d.ack_delay;
+    ucfg.congestion_control = d.congestion_control;
     // One listener per concurrent inbound handshake: all paths of a few peers at once.
     ucfg.listeners = usize::from(cfg.paths) * 2;
     let link = UtcpLink::new(dev, ucfg);

@@ -219,6 +219,9 @@ pub struct UtcpConfig {
     pub rto_max: Duration,
     /// TCP timestamps (RFC 7323) on the paths we open and accept.
     pub timestamps: bool,
+    /// Congestion control (smoltcp's CUBIC) on the paths; off, the peer's receive window
+    /// alone limits what is in flight.
+    pub congestion_control: bool,
 }
 
 impl UtcpConfig {
@@ -244,6 +247,7 @@ impl UtcpConfig {
             rto_min: Duration::from_millis(5),
             rto_max: Duration::from_secs(1),
             timestamps: true,
+            congestion_control: true,
         }
     }
 }
@@ -461,6 +465,11 @@ impl<D: Device + Flush, C: Clock> UtcpLink<D, C> {
         s.set_nagle_enabled(false);
         s.set_ack_delay(self.cfg.ack_delay.map(sdur));
         s.set_tsval_generator(self.cfg.timestamps.then_some(tsval as fn() -> u32));
+        s.set_congestion_control(if self.cfg.congestion_control {
+            tcp::CongestionControl::Cubic
+        } else {
+            tcp::CongestionControl::None
+        });
         // RFC 6298's 1 s floor is for the Internet; see the module doc.
         s.set_rto_bounds(
             sdur(self.cfg.rto_initial),
