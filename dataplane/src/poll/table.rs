@@ -138,7 +138,8 @@ const RX_BURST_TARGETS: usize = super::TX_BATCH;
 /// - a bound socket is in `binds` and in the shards' directory, and references its address's
 ///   congestion entry (`bind`, `close_sock_now`);
 /// - an app's region stays mapped while it is in `apps` or `draining` (`attach`, `detach`,
-///   `release_hold`), and `regions_gone` names each one unmapped off `draining`.
+///   `release_hold`), and `regions_gone` names each one unmapped off `draining`; an app
+///   leaves `apps` with every socket closed, so no `open_socks` entry outlives its ring.
 pub struct SocketTable {
     cfg: Arc<Config>,
     stats: Arc<Stats>,
@@ -387,6 +388,11 @@ impl SocketTable {
     /// messages sent in place still pin stays mapped (draining) until their last release.
     pub(super) fn detach(&mut self, app: usize) -> Detached {
         Stats::bump(&self.stats.apps_detached);
+        // The open-socket list holds copies of its sockets' ring handles (`OpenSock`).
+        debug_assert!(
+            !self.open_socks.iter().any(|o| o.r.app == app),
+            "an app leaves with its sockets closed"
+        );
         let Some(mut a) = self.apps.get_mut(app).and_then(|a| a.take()) else {
             return Detached::Absent;
         };
