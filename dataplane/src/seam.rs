@@ -136,8 +136,15 @@ pub trait Upcalls {
     /// Makes every delivery so far visible to its receivers. While a transport polls,
     /// deliveries may wait unpublished, so that a receiver's ring is published once per
     /// burst; a transport calls this before it records them as delivered (the receive state
-    /// that survives a restart must never run ahead of what the receivers can read).
+    /// that survives a restart must never run ahead of what the receivers can read), and
+    /// [`Upcalls::wake_receivers`] after. Stores only: nothing here enters the kernel.
     fn publish_deliveries(&mut self) {}
+    /// Wakes the blocked receivers of what [`Upcalls::publish_deliveries`] published (a
+    /// syscall each). Apart from the publish so that the record of the deliveries comes
+    /// between: a SIGKILL that lands while rdsd is in the kernel, or preempted on its way out
+    /// (the woken app may take the CPU), then finds them recorded. What a transport leaves
+    /// unwoken is woken at the end of its poll.
+    fn wake_receivers(&mut self) {}
     /// A message sent with `token` left the transport for good (acknowledged or cancelled):
     /// give its `len` bytes back to the sender's send buffer.
     fn release(&mut self, token: u64, len: u64);

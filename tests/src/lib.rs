@@ -179,7 +179,9 @@ impl Daemon {
                 cmd.args(["--placement", &p]);
             }
         }
-        cmd.args(["--control-core", "-2", "--log", "warn"]);
+        // `RDSD_TESTS_LOG=debug` (or any `--log` filter) to see a failing run's daemons.
+        let log = std::env::var("RDSD_TESTS_LOG").unwrap_or_else(|_| "warn".into());
+        cmd.args(["--control-core", "-2", "--log", &log]);
         cmd.args(&self.extra);
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd.stdout(Stdio::null()).stderr(Stdio::inherit());

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::config::{HugepageMode, Overrides};
-use crate::seam::{SendOutcome, Upcalls};
+use crate::seam::{Delivered, Incoming, SendOutcome, Upcalls};
 use shm_api::ring::{Producer, PushError, RawRing, RecordHeader};
 use std::sync::Mutex;
 
@@ -18,10 +18,17 @@ struct Seen {
     attached: Vec<(u64, usize, usize)>,
     detached: Vec<u64>,
     cancels: Vec<(u32, u16)>,
+    /// Messages the test wants delivered on the next poll, as one network read: (port, payload).
+    to_deliver: Vec<(u16, Vec<u8>)>,
+    /// (rx_publishes, app_wakeups) after that read's `publish_deliveries`, then after its
+    /// `wake_receivers`.
+    at_publish: Option<(u64, u64)>,
+    at_wake: Option<(u64, u64)>,
 }
 
-/// Takes every message in place (when offered) and releases what the test says.
-struct FakeZeroCopy(Arc<Mutex<Seen>>);
+/// Takes every message in place (when offered) and releases what the test says; delivers what
+/// the test says as a network transport does (deliver, publish, record, wake).
+struct FakeZeroCopy(Arc<Mutex<Seen>>, Arc<Stats>);
 
 impl Transport for FakeZeroCopy {
     fn name(&self) -> &'static str {
@@ -52,7 +59,30 @@ impl Transport for FakeZeroCopy {
         for (t, len) in &todo {
             up.release(*t, *len);
         }
-        todo.len()
+        let read = std::mem::take(&mut self.0.lock().unwrap().to_deliver);
+        for (port, payload) in &read {
+            let m = Incoming {
+                laddr: u32::from(Ipv4Addr::new(10, 0, 0, 1)),
+                faddr: u32::from(Ipv4Addr::new(10, 0, 0, 2)),
+                sport: 5000,
+                dport: *port,
+                payload: MsgBytes::from_slice(payload),
+            };
+            assert_eq!(up.deliver(m), Delivered::Yes);
+        }
+        if !read.is_empty() {
+            let counts = || {
+                (
+                    self.1.rx_publishes.load(Ordering::Relaxed),
+                    self.1.app_wakeups.load(Ordering::Relaxed),
+                )
+            };
+            up.publish_deliveries();
+            self.0.lock().unwrap().at_publish = Some(counts());
+            up.wake_receivers();
+            self.0.lock().unwrap().at_wake = Some(counts());
+        }
+        todo.len() + read.len()
     }
     fn region_attached(&mut self, id: u64, base: *const u8, len: usize) {
         self.0
@@ -103,7 +133,7 @@ impl Rig {
         // SAFETY: a fresh descriptor nobody else owns.
         let wake = Arc::new(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(wake) });
         let seen = Arc::new(Mutex::new(Seen::default()));
-        let t: Box<dyn Transport> = Box::new(FakeZeroCopy(seen.clone()));
+        let t: Box<dyn Transport> = Box::new(FakeZeroCopy(seen.clone(), stats.clone()));
         let core = PollCore::new(cfg, stats, daemon, chans.clone(), wake, vec![t]);
         Rig {
             core,
@@ -418,4 +448,36 @@ fn a_pass_takes_only_from_rings_with_news() {
         rig.core.run_once();
     }
     assert_eq!(taken(&rig), 3 + TX_BATCH + 5, "no message taken twice");
+}
+
+/// A network read's deliveries become readable at `publish_deliveries` without waking anyone
+/// (stores only), and their blocked receivers are woken at `wake_receivers`: the transport
+/// records the deliveries in between, so a SIGKILL in the wake-up's syscall finds them
+/// recorded (`endpoint::record_delivered`).
+#[test]
+fn a_publish_wakes_nobody_until_the_transport_says() {
+    let mut rig = Rig::new();
+    let _rings = rig.attach(0);
+    let slot = rig.open_bound(0, 4000);
+    let to = SockRef { app: 0, slot };
+    // A receiver blocked in recv.
+    rig.core
+        .table
+        .ctl(to)
+        .waiters
+        .fetch_or(shm_api::layout::RECV_WAITERS, Ordering::SeqCst);
+    rig.seen.lock().unwrap().to_deliver = vec![(4000, vec![1; 64]), (4000, vec![2; 64])];
+    rig.core.run_once();
+    let s = rig.seen.lock().unwrap();
+    assert_eq!(s.at_publish, Some((1, 0)), "published once, nobody woken");
+    assert_eq!(s.at_wake, Some((1, 1)), "woken at wake_receivers");
+    drop(s);
+    assert_eq!(
+        rig.core
+            .table
+            .ctl(to)
+            .rx_produced_bytes
+            .load(Ordering::Acquire),
+        128
+    );
 }

@@ -196,6 +196,9 @@ pub struct SocketTable {
     rx_burst_on: bool,
     /// The receivers that burst pushed into, and the bytes each got (published at its end).
     rx_burst: Vec<(SockRef, usize)>,
+    /// Receivers whose rings `Upcalls::publish_deliveries` published and who are not yet woken
+    /// (`Upcalls::wake_receivers`): the transport records the deliveries in between.
+    rx_unwoken: Vec<SockRef>,
 }
 
 impl SocketTable {
@@ -249,6 +252,7 @@ impl SocketTable {
             test_stall_in_fanout: crate::fault::stall_in_fanout(),
             rx_burst_on: false,
             rx_burst: Vec::with_capacity(RX_BURST_TARGETS),
+            rx_unwoken: Vec::with_capacity(2 * RX_BURST_TARGETS),
         }
     }
 
@@ -1129,12 +1133,16 @@ impl SocketTable {
         self.rx_burst_on = true;
     }
 
-    /// Publishes every ring the burst pushed into (each wakes its receivers).
+    /// Publishes every ring the burst pushed into (each wakes its receivers), and wakes the
+    /// receivers of any publish a transport left unwoken.
     #[inline]
     pub(super) fn end_rx_burst(&mut self) {
         self.rx_burst_on = false;
         if !self.rx_burst.is_empty() {
             self.flush_rx_burst();
+        }
+        if !self.rx_unwoken.is_empty() {
+            self.wake_unwoken();
         }
     }
 
@@ -1146,8 +1154,9 @@ impl SocketTable {
         }
         if self.rx_burst.len() == self.rx_burst.capacity() {
             // A local burst has at most TX_BATCH messages; a network read that reaches more
-            // receivers publishes those so far rather than grow.
-            self.flush_rx_burst();
+            // receivers publishes those so far rather than grow (woken with the rest, after
+            // the read is recorded).
+            self.publish_rx_burst_unwoken();
         }
         self.rx_burst.push((to, len));
     }
@@ -1159,6 +1168,35 @@ impl SocketTable {
         }
         burst.clear();
         self.rx_burst = burst;
+    }
+
+    /// The first half of [`Upcalls::publish_deliveries`]: every ring of the burst so far
+    /// becomes readable (plain stores, no syscall); its receivers wait in `rx_unwoken`.
+    fn publish_rx_burst_unwoken(&mut self) {
+        let mut burst = std::mem::take(&mut self.rx_burst);
+        for &(to, len) in &burst {
+            if !self.publish_rx_quiet(to, len) {
+                continue;
+            }
+            if self.rx_unwoken.len() == self.rx_unwoken.capacity() {
+                // More receivers in one read than a burst has targets: wake this one now
+                // rather than grow (its record may then trail the wake-up).
+                self.after_publish_rx(to);
+            } else if !self.rx_unwoken.contains(&to) {
+                self.rx_unwoken.push(to);
+            }
+        }
+        burst.clear();
+        self.rx_burst = burst;
+    }
+
+    fn wake_unwoken(&mut self) {
+        let mut unwoken = std::mem::take(&mut self.rx_unwoken);
+        for &to in &unwoken {
+            self.after_publish_rx(to);
+        }
+        unwoken.clear();
+        self.rx_unwoken = unwoken;
     }
 
     /// The first half of [`Self::deliver_to`]: the record is in `to`'s rx ring but not
@@ -1197,18 +1235,43 @@ impl SocketTable {
     /// (the last record being `len` bytes), wakes its receivers and marks congestion.
     #[inline]
     pub(super) fn publish_rx(&mut self, to: SockRef, len: usize) {
+        if self.publish_rx_quiet(to, len) {
+            self.after_publish_rx(to);
+        }
+    }
+
+    /// Makes what was pushed into `to`'s rx ring readable: stores only, never a syscall, so
+    /// that a transport can record the deliveries right after (a SIGKILL cannot land between
+    /// the two unless it interrupts these few instructions). False if `to` is gone.
+    #[inline]
+    fn publish_rx_quiet(&mut self, to: SockRef, len: usize) -> bool {
+        let Some(app) = self.apps.get_mut(to.app).and_then(|a| a.as_mut()) else {
+            return false;
+        };
+        let Some(sock) = app.socks[to.slot as usize].as_mut() else {
+            return false;
+        };
+        sock.rx.publish();
+        Stats::bump(&self.stats.rx_publishes);
+        sock.rx_produced += len as u64;
+        app.region
+            .slot_control(to.slot)
+            .rx_produced_bytes
+            .store(sock.rx_produced, Ordering::Release);
+        true
+    }
+
+    /// After a publish into `to`'s ring: wakes its blocked receivers (a futex syscall) and
+    /// marks its port congested above SO_RCVBUF.
+    #[inline]
+    fn after_publish_rx(&mut self, to: SockRef) {
         let Some(app) = self.apps.get_mut(to.app).and_then(|a| a.as_mut()) else {
             return;
         };
         let Some(sock) = app.socks[to.slot as usize].as_mut() else {
             return;
         };
-        sock.rx.publish();
-        Stats::bump(&self.stats.rx_publishes);
-        sock.rx_produced += len as u64;
         let ctl = app.region.slot_control(to.slot);
-        ctl.rx_produced_bytes
-            .store(sock.rx_produced, Ordering::Release);
         if wake_slot(ctl, RECV_WAITERS) {
             Stats::bump(&self.stats.app_wakeups);
         }
@@ -1408,7 +1471,14 @@ impl Upcalls for SocketTable {
     #[inline]
     fn publish_deliveries(&mut self) {
         if !self.rx_burst.is_empty() {
-            self.flush_rx_burst();
+            self.publish_rx_burst_unwoken();
+        }
+    }
+
+    #[inline]
+    fn wake_receivers(&mut self) {
+        if !self.rx_unwoken.is_empty() {
+            self.wake_unwoken();
         }
     }
 

@@ -651,6 +651,7 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
             if let (Some(f), Some(slot)) = (&self.persist, c.persist) {
                 f.delivered(slot, path, generation, seq);
             }
+            up.wake_receivers();
         }
         if hold.stash_pos < hold.stash.len() {
             let stash = std::mem::take(&mut hold.stash);
@@ -993,11 +994,13 @@ fn feed<P: AsRef<[u8]>>(
     (off, ack_required)
 }
 
-/// Publishes what one read delivered, then stores its newest sequence number in the receive
-/// state: publish first, so that a crash between the two can cost a duplicate (the peer
-/// resends what the new rdsd does not know was delivered) but never a message the state
-/// says was delivered and no receiver could read. Sequence numbers only grow within a
-/// generation, and a new generation voids the old numbers, so the newest stands for all.
+/// Publishes what one read delivered, stores its newest sequence number in the receive state,
+/// then wakes the receivers. Publish first, so that a crash between the two can cost a
+/// duplicate (the peer resends what the new rdsd does not know was delivered) but never a
+/// message the state says was delivered and no receiver could read; wake last, because a
+/// wake-up is a syscall, where a SIGKILL is most likely to land (and the woken app may preempt
+/// us on the way out). Sequence numbers only grow within a generation, and a new generation
+/// voids the old numbers, so the newest stands for all.
 fn record_delivered(
     up: &mut dyn Upcalls,
     persist: Option<(&RxStateFile, usize)>,
@@ -1011,6 +1014,7 @@ fn record_delivered(
     if let Some((f, slot)) = persist {
         f.delivered(slot, path, generation, seq);
     }
+    up.wake_receivers();
 }
 
 impl<L: Link, C: Clock> Transport for Endpoint<L, C> {

@@ -119,6 +119,13 @@ pub struct Table {
     pub released: u64,
     pub full_answers: u64,
     pub map: CongMap,
+    /// The endpoint's receive-state file, if it keeps one: every publish must be recorded
+    /// there before its receivers are woken (a wake-up is a syscall, where a SIGKILL lands).
+    pub state: Option<PathBuf>,
+    /// The file's bytes at the last publish that made something readable.
+    at_publish: Option<Vec<u8>>,
+    /// Wake-ups that found the publish before them recorded.
+    pub wakes_after_record: u64,
 }
 
 impl Table {
@@ -130,6 +137,17 @@ impl Table {
             released: 0,
             full_answers: 0,
             map: CongMap::new(),
+            state: None,
+            at_publish: None,
+            wakes_after_record: 0,
+        }
+    }
+
+    /// A table whose endpoint keeps its receive state in `state`.
+    pub fn recording(capacity: usize, state: Option<PathBuf>) -> Table {
+        Table {
+            state,
+            ..Table::new(capacity)
         }
     }
 
@@ -162,12 +180,26 @@ impl Upcalls for Table {
     /// As rdsd's rings: the app sees nothing an endpoint delivered until it publishes (an
     /// endpoint that forgets to stalls the suite).
     fn publish_deliveries(&mut self) {
+        if let Some(f) = self.state.as_ref().filter(|_| !self.unpublished.is_empty()) {
+            self.at_publish = Some(std::fs::read(f).expect("read the receive-state file"));
+        }
         for (dport, faddr, sport, v) in self.unpublished.drain(..) {
             self.queues
                 .entry(dport)
                 .or_default()
                 .push_back((faddr, sport, v));
         }
+    }
+    fn wake_receivers(&mut self) {
+        let (Some(f), Some(before)) = (&self.state, self.at_publish.take()) else {
+            return;
+        };
+        let now = std::fs::read(f).expect("read the receive-state file");
+        assert!(
+            now != before,
+            "receivers woken before their deliveries were recorded"
+        );
+        self.wakes_after_record += 1;
     }
     fn release(&mut self, _token: u64, len: u64) {
         self.released += len;
@@ -338,6 +370,8 @@ pub struct Outcome {
     pub full_answers: u64,
     pub dups_dropped: u64,
     pub restored: u64,
+    /// Receiver wake-ups that found the deliveries before them recorded (persisted runs).
+    pub wakes_after_record: u64,
 }
 
 /// The two endpoints, their apps' tables and what B's app received.
@@ -367,9 +401,9 @@ impl<L: Link, C: LabClock> Hosts<L, C> {
         let clock = lab.clock();
         Hosts {
             a: endpoint(lab.make(A), A, npaths, None, clock.clone(), SEED_A).0,
-            b: endpoint(lab.make(B), B, npaths, state, clock.clone(), SEED_B).0,
+            b: endpoint(lab.make(B), B, npaths, state.clone(), clock.clone(), SEED_B).0,
             ta: Table::new(1 << 20),
-            tb: Table::new(capacity),
+            tb: Table::recording(capacity, state.clone()),
             seen: Seen::default(),
             clock,
         }
@@ -438,7 +472,7 @@ pub fn run<M: MakeLink>(lab: &mut M, r: Run, tag: &str) -> Outcome {
     let mut sent: HashMap<u16, u64> = HashMap::new();
     let total = u64::from(r.sockets) * r.per_socket;
     let mut full_answers = 0;
-    let (mut dups, mut restored) = (0, 0);
+    let (mut dups, mut restored, mut wakes) = (0, 0, 0);
     for k in 0..total {
         let sport = 1000 + (k % u64::from(r.sockets)) as u16;
         let seq = sent.entry(sport).or_insert(0);
@@ -459,6 +493,7 @@ pub fn run<M: MakeLink>(lab: &mut M, r: Run, tag: &str) -> Outcome {
                 !h.seen.per_sport.is_empty()
             });
             full_answers += h.tb.full_answers;
+            wakes += h.tb.wakes_after_record;
             let Hosts { a, b, ta, seen, .. } = h;
             drop(b);
             lab.cut(B);
@@ -476,7 +511,7 @@ pub fn run<M: MakeLink>(lab: &mut M, r: Run, tag: &str) -> Outcome {
                 a,
                 b,
                 ta,
-                tb: Table::new(r.capacity),
+                tb: Table::recording(r.capacity, state.clone()),
                 seen,
                 clock: clock.clone(),
             };
@@ -504,6 +539,7 @@ pub fn run<M: MakeLink>(lab: &mut M, r: Run, tag: &str) -> Outcome {
         h.pump(64);
     }
     full_answers += h.tb.full_answers;
+    wakes += h.tb.wakes_after_record;
     if let Some(c) = h.b.connection(B, A) {
         dups += c.counters().rx_drop_dup_seq;
     }
@@ -514,6 +550,7 @@ pub fn run<M: MakeLink>(lab: &mut M, r: Run, tag: &str) -> Outcome {
         full_answers,
         dups_dropped: dups,
         restored,
+        wakes_after_record: wakes,
     }
 }
 
@@ -571,6 +608,10 @@ pub fn suite<M: MakeLink>(mut new_lab: impl FnMut() -> M, name: &str) {
         &format!("{name}-restart"),
     );
     assert_eq!(o.restored, 1, "{name}: the receive state was restored");
+    assert!(
+        o.wakes_after_record > 0,
+        "{name}: the endpoint wakes its receivers after it records (`Upcalls::wake_receivers`)"
+    );
     assert!(o.gaps <= 4, "{name}: at most one gap per socket");
 }
 
