@@ -11,7 +11,7 @@
 #
 # Layout: bin/ (rdsd, rds-bench, rdsctl: release builds; ip and strace from this machine),
 # lib/ (every shared library those and the PMDs need, except glibc's own, which the target
-# host has in a newer version), pmds/ (DPDK 22.11 drivers: memif, af_packet, tap, the ring
+# host has in a newer version), pmds/ (DPDK 22.11 drivers: memif, af_packet, af_xdp, tap, the ring
 # mempool), bench/ (the scripts), env.sh (LD_LIBRARY_PATH, BIN, IP, EAL_ARGS="-d pmds").
 # Known traps, handled here:
 # * EAL's `-d DIR` loads only files named `*.so` (it skips `librte_*.so.23`): PMDs are copied
@@ -45,9 +45,13 @@ for t in "${tools[@]}"; do
     p=$(command -v "$t") || { echo "bundle.sh: $t not found (apt-get install iproute2 strace)" >&2; exit 1; }
     cp "$p" "$OUT/bin/"
 done
-for d in net_memif net_af_packet net_tap mempool_ring; do
+for d in net_memif net_af_packet net_af_xdp net_tap mempool_ring; do
     cp -L "$PMD_SRC/librte_$d.so" "$OUT/pmds/librte_$d.so"
 done
+# af_xdp's XDP programs: libxdp loads them from files at run time (LIBXDP_OBJECT_PATH in env.sh).
+mkdir -p "$OUT/bpf"
+cp /usr/lib/x86_64-linux-gnu/bpf/{xsk_def_xdp_prog*,xdp-dispatcher}.o "$OUT/bpf/" ||
+    { echo "bundle.sh: libxdp's XDP programs not found (apt-get install libxdp1)" >&2; exit 1; }
 # glibc's own libraries come from the target host (its glibc is newer than Debian 12's).
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libresolv)'
 for elf in "$OUT"/bin/* "$OUT"/pmds/*.so; do
@@ -65,6 +69,7 @@ cat >>"$OUT/env.sh" <<'EOF'
 # Sourced by run.sh: the bundle's binaries, libraries and DPDK drivers.
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export BIN="$here/bin" IP="$here/bin/ip" STRACE="$here/bin/strace" PERF="$here/bin/perf"
+export LIBXDP_OBJECT_PATH="$here/bpf"
 if [ -n "$pmd_default" ] && [ -d "$pmd_default" ]; then
     # This host has the same DPDK installed: EAL loads its drivers from there by itself, and
     # a bus loaded both from there and from lib/ registers twice (EAL panics: "tailq is

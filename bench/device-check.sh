@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Every timed figure issues 17 and 18 ask for, in one call sized for a lent many-core host
-# (about 7 minutes on 16 CPUs with the defaults; the step limits add up to 555 s, under a
+# (about 7 minutes on 16 CPUs with the defaults; the step limits add up to 575 s, under a
 # device call's 600), from bench/bundle.sh's folder, as root:
 #
 #     rdsd-bundle/device-check.sh OUTDIR
 #
 # Steps (STEPS, default all, in this order; each under its own time limit, so one that hangs
 # costs its limit and the rest still run):
-#   pinned    bench/pinned-bench.sh: memif, af_packet (dpdk) and rdsd on kernel TCP against
-#             kernel TCP, 1 and 8 paths: 64 B RTT, 64 KiB RTT, 4 x 16 in flight, 1 MiB one
-#             way, the per-hop breakdown (issue 17's table).
+#   pinned    bench/pinned-bench.sh: memif, af_packet (dpdk), af_xdp and rdsd on kernel TCP
+#             against kernel TCP, 1 and 8 paths: 64 B RTT, 64 KiB RTT, 4 x 16 in flight, 1 MiB
+#             one way, the per-hop breakdown (issue 17's table; af_xdp: the 64 B RTT only).
 #   sourceport the 64 B RTT with 8 paths again with --path-choice source-port (Linux's choice:
 #             a reply on another path than its request, so its ACK cannot ride on it): what
 #             the default since 2026-11-28 (port-pair) saves.
@@ -64,9 +64,10 @@ run() {
 for s in $STEPS; do
     case "$s" in
         pinned)
-            run pinned 270 OUTDIR="$out/raw/pinned" -- bash "$scripts/pinned-bench.sh" -T "$SECS" ;;
+            run pinned 290 OUTDIR="$out/raw/pinned" -- bash "$scripts/pinned-bench.sh" -T "$SECS" ;;
         sourceport)
             run sourceport 60 OUTDIR="$out/raw/sourceport" WORKLOADS=rtt64 PATHS_LIST=8 \
+                TRANSPORTS="memif dpdk tcp" \
                 RDSD_ARGS="--path-choice source-port" \
                 -- bash "$scripts/pinned-bench.sh" -T "$SECS" ;;
         scaling)

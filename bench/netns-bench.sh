@@ -11,9 +11,10 @@
 # IDLE (rdsd idle strategy, default backoff), PATHS (TCP paths per peer, default 8),
 # POLL_CORE (both rdsd's poll core, default -2 = unpinned; POLL_CPUS below is per side), TRANSPORT (tcp, the default: rdsd's
 # kernel-TCP transport; dpdk: each rdsd on a DPDK net_af_packet port on its end of a second
-# veth pair, whose addresses 10.78.0.1/.2 the kernel does not have; memif: each rdsd on a DPDK
-# net_memif port, the two joined by a memif socket file; the control connection and the kernel
-# baselines stay on 10.77.0.x).
+# veth pair, whose addresses 10.78.0.1/.2 the kernel does not have; af_xdp: the same with a DPDK
+# net_af_xdp port (an AF_XDP socket and XDP program on each end, MTU 1778); memif: each rdsd on
+# a DPDK net_memif port, the two joined by a memif socket file; the
+# control connection and the kernel baselines stay on 10.77.0.x).
 # Placement (pinned runs on a many-core host; default: unpinned): POLL_CPUS="A,B" (each rdsd's
 # poll thread), CTRL_CPUS="A,B" (each rdsd's control thread), APP_CPUS_A / APP_CPUS_B (taskset
 # CPU lists of the active / passive rds-bench: their app tasks run there, the kernel baselines
@@ -68,10 +69,13 @@ for n in "$A" "$B"; do
     "$IP" -n "$n" link set lo up
 done
 TRANSPORT="${TRANSPORT:-tcp}"
-if [[ "$TRANSPORT" = dpdk ]]; then
+if [[ "$TRANSPORT" = dpdk || "$TRANSPORT" = af_xdp ]]; then
     "$IP" link add dp0 netns "$A" type veth peer name dp0 netns "$B"
-    # Jumbo frames (rdsd takes the interface's MTU for af_packet); VETH_MTU=1500 for standard.
-    for n in "$A" "$B"; do "$IP" -n "$n" link set dp0 mtu "${VETH_MTU:-9000}" up; done
+    # Jumbo frames (rdsd takes the interface's MTU for af_packet and af_xdp); VETH_MTU=1500
+    # for standard. DPDK 22.11's af_xdp carries an MTU of 1778 at most (AF_XDP_MAX_MTU).
+    mtu="${VETH_MTU:-9000}"
+    [[ "$TRANSPORT" = dpdk ]] || mtu="${VETH_MTU:-1778}"
+    for n in "$A" "$B"; do "$IP" -n "$n" link set dp0 mtu "$mtu" up; done
 fi
 rds_a=10.77.0.1 rds_b=10.77.0.2
 for n in a b; do
@@ -81,8 +85,9 @@ for n in a b; do
     case "$TRANSPORT" in
         tcp) ;;
         dpdk) vdev="net_af_packet0,iface=dp0" ;;
+        af_xdp) vdev="net_af_xdp0,iface=dp0${AF_XDP_ARGS:-}" ;;
         memif) vdev="net_memif0,role=$([ $n = a ] && echo server || echo client),id=0,socket=/tmp/$tag.memif,socket-abstract=no" ;;
-        *) echo "netns-bench.sh: TRANSPORT must be tcp, dpdk or memif" >&2; exit 1 ;;
+        *) echo "netns-bench.sh: TRANSPORT must be tcp, dpdk, af_xdp or memif" >&2; exit 1 ;;
     esac
     if [[ "$TRANSPORT" != tcp ]]; then
         printf '[dpdk]\nvdev = "%s"\naddr = "10.78.0.%s/24"\n' "$vdev" "$i" >"/tmp/$ns.toml"

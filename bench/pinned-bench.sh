@@ -9,7 +9,7 @@
 #
 # Placement (environment, defaults for a 16-CPU host; CPUs 0-1 left to the system):
 #   POLL_CPUS=3,9  CTRL_CPUS=2,8  APP_CPUS_A=4-7  APP_CPUS_B=10-13
-# Other knobs: TRANSPORTS="memif dpdk tcp" (dpdk = net_af_packet over a veth), PATHS_LIST="1 8",
+# Other knobs: TRANSPORTS="memif dpdk af_xdp tcp" (dpdk = net_af_packet, af_xdp = net_af_xdp, over a veth), PATHS_LIST="1 8",
 # WORKLOADS="rtt64 rtt64k pipe oneway1m hops" (hops: 64 B requests, 96 B acks with
 # rds-bench --breakdown and rdsd --trace-hops: where a round trip's time goes), OUTDIR (JSON per run; default /tmp/pinned-bench.N),
 # RDSD_ARGS (extra flags for both rdsd, e.g. "--path-choice source-port": Linux's path choice,
@@ -29,7 +29,7 @@ done
 export POLL_CPUS="${POLL_CPUS:-3,9}" CTRL_CPUS="${CTRL_CPUS:-2,8}"
 export APP_CPUS_A="${APP_CPUS_A:-4-7}" APP_CPUS_B="${APP_CPUS_B:-10-13}"
 export IDLE=spin
-TRANSPORTS="${TRANSPORTS:-memif dpdk tcp}"
+TRANSPORTS="${TRANSPORTS:-memif dpdk af_xdp tcp}"
 PATHS_LIST="${PATHS_LIST:-1 8}"
 WORKLOADS="${WORKLOADS:-rtt64 rtt64k pipe oneway1m hops}"
 OUTDIR="${OUTDIR:-/tmp/pinned-bench.$$}"
@@ -79,6 +79,7 @@ for w in $WORKLOADS; do
             # Large transfers and the pipeline only where the issue asks for them.
             [[ "$w" = rtt64 || "$w" = hops || "$p" = "${PATHS_LIST##* }" ]] || continue
             [[ "$w" = rtt64 || "$w" = hops || "$t" != dpdk ]] || continue
+            [[ "$w" = rtt64 || "$t" != af_xdp ]] || continue
             f="$OUTDIR/$w-$t-$p.json"
             # A spinning leftover on a pinned CPU would time-slice with the run (4 ms steps).
             if pgrep -x rdsd >/dev/null; then
@@ -111,7 +112,8 @@ import glob, json, os, sys
 out = sys.argv[1]
 print("| workload | rdsd transport | paths | rdsd | kernel TCP, same run | rdsd ÷ kernel TCP |")
 print("|---|---|---|---|---|---|")
-names = {"memif": "DPDK memif (smoltcp)", "dpdk": "DPDK af_packet (smoltcp)", "tcp": "kernel TCP"}
+names = {"memif": "DPDK memif (smoltcp)", "dpdk": "DPDK af_packet (smoltcp)",
+         "af_xdp": "DPDK af_xdp (smoltcp)", "tcp": "kernel TCP"}
 order = {"rtt64": 0, "rtt64k": 1, "pipe": 2, "oneway1m": 3, "hops": 4}
 breakdowns = []
 def key(f):

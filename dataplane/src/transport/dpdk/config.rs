@@ -414,6 +414,21 @@ impl DpdkConfig {
                 None => {}
             }
         }
+        if port_name.starts_with("net_af_xdp") {
+            // One AF_XDP socket per queue pair, on the interface's queues `start_queue` on.
+            match devarg(&r.vdev, "queue_count") {
+                Some(q) if q.parse::<u16>().ok() != Some(r.queues) => bail!(
+                    "dpdk.vdev sets queue_count={q} but dpdk.queues = {} (leave queue_count \
+                     out: rdsd sets it)",
+                    r.queues
+                ),
+                Some(_) => {}
+                None if r.queues > 1 => {
+                    r.vdev = format!("{},queue_count={}", r.vdev.trim_end_matches(','), r.queues)
+                }
+                None => {}
+            }
+        }
         if port_name.starts_with("net_memif") && r.queues > 1 {
             // DPDK 22.11's memif server accepts a client with fewer rings than its own queues
             // and then transmits on rings that were never set up (their descriptors alias the
@@ -477,7 +492,9 @@ impl DpdkConfig {
                         .filter(|&f| f >= u32::from(MIN_MTU) + AF_PACKET_FRAME_HEAD)
                         .with_context(|| {
                             format!(
-                                "dpdk.vdev: af_packet framesz={v:?} must be at least {} (bytes                                  per packet-ring frame; leave it out and rdsd sizes it for                                  dpdk.mtu)",
+                                "dpdk.vdev: af_packet framesz={v:?} must be at least {} (bytes \
+                                 per packet-ring frame; leave it out and rdsd sizes it for \
+                                 dpdk.mtu)",
                                 u32::from(MIN_MTU) + AF_PACKET_FRAME_HEAD
                             )
                         })?;
@@ -568,6 +585,16 @@ impl DpdkConfig {
     pub fn af_packet_iface(&self) -> Option<String> {
         self.port_name
             .starts_with("net_af_packet")
+            .then(|| devarg(&self.vdev, "iface"))
+            .flatten()
+    }
+
+    /// The af_xdp port's kernel interface (`iface=`). Its MTU is the port's: rdsd reads it
+    /// and never changes it (DPDK's af_xdp driver would set the kernel interface's MTU, and a
+    /// veth refuses XDP above 3506 bytes, a frame in one page with XDP's headroom).
+    pub fn af_xdp_iface(&self) -> Option<String> {
+        self.port_name
+            .starts_with("net_af_xdp")
             .then(|| devarg(&self.vdev, "iface"))
             .flatten()
     }
@@ -791,6 +818,22 @@ mod tests {
             cfg("net_af_packet0,iface=v0,qpairs=4", "queues = 2").unwrap_err()
         );
         assert!(e.contains("qpairs") && e.contains("dpdk.queues"), "{e}");
+        // af_xdp: an AF_XDP socket per queue, on the interface's queues from start_queue.
+        let c = cfg("net_af_xdp0,iface=v0", "queues = 2").unwrap();
+        assert_eq!(c.vdev, "net_af_xdp0,iface=v0,queue_count=2");
+        assert_eq!(c.af_xdp_iface().as_deref(), Some("v0"));
+        assert_eq!(
+            cfg("net_af_xdp0,iface=v0", "").unwrap().vdev,
+            "net_af_xdp0,iface=v0"
+        );
+        let e = format!(
+            "{:#}",
+            cfg("net_af_xdp0,iface=v0,queue_count=1", "queues = 2").unwrap_err()
+        );
+        assert!(
+            e.contains("queue_count") && e.contains("dpdk.queues"),
+            "{e}"
+        );
     }
 
     #[test]

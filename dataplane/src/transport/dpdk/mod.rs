@@ -23,7 +23,15 @@
 //!     default 2048-byte ring frame is too small (unless the vdev sets them), the mbufs to
 //!     hold a whole ring frame, and the MTU capped by the kernel interface's, which rdsd reads
 //!     and never changes (`DpdkConfig::af_packet_mtu`; set the veth's MTU, both ends, to
-//!     9000 for jumbo frames).
+//!     9000 for jumbo frames);
+//!   - af_xdp (`net_af_xdp0,iface=...`: an AF_XDP socket per queue, on the driver's XDP
+//!     program): the kernel interface's MTU, never changed, capped at `AF_XDP_MAX_MTU` (1778:
+//!     DPDK 22.11's af_xdp frames are 2048 bytes with XDP's 256-byte headroom in front, and
+//!     larger frames vanish although the driver reports a `max_mtu` of 3542); `queue_count=`
+//!     added for `queues` > 1 (the interface needs that many queues). Its XDP program takes
+//!     every frame of the queue, so the kernel sees none of the port's traffic. Without a
+//!     mounted bpffs, libxdp says so on stderr and loads the program without its dispatcher.
+//!     Test: `tests/tests/dpdk.rs::af_xdp_between_two_rdsd_both_ways_up_to_1mib`.
 //!
 //!   A 64 KiB message then crosses in 8 frames instead of 45 (`tests/tests/dpdk_pass_cost.rs`:
 //!   `a_64k_message_crosses_memif_in_jumbo_frames`,
