@@ -731,6 +731,89 @@ pub fn poll_threads() -> usize {
         .unwrap_or(1)
 }
 
+/// `strace -c` attached to one daemon's first poll thread: the system calls it makes from
+/// [`PollThreadSyscalls::attach`] until [`PollThreadSyscalls::finish`]. `None` when strace is
+/// not installed (a failure in CI, where tests/run.sh installs it).
+pub struct PollThreadSyscalls {
+    child: Child,
+    out: PathBuf,
+}
+
+impl PollThreadSyscalls {
+    pub fn attach(d: &Daemon) -> Option<PollThreadSyscalls> {
+        let ok = Command::new("strace")
+            .arg("-V")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "strace is missing: apt-get install strace (tests/run.sh installs it)"
+            );
+            return None;
+        }
+        static N: AtomicU32 = AtomicU32::new(0);
+        let out = std::env::temp_dir().join(format!(
+            "strace-{}-{}.txt",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let (pid, tid) = (d.pid(), d.poll_thread());
+        let child = Command::new("strace")
+            .args(["-c", "-o"])
+            .arg(&out)
+            .args(["-p", &tid.to_string()])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("strace");
+        // Counting starts once strace has attached to the poll thread.
+        wait_until(
+            Duration::from_secs(10),
+            "strace to attach to rdsd-poll-0 (its TracerPid)",
+            || tracer_of(pid, tid),
+            |&tracer| tracer == child.id(),
+        );
+        Some(PollThreadSyscalls { child, out })
+    }
+
+    /// Stops counting; returns strace's summary and its calls per system call name.
+    pub fn finish(self) -> (String, std::collections::HashMap<String, u64>) {
+        // SAFETY: kill(2) on our own child's pid; SIGINT makes strace print its summary.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        self.child.wait_with_output().expect("strace ends");
+        let text = std::fs::read_to_string(&self.out).unwrap_or_else(|e| {
+            panic!("no strace summary ({e}): could strace attach to rdsd-poll-0 (ptrace allowed)?")
+        });
+        let _ = std::fs::remove_file(&self.out);
+        let counts = strace_counts(&text);
+        (text, counts)
+    }
+}
+
+/// The pid tracing thread `tid` of process `pid` (0: none), from its `status`.
+fn tracer_of(pid: u32, tid: u32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// `strace -c` output: syscall name → calls.
+fn strace_counts(text: &str) -> std::collections::HashMap<String, u64> {
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // % time, seconds, usecs/call, calls, [errors,] syscall
+            let name = *f.last()?;
+            let calls: u64 = f.get(3)?.parse().ok()?;
+            (name != "total" && name != "syscall").then(|| (name.to_string(), calls))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,6 @@
 use rdsd_tests::netns::Lab;
 use rdsd_tests::*;
 use std::net::SocketAddrV4;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const ROUND_TRIPS: u64 = 1000;
@@ -33,41 +32,6 @@ fn counters(lab: &Lab) -> [[u64; 4]; 2] {
         ]
     };
     [read(0), read(1)]
-}
-
-/// The pid tracing thread `tid` of process `pid` (0: none), from its `status`.
-fn tracer_of(pid: u32, tid: u32) -> u32 {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("TracerPid:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// `strace -c` output: syscall name → calls.
-fn strace_counts(text: &str) -> std::collections::HashMap<String, u64> {
-    text.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            // % time, seconds, usecs/call, calls, [errors,] syscall
-            let name = *f.last()?;
-            let calls: u64 = f.get(3)?.parse().ok()?;
-            (name != "total" && name != "syscall").then(|| (name.to_string(), calls))
-        })
-        .collect()
-}
-
-fn strace_available() -> bool {
-    let ok = Command::new("strace")
-        .arg("-V")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok && std::env::var_os("CI").is_some() {
-        panic!("strace is missing: apt-get install strace (tests/run.sh installs it)");
-    }
-    ok
 }
 
 /// Per round trip and daemon: (passes, path reads, ack queries, path visits); plus the active poll
@@ -98,40 +62,14 @@ fn ping_pong(paths: &str) -> Cost {
     let h0 = &lab.hosts[0];
     let want: u64 = paths.parse().unwrap();
     assert_eq!(h0.d().stat("tcp_path_up"), want, "{want} paths up");
-    let strace = strace_available().then(|| {
-        let out =
-            std::env::temp_dir().join(format!("pass-cost-{}-{paths}.txt", std::process::id()));
-        let (pid, tid) = (h0.d().pid(), h0.d().poll_thread());
-        let child = Command::new("strace")
-            .args(["-c", "-o"])
-            .arg(&out)
-            .args(["-p", &tid.to_string()])
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("strace");
-        // Counting starts once strace has attached to the poll thread.
-        wait_until(
-            Duration::from_secs(10),
-            "strace to attach to rdsd-poll-0 (its TracerPid)",
-            || tracer_of(pid, tid),
-            |&tracer| tracer == child.id(),
-        );
-        (child, out)
-    });
+    let strace = PollThreadSyscalls::attach(h0.d());
     let before = counters(&lab);
     for seq in WARM_UP..WARM_UP + ROUND_TRIPS {
         pp.round_trip(seq);
     }
     let after = counters(&lab);
-    let syscalls = strace.map(|(child, out)| {
-        // SAFETY: kill(2) on our own child's pid; SIGINT makes strace print its summary.
-        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-        child.wait_with_output().expect("strace ends");
-        let text = std::fs::read_to_string(&out).unwrap_or_else(|e| {
-            panic!("no strace summary ({e}): could strace attach to rdsd-poll-0 (ptrace allowed)?")
-        });
-        let _ = std::fs::remove_file(&out);
-        let m = strace_counts(&text);
+    let syscalls = strace.map(|st| {
+        let (text, m) = st.finish();
         let per = |k: &str| m.get(k).copied().unwrap_or(0) as f64 / ROUND_TRIPS as f64;
         eprintln!("{paths} paths, active poll thread:\n{text}");
         (per("recvfrom"), per("ioctl"))

@@ -428,6 +428,12 @@ impl DpdkConfig {
                 }
                 None => {}
             }
+            // DPDK's af_xdp asks the kernel for preferred busy polling by default and then
+            // makes a `recvfrom` on every rx burst (about 40 per message); the poll thread
+            // already polls the rings, so none unless the vdev asks.
+            if devarg(&r.vdev, "busy_budget").is_none() {
+                r.vdev = format!("{},busy_budget=0", r.vdev.trim_end_matches(','));
+            }
         }
         if port_name.starts_with("net_memif") && r.queues > 1 {
             // DPDK 22.11's memif server accepts a client with fewer rings than its own queues
@@ -819,12 +825,13 @@ mod tests {
         );
         assert!(e.contains("qpairs") && e.contains("dpdk.queues"), "{e}");
         // af_xdp: an AF_XDP socket per queue, on the interface's queues from start_queue.
+        // No receive syscall per rx burst (preferred busy polling) unless the vdev asks.
         let c = cfg("net_af_xdp0,iface=v0", "queues = 2").unwrap();
-        assert_eq!(c.vdev, "net_af_xdp0,iface=v0,queue_count=2");
+        assert_eq!(c.vdev, "net_af_xdp0,iface=v0,queue_count=2,busy_budget=0");
         assert_eq!(c.af_xdp_iface().as_deref(), Some("v0"));
         assert_eq!(
-            cfg("net_af_xdp0,iface=v0", "").unwrap().vdev,
-            "net_af_xdp0,iface=v0"
+            cfg("net_af_xdp0,iface=v0,busy_budget=32", "").unwrap().vdev,
+            "net_af_xdp0,iface=v0,busy_budget=32"
         );
         let e = format!(
             "{:#}",
