@@ -195,3 +195,26 @@ fn af_packet_pair_answers_a_ping_within_2s_of_starting() {
         )
     });
 }
+
+/// af_xdp (an AF_XDP socket on each veth end, behind the driver's XDP program): each start
+/// finds the interface as the last, killed rdsd left it (its XDP program may still be
+/// attached). A fifth of the loops (at least 6: every order twice).
+#[test]
+fn af_xdp_pair_answers_a_ping_within_2s_of_starting() {
+    if !prerequisites() {
+        return;
+    }
+    let pair = VethPair::new();
+    loop_starts_n("af_xdp", &pair, (loops() / 5).max(6), |i| {
+        let cfg = config_file(&format!(
+            "[dpdk]\nvdev = \"net_af_xdp0,iface={}\"\naddr = \"{}/24\"\nqueues = 1\n",
+            VethPair::iface(i),
+            pair.addr(i)
+        ));
+        let cfg = cfg.to_str().unwrap().to_string();
+        Daemon::start_in(
+            Some(&pair.ns[i]),
+            &["-c", &cfg, "--local-addr", "127.0.0.0/8", "--paths", "8"],
+        )
+    });
+}
