@@ -25,7 +25,8 @@
 # STATS="name,name": print those counters of both rdsd after the run (e.g. rx_publishes), and
 # the kernel TCP segments of each namespace (tcp_InSegs, tcp_OutSegs).
 # RDSD_ARGS: extra arguments for both rdsd (e.g. "--path-choice source-port"). DPDK_EXTRA: lines
-# added to both rdsd's [dpdk] section (e.g. "ack_delay_us = 200").
+# added to both rdsd's [dpdk] section (e.g. "ack_delay_us = 200"). AF_XDP_ARGS: appended to the
+# af_xdp vdev (e.g. ",busy_budget=64": the driver's preferred busy polling, which rdsd turns off).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

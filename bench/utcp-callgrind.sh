@@ -4,7 +4,8 @@
 # the same invocation, as bench/shards-callgrind.sh does with one poll thread).
 #
 # userspace TCP: two rdsd in two network namespaces joined by a DPDK memif port pair
-# (TRANSPORT=memif, the default) or by af_packet ports on a veth pair (TRANSPORT=af_packet),
+# (TRANSPORT=memif, the default) or by af_packet ports on a veth pair (TRANSPORT=af_packet; or
+# af_xdp ports, TRANSPORT=af_xdp, MTU 1778),
 # PATHS mprds paths (default 1), both rdsd under callgrind (EAL runs under valgrind: --no-huge,
 # --no-pci); a sender app in the first namespace sends COUNT messages of LEN bytes one way to a
 # receiver app in the second. local: one rdsd, both apps on 127.0.0.1. Needs root, valgrind,
@@ -41,7 +42,7 @@
 # (e.g. "--path-choice source-port"); DPDK_EXTRA: lines added to their [dpdk] section (e.g.
 # "ack_delay_us = 200").
 #
-# usage: [PATHS=1|8] [TRANSPORT=memif|af_packet] [MODE=stream|pingpong] bench/utcp-callgrind.sh [COUNT] [LEN]
+# usage: [PATHS=1|8] [TRANSPORT=memif|af_packet|af_xdp] [MODE=stream|pingpong] bench/utcp-callgrind.sh [COUNT] [LEN]
 #        (release build: cargo build --release -p rdsd -p rdsctl --bins &&
 #         cargo build --release -p rdsd-tests --bin rds-testapp;
 #         or BIN= a folder with rdsd, rdsctl and rds-testapp)
@@ -127,17 +128,21 @@ measure() {
     ip netns add "$A"
     ip netns add "$B"
     for n in "$A" "$B"; do ip -n "$n" link set lo up; done
-    if [[ "$transport" = af_packet ]]; then
+    if [[ "$transport" = af_packet || "$transport" = af_xdp ]]; then
         ip link add dp0 netns "$A" type veth peer name dp0 netns "$B"
         # Jumbo frames (rdsd takes the interface's MTU for af_packet); VETH_MTU=1500 for standard.
-        for n in "$A" "$B"; do ip -n "$n" link set dp0 mtu "${VETH_MTU:-9000}" up; done
+        # af_xdp: 1778 at most (eal::AF_XDP_MAX_MTU).
+        mtu="${VETH_MTU:-9000}"
+        [[ "$transport" = af_packet ]] || mtu="${VETH_MTU:-1778}"
+        for n in "$A" "$B"; do ip -n "$n" link set dp0 mtu "$mtu" up; done
     fi
     for side in a b; do
         i=$([ $side = a ] && echo 1 || echo 2)
         case "$transport" in
             memif) vdev="net_memif0,role=$([ $side = a ] && echo server || echo client),id=0,socket=/tmp/$tag.memif,socket-abstract=no" ;;
             af_packet) vdev="net_af_packet0,iface=dp0" ;;
-            *) echo "utcp-callgrind.sh: TRANSPORT must be memif or af_packet" >&2; exit 1 ;;
+            af_xdp) vdev="net_af_xdp0,iface=dp0" ;;
+            *) echo "utcp-callgrind.sh: TRANSPORT must be memif, af_packet or af_xdp" >&2; exit 1 ;;
         esac
         printf '[dpdk]\nvdev = "%s"\naddr = "10.79.0.%s/24"\nfile_prefix = "%s"\n' \
             "$vdev" "$i" "$tag$side" >"$out/$side.toml"

@@ -1173,30 +1173,27 @@ impl SocketTable {
     /// The first half of [`Upcalls::publish_deliveries`]: every ring of the burst so far
     /// becomes readable (plain stores, no syscall); its receivers wait in `rx_unwoken`.
     fn publish_rx_burst_unwoken(&mut self) {
-        let mut burst = std::mem::take(&mut self.rx_burst);
-        for &(to, len) in &burst {
+        for i in 0..self.rx_burst.len() {
+            let (to, len) = self.rx_burst[i];
             if !self.publish_rx_quiet(to, len) {
                 continue;
             }
             if self.rx_unwoken.len() == self.rx_unwoken.capacity() {
                 // More receivers in one read than a burst has targets: wake this one now
                 // rather than grow (its record may then trail the wake-up).
-                self.after_publish_rx(to);
+                self.wake_rx(to);
             } else if !self.rx_unwoken.contains(&to) {
                 self.rx_unwoken.push(to);
             }
         }
-        burst.clear();
-        self.rx_burst = burst;
+        self.rx_burst.clear();
     }
 
     fn wake_unwoken(&mut self) {
-        let mut unwoken = std::mem::take(&mut self.rx_unwoken);
-        for &to in &unwoken {
-            self.after_publish_rx(to);
+        for i in 0..self.rx_unwoken.len() {
+            self.wake_rx(self.rx_unwoken[i]);
         }
-        unwoken.clear();
-        self.rx_unwoken = unwoken;
+        self.rx_unwoken.clear();
     }
 
     /// The first half of [`Self::deliver_to`]: the record is in `to`'s rx ring but not
@@ -1236,13 +1233,14 @@ impl SocketTable {
     #[inline]
     pub(super) fn publish_rx(&mut self, to: SockRef, len: usize) {
         if self.publish_rx_quiet(to, len) {
-            self.after_publish_rx(to);
+            self.wake_rx(to);
         }
     }
 
-    /// Makes what was pushed into `to`'s rx ring readable: stores only, never a syscall, so
-    /// that a transport can record the deliveries right after (a SIGKILL cannot land between
-    /// the two unless it interrupts these few instructions). False if `to` is gone.
+    /// Makes what was pushed into `to`'s rx ring readable and marks its port congested above
+    /// SO_RCVBUF: loads and stores only, never a syscall, so that a transport can record the
+    /// deliveries right after (a SIGKILL cannot land between the two unless it interrupts
+    /// these few instructions). False if `to` is gone.
     #[inline]
     fn publish_rx_quiet(&mut self, to: SockRef, len: usize) -> bool {
         let Some(app) = self.apps.get_mut(to.app).and_then(|a| a.as_mut()) else {
@@ -1254,32 +1252,25 @@ impl SocketTable {
         sock.rx.publish();
         Stats::bump(&self.stats.rx_publishes);
         sock.rx_produced += len as u64;
-        app.region
-            .slot_control(to.slot)
-            .rx_produced_bytes
-            .store(sock.rx_produced, Ordering::Release);
-        true
-    }
-
-    /// After a publish into `to`'s ring: wakes its blocked receivers (a futex syscall) and
-    /// marks its port congested above SO_RCVBUF.
-    #[inline]
-    fn after_publish_rx(&mut self, to: SockRef) {
-        let Some(app) = self.apps.get_mut(to.app).and_then(|a| a.as_mut()) else {
-            return;
-        };
-        let Some(sock) = app.socks[to.slot as usize].as_mut() else {
-            return;
-        };
         let ctl = app.region.slot_control(to.slot);
-        if wake_slot(ctl, RECV_WAITERS) {
-            Stats::bump(&self.stats.app_wakeups);
-        }
-        // Above SO_RCVBUF: mark the port congested.
+        ctl.rx_produced_bytes
+            .store(sock.rx_produced, Ordering::Release);
         let consumed = ctl.rx_consumed_bytes.load(Ordering::Acquire);
         let over = sock.rx_produced.saturating_sub(consumed) > u64::from(sock.rcvbuf);
         if over && !sock.congested {
             self.mark_congested(to);
+        }
+        true
+    }
+
+    /// After a publish into `to`'s ring: wakes its blocked receivers (a futex syscall).
+    #[inline]
+    fn wake_rx(&mut self, to: SockRef) {
+        let Some(app) = self.apps.get(to.app).and_then(|a| a.as_ref()) else {
+            return;
+        };
+        if wake_slot(app.region.slot_control(to.slot), RECV_WAITERS) {
+            Stats::bump(&self.stats.app_wakeups);
         }
     }
 
