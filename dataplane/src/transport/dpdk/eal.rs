@@ -171,8 +171,14 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
     let mut id = 0u16;
     // SAFETY: EAL is running; valid name and out-pointer.
     if unsafe { sys::rte_eth_dev_get_port_by_name(name.as_ptr(), &mut id) } != 0 {
+        let hint = if cfg.af_xdp_iface().is_some() {
+            " (af_xdp: dpdk.queues at most the interface's queues, `ethtool -l`; the interface up)"
+        } else {
+            ""
+        };
         bail!(
-            "DPDK port {} not found: did dpdk.vdev {:?} name a driver this DPDK has (librte-net-*)?",
+            "DPDK port {} not found: its driver refused dpdk.vdev {:?} (DPDK's messages above \
+             say why){hint}, or this DPDK has no such driver (librte-net-*)",
             cfg.port_name,
             cfg.vdev
         );
