@@ -419,6 +419,26 @@ fn interop(dpdk_host: usize, mtu: Option<u16>) {
     }
 }
 
+/// rdsd on an af_xdp port against rdsd on kernel TCP, both connect orders: the kernel's
+/// segments reach the XDP program's socket (the veth's TX checksum offload off: XDP sees
+/// no completed checksum), and the AF_XDP socket's reach the kernel's TCP.
+#[test]
+fn af_xdp_and_kernel_tcp_rdsd_both_connect_orders() {
+    require!(eal_works(), DPDK_INSTALL);
+    for xdp_host in [0, 1] {
+        let pair = VethPair::new();
+        let k = 1 - xdp_host;
+        pair.no_tx_offload(k);
+        let dx = af_xdp_daemon(&pair, xdp_host, 4, "");
+        let dk = kernel_daemon(&pair, k, 4);
+        let took = exchange(&dx, pair.addr(xdp_host), &dk, pair.addr(k), 7500);
+        eprintln!("interop, af_xdp on host {xdp_host}: {took:?}");
+        let total: u64 = PLAN.iter().map(|p| p.1).sum();
+        assert_eq!(dx.stat("dpdk_delivered"), total);
+        assert_eq!(dk.stat("tcp_delivered"), total);
+    }
+}
+
 #[test]
 fn dpdk_connects_to_kernel_tcp_rdsd() {
     interop(0, None);
