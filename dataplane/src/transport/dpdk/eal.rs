@@ -172,7 +172,7 @@ pub fn open_port(cfg: &DpdkConfig) -> Result<Port> {
     // SAFETY: EAL is running; valid name and out-pointer.
     if unsafe { sys::rte_eth_dev_get_port_by_name(name.as_ptr(), &mut id) } != 0 {
         let hint = if cfg.af_xdp_iface().is_some() {
-            " (af_xdp: dpdk.queues at most the interface's queues, `ethtool -l`; the interface up)"
+            " (af_xdp: dpdk.queues at most the interface's combined channels, `ethtool -l`)"
         } else {
             ""
         };

@@ -28,7 +28,9 @@
 //!     program): the kernel interface's MTU, never changed, capped at `AF_XDP_MAX_MTU` (1778:
 //!     DPDK 22.11's af_xdp frames are 2048 bytes with XDP's 256-byte headroom in front, and
 //!     larger frames vanish although the driver reports a `max_mtu` of 3542); `queue_count=`
-//!     added for `queues` > 1 (the interface needs that many queues). Its XDP program takes
+//!     added for `queues` > 1 (the interface needs that many combined channels, `ethtool -l`;
+//!     veth reports none, so on a veth DPDK 22.11's af_xdp takes one queue only, and several
+//!     queues are untested here). Its XDP program takes
 //!     every frame of the queue, so the kernel sees none of the port's traffic. Without a
 //!     mounted bpffs, libxdp says so on stderr and loads the program without its dispatcher.
 //!     Tests: `tests/tests/dpdk.rs::af_xdp_*` (both ways up to 1 MiB, against kernel TCP in
