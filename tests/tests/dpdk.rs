@@ -460,9 +460,22 @@ fn kernel_tcp_rdsd_and_dpdk_in_jumbo_frames() {
 /// no duplicate, no reordering, at most one gap (ARCHITECTURE.md, "Restart policy": a killed
 /// receiver loses what was in its rings, a killed sender what it had not yet had acknowledged).
 fn restart_mid_stream(victim: usize) {
+    restart_mid_stream_on(victim, false)
+}
+
+/// The same on af_xdp ports when `af_xdp`: the restarted rdsd finds its predecessor's XDP
+/// program on the interface.
+fn restart_mid_stream_on(victim: usize, af_xdp: bool) {
     require!(eal_works(), DPDK_INSTALL);
     let pair = VethPair::new();
-    let mut d = [dpdk_daemon(&pair, 0, 8), dpdk_daemon(&pair, 1, 8)];
+    let start = |i| {
+        if af_xdp {
+            af_xdp_daemon(&pair, i, 8, "")
+        } else {
+            dpdk_daemon(&pair, i, 8)
+        }
+    };
+    let mut d = [start(0), start(1)];
     let a0 = SocketAddrV4::new(pair.addr(0), 9201).to_string();
     let a1 = SocketAddrV4::new(pair.addr(1), 9200).to_string();
     let mut r = d[1].app(&["recv-resilient", &a1, "2999"]);
@@ -505,6 +518,11 @@ fn dpdk_receiver_rdsd_sigkilled_and_restarted() {
 #[test]
 fn dpdk_sender_rdsd_sigkilled_and_restarted() {
     restart_mid_stream(0);
+}
+
+#[test]
+fn af_xdp_receiver_rdsd_sigkilled_and_restarted() {
+    restart_mid_stream_on(1, true);
 }
 
 /// Runs rdsd in `ns` with `cfg`, expecting it to exit with an error; returns its stderr.

@@ -34,7 +34,8 @@
 //!     every frame of the queue, so the kernel sees none of the port's traffic. Without a
 //!     mounted bpffs, libxdp says so on stderr and loads the program without its dispatcher.
 //!     Tests: `tests/tests/dpdk.rs::af_xdp_*` (both ways up to 1 MiB, against kernel TCP in
-//!     both connect orders, no receive syscall), `dpdk_startup.rs::af_xdp_*`.
+//!     both connect orders, no receive syscall, the receiver SIGKILLed mid-stream),
+//!     `dpdk_startup.rs::af_xdp_*`.
 //!
 //!   A 64 KiB message then crosses in 8 frames instead of 45 (`tests/tests/dpdk_pass_cost.rs`:
 //!   `a_64k_message_crosses_memif_in_jumbo_frames`,
