@@ -1175,14 +1175,10 @@ impl SocketTable {
     fn publish_rx_burst_unwoken(&mut self) {
         for i in 0..self.rx_burst.len() {
             let (to, len) = self.rx_burst[i];
-            if !self.publish_rx_quiet(to, len) {
-                continue;
-            }
-            if self.rx_unwoken.len() == self.rx_unwoken.capacity() {
-                // More receivers in one read than a burst has targets: wake this one now
-                // rather than grow (its record may then trail the wake-up).
-                self.wake_rx(to);
-            } else if !self.rx_unwoken.contains(&to) {
+            if self.publish_rx_quiet(to, len) {
+                // No duplicate check: the burst merged this receiver's entries, and one that
+                // recurs in a later burst of the same read costs a second wake check. A read
+                // reaching more receivers than the capacity grows the vector once (kept).
                 self.rx_unwoken.push(to);
             }
         }
