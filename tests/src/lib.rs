@@ -802,7 +802,7 @@ fn tracer_of(pid: u32, tid: u32) -> u32 {
 }
 
 /// `strace -c` output: syscall name → calls.
-fn strace_counts(text: &str) -> std::collections::HashMap<String, u64> {
+pub fn strace_counts(text: &str) -> std::collections::HashMap<String, u64> {
     text.lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();

@@ -183,16 +183,7 @@ fn af_packet_pair_answers_a_ping_within_2s_of_starting() {
     }
     let pair = VethPair::new();
     loop_starts("af_packet", &pair, |i| {
-        let cfg = config_file(&format!(
-            "[dpdk]\nvdev = \"net_af_packet0,iface={}\"\naddr = \"{}/24\"\n",
-            VethPair::iface(i),
-            pair.addr(i)
-        ));
-        let cfg = cfg.to_str().unwrap().to_string();
-        Daemon::start_in(
-            Some(&pair.ns[i]),
-            &["-c", &cfg, "--local-addr", "127.0.0.0/8", "--paths", "8"],
-        )
+        port_daemon(&pair, i, "net_af_packet0", "")
     });
 }
 
@@ -206,15 +197,21 @@ fn af_xdp_pair_answers_a_ping_within_2s_of_starting() {
     }
     let pair = VethPair::new();
     loop_starts_n("af_xdp", &pair, (loops() / 5).max(6), |i| {
-        let cfg = config_file(&format!(
-            "[dpdk]\nvdev = \"net_af_xdp0,iface={}\"\naddr = \"{}/24\"\nqueues = 1\n",
-            VethPair::iface(i),
-            pair.addr(i)
-        ));
-        let cfg = cfg.to_str().unwrap().to_string();
-        Daemon::start_in(
-            Some(&pair.ns[i]),
-            &["-c", &cfg, "--local-addr", "127.0.0.0/8", "--paths", "8"],
-        )
+        port_daemon(&pair, i, "net_af_xdp0", "queues = 1\n")
     });
+}
+
+/// rdsd on host `i` of `pair` on a DPDK port of driver `port` (`net_af_packet0`, ...) on the
+/// veth end, 8 paths, `extra` lines in its `[dpdk]` section.
+fn port_daemon(pair: &VethPair, i: usize, port: &str, extra: &str) -> Daemon {
+    let cfg = config_file(&format!(
+        "[dpdk]\nvdev = \"{port},iface={}\"\naddr = \"{}/24\"\n{extra}",
+        VethPair::iface(i),
+        pair.addr(i)
+    ));
+    let cfg = cfg.to_str().unwrap().to_string();
+    Daemon::start_in(
+        Some(&pair.ns[i]),
+        &["-c", &cfg, "--local-addr", "127.0.0.0/8", "--paths", "8"],
+    )
 }

@@ -25,7 +25,7 @@
 //! skip elsewhere (`rdsd_tests::skip_or_fail`). The guests run the fault-injection build of
 //! rdsd (`rdsd_tests::rdsd_fault_bin`; its hooks are inert unless `qperr` sets one).
 
-use rdsd_tests::vmlab;
+use rdsd_tests::{strace_counts, vmlab};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -737,23 +737,15 @@ fn bench(out: &str, transport: &str, run: &str) -> (f64, Option<f64>) {
     (rate, r["latency_us"]["p50"].as_f64())
 }
 
-/// One path, one socket; `ibv_rc_pingpong` first as a check of rxe itself.
 /// The poll thread's system calls during a benchmark run (`LAB syscalls TRANSPORT` lines,
 /// `strace -c` on the sender's `rdsd-poll-0`): name → calls.
 fn syscalls(out: &str, transport: &str) -> std::collections::HashMap<String, u64> {
     let tag = format!("LAB syscalls {transport} ");
-    out.lines()
-        .filter_map(|l| l.strip_prefix(&tag))
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            // % time, seconds, usecs/call, calls, [errors,] syscall
-            let name = *f.last()?;
-            let calls: u64 = f.get(3)?.parse().ok()?;
-            (name != "total" && name != "syscall").then(|| (name.to_string(), calls))
-        })
-        .collect()
+    let summary: Vec<&str> = out.lines().filter_map(|l| l.strip_prefix(&tag)).collect();
+    strace_counts(&summary.join("\n"))
 }
 
+/// One path, one socket; `ibv_rc_pingpong` first as a check of rxe itself.
 #[test]
 fn rdma_exactly_once_two_guests_one_path() {
     if let Some(Run { a, b, .. }) = check(1, 1, "lab.pingpong=1 lab.mode=lat") {
