@@ -396,6 +396,11 @@ fn af_xdp_poll_thread_makes_no_receive_syscall() {
 /// rdsd on DPDK against rdsd on kernel TCP; `dpdk_host` picks which host (0 has the smaller
 /// address and connects) runs DPDK.
 fn interop(dpdk_host: usize, mtu: Option<u16>) {
+    interop_on(dpdk_host, mtu, |pair, i| dpdk_daemon(pair, i, 4));
+}
+
+/// The same with the DPDK side started by `start` (4 paths; an af_packet or af_xdp port).
+fn interop_on(dpdk_host: usize, mtu: Option<u16>, start: impl Fn(&VethPair, usize) -> Daemon) {
     require!(eal_works(), DPDK_INSTALL);
     let pair = VethPair::new();
     if let Some(m) = mtu {
@@ -403,7 +408,7 @@ fn interop(dpdk_host: usize, mtu: Option<u16>) {
     }
     let k = 1 - dpdk_host;
     pair.no_tx_offload(k);
-    let dd = dpdk_daemon(&pair, dpdk_host, 4);
+    let dd = start(&pair, dpdk_host);
     let dk = kernel_daemon(&pair, k, 4);
     let took = exchange(&dd, pair.addr(dpdk_host), &dk, pair.addr(k), 7100);
     eprintln!("interop, DPDK on host {dpdk_host}: {took:?}");
@@ -424,18 +429,8 @@ fn interop(dpdk_host: usize, mtu: Option<u16>) {
 /// no completed checksum), and the AF_XDP socket's reach the kernel's TCP.
 #[test]
 fn af_xdp_and_kernel_tcp_rdsd_both_connect_orders() {
-    require!(eal_works(), DPDK_INSTALL);
     for xdp_host in [0, 1] {
-        let pair = VethPair::new();
-        let k = 1 - xdp_host;
-        pair.no_tx_offload(k);
-        let dx = af_xdp_daemon(&pair, xdp_host, 4, "");
-        let dk = kernel_daemon(&pair, k, 4);
-        let took = exchange(&dx, pair.addr(xdp_host), &dk, pair.addr(k), 7500);
-        eprintln!("interop, af_xdp on host {xdp_host}: {took:?}");
-        let total: u64 = PLAN.iter().map(|p| p.1).sum();
-        assert_eq!(dx.stat("dpdk_delivered"), total);
-        assert_eq!(dk.stat("tcp_delivered"), total);
+        interop_on(xdp_host, None, |pair, i| af_xdp_daemon(pair, i, 4, ""));
     }
 }
 
