@@ -104,6 +104,7 @@ struct RawConfig {
     rx_ring_bytes: u32,
     tcp_port: u16,
     tcp_routes: Vec<String>,
+    tcp_zero_copy_min: u32,
     paths: u8,
     path_choice: PathChoice,
     state_file: String,
@@ -155,6 +156,10 @@ pub struct Config {
     pub tcp_port: u16,
     /// Destinations reached over kernel TCP.
     pub tcp_routes: Vec<Prefix>,
+    /// Kernel and userspace TCP: messages of at least this many bytes are sent from the app's
+    /// tx ring in place (no copy), their ring space held until TCP acknowledged them; `None`:
+    /// every message is copied.
+    pub tcp_zero_copy_min: Option<usize>,
     /// Paths offered per peer (mprds), 1..=8.
     pub paths: u8,
     /// Which path a message takes.
@@ -269,6 +274,10 @@ pub struct Overrides {
     /// RDS/TCP port (listener and peers).
     #[arg(long)]
     pub tcp_port: Option<u16>,
+    /// Smallest message sent in place from the app's tx ring over TCP, kernel or userspace
+    /// (bytes; 0 = copy every message).
+    #[arg(long)]
+    pub tcp_zero_copy_min: Option<u32>,
     /// Paths offered per peer, 1..=8.
     #[arg(long)]
     pub paths: Option<u8>,
@@ -405,6 +414,9 @@ impl Config {
                 .iter()
                 .map(|s| s.parse())
                 .collect::<Result<Vec<Prefix>>>()?,
+            tcp_zero_copy_min: Some(over.tcp_zero_copy_min.unwrap_or(raw.tcp_zero_copy_min))
+                .filter(|&n| n > 0)
+                .map(|n| n as usize),
             paths: over.paths.unwrap_or(raw.paths),
             path_choice: over.path_choice.unwrap_or(raw.path_choice),
             state_file: PathBuf::new(),

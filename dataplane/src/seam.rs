@@ -215,6 +215,10 @@ pub trait Transport: Send {
     fn zero_copy(&self) -> bool {
         false
     }
+    /// With [`Transport::zero_copy`]: the smallest payload the poll core offers in place.
+    fn zero_copy_min(&self) -> usize {
+        0
+    }
     /// An app region was mapped (at attach): a zero-copy transport registers it once, here.
     ///
     /// `base..base + len` stays mapped until [`Transport::region_detached`] with the same id,

@@ -139,6 +139,27 @@ const PLAN: &[(usize, u64)] = &[
     (1 << 20, 6),
 ];
 
+/// Messages of the plan that leave the sender's tx ring in place (`tcp_zero_copy_min`, 16 KiB)
+/// instead of being copied first.
+fn plan_in_place() -> u64 {
+    PLAN.iter().filter(|p| p.0 >= 16 * 1024).map(|p| p.1).sum()
+}
+
+/// Checks that each daemon, which sent the plan once, sent its large messages in place: all of
+/// them with one poll thread; with several, a send from an app on another thread than the
+/// connection's owner crosses to it by copy.
+fn assert_plan_went_in_place(d: &Daemon) {
+    let (in_place, big) = (d.stat("tx_in_place"), plan_in_place());
+    if poll_threads() == 1 {
+        assert_eq!(
+            in_place, big,
+            "the plan's messages of 16 KiB or more, in place"
+        );
+    } else {
+        assert!(in_place <= big, "{in_place} in place, {big} large");
+    }
+}
+
 /// Receives the plan's messages on `at` (bound before `ready` fires) and checks each one's
 /// length and every byte, in order.
 fn receiver(sock: PathBuf, at: SocketAddrV4, from: SocketAddrV4, ready: mpsc::Sender<()>) -> u64 {
@@ -249,6 +270,7 @@ fn dpdk_pair_exchange(paths: u8, mtu: Option<u16>) {
         assert!(d.stat("dpdk_tx_bursts") > 0 && d.stat("dpdk_rx_bursts") > 0);
         assert_eq!(d.stat("dpdk_mbuf_alloc_failures"), 0);
         assert_eq!(d.stat("tcp_delivered"), 0, "nothing went over kernel TCP");
+        assert_plan_went_in_place(d);
         let st = d.stats();
         let tcp: Vec<String> = st
             .lines()
@@ -606,6 +628,7 @@ fn memif_between_two_rdsd_both_ways_up_to_1mib() {
     for d in [&d0, &d1] {
         assert_eq!(d.stat("dpdk_delivered"), total);
         assert_eq!(d.stat("dpdk_mbuf_alloc_failures"), 0);
+        assert_plan_went_in_place(d);
     }
     drop((d0, d1));
     let _ = std::fs::remove_file(&sock);

@@ -775,7 +775,7 @@ impl PollCore {
         // `from`'s app stays in the table for this whole call (the transport reaches the
         // table only through `Upcalls`, which never removes an app).
         let sent = unsafe { self.table.tx_record(from, rec) };
-        let hold = if t.zero_copy() {
+        let hold = if t.zero_copy() && sent.payload.len() >= t.zero_copy_min() {
             self.table.offer_hold(from, sent.pos)
         } else {
             None

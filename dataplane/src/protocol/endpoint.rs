@@ -1082,6 +1082,10 @@ impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
         self.link.zero_copy()
     }
 
+    fn zero_copy_min(&self) -> usize {
+        self.link.zero_copy_min()
+    }
+
     fn region_attached(&mut self, id: u64, base: *const u8, len: usize) {
         self.link.region_attached(id, base, len);
     }

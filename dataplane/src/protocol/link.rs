@@ -92,6 +92,11 @@ pub trait Link: Send {
     fn zero_copy(&self) -> bool {
         false
     }
+    /// The smallest payload worth sending in place (below it a copy costs less than pinning
+    /// the ring space until the peer acknowledges it); only with [`Link::zero_copy`].
+    fn zero_copy_min(&self) -> usize {
+        0
+    }
     /// Zero copy: a handle to the payload where it lies, in app region `region`, whose bytes
     /// stay put until the engine releases the message. `None`: the link copies instead.
     fn payload_in_place(&mut self, _bytes: MsgBytes<'_>, _region: u64) -> Option<Self::Payload> {

@@ -7,7 +7,7 @@
 //! * [`Clock`]: where the endpoint and its link read the time ([`MonotonicClock`] in the
 //!   daemon, [`VirtualClock`] in tests).
 //! * [`RxStateFile`]: the persisted receive sequence numbers.
-//! * [`PoolBuf`]: pooled payload copies for links that copy.
+//! * [`Payload`]: a queued payload, a pooled copy ([`PoolBuf`]) or the app's bytes in place.
 //!
 //! A new network transport is a `Link` in its own folder under `transport/` plus one line in
 //! `transport::register`.
@@ -21,4 +21,4 @@ pub use crate::clock::{Clock, MonotonicClock, PassTime, VirtualClock};
 pub use endpoint::{Endpoint, EndpointConfig, StatsGroup};
 pub use link::{Accepted, ConnectPoll, Framing, Link, Read, Write};
 pub use persist::RxStateFile;
-pub use pool::PoolBuf;
+pub use pool::{InPlaceBytes, Payload, PoolBuf, TCP_ZERO_COPY_MIN};

@@ -216,6 +216,7 @@ fn transport(
     ucfg.rto_initial = ucfg.rto_initial.max(d.rto_min);
     ucfg.ack_delay = d.ack_delay;
     ucfg.congestion_control = d.congestion_control;
+    ucfg.zero_copy_min = cfg.tcp_zero_copy_min;
     // One listener per concurrent inbound handshake: all paths of a few peers at once.
     ucfg.listeners = usize::from(cfg.paths) * 2;
     let link = UtcpLink::new(dev, ucfg);
@@ -254,6 +255,22 @@ impl Transport for DpdkTransport {
 
     fn send(&mut self, up: &mut dyn Upcalls, msg: OutMsg<'_>) -> SendOutcome {
         self.ep.send(up, msg)
+    }
+
+    fn zero_copy(&self) -> bool {
+        self.ep.zero_copy()
+    }
+
+    fn zero_copy_min(&self) -> usize {
+        self.ep.zero_copy_min()
+    }
+
+    fn region_attached(&mut self, id: u64, base: *const u8, len: usize) {
+        self.ep.region_attached(id, base, len);
+    }
+
+    fn region_detached(&mut self, id: u64) {
+        self.ep.region_detached(id);
     }
 
     fn poll(&mut self, up: &mut dyn Upcalls) -> usize {

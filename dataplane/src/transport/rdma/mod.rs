@@ -55,8 +55,8 @@ pub use config::{RawRdma, RdmaConfig};
 
 use crate::config::Config;
 use crate::protocol::{
-    Accepted, ConnectPoll, Endpoint, EndpointConfig, Framing, Link, PoolBuf, Read, RxStateFile,
-    Write,
+    Accepted, ConnectPoll, Endpoint, EndpointConfig, Framing, InPlaceBytes, Link, Payload, PoolBuf,
+    Read, RxStateFile, Write,
 };
 use crate::seam::MsgBytes;
 use crate::stats::Stats;
@@ -590,26 +590,25 @@ impl RdmaLink {
 
 impl Link for RdmaLink {
     type Path = RdmaPath;
-    type Payload = RdmaPayload;
+    type Payload = Payload;
     const SPORT_IDX: bool = true;
     const FRAMING: Framing = Framing::Message;
 
-    fn payload(&mut self, bytes: MsgBytes<'_>) -> RdmaPayload {
-        RdmaPayload::Copy(PoolBuf::copy_of(bytes))
+    fn payload(&mut self, bytes: MsgBytes<'_>) -> Payload {
+        Payload::Copy(PoolBuf::copy_of(bytes))
     }
 
     fn zero_copy(&self) -> bool {
         self.zero_copy
     }
 
-    fn payload_in_place(&mut self, bytes: MsgBytes<'_>, region: u64) -> Option<RdmaPayload> {
+    fn payload_in_place(&mut self, bytes: MsgBytes<'_>, region: u64) -> Option<Payload> {
         // Only from a region every device has registered (else `write` would have to copy).
         let r = self.regions.iter().find(|r| r.id == region)?;
         (r.mrs.len() == self.devices.len() && r.contains(bytes.as_ptr(), bytes.len())).then(|| {
-            RdmaPayload::InPlace(InPlaceBytes {
-                ptr: bytes.as_ptr(),
-                len: bytes.len(),
-            })
+            // SAFETY: offered in place (`OutMsg::in_place`): the poll core keeps the region
+            // mapped and the ring space unused until the message is released.
+            Payload::InPlace(unsafe { InPlaceBytes::new(bytes) })
         })
     }
 
@@ -934,45 +933,6 @@ impl Region {
             .iter()
             .find(|(c, _)| *c == ctx)
             .map(|(_, m)| m.lkey())
-    }
-}
-
-/// Bytes of an app's tx ring, sent in place.
-pub struct InPlaceBytes {
-    ptr: *const u8,
-    len: usize,
-}
-
-// SAFETY: an address range in a shared mapping that the poll core keeps mapped while the message
-// is queued; moving the handle between threads changes nothing about that.
-unsafe impl Send for InPlaceBytes {}
-
-impl std::fmt::Debug for InPlaceBytes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "InPlaceBytes({:p}, {})", self.ptr, self.len)
-    }
-}
-
-/// A queued payload: a pooled copy, or the app's bytes in place (zero copy).
-#[derive(Debug)]
-pub enum RdmaPayload {
-    Copy(PoolBuf),
-    InPlace(InPlaceBytes),
-}
-
-impl AsRef<[u8]> for RdmaPayload {
-    fn as_ref(&self) -> &[u8] {
-        match self {
-            RdmaPayload::Copy(b) => b.as_ref(),
-            RdmaPayload::InPlace(b) if b.len == 0 => &[],
-            // SAFETY: the range lies in an app region the poll core keeps mapped, with its ring
-            // space not reused, until this message is released (after the peer acknowledged
-            // it and its send completed). The slice only carries the address and length to
-            // `write`, which hands them to the device (or copies with a raw copy): no Rust
-            // code reads these bytes through it, so an app scribbling on them (its own
-            // message) races with the device alone.
-            RdmaPayload::InPlace(b) => unsafe { std::slice::from_raw_parts(b.ptr, b.len) },
-        }
     }
 }
 

@@ -12,8 +12,8 @@
 
 use crate::config::Config;
 use crate::protocol::{
-    Accepted, ConnectPoll, Endpoint, EndpointConfig, Framing, Link, PoolBuf, Read, RxStateFile,
-    Write,
+    Accepted, ConnectPoll, Endpoint, EndpointConfig, Framing, InPlaceBytes, Link, Payload, PoolBuf,
+    Read, RxStateFile, Write,
 };
 use crate::seam::MsgBytes;
 use crate::stats::Stats;
@@ -67,7 +67,8 @@ pub fn build(cfg: &Config, stats: &[Arc<Stats>]) -> std::io::Result<Vec<Endpoint
     Ok(links
         .into_iter()
         .zip(stats)
-        .map(|(link, stats)| {
+        .map(|(mut link, stats)| {
+            link.zero_copy_min = cfg.tcp_zero_copy_min;
             let ep = EndpointConfig {
                 name: "tcp",
                 routes: cfg.tcp_routes.clone(),
@@ -107,6 +108,8 @@ pub struct TcpLink {
     events: Vec<libc::epoll_event>,
     /// Source ports of our connects, `port % 8 == path` (SPORT_IDX).
     ports: SourcePorts,
+    /// Payloads of at least this many bytes are written from the app's ring (`tcp_zero_copy_min`).
+    zero_copy_min: Option<usize>,
 }
 
 /// Source ports for our connects, chosen as recent kernels choose them (spec §6.2) so that
@@ -322,6 +325,7 @@ impl TcpLink {
                         std::process::id().wrapping_mul(2_654_435_761)
                             ^ (shard as u32).wrapping_mul(97),
                     ),
+                    zero_copy_min: Some(crate::protocol::TCP_ZERO_COPY_MIN),
                 })
             })
             .collect()
@@ -362,12 +366,29 @@ impl TcpLink {
 
 impl Link for TcpLink {
     type Path = TcpPath;
-    type Payload = PoolBuf;
+    type Payload = Payload;
     const FRAMING: Framing = Framing::Stream;
     const SPORT_IDX: bool = true;
 
-    fn payload(&mut self, bytes: MsgBytes<'_>) -> PoolBuf {
-        PoolBuf::copy_of(bytes)
+    fn payload(&mut self, bytes: MsgBytes<'_>) -> Payload {
+        Payload::Copy(PoolBuf::copy_of(bytes))
+    }
+
+    fn zero_copy(&self) -> bool {
+        self.zero_copy_min.is_some()
+    }
+
+    fn zero_copy_min(&self) -> usize {
+        self.zero_copy_min.unwrap_or(usize::MAX)
+    }
+
+    fn payload_in_place(&mut self, bytes: MsgBytes<'_>, _region: u64) -> Option<Payload> {
+        // Any region: `write` hands the bytes to the kernel (`sendmsg`), which copies them.
+        let min = self.zero_copy_min?;
+        // SAFETY: offered in place (`OutMsg::in_place`): the poll core keeps the region
+        // mapped and the ring space unused until the message is released, which the engine
+        // does only once every byte of its frame was written (even when it is cancelled).
+        (bytes.len() >= min).then(|| Payload::InPlace(unsafe { InPlaceBytes::new(bytes) }))
     }
 
     fn accept(&mut self) -> Option<Accepted<TcpPath>> {

@@ -150,7 +150,8 @@
 pub mod memwire;
 
 use crate::protocol::{
-    Accepted, Clock, ConnectPoll, Framing, Link, MonotonicClock, PoolBuf, Read, Write,
+    Accepted, Clock, ConnectPoll, Framing, InPlaceBytes, Link, MonotonicClock, Payload, PoolBuf,
+    Read, Write,
 };
 use crate::seam::MsgBytes;
 use smoltcp::iface::{
@@ -222,6 +223,9 @@ pub struct UtcpConfig {
     /// Congestion control (smoltcp's CUBIC) on the paths; off, the peer's receive window
     /// alone limits what is in flight.
     pub congestion_control: bool,
+    /// Payloads of at least this many bytes are written from the app's ring, not copied
+    /// first (`tcp_zero_copy_min`); `None`: every payload is copied.
+    pub zero_copy_min: Option<usize>,
 }
 
 impl UtcpConfig {
@@ -248,6 +252,7 @@ impl UtcpConfig {
             rto_max: Duration::from_secs(1),
             timestamps: true,
             congestion_control: true,
+            zero_copy_min: Some(crate::protocol::TCP_ZERO_COPY_MIN),
         }
     }
 }
@@ -734,12 +739,29 @@ fn v4(a: IpAddress) -> u32 {
 
 impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
     type Path = UtcpPath;
-    type Payload = PoolBuf;
+    type Payload = Payload;
     const FRAMING: Framing = Framing::Stream;
     const SPORT_IDX: bool = true;
 
-    fn payload(&mut self, bytes: MsgBytes<'_>) -> PoolBuf {
-        PoolBuf::copy_of(bytes)
+    fn payload(&mut self, bytes: MsgBytes<'_>) -> Payload {
+        Payload::Copy(PoolBuf::copy_of(bytes))
+    }
+
+    fn zero_copy(&self) -> bool {
+        self.cfg.zero_copy_min.is_some()
+    }
+
+    fn zero_copy_min(&self) -> usize {
+        self.cfg.zero_copy_min.unwrap_or(usize::MAX)
+    }
+
+    fn payload_in_place(&mut self, bytes: MsgBytes<'_>, _region: u64) -> Option<Payload> {
+        // Any region: `write` copies the bytes into smoltcp's send buffer with a raw copy.
+        let min = self.cfg.zero_copy_min?;
+        // SAFETY: offered in place (`OutMsg::in_place`): the poll core keeps the region
+        // mapped and the ring space unused until the message is released, which the engine
+        // does only once every byte of its frame was written (even when it is cancelled).
+        (bytes.len() >= min).then(|| Payload::InPlace(unsafe { InPlaceBytes::new(bytes) }))
     }
 
     fn accept(&mut self) -> Option<Accepted<UtcpPath>> {
@@ -868,7 +890,13 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
                 while let Some(sl) = slices.get(next) {
                     let src = &sl[offset..];
                     let k = src.len().min(buf.len() - n);
-                    buf[n..n + k].copy_from_slice(&src[..k]);
+                    // SAFETY: `k` bytes fit in both; the source may be an app's tx ring
+                    // (`Payload::InPlace`), which the app can write while we copy, so it is
+                    // copied raw, never read through a typed reference; rdsd's own send
+                    // buffer cannot overlap an app region.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(src.as_ptr(), buf[n..].as_mut_ptr(), k);
+                    }
                     n += k;
                     if k < src.len() {
                         offset += k;
