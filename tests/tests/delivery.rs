@@ -794,3 +794,74 @@ fn zero_copy_off_copies_every_message() {
     let (in_place, _) = zero_copy_exchange(&["-c", cfg.to_str().unwrap()], 21);
     assert_eq!(in_place, 0);
 }
+
+/// Twelve ranks each send a last 64 KiB message (in place: `tcp_zero_copy_min`) to host 1 and
+/// are SIGKILLed while host 1's TCP acknowledgements are lost, so their messages are still in
+/// flight (queued or unacknowledged) when they go: each region stays mapped (drains) until its
+/// message is acknowledged, and none is cancelled. With a drain limit of 8 regions, as when only
+/// RDMA sent in place, the last four ranks' messages were cancelled. When the
+/// acknowledgements flow again, all twelve arrive, intact.
+#[test]
+fn ranks_that_exit_together_still_deliver_their_last_large_messages() {
+    const RANKS: u64 = 12;
+    const LEN: usize = 65_536;
+    let lab = Lab::new(2, 2, &["--paths", "1"]);
+    let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
+    let r1 = h1.d().attach();
+    let rcv = r1.socket().unwrap();
+    rcv.set_recv_buffer_size(16 << 20).unwrap();
+    rcv.bind(addr(&h1.at(9620))).unwrap();
+    rcv.set_recv_timeout(Some(Duration::from_secs(20))).unwrap();
+    // The connection is up before the acknowledgements stop.
+    let r0 = h0.d().attach();
+    let warm = r0.socket().unwrap();
+    warm.bind(addr(&h0.at(9621))).unwrap();
+    warm.send_to(&seq_payload(u64::MAX, 64), addr(&h1.at(9620)))
+        .unwrap();
+    let mut buf = vec![0u8; LEN + 1];
+    let (n, _) = rcv.recv_from(&mut buf).expect("the warm-up message");
+    assert_eq!(payload_seq(&buf[..n]), u64::MAX);
+    lose_acks(h1, true);
+    for rank in 0..RANKS {
+        let mut app = h0.d().app(&[
+            "send-bounded",
+            &h0.at(9630 + rank as u16),
+            &h1.at(9620),
+            "1",
+            &LEN.to_string(),
+            "0",
+            "20000",
+        ]);
+        app.expect_within("sent", Duration::from_secs(10));
+        app.kill();
+    }
+    // rdsd notices each exit on its own time: every region must be draining before the loss ends.
+    let late = wait_until(
+        Duration::from_secs(10),
+        "host 0 to keep every departed rank's region mapped",
+        || h0.d().stat("regions_drained_late"),
+        |&n| n >= RANKS,
+    );
+    let cancels = h0.d().stat("drain_cancels");
+    lose_acks(h1, false);
+    let mut got = Vec::new();
+    while (got.len() as u64) < RANKS {
+        let (n, from) = rcv
+            .recv_from(&mut buf)
+            .unwrap_or_else(|e| panic!("{} of {RANKS} last messages: {e}", got.len()));
+        assert_eq!(n, LEN);
+        assert!(buf[..n] == seq_payload(0, LEN)[..], "intact from {from}");
+        got.push(from.port());
+    }
+    got.sort_unstable();
+    eprintln!(
+        "regions drained late {late}, drain cancels {cancels}; host 0 {}",
+        show(
+            h0.d(),
+            &["tx_in_place", "regions_drained_late", "drain_cancels"]
+        )
+    );
+    assert_eq!(cancels, 0, "no rank's message was cancelled");
+    assert_eq!(late, RANKS, "each rank's region waited for its message");
+    assert_eq!(got, (0..RANKS).map(|r| 9630 + r as u16).collect::<Vec<_>>());
+}

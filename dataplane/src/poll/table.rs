@@ -1,7 +1,7 @@
 //! The socket table: every app, socket, binding and congestion bit of one poll core. Transports
 //! reach it only through [`Upcalls`].
 
-use super::inplace::{hold_of_token, Hold, Holds, MAX_DRAINING, SOCK_HOLDS};
+use super::inplace::{hold_of_token, Hold, Holds, SOCK_HOLDS};
 use super::readiness::Readiness;
 use super::shard::{self, Envelope, Fabric, Note, ShardLink};
 use super::{Channels, Cmd};
@@ -113,7 +113,7 @@ struct App {
     /// is not reused (its ring reset) before this is 0.
     pub pins: Vec<u32>,
     /// Bound addresses of closed sockets whose in-place messages are still out (to cancel
-    /// them if the region cannot be kept, see `MAX_DRAINING`).
+    /// them if the region cannot be kept, see `SocketTable::max_draining`).
     pub pinned_binds: Vec<(u32, u16)>,
     pub socks: Vec<Option<Sock>>,
     pub evicted: bool,
@@ -179,6 +179,9 @@ pub struct SocketTable {
     /// Apps gone while messages sent in place from their regions were still out: kept
     /// mapped until the last is released.
     draining: Vec<App>,
+    /// Most regions draining at once (`max_apps`; see `inplace`): past it a departing app's
+    /// in-place messages are cancelled.
+    max_draining: usize,
     /// Regions unmapped since the transports last heard (`region_detached`).
     regions_gone: Vec<u64>,
     next_region: u64,
@@ -244,6 +247,7 @@ impl SocketTable {
             cong_changed: Vec::with_capacity(256),
             holds: Holds::new(),
             draining: Vec::new(),
+            max_draining: max_apps,
             regions_gone: Vec::with_capacity(64),
             next_region: 1,
             groups: Groups::new(),
@@ -408,7 +412,7 @@ impl SocketTable {
         }
         // The app index is free for a new app meanwhile. With too many regions draining
         // already, its in-place messages are cancelled (the caller tells the transports).
-        let cancel = if self.draining.len() >= MAX_DRAINING {
+        let cancel = if self.draining.len() >= self.max_draining {
             Stats::bump(&self.stats.drain_cancels);
             std::mem::take(&mut a.pinned_binds)
         } else {
@@ -1566,6 +1570,12 @@ impl SocketTable {
 
     /// Regions kept mapped for messages sent in place from apps gone.
     #[cfg(test)]
+    /// Tests: a smaller drain limit than `max_apps`.
+    #[cfg(test)]
+    pub(super) fn set_max_draining(&mut self, n: usize) {
+        self.max_draining = n;
+    }
+
     pub(super) fn draining_count(&self) -> usize {
         self.draining.len()
     }
