@@ -18,14 +18,14 @@ pub(super) const IN_PLACE: u64 = 1 << 63;
 pub(super) const MAX_HOLDS: usize = 16 * 1024;
 /// Holds per socket (its FIFO is allocated at open).
 pub(super) const SOCK_HOLDS: usize = 512;
-// Regions of departed apps kept mapped for their in-place messages: at most `max_apps` per poll
-// thread (`SocketTable::max_draining`). Past it, a departing app's outstanding in-place messages
-// are cancelled instead (what Linux RDS does to the queue of every closed socket). A draining
-// region still counts against its uid's `max_regions_per_uid` (the control thread frees the
-// count only when the region is unmapped), so apps that leave messages to an unreachable peer
-// and exit cannot pile up regions past their user's quota; the bound is for root, who has none.
-// It was 8 while only RDMA sent in place; with TCP in place too, 8 would cancel the last
-// messages of the 9th of many ranks that exit together (an MPI job's end).
+// Regions of departed apps kept mapped for their in-place messages, per poll thread: at most
+// `max_apps` in all (`SocketTable::max_draining`) and at most `max_regions_per_uid` of one uid
+// (root: no per-uid cap), so that apps that leave messages to an unreachable peer and exit
+// cannot pile up regions: draining at most doubles what one user's attached apps may hold.
+// Past either cap, a departing app's outstanding in-place messages are cancelled instead (what
+// Linux RDS does to the queue of every closed socket). The cap was 8 regions while only RDMA
+// sent in place; with TCP in place too, 8 cancelled the last messages of the 9th of many ranks
+// that exit together (an MPI job's end).
 
 /// One message offered in place.
 #[derive(Clone, Copy, Debug)]

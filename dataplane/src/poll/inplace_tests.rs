@@ -173,6 +173,10 @@ impl Rig {
 
     /// Attaches app `app`; returns its region's base and the tx rings of its 4 slots.
     fn attach(&mut self, app: usize) -> Vec<RawRing> {
+        self.attach_as(app, 1000)
+    }
+
+    fn attach_as(&mut self, app: usize, uid: u32) -> Vec<RawRing> {
         let cfg = Config::load(
             None,
             &Overrides {
@@ -189,7 +193,7 @@ impl Rig {
             app,
             region,
             doorbell: a.into(),
-            uid: 1000,
+            uid,
         });
         assert!(matches!(reply, CmdReply::Attached));
         rings
@@ -327,13 +331,14 @@ fn a_closed_sockets_slot_and_a_gone_apps_region_wait_for_their_releases() {
     assert_eq!(s.detached, vec![s.attached[0].0]);
 }
 
-#[test]
-fn past_max_draining_a_departing_apps_in_place_messages_are_cancelled() {
-    const LIMIT: usize = 3;
+/// Apps of `uids`, in turn, each leave with one message in place still out; returns which of
+/// them had it cancelled (caps: `all` regions draining, `of_uid` of one uid).
+fn leave_with_messages_out(all: usize, of_uid: usize, uids: &[u32]) -> Vec<bool> {
     let mut rig = Rig::new();
-    rig.core.table.set_max_draining(LIMIT);
-    for k in 0..=LIMIT {
-        let rings = rig.attach(0);
+    rig.core.table.set_drain_caps(all, of_uid);
+    let mut cancelled = Vec::new();
+    for (k, &uid) in uids.iter().enumerate() {
+        let rings = rig.attach_as(0, uid);
         let port = 4000 + k as u16;
         let slot = rig.open_bound(0, port);
         let mut p = Producer::new(rings[slot as usize]);
@@ -343,21 +348,34 @@ fn past_max_draining_a_departing_apps_in_place_messages_are_cancelled() {
             CmdReply::Detached(r) => assert!(r.is_none(), "kept mapped while the message is out"),
             _ => panic!("not a detach reply"),
         }
-        let cancels = rig.seen.lock().unwrap().cancels.clone();
-        if k < LIMIT {
-            assert!(cancels.is_empty(), "app {k}: its message must still go");
-        } else {
-            let me = (u32::from(Ipv4Addr::new(10, 0, 0, 1)), port);
-            assert_eq!(
-                cancels,
-                vec![me],
-                "the app past the limit has its message cancelled"
-            );
-        }
+        let mut s = rig.seen.lock().unwrap();
+        let me = (u32::from(Ipv4Addr::new(10, 0, 0, 1)), port);
+        cancelled.push(s.cancels.contains(&me));
+        s.cancels.clear();
     }
+    let cancels = cancelled.iter().filter(|&&c| c).count() as u64;
     assert_eq!(
         rig.core.table.stats().drain_cancels.load(Ordering::Relaxed),
-        1
+        cancels
+    );
+    cancelled
+}
+
+#[test]
+fn past_max_draining_a_departing_apps_in_place_messages_are_cancelled() {
+    // Three may drain in all: the fourth app's message is cancelled, whatever its uid.
+    assert_eq!(
+        leave_with_messages_out(3, 100, &[1000, 1001, 1002, 1003]),
+        [false, false, false, true]
+    );
+}
+
+#[test]
+fn past_its_uids_share_a_departing_apps_in_place_messages_are_cancelled() {
+    // Two of one uid may drain: its third is cancelled, another uid's and root's are not.
+    assert_eq!(
+        leave_with_messages_out(100, 2, &[1000, 1000, 1000, 1001, 0, 0, 0]),
+        [false, false, true, false, false, false, false]
     );
 }
 

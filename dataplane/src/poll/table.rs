@@ -179,9 +179,11 @@ pub struct SocketTable {
     /// Apps gone while messages sent in place from their regions were still out: kept
     /// mapped until the last is released.
     draining: Vec<App>,
-    /// Most regions draining at once (`max_apps`; see `inplace`): past it a departing app's
-    /// in-place messages are cancelled.
+    /// Most regions draining at once (`max_apps`), and of one uid but root's
+    /// (`max_regions_per_uid`; see `inplace`): past either a departing app's in-place messages
+    /// are cancelled.
     max_draining: usize,
+    max_draining_of_uid: usize,
     /// Regions unmapped since the transports last heard (`region_detached`).
     regions_gone: Vec<u64>,
     next_region: u64,
@@ -216,6 +218,7 @@ impl SocketTable {
         shard: usize,
     ) -> SocketTable {
         let max_apps = cfg.max_apps as usize;
+        let max_draining_of_uid = cfg.max_regions_per_uid as usize;
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64)
@@ -248,6 +251,7 @@ impl SocketTable {
             holds: Holds::new(),
             draining: Vec::new(),
             max_draining: max_apps,
+            max_draining_of_uid,
             regions_gone: Vec::with_capacity(64),
             next_region: 1,
             groups: Groups::new(),
@@ -411,8 +415,16 @@ impl SocketTable {
             };
         }
         // The app index is free for a new app meanwhile. With too many regions draining
-        // already, its in-place messages are cancelled (the caller tells the transports).
-        let cancel = if self.draining.len() >= self.max_draining {
+        // already, its in-place messages are cancelled (the caller tells the transports): more
+        // than `max_apps` in all, or as many of its uid's as `max_regions_per_uid` (root: no
+        // per-uid cap), so draining at most doubles what one user's attached apps may hold.
+        let of_uid = self.draining.iter().filter(|d| d.uid == a.uid).count();
+        let uid_cap = if a.uid == 0 {
+            usize::MAX
+        } else {
+            self.max_draining_of_uid
+        };
+        let cancel = if self.draining.len() >= self.max_draining || of_uid >= uid_cap {
             Stats::bump(&self.stats.drain_cancels);
             std::mem::take(&mut a.pinned_binds)
         } else {
@@ -1570,10 +1582,11 @@ impl SocketTable {
 
     /// Regions kept mapped for messages sent in place from apps gone.
     #[cfg(test)]
-    /// Tests: a smaller drain limit than `max_apps`.
+    /// Tests: smaller drain caps (in all, of one uid) than the configuration's.
     #[cfg(test)]
-    pub(super) fn set_max_draining(&mut self, n: usize) {
-        self.max_draining = n;
+    pub(super) fn set_drain_caps(&mut self, all: usize, of_uid: usize) {
+        self.max_draining = all;
+        self.max_draining_of_uid = of_uid;
     }
 
     pub(super) fn draining_count(&self) -> usize {
