@@ -61,6 +61,9 @@ counters! {
     /// Messages a transport took in place from the app's tx ring (zero copy): the ring space
     /// stays the daemon's until the peer acknowledges the message.
     tx_in_place,
+    /// Of those, sends to a network peer from another poll thread than the connection's
+    /// owner, which the owner's transport took from the sender's tx ring (`SendRef`).
+    tx_in_place_crossed,
     /// App regions kept mapped after their app went, until the messages sent in place from
     /// them were acknowledged or cancelled.
     regions_drained_late,

@@ -178,6 +178,9 @@ pub struct PollCore {
 /// bytes stay in the sender's tx ring until the receiving thread copied them): below it, the
 /// copy into the pair ring costs less than the hold and the release note per message.
 const CROSS_IN_PLACE_MIN: usize = 16 << 10;
+/// The region id a forwarded in-place send carries (`OutMsg::in_place`): the bytes lie in an app
+/// region of another poll thread, which this thread's transports were never told of.
+const FOREIGN_REGION: u64 = u64::MAX;
 
 /// What happened to one message taken off a tx ring.
 enum Outcome {
@@ -501,56 +504,98 @@ impl PollCore {
                 dport,
                 token,
                 ack_required,
-            } => {
-                let len = payload.len() as u64;
-                let dest = Ipv4Addr::from(faddr);
-                let release = |table: &mut SocketTable| {
-                    if let Some(l) = table.link_mut() {
-                        l.note(from, shard::Note::Release { token, len });
-                    }
-                };
-                if dest.is_multicast() {
-                    // A group message from a socket of another shard: decided here, in the
-                    // order of the pair ring; a blocked one stalls the ring until room.
-                    let sender = table::sock_of_token(token).0;
-                    return match self.table.group_send(
-                        sender,
-                        (laddr, sport),
-                        faddr,
-                        dport,
-                        &payload,
-                    ) {
-                        table::GroupSent::Blocked => false,
-                        table::GroupSent::Done => {
-                            release(&mut self.table);
-                            true
-                        }
-                    };
-                }
-                let route = self.routes.get(faddr, &self.transports, self.table.cfg());
-                let Some(t) = route.transport.map(|i| &mut self.transports[i]) else {
-                    Stats::bump(&self.table.stats().drop_no_route);
+            } => self.send_forwarded(
+                from,
+                (laddr, sport),
+                (faddr, dport),
+                token,
+                ack_required,
+                payload,
+                false,
+            ),
+            shard::Envelope::SendRef {
+                laddr,
+                faddr,
+                sport,
+                dport,
+                token,
+                ack_required,
+                ..
+            } => self.send_forwarded(
+                from,
+                (laddr, sport),
+                (faddr, dport),
+                token,
+                ack_required,
+                payload,
+                true,
+            ),
+        }
+    }
+
+    /// A send from shard `from` to a remote host (or a group) that this shard carries: to its
+    /// transport with a forwarded token, whose release goes back as a note. `in_place`: the
+    /// payload lies in the sender's tx ring (`SendRef`), held there until that release, so the
+    /// transport may keep it in place too. False if it must wait (its transport is full).
+    #[allow(clippy::too_many_arguments)]
+    fn send_forwarded(
+        &mut self,
+        from: usize,
+        (laddr, sport): (u32, u16),
+        (faddr, dport): (u32, u16),
+        token: u64,
+        ack_required: bool,
+        payload: MsgBytes<'_>,
+        in_place: bool,
+    ) -> bool {
+        let len = payload.len() as u64;
+        let dest = Ipv4Addr::from(faddr);
+        let release = |table: &mut SocketTable| {
+            if let Some(l) = table.link_mut() {
+                l.note(from, shard::Note::Release { token, len });
+            }
+        };
+        if dest.is_multicast() {
+            // A group message from a socket of another shard: decided here, in the
+            // order of the pair ring; a blocked one stalls the ring until room.
+            let sender = table::sock_of_token(token).0;
+            return match self
+                .table
+                .group_send(sender, (laddr, sport), faddr, dport, &payload)
+            {
+                table::GroupSent::Blocked => false,
+                table::GroupSent::Done => {
                     release(&mut self.table);
-                    return true;
-                };
-                let msg = OutMsg {
-                    laddr,
-                    faddr,
-                    sport,
-                    dport,
-                    payload,
-                    token: shard::forwarded_token(from, token),
-                    in_place: None,
-                    ack_required,
-                };
-                match t.send(&mut self.table, msg) {
-                    SendOutcome::Queued | SendOutcome::QueuedInPlace => true,
-                    SendOutcome::Blocked => false,
-                    SendOutcome::Delivered | SendOutcome::Dropped => {
-                        release(&mut self.table);
-                        true
-                    }
+                    true
                 }
+            };
+        }
+        let route = self.routes.get(faddr, &self.transports, self.table.cfg());
+        let Some(t) = route.transport.map(|i| &mut self.transports[i]) else {
+            Stats::bump(&self.table.stats().drop_no_route);
+            release(&mut self.table);
+            return true;
+        };
+        // The sender's region is not this shard's: a transport that must know it (RDMA's
+        // registration) finds no such region and copies; the TCP links send from it.
+        let in_place = (in_place && t.zero_copy() && payload.len() >= t.zero_copy_min())
+            .then_some(FOREIGN_REGION);
+        let msg = OutMsg {
+            laddr,
+            faddr,
+            sport,
+            dport,
+            payload,
+            token: shard::forwarded_token(from, token),
+            in_place,
+            ack_required,
+        };
+        match t.send(&mut self.table, msg) {
+            SendOutcome::Queued | SendOutcome::QueuedInPlace => true,
+            SendOutcome::Blocked => false,
+            SendOutcome::Delivered | SendOutcome::Dropped => {
+                release(&mut self.table);
+                true
             }
         }
     }
@@ -887,6 +932,41 @@ impl PollCore {
     ) -> Outcome {
         // SAFETY: as in `route`: peeked, not consumed, its app in the table for this call.
         let sent = unsafe { self.table.tx_record(from, rec) };
+        let closing = self.table.link().is_some_and(|l| l.is_closing());
+        let zero_copy = self
+            .table
+            .cfg()
+            .tcp_zero_copy_min
+            .is_some_and(|min| sent.payload.len() >= min);
+        if zero_copy && !closing && !Ipv4Addr::from(rec.header.addr).is_multicast() {
+            // Large: the owner's transport takes it straight from this tx ring, whose space a
+            // hold keeps until the release note (no copy into the pair ring, and none on the
+            // owner for a transport that sends in place).
+            if let Some(hold) = self.table.offer_hold(from, sent.pos) {
+                let env = shard::Envelope::SendRef {
+                    laddr: src.0,
+                    faddr: rec.header.addr,
+                    sport: src.1,
+                    dport: rec.header.port,
+                    token: hold,
+                    ptr: sent.payload.as_ptr() as usize as u64,
+                    len: sent.payload.len() as u32,
+                    ack_required,
+                };
+                let link = self.table.link_mut().expect("several shards have a link");
+                return match link.forward_ref(to, env) {
+                    Ok(()) => {
+                        self.table.place_hold(hold);
+                        Stats::bump(&self.table.stats().tx_in_place_crossed);
+                        Outcome::Queued
+                    }
+                    Err(()) => {
+                        self.table.drop_hold(hold);
+                        Outcome::Blocked
+                    }
+                };
+            }
+        }
         let env = shard::Envelope::Send {
             laddr: src.0,
             faddr: rec.header.addr,

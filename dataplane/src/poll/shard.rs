@@ -55,6 +55,9 @@ const KIND_DELIVER: u8 = 1;
 const KIND_SEND: u8 = 2;
 const KIND_GROUP_DELIVER: u8 = 3;
 const KIND_DELIVER_REF: u8 = 4;
+const KIND_SEND_REF: u8 = 5;
+/// `SendRef`'s `ack_required`, above the 21 bits of a length of at most 1 MiB.
+const REF_ACK_REQUIRED: u32 = 1 << 23;
 
 /// The token shard 0 carries for a send forwarded from `shard` (token `t` there).
 pub(super) fn forwarded_token(shard: usize, t: u64) -> u64 {
@@ -62,9 +65,10 @@ pub(super) fn forwarded_token(shard: usize, t: u64) -> u64 {
     FORWARDED | ((shard as u64) << SHARD_SHIFT) | t
 }
 
-/// `(shard, token there)` of a forwarded token.
+/// `(shard, token there)` of a forwarded token. The token there may be a hold
+/// (`inplace::IN_PLACE`, a `SendRef`): a hold of this shard never has `FORWARDED`.
 pub(super) fn unforward(token: u64) -> Option<(usize, u64)> {
-    (token & FORWARDED != 0 && token & super::inplace::IN_PLACE == 0).then_some({
+    (token & FORWARDED != 0).then_some({
         (
             ((token & SHARD_MASK) >> SHARD_SHIFT) as usize,
             token & !(FORWARDED | SHARD_MASK),
@@ -155,6 +159,20 @@ pub(super) enum Envelope {
         ptr: u64,
         len: u32,
     },
+    /// `Send` of a message that stays where it lies (as `DeliverRef`): the receiving shard's
+    /// transport writes it from the sender's tx ring (or copies it from there), and its
+    /// release (`Note::Release` of hold `token`) gives the ring space back. Large messages
+    /// from another shard than the connection's owner cross with no copy.
+    SendRef {
+        laddr: u32,
+        faddr: u32,
+        sport: u16,
+        dport: u16,
+        token: u64,
+        ptr: u64,
+        len: u32,
+        ack_required: bool,
+    },
 }
 
 impl Envelope {
@@ -203,6 +221,20 @@ impl Envelope {
             } => {
                 len_of_ref = len;
                 (KIND_DELIVER_REF, laddr, faddr, sport, dport, token, ptr)
+            }
+            Envelope::SendRef {
+                laddr,
+                faddr,
+                sport,
+                dport,
+                token,
+                ptr,
+                len,
+                ack_required,
+            } => {
+                debug_assert!(len < REF_ACK_REQUIRED);
+                len_of_ref = len | if ack_required { REF_ACK_REQUIRED } else { 0 };
+                (KIND_SEND_REF, laddr, faddr, sport, dport, token, ptr)
             }
         };
         let mut b = [0u8; ENVELOPE_LEN];
@@ -259,6 +291,19 @@ impl Envelope {
                 ptr: stamp,
                 len: u32::from_le_bytes([b[1], b[2], b[3], 0]),
             },
+            KIND_SEND_REF => {
+                let len = u32::from_le_bytes([b[1], b[2], b[3], 0]);
+                Envelope::SendRef {
+                    laddr,
+                    faddr,
+                    sport,
+                    dport,
+                    token,
+                    ptr: stamp,
+                    len: len & !REF_ACK_REQUIRED,
+                    ack_required: len & REF_ACK_REQUIRED != 0,
+                }
+            }
             k => unreachable!("pair ring record of kind {k}"),
         }
     }
@@ -472,7 +517,10 @@ impl ShardLink {
     /// ring is full or copies wait before it (try again later, or copy). Never kept: the
     /// caller copies instead while a socket closes.
     pub(super) fn forward_ref(&mut self, to: usize, env: Envelope) -> Result<(), ()> {
-        debug_assert!(matches!(env, Envelope::DeliverRef { .. }));
+        debug_assert!(matches!(
+            env,
+            Envelope::DeliverRef { .. } | Envelope::SendRef { .. }
+        ));
         self.dirty |= 1 << to;
         if self.closing || self.kept.iter().any(|k| k.0 == to) {
             return Err(());
@@ -655,8 +703,9 @@ fn push(
 }
 
 /// A record of a pair ring: its envelope and where its payload lies: after the envelope, or,
-/// for an in-place delivery (returned as `Envelope::Deliver` with the hold's token), in the
-/// sending app's tx ring, which the hold keeps mapped and unwritten until the release.
+/// for an in-place delivery (returned as `Envelope::Deliver` with the hold's token) or send
+/// (`Envelope::SendRef`), in the sending app's tx ring, which the hold keeps mapped and
+/// unwritten until the release.
 pub(super) fn open_record(ring: &Consumer<RawRing>, rec: &Record) -> (Envelope, *const u8, usize) {
     let mut head = [0u8; ENVELOPE_LEN];
     let n = ring.read_payload(rec, &mut head);
@@ -682,6 +731,9 @@ pub(super) fn open_record(ring: &Consumer<RawRing>, rec: &Record) -> (Envelope, 
             dport,
             token,
         };
+        return (env, ptr as usize as *const u8, len as usize);
+    }
+    if let Envelope::SendRef { ptr, len, .. } = env {
         return (env, ptr as usize as *const u8, len as usize);
     }
     let len = rec.header.len as usize - ENVELOPE_LEN;
@@ -735,6 +787,26 @@ mod tests {
                 ptr: 0x7f12_3456_7000,
                 len: 1 << 20,
             },
+            Envelope::SendRef {
+                laddr: 15,
+                faddr: 16,
+                sport: 17,
+                dport: 18,
+                token: 1 << 63 | 19,
+                ptr: 0x7f12_3456_8000,
+                len: 1 << 20,
+                ack_required: true,
+            },
+            Envelope::SendRef {
+                laddr: 20,
+                faddr: 21,
+                sport: 22,
+                dport: 23,
+                token: 1 << 63 | 24,
+                ptr: 0x7f12_3456_9000,
+                len: 16 << 10,
+                ack_required: false,
+            },
         ] {
             assert_eq!(Envelope::parse(&e.emit()), e);
         }
@@ -747,5 +819,8 @@ mod tests {
         assert_eq!(unforward(f), Some((30, t)));
         assert_eq!(unforward(t), None);
         assert_eq!(unforward(super::super::inplace::IN_PLACE | 7), None);
+        // A forwarded in-place send's hold goes back to its shard as the hold it is.
+        let hold = super::super::inplace::IN_PLACE | 7;
+        assert_eq!(unforward(forwarded_token(3, hold)), Some((3, hold)));
     }
 }
