@@ -227,6 +227,9 @@ counters! {
     path_checks,
     /// Reads of a path (a `recv` for kernel TCP); only paths the link reports ready are read.
     path_reads,
+    /// Of those, reads of the rest of a long payload straight into its reassembly buffer
+    /// (kernel TCP: no copy through the endpoint's 64 KiB buffer).
+    path_direct_reads,
     /// Queries of a path's acknowledged offset (a `SIOCOUTQ` ioctl for kernel TCP).
     ack_queries,
     /// Reads that took a message flagged `RDS_FLAG_ACK_REQUIRED` (its sender's send buffer

@@ -754,6 +754,15 @@ fn zero_copy_exchange(extra: &[&str], count: u64) -> (u64, u64) {
         .join()
         .expect("the receiver saw every message intact");
     let big = (0..count).filter(|&s| size(s) >= 16_384).count() as u64;
+    let st = h1.d().exact_stats();
+    let (reads, direct) = (
+        stat_from(&st, "tcp_path_reads"),
+        stat_from(&st, "tcp_path_direct_reads"),
+    );
+    eprintln!("host 1 reads {reads}, of them straight into a payload {direct}");
+    // The 1 MiB and 200 000-byte messages are longer than the endpoint's 64 KiB read buffer:
+    // their rest is received straight into the reassembly buffer.
+    assert!(direct > 0, "no read went straight into a payload");
     eprintln!(
         "host 0 {}",
         show(

@@ -84,6 +84,10 @@ pub trait Link: Send {
     /// instead of by accept order (which mismaps paths when a restarted peer's connections
     /// arrive while the passive side still holds some of the dead incarnation's paths).
     const SPORT_IDX: bool = false;
+    /// True when `read` receives into the buffer it is given (kernel TCP's `recv`), not into
+    /// the link's own (userspace TCP reads in place): the endpoint then receives the rest of a
+    /// long payload straight into the engine's reassembly buffer, not through its own.
+    const READS_INTO_BUFFER: bool = false;
 
     /// Takes the payload of a message being queued (a copy into a pool, or a handle).
     fn payload(&mut self, bytes: MsgBytes<'_>) -> Self::Payload;

@@ -1373,6 +1373,24 @@ impl<P: AsRef<[u8]>> Connection<P> {
 
     // ----- receive ----------------------------------------------------------------------------
 
+    /// The rest of the payload `path` is receiving, for a reader that receives straight into
+    /// it instead of through its own buffer (then [`Connection::rx_payload_filled`], and
+    /// [`Connection::receive`] with no bytes for the message once it is complete). Empty unless
+    /// the path is up and in the middle of a payload.
+    pub fn rx_payload_room(&mut self, path: usize) -> &mut [u8] {
+        match (self.tx.get(path), self.rx.get_mut(path)) {
+            (Some(t), Some(rx)) if t.state == PathState::Up => rx.deframer.payload_room(),
+            _ => &mut [],
+        }
+    }
+
+    /// `n` bytes of [`Connection::rx_payload_room`] were received.
+    pub fn rx_payload_filled(&mut self, path: usize, n: usize) {
+        if let Some(rx) = self.rx.get_mut(path) {
+            rx.deframer.payload_filled(n);
+        }
+    }
+
     /// Feeds stream bytes received on `path`. Processes at most one complete message; call
     /// again with `&data[consumed..]` until all is consumed. Control messages (pings, probes,
     /// congestion maps) are handled internally; a message for a local socket is returned,

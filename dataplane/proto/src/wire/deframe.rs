@@ -3,7 +3,9 @@
 //!
 //! Steady state does not allocate: a message that lies entirely inside the input slice is
 //! returned by reference into that slice; one that straddles input slices is assembled in an
-//! internal buffer whose capacity is reused (and bounded by the size limit).
+//! internal buffer whose capacity is reused (and bounded by the size limit). A reader may also
+//! receive the rest of a long payload straight into that buffer ([`Deframer::payload_room`]),
+//! saving a copy through its own.
 
 use super::header::{HeaderRepr, HEADER_LEN};
 use super::MAX_MSG_SIZE;
@@ -65,7 +67,11 @@ pub struct Deframer {
     header_filled: usize,
     /// Parsed header while in the payload phase.
     current: Option<HeaderRepr>,
+    /// The payload being assembled: its first `fill` bytes. Its length only grows (to the
+    /// largest payload assembled so far), so that `payload_room` hands out initialised bytes
+    /// without zeroing them for every message.
     payload: Vec<u8>,
+    fill: usize,
     max_len: u32,
     failed: bool,
 }
@@ -89,6 +95,7 @@ impl Deframer {
             header_filled: 0,
             current: None,
             payload: Vec::new(),
+            fill: 0,
             max_len,
             failed: false,
         }
@@ -99,7 +106,7 @@ impl Deframer {
     pub fn reset(&mut self) {
         self.header_filled = 0;
         self.current = None;
-        self.payload.clear();
+        self.fill = 0;
         self.failed = false;
     }
 
@@ -184,11 +191,12 @@ impl Deframer {
         let Some(header) = self.current else {
             return Ok((used, None));
         };
-        let want = header.len as usize - self.payload.len();
+        let want = header.len as usize - self.fill;
         let take = want.min(input.len() - used);
-        self.payload.extend_from_slice(&input[used..used + take]);
+        self.payload[self.fill..self.fill + take].copy_from_slice(&input[used..used + take]);
+        self.fill += take;
         used += take;
-        if self.payload.len() < header.len as usize {
+        if self.fill < header.len as usize {
             return Ok((used, None));
         }
         // Complete: back to the header phase; the buffer stays valid until the next call.
@@ -209,13 +217,34 @@ impl Deframer {
     pub fn payload<'a>(&'a self, frame: &FrameRef, input: &'a [u8]) -> &'a [u8] {
         match frame.source {
             PayloadSource::Input(start, end) => input.get(start..end).unwrap_or(&[]),
-            PayloadSource::Buffer => &self.payload,
+            PayloadSource::Buffer => &self.payload[..self.fill],
         }
     }
 
+    /// In the payload phase, the bytes of the current payload still to come, to be written in
+    /// place (a receive syscall straight into them); report what was written with
+    /// [`Deframer::payload_filled`], then call [`Deframer::advance`] (with no input, if
+    /// nothing follows) for the frame once it is complete. Empty outside the payload phase.
+    pub fn payload_room(&mut self) -> &mut [u8] {
+        match self.current {
+            Some(h) if !self.failed => &mut self.payload[self.fill..h.len as usize],
+            _ => &mut [],
+        }
+    }
+
+    /// `n` bytes of [`Deframer::payload_room`] were written (at most its length).
+    pub fn payload_filled(&mut self, n: usize) {
+        let room = self.payload_room().len();
+        debug_assert!(n <= room, "{n} bytes filled in a room of {room}");
+        self.fill += n.min(room);
+    }
+
     fn begin_payload(&mut self, header: HeaderRepr, len: usize) {
-        self.payload.clear();
-        self.payload.reserve(len);
+        if self.payload.len() < len {
+            // Zeroed once per size reached, not per message.
+            self.payload.resize(len, 0);
+        }
+        self.fill = 0;
         self.current = Some(header);
     }
 
@@ -252,6 +281,40 @@ mod tests {
         let mut v = h.to_bytes().to_vec();
         v.extend_from_slice(payload);
         v
+    }
+
+    #[test]
+    fn the_rest_of_a_payload_can_be_received_in_place() {
+        let big: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let mut stream = message(1, &big);
+        stream.extend(message(2, b"after"));
+        let mut d = Deframer::new();
+        assert!(d.payload_room().is_empty(), "no room before a header");
+        // A first read: the header and 1000 payload bytes.
+        let (used, f) = d.advance(&stream[..HEADER_LEN + 1000]).unwrap();
+        assert_eq!((used, f), (HEADER_LEN + 1000, None));
+        // Straight into the room, in two receives.
+        let mut at = HEADER_LEN + 1000;
+        for n in [60_000, 39_000] {
+            let room = d.payload_room();
+            assert_eq!(room.len(), HEADER_LEN + big.len() - at);
+            room[..n].copy_from_slice(&stream[at..at + n]);
+            d.payload_filled(n);
+            at += n;
+        }
+        // Complete: an empty input hands the frame over.
+        assert!(d.payload_room().is_empty());
+        let (used, f) = d.push(&[]).unwrap();
+        assert_eq!(used, 0);
+        let f = f.expect("the frame");
+        assert_eq!((f.header.sequence, f.payload), (1, &big[..]));
+        // The stream goes on where the room ended; a shorter payload reuses the buffer.
+        let (used, f) = d.push(&stream[at..]).unwrap();
+        assert_eq!(used, stream.len() - at);
+        assert_eq!(f.expect("next").payload, b"after");
+        let third = message(3, &big[..10]);
+        let (_, f) = d.push(&third).unwrap();
+        assert_eq!(f.expect("third").payload, &big[..10]);
     }
 
     #[test]

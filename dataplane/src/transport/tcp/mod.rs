@@ -368,6 +368,7 @@ impl Link for TcpLink {
     type Path = TcpPath;
     type Payload = Payload;
     const FRAMING: Framing = Framing::Stream;
+    const READS_INTO_BUFFER: bool = true;
     const SPORT_IDX: bool = true;
 
     fn payload(&mut self, bytes: MsgBytes<'_>) -> Payload {
