@@ -497,57 +497,30 @@ impl PollCore {
                 }
                 true
             }
-            shard::Envelope::Send {
-                laddr,
-                faddr,
-                sport,
-                dport,
-                token,
-                ack_required,
-            } => self.send_forwarded(
-                from,
-                (laddr, sport),
-                (faddr, dport),
-                token,
-                ack_required,
-                payload,
-                false,
-            ),
-            shard::Envelope::SendRef {
-                laddr,
-                faddr,
-                sport,
-                dport,
-                token,
-                ack_required,
-                ..
-            } => self.send_forwarded(
-                from,
-                (laddr, sport),
-                (faddr, dport),
-                token,
-                ack_required,
-                payload,
-                true,
-            ),
+            shard::Envelope::Send { .. } | shard::Envelope::SendRef { .. } => {
+                let parts = env.send_parts().expect("a send");
+                self.send_forwarded(from, parts, payload)
+            }
         }
     }
 
     /// A send from shard `from` to a remote host (or a group) that this shard carries: to its
-    /// transport with a forwarded token, whose release goes back as a note. `in_place`: the
+    /// transport with a forwarded token, whose release goes back as a note. `parts.in_place`: the
     /// payload lies in the sender's tx ring (`SendRef`), held there until that release, so the
     /// transport may keep it in place too. False if it must wait (its transport is full).
-    #[allow(clippy::too_many_arguments)]
     fn send_forwarded(
         &mut self,
         from: usize,
-        (laddr, sport): (u32, u16),
-        (faddr, dport): (u32, u16),
-        token: u64,
-        ack_required: bool,
+        parts: shard::SendParts,
         payload: MsgBytes<'_>,
-        in_place: bool,
     ) -> bool {
+        let shard::SendParts {
+            src: (laddr, sport),
+            dst: (faddr, dport),
+            token,
+            ack_required,
+            in_place,
+        } = parts;
         let len = payload.len() as u64;
         let dest = Ipv4Addr::from(faddr);
         let release = |table: &mut SocketTable| {

@@ -175,7 +175,57 @@ pub(super) enum Envelope {
     },
 }
 
+/// What the connection's owner needs of a forwarded send (`Send` or `SendRef`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SendParts {
+    /// Sender's address and port.
+    pub src: (u32, u16),
+    /// Destination address and port.
+    pub dst: (u32, u16),
+    /// The sender's token on its shard (a hold for `SendRef`).
+    pub token: u64,
+    pub ack_required: bool,
+    /// The payload lies in the sender's tx ring (`SendRef`), held there until the release.
+    pub in_place: bool,
+}
+
 impl Envelope {
+    /// The fields of a `Send` or `SendRef`; `None` for the other kinds.
+    pub(super) fn send_parts(&self) -> Option<SendParts> {
+        match *self {
+            Envelope::Send {
+                laddr,
+                faddr,
+                sport,
+                dport,
+                token,
+                ack_required,
+            } => Some(SendParts {
+                src: (laddr, sport),
+                dst: (faddr, dport),
+                token,
+                ack_required,
+                in_place: false,
+            }),
+            Envelope::SendRef {
+                laddr,
+                faddr,
+                sport,
+                dport,
+                token,
+                ack_required,
+                ..
+            } => Some(SendParts {
+                src: (laddr, sport),
+                dst: (faddr, dport),
+                token,
+                ack_required,
+                in_place: true,
+            }),
+            _ => None,
+        }
+    }
+
     fn emit(&self) -> [u8; ENVELOPE_LEN] {
         let mut len_of_ref = 0u32;
         let (kind, laddr, faddr, sport, dport, token, stamp) = match *self {
