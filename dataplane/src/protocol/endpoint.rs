@@ -728,41 +728,33 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
         // read again next pass.
         while budget > 0 && self.link.path_ready(&ps.io) {
             self.cost.reads += 1;
-            // The rest of a payload longer than our buffer: received straight into the
-            // engine's reassembly buffer (one copy fewer, fewer reads). A read into ours
-            // would have held nothing but payload either way.
-            if L::READS_INTO_BUFFER && c.engine.rx_payload_room(path).len() >= RXBUF {
-                let room = c.engine.rx_payload_room(path);
-                let n = match self.link.read(&mut ps.io, room) {
-                    Read::Data(d) => d.len(),
-                    Read::WouldBlock => break,
-                    Read::Closed => return Err(()),
+            // The rest of a payload longer than our buffer is received straight into the
+            // engine's reassembly buffer (one copy fewer, fewer reads; a read into ours would
+            // have held nothing but payload either way). Then `data` is empty: feeding it hands
+            // over the message if that read completed it.
+            let data: &[u8] =
+                if L::READS_INTO_BUFFER && c.engine.rx_payload_room(path).len() >= RXBUF {
+                    let room = c.engine.rx_payload_room(path);
+                    let n = match self.link.read(&mut ps.io, room) {
+                        Read::Data(d) => d.len(),
+                        Read::WouldBlock => break,
+                        Read::Closed => return Err(()),
+                    };
+                    c.engine.rx_payload_filled(path, n);
+                    self.cost.direct_reads += 1;
+                    budget = budget.saturating_sub(n.max(1));
+                    &[]
+                } else {
+                    match self.link.read(&mut ps.io, &mut self.rxbuf) {
+                        Read::Data(d) => {
+                            budget = budget.saturating_sub(d.len().max(1));
+                            d
+                        }
+                        Read::WouldBlock => break,
+                        Read::Closed => return Err(()),
+                    }
                 };
-                c.engine.rx_payload_filled(path, n);
-                self.cost.direct_reads += 1;
-                input = true;
-                budget = budget.saturating_sub(n.max(1));
-                work += 1;
-                let cx = Ctx::new(now, path, self.persist.as_deref(), &self.stats, self.group);
-                let id = (c.laddr, c.faddr, c.persist);
-                // No bytes: the message, if that completed it.
-                let (_, asked) = feed(&mut c.engine, &mut c.rx[path], id, up, cx, &[]);
-                ack_required |= asked;
-                if c.rx[path].held.is_some() {
-                    let hold = &mut c.rx[path];
-                    hold.stash.clear();
-                    hold.stash_pos = 0;
-                    break;
-                }
-                continue;
-            }
-            let data = match self.link.read(&mut ps.io, &mut self.rxbuf) {
-                Read::Data(d) => d,
-                Read::WouldBlock => break,
-                Read::Closed => return Err(()),
-            };
             input = true;
-            budget = budget.saturating_sub(data.len().max(1));
             work += 1;
             let cx = Ctx::new(now, path, self.persist.as_deref(), &self.stats, self.group);
             let id = (c.laddr, c.faddr, c.persist);
