@@ -90,7 +90,11 @@ pub struct SlotControl {
     /// sender, so rdsd wakes only those its change concerns (v4: a release of send-buffer
     /// bytes no longer wakes a thread that waits to receive).
     pub waiters: AtomicU32,
-    _pad_a: AtomicU32,
+    /// Free tx-ring bytes the app's last send that found the ring full needs (0 after a send
+    /// went): POLLOUT also waits for them. The ring can fill before SO_SNDBUF does, since
+    /// messages sent in place keep their ring space until acknowledged. 0 = no such wait, so
+    /// a library that never writes it sees the old readiness.
+    pub tx_ring_want: AtomicU32,
     /// Ports (bit = port % 64) whose un-congestion the app wants reported (set on ENOBUFS).
     pub cong_interest: AtomicU64,
     _pad_b: [AtomicU64; 12],

@@ -189,18 +189,24 @@ impl<M: RingMemory> Producer<M> {
     /// The consumer's position is read only when the space last seen is too small: it lives on
     /// the consumer's cache line, and a fan-out asks every member.
     pub fn fits(&mut self, payload_len: usize) -> bool {
-        let cap = self.mem.capacity();
-        let total = record_size(payload_len);
-        if total > cap {
+        if record_size(payload_len) > self.mem.capacity() {
             return false;
         }
+        let need = self.room_needed(payload_len);
+        self.free() >= need || (self.refresh_tail().is_ok() && self.free() >= need)
+    }
+
+    /// Free bytes a push of `payload_len` bytes needs from the current position, the pad at
+    /// the end of the ring included: what [`fits`](Self::fits) compares with the free space.
+    pub fn room_needed(&self, payload_len: usize) -> usize {
+        let cap = self.mem.capacity();
+        let total = record_size(payload_len);
         let to_end = cap - ((self.head as usize) & (cap - 1));
-        let need = if total > to_end {
+        if total > to_end {
             to_end + total
         } else {
             total
-        };
-        self.free() >= need || (self.refresh_tail().is_ok() && self.free() >= need)
+        }
     }
 
     /// True if nothing pushed is still unconsumed (as far as the consumer has released).
@@ -432,6 +438,16 @@ impl<M: RingMemory> Consumer<M> {
     pub fn release(&mut self) {
         let upto = self.held_from.unwrap_or(self.tail);
         self.mem.consumer().store(upto, Ordering::Release);
+    }
+
+    /// Free bytes as the producer sees them: the capacity less what lies between the released
+    /// position and the producer's published one. The producer's position is the peer's to
+    /// write: out of range reads as no room.
+    pub fn producer_free(&self) -> usize {
+        let head = self.mem.producer().load(Ordering::Acquire);
+        let released = self.mem.consumer().load(Ordering::Relaxed);
+        let used = head.wrapping_sub(released);
+        (self.mem.capacity() as u64).saturating_sub(used) as usize
     }
 
     /// Keeps consumed records from `pos` on out of the producer's reach (`None`: nothing is
@@ -668,6 +684,45 @@ mod tests {
                 pop(&mut c);
             }
         }
+    }
+
+    /// What POLLOUT relies on: once the producer-visible free space reaches the room a failed
+    /// push named, the retry goes; or, when the record waits behind a pad that did not fit
+    /// (room capped at the capacity), the retry writes the pad and the next named room does.
+    #[test]
+    fn room_named_by_a_failed_push_is_enough_for_the_retry() {
+        let cap = 256;
+        let (_h, mut p, mut c) = pair(cap);
+        let mut retries_behind_a_pad = 0;
+        for i in 0..3000usize {
+            let len = (i * 53) % 230;
+            if p.push(RecordHeader::data(0, 0, 0), &vec![1; len]).is_ok() {
+                p.publish();
+                if i % 4 == 0 {
+                    pop(&mut c);
+                }
+                continue;
+            }
+            let named = p.room_needed(len);
+            let mut attempts = 0;
+            loop {
+                let want = p.room_needed(len).min(cap);
+                while c.producer_free() < want {
+                    // A pop that finds only a pad frees it and returns nothing.
+                    if pop(&mut c).is_none() {
+                        assert!(c.producer_free() >= want, "record {i}: empty ring too small");
+                    }
+                }
+                attempts += 1;
+                if p.push(RecordHeader::data(0, 0, 0), &vec![2; len]).is_ok() {
+                    break;
+                }
+                assert!(named > cap && attempts == 1, "record {i} of {len} bytes");
+            }
+            retries_behind_a_pad += usize::from(attempts > 1);
+            p.publish();
+        }
+        assert!(retries_behind_a_pad > 0, "the pad case was exercised");
     }
 
     #[test]

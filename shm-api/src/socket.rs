@@ -8,7 +8,7 @@ use crate::layout::{
     DAEMON_REGION_LEN, DEFAULT_BUF, LAYOUT_VERSION, MAX_BUF, MAX_MSG_SIZE, MIN_BUF, RX_FLAG_GROUP,
     SHM_MAGIC,
 };
-use crate::ring::{Consumer, Producer, PushError, RawRing, RecordHeader};
+use crate::ring::{Consumer, Producer, PushError, RawRing, RecordHeader, RingMemory};
 use crate::sys::{self, Mapping};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -465,6 +465,8 @@ impl Rdsd {
         let tx = c.ring(g.tx_ring_offset(slot), g.tx_ring_capacity);
         let rx = c.ring(g.rx_ring_offset(slot), g.rx_ring_capacity);
         let ctl = c.slot_control(slot);
+        // The slot's earlier socket may have left a wait for ring room behind.
+        ctl.tx_ring_want.store(0, Ordering::Relaxed);
         Ok(Socket {
             client: client.clone(),
             slot,
@@ -478,6 +480,7 @@ impl Rdsd {
             rcvbuf: AtomicU32::new(DEFAULT_BUF),
             timeouts: Mutex::new((None, None)),
             tx: Mutex::new(TxSide {
+                ring_want: false,
                 producer: Producer::new(tx),
                 sent: ctl.tx_sent_bytes.load(Ordering::Relaxed),
                 cong_hint: usize::MAX,
@@ -600,6 +603,8 @@ struct TxSide {
     producer: Producer<RawRing>,
     sent: u64,
     cong_hint: usize,
+    /// `SlotControl::tx_ring_want` is nonzero (a send found the ring full).
+    ring_want: bool,
 }
 
 struct RxSide {
@@ -857,10 +862,22 @@ impl Socket {
                 Ok(()) => {
                     tx.sent += buf.len() as u64;
                     *pending = true;
+                    if std::mem::take(&mut tx.ring_want) {
+                        ctl.tx_ring_want.store(0, Ordering::Relaxed);
+                    }
                     return Ok(buf.len());
                 }
                 Err(PushError::TooLarge) => return Err(errno(libc::EMSGSIZE)),
                 Err(PushError::Full) => {
+                    if room {
+                        // The ring is full, not SO_SNDBUF: POLLOUT waits for this room too.
+                        // A record behind a pad that does not fit yet may need more than the
+                        // ring: then it waits for an empty ring, and the retry writes the pad.
+                        let cap = tx.producer.memory().capacity();
+                        let need = tx.producer.room_needed(buf.len()).min(cap);
+                        ctl.tx_ring_want.store(need as u32, Ordering::Relaxed);
+                        tx.ring_want = true;
+                    }
                     self.flush_tx(tx, pending);
                     if nonblock {
                         c.check_alive()?;

@@ -269,6 +269,20 @@ impl Daemon {
         stat_from(&self.exact_stats(), name)
     }
 
+    /// True while rdsd runs (started, and neither exited nor killed; a zombie is not running).
+    pub fn running(&self) -> bool {
+        let Some(c) = &self.child else { return false };
+        std::fs::read_to_string(format!("/proc/{}/stat", c.id()))
+            .ok()
+            .and_then(|s| {
+                Some(
+                    s.get(s.rfind(')')? + 2..)?
+                        .starts_with(['R', 'S', 'D', 't', 'T']),
+                )
+            })
+            .unwrap_or(false)
+    }
+
     /// Thread id of rdsd's poll thread (`rdsd-poll-0`).
     pub fn poll_thread(&self) -> u32 {
         let pid = self.pid();

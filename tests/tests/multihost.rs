@@ -330,10 +330,90 @@ fn cancel_sent_to_a_dead_peer_frees_the_send_buffer() {
     );
     assert!(sent >= 100, "{sent}");
     s.cancel_sent_to(Some(dest)).unwrap();
+    // Room comes back within a pass or two; the generous bound is for a loaded CI machine, and
+    // a failure shows the last error and what rdsd counted (where the bytes stayed).
+    let start = Instant::now();
+    loop {
+        let last = match s.send_to(&[2u8; 1000], dest) {
+            Ok(_) => break,
+            Err(e) => e,
+        };
+        if start.elapsed() > Duration::from_secs(20) {
+            let d = lab.hosts[0].d();
+            let _ = shm_api::info_at(&d.socket, shm_api::ctrl::INFO_SOCKETS);
+            panic!(
+                "no send-buffer room 20 s after the cancel (last error: {last}); sent {sent}; \
+                 rdsd {}; its nonzero counters: {}",
+                if d.running() { "running" } else { "gone" },
+                shm_api::stats_at(&d.socket).map_or_else(
+                    |e| format!("unreadable ({e})"),
+                    |t| t
+                        .lines()
+                        .filter(|l| !l.ends_with(" 0"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// POLLOUT means a send would go. Large messages sent in place keep their tx-ring space until
+/// acknowledged, so with SO_SNDBUF above the ring the ring fills first: the fd must then stop
+/// saying writable (not send the app spinning on EAGAIN), and say it again once room is back.
+#[test]
+fn pollout_waits_for_tx_ring_room_when_the_ring_fills_before_the_send_buffer() {
+    let mut lab = Lab::new(2, 2, &[]);
+    let dest = addr(&lab.hosts[1].at(9302));
+    // Nothing is ever acknowledged: in-place messages hold their ring space.
+    lab.hosts[1].daemon.as_mut().unwrap().kill();
+    let r = lab.hosts[0].d().attach();
+    let s: Socket = r.socket().unwrap();
+    s.bind(addr(&lab.hosts[0].at(9303))).unwrap();
+    s.set_nonblocking(true).unwrap();
+    s.set_send_buffer_size(64 << 20).unwrap();
+    let fd = s.pollable_fd().unwrap();
+    let writable = || shm_api::sys::poll_one(fd, libc::POLLOUT, 0).unwrap() & libc::POLLOUT != 0;
+    let big = vec![3u8; 256 << 10];
+    let mut sent = 0;
+    let err = loop {
+        match s.send_to(&big, dest) {
+            Ok(_) => sent += 1,
+            Err(e) => break e,
+        }
+        assert!(
+            sent < 256,
+            "the 2 MiB tx ring should fill long before 64 MiB"
+        );
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::EAGAIN));
+    assert!(sent >= 4, "{sent}");
     wait_for(
-        || s.send_to(&[2u8; 1000], dest).is_ok(),
-        Duration::from_secs(5),
-        "send-buffer room after the cancel",
+        || !writable(),
+        Duration::from_secs(20),
+        "POLLOUT to clear while the tx ring is full",
+    );
+    // Nothing changes while nothing is acknowledged: it stays clear, and sends still fail.
+    assert_eq!(
+        shm_api::sys::poll_one(fd, libc::POLLOUT, 300).unwrap() & libc::POLLOUT,
+        0
+    );
+    assert_eq!(
+        s.send_to(&big, dest).unwrap_err().raw_os_error(),
+        Some(libc::EAGAIN)
+    );
+    // The cancel releases the held space: POLLOUT comes back, and then the send goes.
+    s.cancel_sent_to(Some(dest)).unwrap();
+    assert_ne!(
+        shm_api::sys::poll_one(fd, libc::POLLOUT, 20_000).unwrap() & libc::POLLOUT,
+        0,
+        "POLLOUT after the cancel"
+    );
+    s.send_to(&big, dest).unwrap();
+    assert!(
+        lab.hosts[0].d().exact_stat("tx_in_place") >= sent,
+        "the messages went in place"
     );
 }
 

@@ -787,7 +787,11 @@ impl SocketTable {
                 continue;
             };
             let sent = ctl.tx_sent_bytes.load(Ordering::Acquire);
+            // The ring can fill before SO_SNDBUF (in-place sends hold their space until
+            // acknowledged): then the app names the room its failed send needs.
+            let want = ctl.tx_ring_want.load(Ordering::Relaxed) as usize;
             let writable = sent.wrapping_sub(s.released) < s.sndbuf as u64
+                && (want == 0 || s.tx.producer_free() >= want.min(s.tx.memory().capacity()))
                 && s.group_dest.is_none_or(|g| {
                     // The bit in the daemon region: shard 0 sets it for every shard's senders.
                     let mut hint = usize::MAX;
