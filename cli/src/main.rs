@@ -87,6 +87,10 @@ struct InfoArgs {
     /// sends, deliveries, DROP_WHEN_FULL drops and filter rejections.
     #[arg(short = 'g', long = "groups")]
     groups: bool,
+    /// Every message on the send, retransmit and receive queues (rds-info's -s, -t and -r
+    /// listings; not part of the default summary).
+    #[arg(short = 'm', long = "messages")]
+    messages: bool,
 }
 
 #[derive(Args, Debug)]
@@ -183,6 +187,7 @@ fn sections(a: &InfoArgs) -> u32 {
         (a.send, ctrl::INFO_SEND_QUEUE),
         (a.retrans, ctrl::INFO_RETRANS_QUEUE),
         (a.groups, ctrl::INFO_GROUPS),
+        (a.messages, ctrl::INFO_MESSAGES),
     ] {
         if on {
             s |= bit;
@@ -199,7 +204,7 @@ fn sections(a: &InfoArgs) -> u32 {
 fn info_text(doc: &Value, s: u32) -> String {
     let mut parts = Vec::new();
     type Render = fn(&Value) -> String;
-    let table: [(u32, Render); 8] = [
+    let table: [(u32, Render); 9] = [
         (ctrl::INFO_COUNTERS, render::counters),
         (ctrl::INFO_SOCKETS, render::sockets),
         (ctrl::INFO_CONNECTIONS, render::connections),
@@ -208,6 +213,7 @@ fn info_text(doc: &Value, s: u32) -> String {
         (ctrl::INFO_SEND_QUEUE, render::send_queue),
         (ctrl::INFO_RETRANS_QUEUE, render::retransmit_queue),
         (ctrl::INFO_GROUPS, render::groups),
+        (ctrl::INFO_MESSAGES, render::messages),
     ];
     for (bit, f) in table {
         if s & bit != 0 {
@@ -427,5 +433,13 @@ mod tests {
         assert!(info_text(&doc, ctrl::INFO_ALL).contains("Retransmit queue"));
         assert!(info_text(&doc, ctrl::INFO_ALL).contains("RDS groups:"));
         assert!(!t.contains("RDS groups"));
+        assert!(!info_text(&doc, ctrl::INFO_ALL).contains("RDS messages"));
+        let doc = json!({"send_messages": [{"transport": "tcp", "path": 1, "seq": 9, "len": 64,
+            "laddr": "10.0.0.1", "lport": 4000, "faddr": "10.0.0.2", "fport": 5000}]});
+        let t = info_text(&doc, ctrl::INFO_MESSAGES);
+        assert!(
+            t.contains("send") && t.contains("10.0.0.1:4000") && t.contains("10.0.0.2:5000"),
+            "{t}"
+        );
     }
 }

@@ -241,6 +241,43 @@ pub fn retransmit_queue(doc: &Value) -> String {
     out
 }
 
+/// `-m`: every queued message (rds-info -s, -t, -r): local and remote `addr:port`, length,
+/// sequence number (none for received messages: rdsd's rx records carry none) and path.
+pub fn messages(doc: &Value) -> String {
+    let mut out = String::from("RDS messages:\n");
+    let _ = writeln!(
+        out,
+        "  {:<7} {:>21} {:>21} {:>8} {:>10} {:>4}",
+        "Queue", "Local", "Remote", "Bytes", "Seq", "Path"
+    );
+    for (key, kind) in [
+        ("send_messages", "send"),
+        ("retrans_messages", "retrans"),
+        ("recv_messages", "recv"),
+    ] {
+        for m in list(doc, key) {
+            let seq = m
+                .get("seq")
+                .map_or("-".into(), |_| num(m, "seq").to_string());
+            let path = m
+                .get("path")
+                .map_or("-".into(), |_| num(m, "path").to_string());
+            let _ = writeln!(
+                out,
+                "  {:<7} {:>21} {:>21} {:>8} {:>10} {:>4}",
+                kind,
+                format!("{}:{}", field(m, "laddr"), num(m, "lport")),
+                format!("{}:{}", field(m, "faddr"), num(m, "fport")),
+                num(m, "len"),
+                seq,
+                path
+            );
+        }
+        truncated(&mut out, doc, key);
+    }
+    out
+}
+
 /// `addr:port` of a socket (`-` if it is unbound or missing).
 fn sock_name(s: Option<&Value>) -> String {
     match s.and_then(|s| s.get("addr")).and_then(Value::as_str) {

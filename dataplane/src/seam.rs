@@ -270,7 +270,19 @@ pub struct PathSnapshot {
     pub unacked_bytes: Option<u64>,
     /// Reading stopped because a receiver's rx ring is full.
     pub rx_paused: bool,
+    /// The data messages waiting to be written, oldest first, at most [`MAX_LISTED`] (the
+    /// `Info` section `messages`, `RDS_INFO_SEND_MESSAGES`).
+    #[serde(skip)]
+    pub send_messages: Vec<rds_proto::MessageInfo>,
+    /// The data messages written and not yet acknowledged, likewise
+    /// (`RDS_INFO_RETRANS_MESSAGES`).
+    #[serde(skip)]
+    pub retrans_messages: Vec<rds_proto::MessageInfo>,
 }
+
+/// Most messages a snapshot lists per path queue or socket: it is built on the poll core, so
+/// a queue of a million messages must not stall it (the `Info` reply holds fewer anyway).
+pub const MAX_LISTED: usize = 4096;
 
 /// One RDS connection (local address, peer address) of a network transport.
 #[derive(Clone, Debug, serde::Serialize)]

@@ -234,7 +234,10 @@ pub const INFO_SEND_QUEUE: u32 = 1 << 5;
 pub const INFO_RETRANS_QUEUE: u32 = 1 << 6;
 /// `Info` section: multicast groups, their members and counters.
 pub const INFO_GROUPS: u32 = 1 << 7;
-/// Every `Info` section.
+/// `Info` section: every message on the send, retransmit and receive queues (the records
+/// of `RDS_INFO_{SEND,RETRANS,RECV}_MESSAGES`). Not in [`INFO_ALL`]: a listing, not a summary.
+pub const INFO_MESSAGES: u32 = 1 << 8;
+/// Every summary `Info` section.
 pub const INFO_ALL: u32 = 0xff;
 /// Version of the `Info` JSON body (its `schema` field). Fields are only ever added (a new
 /// section, `groups`, too: an older rdsd ignores the bit and its reply has no such key).

@@ -302,6 +302,47 @@ impl Record {
     }
 }
 
+impl<M: RingMemory> Producer<M> {
+    /// The headers of the data records published and not yet released by the consumer,
+    /// oldest first, at most `max` (introspection: `RDS_INFO_RECV_MESSAGES`). The consumer's
+    /// position and the bytes are the peer's to write: an out-of-range or misaligned position
+    /// lists nothing, and a record that does not parse ends the list.
+    pub fn unconsumed(&self, max: usize, mut f: impl FnMut(&RecordHeader)) {
+        let cap = self.mem.capacity();
+        let head = self.mem.producer().load(Ordering::Acquire);
+        let mut pos = self.mem.consumer().load(Ordering::Acquire);
+        if head.wrapping_sub(pos) > cap as u64 || !pos.is_multiple_of(RECORD_ALIGN as u64) {
+            return;
+        }
+        let mut n = 0;
+        while pos != head && n < max {
+            let idx = (pos as usize) & (cap - 1);
+            let to_end = cap - idx;
+            let avail = head.wrapping_sub(pos) as usize;
+            let mut raw = [0u8; RECORD_HEADER_LEN];
+            self.mem.read(idx, &mut raw);
+            let header = RecordHeader::from_bytes(&raw);
+            let step = match header.kind {
+                KIND_PAD if header.len as usize + RECORD_HEADER_LEN == to_end => to_end,
+                KIND_DATA => {
+                    let total = record_size(header.len as usize);
+                    if header.len as usize > cap || total > to_end {
+                        return;
+                    }
+                    f(&header);
+                    n += 1;
+                    total
+                }
+                _ => return,
+            };
+            if step > avail {
+                return;
+            }
+            pos = pos.wrapping_add(step as u64);
+        }
+    }
+}
+
 /// The reading end. Exactly one per ring.
 pub struct Consumer<M: RingMemory> {
     mem: M,
@@ -686,7 +727,38 @@ mod tests {
         }
     }
 
-    /// What POLLOUT relies on: once the producer-visible free space reaches the room a failed
+    #[test]
+    fn unconsumed_lists_what_the_consumer_has_not_released_and_trusts_nothing() {
+        let (h, mut p, mut c) = pair(256);
+        let list = |p: &Producer<RawRing>| {
+            let mut v = Vec::new();
+            p.unconsumed(100, |r| v.push((r.len, r.port)));
+            v
+        };
+        // Across the wrap: 48-byte records, some consumed, a pad at the end of the lap.
+        for i in 0..7u16 {
+            p.push(RecordHeader::data(32, 1, i), &[0; 32]).unwrap();
+            p.publish();
+            if i < 4 {
+                pop(&mut c);
+            }
+        }
+        assert_eq!(list(&p), [(32, 4), (32, 5), (32, 6)]);
+        let mut few = 0;
+        p.unconsumed(2, |_| few += 1);
+        assert_eq!(few, 2, "at most max");
+        // A consumer position the peer scribbled (misaligned, or ahead of the producer).
+        let ring = h.ring();
+        let real = ring.consumer().load(Ordering::Relaxed);
+        ring.consumer().store(real + 1, Ordering::Relaxed);
+        assert!(list(&p).is_empty());
+        ring.consumer().store(real + 4096, Ordering::Relaxed);
+        assert!(list(&p).is_empty());
+        ring.consumer().store(real, Ordering::Relaxed);
+        assert_eq!(list(&p).len(), 3);
+    }
+
+    /// What POLLOUT relies on:    /// What POLLOUT relies on: once the producer-visible free space reaches the room a failed
     /// push named, the retry goes; or, when the record waits behind a pad that did not fit
     /// (room capped at the capacity), the retry writes the pad and the next named room does.
     #[test]
@@ -710,7 +782,10 @@ mod tests {
                 while c.producer_free() < want {
                     // A pop that finds only a pad frees it and returns nothing.
                     if pop(&mut c).is_none() {
-                        assert!(c.producer_free() >= want, "record {i}: empty ring too small");
+                        assert!(
+                            c.producer_free() >= want,
+                            "record {i}: empty ring too small"
+                        );
                     }
                 }
                 attempts += 1;

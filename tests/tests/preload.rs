@@ -13,6 +13,7 @@ use rdsd_tests::*;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
 
 fn stat_now(d: &Daemon, name: &str) -> u64 {
     stat_from(&shm_api::stats_at(&d.socket).expect("stats"), name)
@@ -242,6 +243,82 @@ fn vmlab_rdsguest_built_dynamically_runs_on_rdsd() {
     let k = under_rdsd(&d, &bin, &["counters-all"]).output().unwrap();
     assert!(has_line(&k, "counter loop_delivered "), "{}", text(&k));
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// rds-info's tables (`RDS_INFO_CONNECTIONS`, `_SEND_MESSAGES`, `_RETRANS_MESSAGES`,
+/// `_RECV_MESSAGES`) through the preload library, in the kernel's record layouts, read by the
+/// VM lab's C program (which the VM lab runs against the kernel's RDS). Three hosts: host 0
+/// queues messages to host 2, whose rdsd is gone, and delivers some to a socket of host 1
+/// that reads nothing.
+#[test]
+fn rds_info_tables_of_connections_and_messages() {
+    let dir = tmpdir("rdsinfo");
+    let bin = dir.join("rdsguest");
+    let src = workspace_root().join("tests/vmlab/rdsguest.c");
+    cc(&["-O2", "-o", bin.to_str().unwrap(), src.to_str().unwrap()]);
+    let mut lab = rdsd_tests::netns::Lab::new(3, 3, &[]);
+    lab.hosts[2].daemon.as_mut().unwrap().kill();
+    let (h0, h1, h2) = (&lab.hosts[0], &lab.hosts[1], &lab.hosts[2]);
+    let addr = |s: String| -> std::net::SocketAddrV4 { s.parse().unwrap() };
+    let r1 = h1.d().attach();
+    let quiet = r1.socket().unwrap();
+    quiet.bind(addr(h1.at(9403))).unwrap();
+    let r0 = h0.d().attach();
+    let s = r0.socket().unwrap();
+    s.bind(addr(h0.at(9401))).unwrap();
+    for _ in 0..5 {
+        s.send_to(&[7; 100], addr(h2.at(9400))).unwrap();
+    }
+    for _ in 0..3 {
+        s.send_to(&[8; 200], addr(h1.at(9403))).unwrap();
+    }
+    wait_for(
+        || stat_now(h1.d(), "tcp_delivered") >= 3,
+        Duration::from_secs(20),
+        "host 1 to hold the 3 messages",
+    );
+    let lines = |d: &Daemon| {
+        let o = under_rdsd(d, &bin, &["info"]).output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        rdsg_lines(&o)
+    };
+    let on0 = lines(h0.d());
+    let conn = |faddr: &std::net::Ipv4Addr| {
+        on0.iter()
+            .find(|l| l.starts_with(&format!("conn laddr={} faddr={faddr} ", h0.addr)))
+            .unwrap_or_else(|| panic!("no connection to {faddr}: {on0:#?}"))
+            .clone()
+    };
+    let up = conn(&h1.addr);
+    assert!(up.contains(" transport=tcp flags=4"), "{up}");
+    assert!(
+        up.contains(" tx_seq=") && !up.contains(" tx_seq=0 "),
+        "{up}"
+    );
+    let dead = conn(&h2.addr);
+    assert!(!dead.contains("flags=4"), "{dead}");
+    let to_dead: Vec<_> = on0
+        .iter()
+        .filter(|l| {
+            l.starts_with("msg send ")
+                && l.ends_with(&format!(
+                    "len=100 laddr={} lport=9401 faddr={} fport=9400",
+                    h0.addr, h2.addr
+                ))
+        })
+        .collect();
+    assert_eq!(to_dead.len(), 5, "{on0:#?}");
+    let on1 = lines(h1.d());
+    let held = format!(
+        "msg recv seq=0 len=200 laddr={} lport=9403 faddr={} fport=9401",
+        h1.addr, h0.addr
+    );
+    assert_eq!(on1.iter().filter(|l| **l == held).count(), 3, "{on1:#?}");
+    assert!(
+        on1.iter().any(|l| l.starts_with("info conns=1 ")),
+        "{on1:#?}"
+    );
+    drop(quiet);
 }
 
 #[test]

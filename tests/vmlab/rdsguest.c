@@ -34,6 +34,11 @@
  *   counters PEER
  *         The kernel's RDS counters for congestion maps and its TCP connections to PEER
  *         (rds-info -c / -n): prints "counters cong_rx=R cong_queued=Q conns=C".
+ *   info
+ *         The connection and message tables, as rds-info -n / -s / -t / -r prints them: a
+ *         line "conn laddr=A faddr=F tx_seq=T rx_seq=R transport=N flags=X" per connection
+ *         and "msg KIND seq=S len=L laddr=A lport=P faddr=F fport=Q" per message (KIND send,
+ *         retrans or recv), then "info conns=C send=S retrans=T recv=R".
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -546,6 +551,55 @@ static int cmd_counters_all(void)
 	return 0;
 }
 
+static int info_messages(int fd, int what, const char *kind, void **buf)
+{
+	socklen_t len;
+	int n = 0;
+	int item = rds_info(fd, what, buf, &len);
+	for (socklen_t off = 0; item > 0 && off + item <= len; off += item) {
+		struct rds_info_message m;
+		memcpy(&m, (char *)*buf + off, sizeof m);
+		char l[INET_ADDRSTRLEN], f[INET_ADDRSTRLEN];
+		inet_ntop(AF_INET, &m.laddr, l, sizeof l);
+		inet_ntop(AF_INET, &m.faddr, f, sizeof f);
+		out("msg %s seq=%llu len=%u laddr=%s lport=%u faddr=%s fport=%u", kind,
+		    (unsigned long long)m.seq, (unsigned)m.len, l, (unsigned)ntohs(m.lport), f,
+		    (unsigned)ntohs(m.fport));
+		n++;
+	}
+	return n;
+}
+
+static int cmd_info(void)
+{
+	int fd = socket(AF_RDS, SOCK_SEQPACKET, 0);
+	if (fd < 0)
+		die("socket");
+	void *buf = NULL;
+	socklen_t len;
+	int conns = 0;
+	int item = rds_info(fd, RDS_INFO_CONNECTIONS, &buf, &len);
+	if (item != (int)sizeof(struct rds_info_connection) && len > 0)
+		return out("FAIL connection record of %d bytes", item), 1;
+	for (socklen_t off = 0; item > 0 && off + item <= len; off += item) {
+		struct rds_info_connection c;
+		memcpy(&c, (char *)buf + off, sizeof c);
+		char l[INET_ADDRSTRLEN], f[INET_ADDRSTRLEN];
+		inet_ntop(AF_INET, &c.laddr, l, sizeof l);
+		inet_ntop(AF_INET, &c.faddr, f, sizeof f);
+		out("conn laddr=%s faddr=%s tx_seq=%llu rx_seq=%llu transport=%.16s flags=%u", l, f,
+		    (unsigned long long)c.next_tx_seq, (unsigned long long)c.next_rx_seq,
+		    (char *)c.transport, (unsigned)c.flags);
+		conns++;
+	}
+	int send = info_messages(fd, RDS_INFO_SEND_MESSAGES, "send", &buf);
+	int retrans = info_messages(fd, RDS_INFO_RETRANS_MESSAGES, "retrans", &buf);
+	int recv = info_messages(fd, RDS_INFO_RECV_MESSAGES, "recv", &buf);
+	free(buf);
+	out("info conns=%d send=%d retrans=%d recv=%d", conns, send, retrans, recv);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *t = getenv("RDSG_TAG");
@@ -566,6 +620,8 @@ int main(int argc, char **argv)
 		return cmd_counters(argc, argv);
 	if (!strcmp(argv[1], "counters-all"))
 		return cmd_counters_all();
+	if (!strcmp(argv[1], "info"))
+		return cmd_info();
 	out("FAIL unknown command %s", argv[1]);
 	return 2;
 }

@@ -212,7 +212,8 @@ pub mod time;
 pub mod wire;
 
 pub use conn::{
-    AcceptError, Config, ConfigError, Connection, Counters, Delivery, Event, PathChoice, PathError,
-    PathState, Received, SendError, SendFlags, TransmitChunk, TransmitSlices,
+    AcceptError, Config, ConfigError, Connection, Counters, Delivery, Event, MessageInfo,
+    PathChoice, PathError, PathState, Received, SendError, SendFlags, TransmitChunk,
+    TransmitSlices,
 };
 pub use time::Instant;

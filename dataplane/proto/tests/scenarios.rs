@@ -555,6 +555,38 @@ fn cancel_sent_to_releases_and_skips() {
     assert_eq!(pair.conn(0).cancel_socket(7), 0);
 }
 
+/// `message_info` (rds-info's send and retransmit listings): data messages only, oldest
+/// first, moving from the send queue to the retransmit queue as they are written, and gone
+/// once cancelled.
+#[test]
+fn message_info_lists_queued_then_unacknowledged_data_messages() {
+    use rds_proto::MessageInfo;
+    let now = Instant::ZERO;
+    let mut a = active_attached(now);
+    let map = CongMap::new();
+    drain(&mut a, now, 0, &map); // map + probe: control, never listed
+    assert_eq!(a.message_info(0, false).count(), 0);
+    assert_eq!(a.message_info(0, true).count(), 0);
+    a.send(now, 7, 10, vec![1u8; 100], 1).unwrap();
+    a.send(now, 7, 11, vec![2u8; 200], 2).unwrap();
+    let queued: Vec<MessageInfo> = a.message_info(0, false).collect();
+    assert_eq!(
+        queued
+            .iter()
+            .map(|m| (m.len, m.sport, m.dport))
+            .collect::<Vec<_>>(),
+        [(100, 7, 10), (200, 7, 11)]
+    );
+    assert!(queued[0].seq < queued[1].seq);
+    drain(&mut a, now, 0, &map);
+    assert_eq!(a.message_info(0, false).count(), 0);
+    assert_eq!(a.message_info(0, true).collect::<Vec<_>>(), queued);
+    a.cancel_sent_to(7, 10);
+    assert_eq!(a.message_info(0, true).collect::<Vec<_>>(), queued[1..]);
+    assert_eq!(a.message_info(5, true).count(), 0, "a path never used");
+    assert_eq!(a.message_info(99, true).count(), 0, "no such path");
+}
+
 #[test]
 fn cancel_of_a_message_being_written_completes_its_frame() {
     let now = Instant::ZERO;

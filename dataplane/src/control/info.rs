@@ -52,10 +52,13 @@ impl Started {
 const MAX_BODY: usize = MAX_DATAGRAM - REPLY_HEADER_LEN;
 
 /// Serialises `doc`, halving its longest list (`sockets`, `connections`, `groups`, a queue's
-/// `entries`, a group's `members`) until it fits in `max` bytes; each cut list gets a
+/// `entries`, a group's `members`, a message listing) until it fits in `max` bytes; each cut list gets a
 /// `<list>_truncated` count (next to it, in the same object) of the entries left out.
 fn fit(doc: Map<String, Value>, max: usize) -> Vec<u8> {
-    const LISTS: [&str; 6] = [
+    const LISTS: [&str; 9] = [
+        "/send_messages",
+        "/retrans_messages",
+        "/recv_messages",
         "/sockets",
         "/connections",
         "/recv_queue/entries",
@@ -163,6 +166,9 @@ pub(super) fn reply(
 }
 
 fn add_sections(doc: &mut Map<String, Value>, sections: u32, snap: PollSnapshot) {
+    if sections & ctrl::INFO_MESSAGES != 0 {
+        add_messages(doc, &snap);
+    }
     if sections & ctrl::INFO_RECV_QUEUE != 0 {
         let q: Vec<_> = snap
             .sockets
@@ -251,6 +257,44 @@ fn add_sections(doc: &mut Map<String, Value>, sections: u32, snap: PollSnapshot)
         }
         doc.insert("connections".into(), conns);
     }
+}
+
+/// The message listings: what `RDS_INFO_{SEND,RETRANS,RECV}_MESSAGES` report. Local address
+/// and port first, as the kernel's records have them (for a received message, the
+/// receiver's). rdsd's rx records carry no sequence number: received messages have none.
+fn add_messages(doc: &mut Map<String, Value>, snap: &PollSnapshot) {
+    let listing = |unacked: bool| {
+        let mut out = Vec::new();
+        for c in &snap.connections {
+            for p in &c.paths {
+                let list = if unacked {
+                    &p.retrans_messages
+                } else {
+                    &p.send_messages
+                };
+                out.extend(list.iter().map(|m| {
+                    json!({
+                        "transport": c.transport, "path": p.index, "seq": m.seq, "len": m.len,
+                        "laddr": c.laddr, "faddr": c.faddr, "lport": m.sport, "fport": m.dport,
+                    })
+                }));
+            }
+        }
+        Value::Array(out)
+    };
+    doc.insert("send_messages".into(), listing(false));
+    doc.insert("retrans_messages".into(), listing(true));
+    let mut recv = Vec::new();
+    for s in &snap.sockets {
+        let Some(laddr) = s.addr else { continue };
+        recv.extend(s.rx_messages.iter().map(|&(len, faddr, fport)| {
+            json!({
+                "pid": s.pid, "len": len, "laddr": laddr, "faddr": faddr,
+                "lport": s.port, "fport": fport,
+            })
+        }));
+    }
+    doc.insert("recv_messages".into(), Value::Array(recv));
 }
 
 #[cfg(test)]

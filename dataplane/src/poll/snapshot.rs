@@ -49,6 +49,11 @@ pub struct SockSnapshot {
     pub cong_monitor: bool,
     /// The app asked for a pollable readiness fd.
     pub pollable: bool,
+    /// The messages on the rx ring the app has not read, oldest first, at most
+    /// [`crate::seam::MAX_LISTED`]: (length, sender address, sender port) (the `Info` section
+    /// `messages`, `RDS_INFO_RECV_MESSAGES`).
+    #[serde(skip)]
+    pub rx_messages: Vec<(u32, Ipv4Addr, u16)>,
 }
 
 /// A socket of a group (its creator or a member), by its bound address.
@@ -160,6 +165,13 @@ impl PollCore {
                 congested: s.congested,
                 cong_monitor: s.monitor,
                 pollable: s.readiness_on,
+                rx_messages: {
+                    let mut v = Vec::new();
+                    s.rx.unconsumed(crate::seam::MAX_LISTED, |h| {
+                        v.push((h.len, Ipv4Addr::from(h.addr), h.port))
+                    });
+                    v
+                },
             });
         });
         self.snapshot_groups(&mut out);

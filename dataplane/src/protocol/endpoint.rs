@@ -1175,7 +1175,7 @@ impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
     }
 
     fn snapshot(&mut self, out: &mut Vec<crate::seam::ConnSnapshot>) {
-        use crate::seam::{ConnSnapshot, PathSnapshot};
+        use crate::seam::{ConnSnapshot, PathSnapshot, MAX_LISTED};
         for c in &self.conns {
             let e = &c.engine;
             let mut paths = Vec::new();
@@ -1191,6 +1191,8 @@ impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
                     tx_stream_bytes: e.stream_offset(p),
                     unacked_bytes: None,
                     rx_paused: c.rx[p].is_paused(),
+                    send_messages: e.message_info(p, false).take(MAX_LISTED).collect(),
+                    retrans_messages: e.message_info(p, true).take(MAX_LISTED).collect(),
                 };
                 let idle = state == PathState::Down
                     && ps.queued_msgs == 0

@@ -33,6 +33,19 @@ const RDS_INFO_SOCKETS: c_int = 10006;
 /// `struct rds_info_socket`: `u32 sndbuf; be32 bound_addr, connected_addr; be16 bound_port,
 /// connected_port; u32 rcvbuf; u64 inum;` packed.
 const INFO_SOCKET_LEN: usize = 28;
+const RDS_INFO_CONNECTIONS: c_int = 10001;
+/// `struct rds_info_connection`: `u64 next_tx_seq, next_rx_seq; be32 laddr, faddr;
+/// u8 transport[16]; u8 flags; u8 tos;` packed.
+const INFO_CONNECTION_LEN: usize = 42;
+/// `rds_info_connection` flags.
+const INFO_CONN_CONNECTING: u8 = 2;
+const INFO_CONN_CONNECTED: u8 = 4;
+const RDS_INFO_SEND_MESSAGES: c_int = 10003;
+const RDS_INFO_RETRANS_MESSAGES: c_int = 10004;
+const RDS_INFO_RECV_MESSAGES: c_int = 10005;
+/// `struct rds_info_message`: `u64 seq; u32 len; be32 laddr, faddr; be16 lport, fport;
+/// u8 flags; u8 tos;` packed.
+const INFO_MESSAGE_LEN: usize = 26;
 const SIOCRDSSETTOS: c_ulong = 0x89E0;
 const SIOCRDSGETTOS: c_ulong = 0x89E1;
 
@@ -829,6 +842,74 @@ fn info_sockets() -> Result<Vec<u8>, i32> {
     Ok(out)
 }
 
+/// rdsd's `Info` document with `sections`, parsed.
+fn info_doc(sections: u32) -> Result<serde_json::Value, i32> {
+    let doc = shm_api::info_at(&table::control_path(), sections).map_err(os)?;
+    serde_json::from_str(&doc).map_err(|_| libc::EIO)
+}
+
+fn json_addr(v: &serde_json::Value) -> Ipv4Addr {
+    v.as_str()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(Ipv4Addr::UNSPECIFIED)
+}
+
+/// Every RDS connection of rdsd's network transports as `struct rds_info_connection`: path
+/// 0's sequence numbers and state, as the kernel reports (SENDING, a transient lock in the
+/// kernel, is never set).
+fn info_connections() -> Result<Vec<u8>, i32> {
+    use shm_api::ctrl::{INFO_CONNECTIONS, INFO_PATHS};
+    let v = info_doc(INFO_CONNECTIONS | INFO_PATHS)?;
+    let mut out = Vec::new();
+    for c in v["connections"].as_array().into_iter().flatten() {
+        let path0 = c["paths"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["index"].as_u64() == Some(0));
+        let seq = |k: &str| path0.and_then(|p| p[k].as_u64()).unwrap_or(0);
+        let flags = match path0.and_then(|p| p["state"].as_str()) {
+            Some("up") => INFO_CONN_CONNECTED,
+            Some("connecting") => INFO_CONN_CONNECTING,
+            _ => 0,
+        };
+        let mut transport = [0u8; 16];
+        let name = c["transport"].as_str().unwrap_or("").as_bytes();
+        let n = name.len().min(15);
+        transport[..n].copy_from_slice(&name[..n]);
+        let mut rec = Vec::with_capacity(INFO_CONNECTION_LEN);
+        rec.extend_from_slice(&seq("next_tx_seq").to_ne_bytes());
+        rec.extend_from_slice(&seq("next_rx_seq").to_ne_bytes());
+        rec.extend_from_slice(&json_addr(&c["laddr"]).octets());
+        rec.extend_from_slice(&json_addr(&c["faddr"]).octets());
+        rec.extend_from_slice(&transport);
+        rec.extend_from_slice(&[flags, 0]);
+        out.extend_from_slice(&rec);
+    }
+    Ok(out)
+}
+
+/// One of rdsd's message listings (`send_messages`, `retrans_messages`, `recv_messages`) as
+/// `struct rds_info_message` records. Received messages carry no sequence number in rdsd's
+/// rings: 0.
+fn info_messages(list: &str) -> Result<Vec<u8>, i32> {
+    let v = info_doc(shm_api::ctrl::INFO_MESSAGES)?;
+    let mut out = Vec::new();
+    for m in v[list].as_array().into_iter().flatten() {
+        let num = |k: &str| m[k].as_u64().unwrap_or(0);
+        let mut rec = Vec::with_capacity(INFO_MESSAGE_LEN);
+        rec.extend_from_slice(&num("seq").to_ne_bytes());
+        rec.extend_from_slice(&(num("len") as u32).to_ne_bytes());
+        rec.extend_from_slice(&json_addr(&m["laddr"]).octets());
+        rec.extend_from_slice(&json_addr(&m["faddr"]).octets());
+        rec.extend_from_slice(&(num("lport") as u16).to_be_bytes());
+        rec.extend_from_slice(&(num("fport") as u16).to_be_bytes());
+        rec.extend_from_slice(&[0, 0]);
+        out.extend_from_slice(&rec);
+    }
+    Ok(out)
+}
+
 /// The RDS_INFO protocol: copies `recs` if `*len` holds them (returning `item`), else ENOSPC;
 /// `*len` = the bytes of the table either way.
 unsafe fn put_info(
@@ -896,7 +977,23 @@ pub unsafe fn getsockopt(
             (crate::RDSD_SOL_RDS, RDS_INFO_SOCKETS) => {
                 put_info(&info_sockets()?, INFO_SOCKET_LEN, val, len)
             }
-            // Other RDS_INFO tables (connections, messages, transport sockets) are not served yet.
+            (crate::RDSD_SOL_RDS, RDS_INFO_CONNECTIONS) => {
+                put_info(&info_connections()?, INFO_CONNECTION_LEN, val, len)
+            }
+            (crate::RDSD_SOL_RDS, RDS_INFO_SEND_MESSAGES) => {
+                put_info(&info_messages("send_messages")?, INFO_MESSAGE_LEN, val, len)
+            }
+            (crate::RDSD_SOL_RDS, RDS_INFO_RETRANS_MESSAGES) => put_info(
+                &info_messages("retrans_messages")?,
+                INFO_MESSAGE_LEN,
+                val,
+                len,
+            ),
+            (crate::RDSD_SOL_RDS, RDS_INFO_RECV_MESSAGES) => {
+                put_info(&info_messages("recv_messages")?, INFO_MESSAGE_LEN, val, len)
+            }
+            // The transport-socket tables (TCP_SOCKETS, IB_CONNECTIONS) and the IPv6 variants
+            // are not served: ENOPROTOOPT, as a kernel without that transport answers.
             (crate::RDSD_SOL_RDS, RDS_INFO_FIRST..=RDS_INFO_LAST) => Err(libc::ENOPROTOOPT),
             _ => Err(libc::ENOPROTOOPT),
         }

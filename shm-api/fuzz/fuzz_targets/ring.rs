@@ -2,7 +2,7 @@
 //! the consumer (rdsd drains an app's tx ring) and the producer (rdsd fills an app's rx ring).
 //! Never a panic or an access outside the data area (RawRing asserts every copy), every record
 //! handed out lies inside the data area and inside what was published, and the consumer's
-//! work per call is bounded.
+//! work per call is bounded; so is the producer's listing of unread records.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -109,6 +109,17 @@ fuzz_target!(|data: &[u8]| {
             _ => {
                 let _ = consumer.is_empty();
                 let _ = producer.is_drained();
+                // The listing of unread records (RDS_INFO_RECV_MESSAGES) and POLLOUT's room,
+                // on whatever the peer left: bounded, in range.
+                let mut n = 0;
+                producer.unconsumed(usize::MAX, |h| {
+                    assert!(record_size(h.len as usize) <= cap, "a listed record fits");
+                    n += 1;
+                });
+                assert!(n <= cap / RECORD_HEADER_LEN, "bounded listing");
+                assert!(consumer.producer_free() <= cap);
+                let len = usize::from(op);
+                assert!(producer.room_needed(len) <= cap + record_size(len));
             }
         }
     }

@@ -74,6 +74,19 @@ pub use event::{
 };
 pub use path::PathState;
 
+/// One data message of a path's queues, as [`Connection::message_info`] lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MessageInfo {
+    /// Its sequence number on the path.
+    pub seq: u64,
+    /// Payload bytes.
+    pub len: u32,
+    /// Sending port.
+    pub sport: u16,
+    /// Destination port.
+    pub dport: u16,
+}
+
 use crate::rng::SplitMix64;
 use crate::time::Instant;
 use crate::wire::{
@@ -399,6 +412,27 @@ impl<P: AsRef<[u8]>> Connection<P> {
     /// Messages sent on a path and not yet acknowledged.
     pub fn unacked_messages(&self, path: usize) -> usize {
         self.tx.get(path).map_or(0, |t| t.unacked.len())
+    }
+
+    /// The data messages of a path, oldest first: those waiting to be written (`unacked`
+    /// false, `RDS_INFO_SEND_MESSAGES`) or those written and not yet acknowledged (true,
+    /// `RDS_INFO_RETRANS_MESSAGES`). Control messages (pings, pongs, maps) are not listed.
+    pub fn message_info(
+        &self,
+        path: usize,
+        unacked: bool,
+    ) -> impl Iterator<Item = MessageInfo> + '_ {
+        let tx = self.tx.get(path);
+        let list = tx.map(|t| if unacked { &t.unacked } else { &t.queue });
+        list.into_iter()
+            .flatten()
+            .filter(|m| matches!(m.body, Body::Data { .. }) && !m.cancelled)
+            .map(|m| MessageInfo {
+                seq: m.seq,
+                len: m.len() as u32,
+                sport: m.sport,
+                dport: m.dport,
+            })
     }
 
     /// Bytes handed to the transport on the path's current connection.
