@@ -270,6 +270,15 @@ pub struct PathSnapshot {
     pub unacked_bytes: Option<u64>,
     /// Reading stopped because a receiver's rx ring is full.
     pub rx_paused: bool,
+    /// The path's transport connection: local and peer port (TCP; `None` for RDMA, or while
+    /// no connection stands).
+    pub local_port: Option<u16>,
+    /// See `local_port`.
+    pub peer_port: Option<u16>,
+    /// Header bytes the message being received still needs (0 between messages).
+    pub rx_header_rem: usize,
+    /// Payload bytes the message being received still needs.
+    pub rx_payload_rem: usize,
     /// The data messages waiting to be written, oldest first, at most [`MAX_LISTED`] (the
     /// `Info` section `messages`, `RDS_INFO_SEND_MESSAGES`).
     #[serde(skip)]

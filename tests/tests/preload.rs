@@ -318,6 +318,22 @@ fn rds_info_tables_of_connections_and_messages() {
         on1.iter().any(|l| l.starts_with("info conns=1 ")),
         "{on1:#?}"
     );
+    // The TCP connections of host 0's up connection, rds_tcp's port at one end of each.
+    let tcp: Vec<_> = on0
+        .iter()
+        .filter(|l| l.starts_with(&format!("tcp local={}:", h0.addr)))
+        .collect();
+    assert!(!tcp.is_empty(), "{on0:#?}");
+    for l in &tcp {
+        assert!(
+            l.contains(&format!(" peer={}:16385 ", h1.addr)),
+            "host 0 connects to host 1's rds_tcp port: {l}"
+        );
+    }
+    assert!(
+        tcp.iter().any(|l| !l.contains("sent_nxt=0 ")),
+        "path 0 carried the probe and the map at least: {tcp:#?}"
+    );
     drop(quiet);
 }
 

@@ -35,10 +35,12 @@
  *         The kernel's RDS counters for congestion maps and its TCP connections to PEER
  *         (rds-info -c / -n): prints "counters cong_rx=R cong_queued=Q conns=C".
  *   info
- *         The connection and message tables, as rds-info -n / -s / -t / -r prints them: a
- *         line "conn laddr=A faddr=F tx_seq=T rx_seq=R transport=N flags=X" per connection
- *         and "msg KIND seq=S len=L laddr=A lport=P faddr=F fport=Q" per message (KIND send,
- *         retrans or recv), then "info conns=C send=S retrans=T recv=R".
+ *         The connection, TCP socket and message tables, as rds-info -n / -T / -s / -t / -r
+ *         print them: a line "conn laddr=A faddr=F tx_seq=T rx_seq=R transport=N flags=X"
+ *         per connection, "tcp local=A:P peer=F:Q hdr_rem=H data_rem=D sent_nxt=N
+ *         seen_una=U" per TCP socket and "msg KIND seq=S len=L laddr=A lport=P faddr=F
+ *         fport=Q" per message (KIND send, retrans or recv), then
+ *         "info conns=C tcp=T send=S retrans=R recv=V".
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -592,11 +594,27 @@ static int cmd_info(void)
 		    (char *)c.transport, (unsigned)c.flags);
 		conns++;
 	}
+	int tcp = 0;
+	item = rds_info(fd, RDS_INFO_TCP_SOCKETS, &buf, &len);
+	if (item != (int)sizeof(struct rds_info_tcp_socket) && len > 0)
+		return out("FAIL tcp socket record of %d bytes", item), 1;
+	for (socklen_t off = 0; item > 0 && off + item <= len; off += item) {
+		struct rds_info_tcp_socket t;
+		memcpy(&t, (char *)buf + off, sizeof t);
+		char l[INET_ADDRSTRLEN], f[INET_ADDRSTRLEN];
+		inet_ntop(AF_INET, &t.local_addr, l, sizeof l);
+		inet_ntop(AF_INET, &t.peer_addr, f, sizeof f);
+		out("tcp local=%s:%u peer=%s:%u hdr_rem=%llu data_rem=%llu sent_nxt=%u seen_una=%u", l,
+		    (unsigned)ntohs(t.local_port), f, (unsigned)ntohs(t.peer_port),
+		    (unsigned long long)t.hdr_rem, (unsigned long long)t.data_rem,
+		    (unsigned)t.last_sent_nxt, (unsigned)t.last_seen_una);
+		tcp++;
+	}
 	int send = info_messages(fd, RDS_INFO_SEND_MESSAGES, "send", &buf);
 	int retrans = info_messages(fd, RDS_INFO_RETRANS_MESSAGES, "retrans", &buf);
 	int recv = info_messages(fd, RDS_INFO_RECV_MESSAGES, "recv", &buf);
 	free(buf);
-	out("info conns=%d send=%d retrans=%d recv=%d", conns, send, retrans, recv);
+	out("info conns=%d tcp=%d send=%d retrans=%d recv=%d", conns, tcp, send, retrans, recv);
 	return 0;
 }
 

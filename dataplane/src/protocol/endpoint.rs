@@ -1191,6 +1191,10 @@ impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
                     tx_stream_bytes: e.stream_offset(p),
                     unacked_bytes: None,
                     rx_paused: c.rx[p].is_paused(),
+                    local_port: None,
+                    peer_port: None,
+                    rx_header_rem: e.rx_remaining(p).0,
+                    rx_payload_rem: e.rx_remaining(p).1,
                     send_messages: e.message_info(p, false).take(MAX_LISTED).collect(),
                     retrans_messages: e.message_info(p, true).take(MAX_LISTED).collect(),
                 };
@@ -1201,6 +1205,15 @@ impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
                     && ps.next_rx_seq == 0;
                 if !idle || p == 0 {
                     paths.push(ps);
+                }
+            }
+            for ps in &mut paths {
+                let ends = c.paths[ps.index]
+                    .as_ref()
+                    .filter(|s| !s.connecting)
+                    .and_then(|s| self.link.endpoints(&s.io));
+                if let Some((local, peer)) = ends {
+                    (ps.local_port, ps.peer_port) = (Some(local.port()), Some(peer.port()));
                 }
             }
             if L::FRAMING == Framing::Stream {

@@ -15,6 +15,7 @@
 
 use crate::seam::MsgBytes;
 use std::io;
+use std::net::SocketAddrV4;
 
 /// How a link carries frames.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,6 +145,11 @@ pub trait Link: Send {
     }
     /// Closes a path (`reset`: abortively, for refused connections).
     fn close(&mut self, p: Self::Path, reset: bool);
+    /// The (local, peer) addresses of a path's transport connection, for introspection
+    /// (`rdsctl info -p`, `RDS_INFO_TCP_SOCKETS`); `None` where there is none (RDMA).
+    fn endpoints(&self, _p: &Self::Path) -> Option<(SocketAddrV4, SocketAddrV4)> {
+        None
+    }
     /// Start of a pass: learn which paths may have input, once for all of them (kernel TCP:
     /// one `epoll_wait`). Links without a readiness source keep the default: every path is
     /// read every pass.

@@ -46,6 +46,11 @@ const RDS_INFO_RECV_MESSAGES: c_int = 10005;
 /// `struct rds_info_message`: `u64 seq; u32 len; be32 laddr, faddr; be16 lport, fport;
 /// u8 flags; u8 tos;` packed.
 const INFO_MESSAGE_LEN: usize = 26;
+const RDS_INFO_TCP_SOCKETS: c_int = 10007;
+/// `struct rds_info_tcp_socket`: `be32 local_addr; be16 local_port; be32 peer_addr;
+/// be16 peer_port; u64 hdr_rem, data_rem; u32 last_sent_nxt, last_expected_una,
+/// last_seen_una; u8 tos;` packed.
+const INFO_TCP_SOCKET_LEN: usize = 41;
 const SIOCRDSSETTOS: c_ulong = 0x89E0;
 const SIOCRDSGETTOS: c_ulong = 0x89E1;
 
@@ -889,6 +894,41 @@ fn info_connections() -> Result<Vec<u8>, i32> {
     Ok(out)
 }
 
+/// Every TCP connection carrying an RDS path (kernel or userspace TCP) as `struct
+/// rds_info_tcp_socket`. The three sequence fields are offsets in the path's stream, not the
+/// TCP sequence numbers the kernel reports (rdsd keeps no initial sequence number): bytes
+/// written (`last_sent_nxt` and `last_expected_una`) and bytes the peer acknowledged
+/// (`last_seen_una`), modulo 2^32.
+fn info_tcp_sockets() -> Result<Vec<u8>, i32> {
+    use shm_api::ctrl::{INFO_CONNECTIONS, INFO_PATHS};
+    let v = info_doc(INFO_CONNECTIONS | INFO_PATHS)?;
+    let mut out = Vec::new();
+    for c in v["connections"].as_array().into_iter().flatten() {
+        for p in c["paths"].as_array().into_iter().flatten() {
+            let (Some(lport), Some(pport)) = (p["local_port"].as_u64(), p["peer_port"].as_u64())
+            else {
+                continue;
+            };
+            let num = |k: &str| p[k].as_u64().unwrap_or(0);
+            let written = num("tx_stream_bytes");
+            let acked = written.saturating_sub(num("unacked_bytes"));
+            let mut rec = Vec::with_capacity(INFO_TCP_SOCKET_LEN);
+            rec.extend_from_slice(&json_addr(&c["laddr"]).octets());
+            rec.extend_from_slice(&(lport as u16).to_be_bytes());
+            rec.extend_from_slice(&json_addr(&c["faddr"]).octets());
+            rec.extend_from_slice(&(pport as u16).to_be_bytes());
+            rec.extend_from_slice(&num("rx_header_rem").to_ne_bytes());
+            rec.extend_from_slice(&num("rx_payload_rem").to_ne_bytes());
+            rec.extend_from_slice(&(written as u32).to_ne_bytes());
+            rec.extend_from_slice(&(written as u32).to_ne_bytes());
+            rec.extend_from_slice(&(acked as u32).to_ne_bytes());
+            rec.push(0);
+            out.extend_from_slice(&rec);
+        }
+    }
+    Ok(out)
+}
+
 /// One of rdsd's message listings (`send_messages`, `retrans_messages`, `recv_messages`) as
 /// `struct rds_info_message` records. Received messages carry no sequence number in rdsd's
 /// rings: 0.
@@ -992,8 +1032,11 @@ pub unsafe fn getsockopt(
             (crate::RDSD_SOL_RDS, RDS_INFO_RECV_MESSAGES) => {
                 put_info(&info_messages("recv_messages")?, INFO_MESSAGE_LEN, val, len)
             }
-            // The transport-socket tables (TCP_SOCKETS, IB_CONNECTIONS) and the IPv6 variants
-            // are not served: ENOPROTOOPT, as a kernel without that transport answers.
+            (crate::RDSD_SOL_RDS, RDS_INFO_TCP_SOCKETS) => {
+                put_info(&info_tcp_sockets()?, INFO_TCP_SOCKET_LEN, val, len)
+            }
+            // IB_CONNECTIONS and the IPv6 variants are not served: ENOPROTOOPT, as a kernel
+            // without that transport or table answers.
             (crate::RDSD_SOL_RDS, RDS_INFO_FIRST..=RDS_INFO_LAST) => Err(libc::ENOPROTOOPT),
             _ => Err(libc::ENOPROTOOPT),
         }

@@ -262,6 +262,12 @@ impl<P: AsRef<[u8]>> Connection<P> {
         self.config.peer_addr
     }
 
+    /// What the message being received on `path` still needs: (header bytes, payload bytes)
+    /// ([`rds_proto::wire::deframe::Deframer::remaining`](crate::wire::deframe::Deframer::remaining)).
+    pub fn rx_remaining(&self, path: usize) -> (usize, usize) {
+        self.rx.get(path).map_or((0, 0), |r| r.deframer.remaining())
+    }
+
     /// True when we are the connecting (smaller-address) side.
     pub fn is_active(&self) -> bool {
         self.active

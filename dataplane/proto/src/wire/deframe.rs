@@ -115,6 +115,16 @@ impl Deframer {
         self.header_filled == 0 && self.current.is_none()
     }
 
+    /// What the frame in progress still needs: (header bytes, payload bytes); (0, 0) between
+    /// frames. rds-info's `hdr_rem` and `data_rem` of a TCP socket.
+    pub fn remaining(&self) -> (usize, usize) {
+        match &self.current {
+            Some(h) => (0, (h.len as usize).saturating_sub(self.fill)),
+            None if self.header_filled > 0 => (HEADER_LEN - self.header_filled, 0),
+            None => (0, 0),
+        }
+    }
+
     /// True after an error, until [`Deframer::reset`].
     pub fn has_failed(&self) -> bool {
         self.failed
@@ -281,6 +291,20 @@ mod tests {
         let mut v = h.to_bytes().to_vec();
         v.extend_from_slice(payload);
         v
+    }
+
+    #[test]
+    fn remaining_says_what_the_frame_in_progress_still_needs() {
+        let stream = message(1, &[9; 500]);
+        let mut d = Deframer::new();
+        assert_eq!(d.remaining(), (0, 0));
+        d.advance(&stream[..10]).unwrap();
+        assert_eq!(d.remaining(), (HEADER_LEN - 10, 0));
+        d.advance(&stream[10..HEADER_LEN + 100]).unwrap();
+        assert_eq!(d.remaining(), (0, 400));
+        let (_, f) = d.advance(&stream[HEADER_LEN + 100..]).unwrap();
+        assert!(f.is_some());
+        assert_eq!(d.remaining(), (0, 0));
     }
 
     #[test]

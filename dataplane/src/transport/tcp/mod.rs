@@ -537,6 +537,11 @@ impl Link for TcpLink {
         bytes_acked(p.sock.as_raw_fd())
     }
 
+    fn endpoints(&self, p: &TcpPath) -> Option<(SocketAddrV4, SocketAddrV4)> {
+        let v4 = |a: std::io::Result<SockAddr>| a.ok()?.as_socket_ipv4();
+        Some((v4(p.sock.local_addr())?, v4(p.sock.peer_addr())?))
+    }
+
     fn close(&mut self, p: TcpPath, reset: bool) {
         // Dropping the socket (below) takes it out of the epoll set.
         self.watched = self.watched.saturating_sub(1);

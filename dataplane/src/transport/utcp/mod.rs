@@ -163,7 +163,7 @@ use smoltcp::socket::tcp;
 use smoltcp::time::{Duration as SDuration, Instant as SInstant};
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, Ipv4Address};
 use std::cell::Cell;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -932,6 +932,14 @@ impl<D: Device + Flush + Send, C: Clock> Link for UtcpLink<D, C> {
 
     fn ack_now(&mut self, p: &mut UtcpPath) {
         self.sock_io(p.handle).ack_now();
+    }
+
+    fn endpoints(&self, p: &UtcpPath) -> Option<(SocketAddrV4, SocketAddrV4)> {
+        let s = self.sockets.get::<tcp::Socket>(p.handle);
+        let v4 = |e: smoltcp::wire::IpEndpoint| match e.addr {
+            smoltcp::wire::IpAddress::Ipv4(a) => Some(SocketAddrV4::new(a, e.port)),
+        };
+        Some((v4(s.local_endpoint()?)?, v4(s.remote_endpoint()?)?))
     }
 
     fn close(&mut self, p: UtcpPath, reset: bool) {
