@@ -120,7 +120,7 @@ pub fn paths(doc: &Value) -> String {
     let mut out = String::from("RDS paths:\n");
     let _ = writeln!(
         out,
-        "  {:>15} {:>15} {:>4} {:>13} {:>10} {:>10} {:>7} {:>7} {:>12} {:>6}",
+        "  {:>15} {:>15} {:>4} {:>13} {:>10} {:>10} {:>7} {:>7} {:>12} {:>6} {:>11}",
         "LocalAddr",
         "RemoteAddr",
         "Path",
@@ -130,13 +130,14 @@ pub fn paths(doc: &Value) -> String {
         "Queued",
         "Unacked",
         "UnackedBytes",
-        "Paused"
+        "Paused",
+        "TcpPorts"
     );
     for c in list(doc, "connections") {
         for p in list(c, "paths") {
             let _ = writeln!(
                 out,
-                "  {:>15} {:>15} {:>4} {:>13} {:>10} {:>10} {:>7} {:>7} {:>12} {:>6}",
+                "  {:>15} {:>15} {:>4} {:>13} {:>10} {:>10} {:>7} {:>7} {:>12} {:>6} {:>11}",
                 field(c, "laddr"),
                 field(c, "faddr"),
                 num(p, "index"),
@@ -147,6 +148,10 @@ pub fn paths(doc: &Value) -> String {
                 num(p, "unacked_msgs"),
                 field(p, "unacked_bytes"),
                 field(p, "rx_paused"),
+                match (p["local_port"].as_u64(), p["peer_port"].as_u64()) {
+                    (Some(l), Some(r)) => format!("{l}>{r}"),
+                    _ => "-".into(),
+                },
             );
         }
     }
@@ -424,7 +429,8 @@ mod tests {
                 "state": "up", "active": true, "generation": 5, "peer_generation": 6, "shard": 1,
                 "npaths": 8, "paths": [{"index": 0, "state": "up", "next_tx_seq": 12,
                 "next_rx_seq": 9, "queued_msgs": 1, "unacked_msgs": 2, "tx_stream_bytes": 500,
-                "unacked_bytes": 96, "rx_paused": false}]}],
+                "unacked_bytes": 96, "rx_paused": false, "local_port": 40001,
+                "peer_port": 16385}]}],
             "recv_queue": {"sockets": 1, "bytes": 300, "entries": [{"addr": "10.0.0.1",
                 "port": 4000, "pid": 99, "bytes": 300, "congested": false}]},
             "send_queue": {"sockets": 0, "socket_bytes": 0, "paths": 1, "msgs": 1,
@@ -480,7 +486,19 @@ mod tests {
         let row: Vec<&str> = p.lines().nth(2).unwrap().split_whitespace().collect();
         assert_eq!(
             row,
-            ["10.0.0.1", "10.0.0.2", "0", "up", "12", "9", "1", "2", "96", "-"]
+            [
+                "10.0.0.1",
+                "10.0.0.2",
+                "0",
+                "up",
+                "12",
+                "9",
+                "1",
+                "2",
+                "96",
+                "-",
+                "40001>16385"
+            ]
         );
         assert!(recv_queue(&d).starts_with("Receive queue: 1 socket(s), 300 byte(s) unread\n"));
         assert!(send_queue(&d).contains("1 message(s) queued on 1 path(s)"));
