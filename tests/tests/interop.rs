@@ -133,6 +133,18 @@ fn a1_both_ways_guest_address_smaller() {
     // The kernel answers rdsd's probe on a connection it made: rdsd's data never waited for
     // the path-0 gate's deadline.
     assert_eq!(lab.d().stat("tcp_path0_gate_timeouts"), 0);
+    // The RDS_INFO tables rdsd serves through the preload library (`rdsguest info`, `info6`;
+    // preload.rs) read the same from the kernel: the connection, up, in the v4 table and,
+    // v4-mapped, in the IPv6 one.
+    for cmd in ["info", "info6"] {
+        let j = lab.guest(cmd);
+        let conn = j.expect(
+            &format!("conn laddr={g} faddr={} ", lab.host),
+            Duration::from_secs(30),
+        );
+        assert!(conn.ends_with(" transport=tcp flags=4"), "{cmd}: {conn}");
+        j.expect("info conns=", Duration::from_secs(30));
+    }
 }
 
 #[test]

@@ -334,6 +334,22 @@ fn rds_info_tables_of_connections_and_messages() {
         tcp.iter().any(|l| !l.contains("sent_nxt=0 ")),
         "path 0 carried the probe and the map at least: {tcp:#?}"
     );
+    // The IPv6 tables (RDS6_INFO_*) list the same entries, their addresses v4-mapped.
+    let v6 = |d: &Daemon| {
+        let o = under_rdsd(d, &bin, &["info6"]).output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        rdsg_lines(&o)
+    };
+    let settled = |lines: &[String]| -> Vec<String> {
+        // What a second look may not see the same: sequence numbers and stream offsets.
+        lines
+            .iter()
+            .filter(|l| l.starts_with("msg ") || l.starts_with("info "))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(settled(&v6(h0.d())), settled(&on0));
+    assert_eq!(settled(&v6(h1.d())), settled(&on1));
     drop(quiet);
 }
 

@@ -41,6 +41,9 @@
  *         seen_una=U" per TCP socket and "msg KIND seq=S len=L laddr=A lport=P faddr=F
  *         fport=Q" per message (KIND send, retrans or recv), then
  *         "info conns=C tcp=T send=S retrans=R recv=V".
+ *   info6
+ *         The same through the IPv6 tables (RDS6_INFO_*), printed the same way (v4-mapped
+ *         addresses as IPv4).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -618,6 +621,73 @@ static int cmd_info(void)
 	return 0;
 }
 
+/* An RDS6_INFO address: dotted IPv4 when it is v4-mapped (so that info6 prints what info
+ * prints for IPv4 entries). */
+static const char *addr6(struct in6_addr a, char *buf, socklen_t n)
+{
+	if (IN6_IS_ADDR_V4MAPPED(&a))
+		return inet_ntop(AF_INET, &a.s6_addr[12], buf, n);
+	return inet_ntop(AF_INET6, &a, buf, n);
+}
+
+/* info6: the same tables through the IPv6 variants (RDS6_INFO_*), printed as info does. */
+static int cmd_info6(void)
+{
+	int fd = socket(AF_RDS, SOCK_SEQPACKET, 0);
+	if (fd < 0)
+		die("socket");
+	void *buf = NULL;
+	socklen_t len;
+	char l[INET6_ADDRSTRLEN], f[INET6_ADDRSTRLEN];
+	int conns = 0, tcp = 0, msgs[3] = {0, 0, 0};
+	int item = rds_info(fd, RDS6_INFO_CONNECTIONS, &buf, &len);
+	if (item != (int)sizeof(struct rds6_info_connection) && len > 0)
+		return out("FAIL v6 connection record of %d bytes", item), 1;
+	for (socklen_t off = 0; item > 0 && off + item <= len; off += item) {
+		struct rds6_info_connection c;
+		memcpy(&c, (char *)buf + off, sizeof c);
+		out("conn laddr=%s faddr=%s tx_seq=%llu rx_seq=%llu transport=%.16s flags=%u",
+		    addr6(c.laddr, l, sizeof l), addr6(c.faddr, f, sizeof f),
+		    (unsigned long long)c.next_tx_seq, (unsigned long long)c.next_rx_seq,
+		    (char *)c.transport, (unsigned)c.flags);
+		conns++;
+	}
+	item = rds_info(fd, RDS6_INFO_TCP_SOCKETS, &buf, &len);
+	if (item != (int)sizeof(struct rds6_info_tcp_socket) && len > 0)
+		return out("FAIL v6 tcp socket record of %d bytes", item), 1;
+	for (socklen_t off = 0; item > 0 && off + item <= len; off += item) {
+		struct rds6_info_tcp_socket t;
+		memcpy(&t, (char *)buf + off, sizeof t);
+		out("tcp local=%s:%u peer=%s:%u hdr_rem=%llu data_rem=%llu sent_nxt=%u seen_una=%u",
+		    addr6(t.local_addr, l, sizeof l), (unsigned)ntohs(t.local_port),
+		    addr6(t.peer_addr, f, sizeof f), (unsigned)ntohs(t.peer_port),
+		    (unsigned long long)t.hdr_rem, (unsigned long long)t.data_rem,
+		    (unsigned)t.last_sent_nxt, (unsigned)t.last_seen_una);
+		tcp++;
+	}
+	const int ids[3] = {RDS6_INFO_SEND_MESSAGES, RDS6_INFO_RETRANS_MESSAGES,
+			    RDS6_INFO_RECV_MESSAGES};
+	const char *kinds[3] = {"send", "retrans", "recv"};
+	for (int k = 0; k < 3; k++) {
+		item = rds_info(fd, ids[k], &buf, &len);
+		if (item != (int)sizeof(struct rds6_info_message) && len > 0)
+			return out("FAIL v6 message record of %d bytes", item), 1;
+		for (socklen_t off = 0; item > 0 && off + item <= len; off += item) {
+			struct rds6_info_message m;
+			memcpy(&m, (char *)buf + off, sizeof m);
+			out("msg %s seq=%llu len=%u laddr=%s lport=%u faddr=%s fport=%u", kinds[k],
+			    (unsigned long long)m.seq, (unsigned)m.len, addr6(m.laddr, l, sizeof l),
+			    (unsigned)ntohs(m.lport), addr6(m.faddr, f, sizeof f),
+			    (unsigned)ntohs(m.fport));
+			msgs[k]++;
+		}
+	}
+	free(buf);
+	out("info conns=%d tcp=%d send=%d retrans=%d recv=%d", conns, tcp, msgs[0], msgs[1],
+	    msgs[2]);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *t = getenv("RDSG_TAG");
@@ -640,6 +710,8 @@ int main(int argc, char **argv)
 		return cmd_counters_all();
 	if (!strcmp(argv[1], "info"))
 		return cmd_info();
+	if (!strcmp(argv[1], "info6"))
+		return cmd_info6();
 	out("FAIL unknown command %s", argv[1]);
 	return 2;
 }

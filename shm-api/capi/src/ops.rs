@@ -29,28 +29,11 @@ const RDS_INFO_FIRST: c_int = 10000;
 const RDS_INFO_LAST: c_int = 10017;
 /// `struct rds_info_counter`: `u8 name[32]; u64 value;` packed.
 const INFO_COUNTER_LEN: usize = 40;
-const RDS_INFO_SOCKETS: c_int = 10006;
-/// `struct rds_info_socket`: `u32 sndbuf; be32 bound_addr, connected_addr; be16 bound_port,
-/// connected_port; u32 rcvbuf; u64 inum;` packed.
-const INFO_SOCKET_LEN: usize = 28;
-const RDS_INFO_CONNECTIONS: c_int = 10001;
-/// `struct rds_info_connection`: `u64 next_tx_seq, next_rx_seq; be32 laddr, faddr;
-/// u8 transport[16]; u8 flags; u8 tos;` packed.
-const INFO_CONNECTION_LEN: usize = 42;
+/// The first of the IPv6 tables (`RDS6_INFO_CONNECTIONS`); each is its v4 table's id + 10.
+const RDS6_INFO_FIRST: c_int = 10011;
 /// `rds_info_connection` flags.
 const INFO_CONN_CONNECTING: u8 = 2;
 const INFO_CONN_CONNECTED: u8 = 4;
-const RDS_INFO_SEND_MESSAGES: c_int = 10003;
-const RDS_INFO_RETRANS_MESSAGES: c_int = 10004;
-const RDS_INFO_RECV_MESSAGES: c_int = 10005;
-/// `struct rds_info_message`: `u64 seq; u32 len; be32 laddr, faddr; be16 lport, fport;
-/// u8 flags; u8 tos;` packed.
-const INFO_MESSAGE_LEN: usize = 26;
-const RDS_INFO_TCP_SOCKETS: c_int = 10007;
-/// `struct rds_info_tcp_socket`: `be32 local_addr; be16 local_port; be32 peer_addr;
-/// be16 peer_port; u64 hdr_rem, data_rem; u32 last_sent_nxt, last_expected_una,
-/// last_seen_una; u8 tos;` packed.
-const INFO_TCP_SOCKET_LEN: usize = 41;
 const SIOCRDSSETTOS: c_ulong = 0x89E0;
 const SIOCRDSGETTOS: c_ulong = 0x89E1;
 
@@ -822,35 +805,78 @@ fn info_counters() -> Result<Vec<u8>, i32> {
     Ok(out)
 }
 
-/// Every socket rdsd serves (all processes, as the kernel's table) as `struct rds_info_socket`
-/// records, from rdsd's `Info` document. rdsd does not know an app's connected address: 0.
-fn info_sockets() -> Result<Vec<u8>, i32> {
-    let doc = shm_api::info_at(&table::control_path(), shm_api::ctrl::INFO_SOCKETS).map_err(os)?;
-    let v: serde_json::Value = serde_json::from_str(&doc).map_err(|_| libc::EIO)?;
-    let mut out = Vec::new();
-    for s in v["sockets"].as_array().into_iter().flatten() {
-        let num = |k: &str| s[k].as_u64().unwrap_or(0);
-        let addr: Ipv4Addr = s["addr"]
-            .as_str()
-            .and_then(|a| a.parse().ok())
-            .unwrap_or(Ipv4Addr::UNSPECIFIED);
-        let mut rec = Vec::with_capacity(INFO_SOCKET_LEN);
-        rec.extend_from_slice(&(num("sndbuf") as u32).to_ne_bytes());
-        rec.extend_from_slice(&addr.octets());
-        rec.extend_from_slice(&[0; 4]);
-        rec.extend_from_slice(&(num("port") as u16).to_be_bytes());
-        rec.extend_from_slice(&[0; 2]);
-        rec.extend_from_slice(&(num("rcvbuf") as u32).to_ne_bytes());
-        rec.extend_from_slice(&(num("app") << 32 | num("slot")).to_ne_bytes());
-        out.extend_from_slice(&rec);
-    }
-    Ok(out)
+/// An RDS_INFO table: which listing, in the v4 record layout or the IPv6 one (`RDS6_INFO_*`:
+/// the same fields with `struct in6_addr` addresses; rdsd's IPv4 addresses are v4-mapped
+/// there, as the kernel's v6 tables list its IPv4 entries).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Table {
+    Sockets,
+    Connections,
+    SendMessages,
+    RetransMessages,
+    RecvMessages,
+    TcpSockets,
 }
 
-/// rdsd's `Info` document with `sections`, parsed.
-fn info_doc(sections: u32) -> Result<serde_json::Value, i32> {
-    let doc = shm_api::info_at(&table::control_path(), sections).map_err(os)?;
-    serde_json::from_str(&doc).map_err(|_| libc::EIO)
+impl Table {
+    /// The table of RDS_INFO id `name`, and whether it is an IPv6 one.
+    fn of(name: c_int) -> Option<(Table, bool)> {
+        let t = match name - RDS_INFO_FIRST {
+            6 | 15 => Table::Sockets,
+            1 | 11 => Table::Connections,
+            3 | 12 => Table::SendMessages,
+            4 | 13 => Table::RetransMessages,
+            5 | 14 => Table::RecvMessages,
+            7 | 16 => Table::TcpSockets,
+            _ => return None,
+        };
+        Some((t, name >= RDS6_INFO_FIRST))
+    }
+
+    /// Bytes of one record (the kernel's packed structs: the v6 connection and TCP socket
+    /// records have no `tos`).
+    fn record_len(self, v6: bool) -> usize {
+        match (self, v6) {
+            (Table::Sockets, false) => 28,
+            (Table::Sockets, true) => 52,
+            (Table::Connections, false) => 42,
+            (Table::Connections, true) => 65,
+            (Table::SendMessages | Table::RetransMessages | Table::RecvMessages, false) => 26,
+            (Table::SendMessages | Table::RetransMessages | Table::RecvMessages, true) => 50,
+            (Table::TcpSockets, false) => 41,
+            (Table::TcpSockets, true) => 64,
+        }
+    }
+
+    /// The records, from rdsd's `Info` document.
+    fn records(self, v6: bool) -> Result<Vec<u8>, i32> {
+        use shm_api::ctrl::{INFO_CONNECTIONS, INFO_MESSAGES, INFO_PATHS, INFO_SOCKETS};
+        let sections = match self {
+            Table::Sockets => INFO_SOCKETS,
+            Table::Connections | Table::TcpSockets => INFO_CONNECTIONS | INFO_PATHS,
+            _ => INFO_MESSAGES,
+        };
+        let doc = shm_api::info_at(&table::control_path(), sections).map_err(os)?;
+        let v: serde_json::Value = serde_json::from_str(&doc).map_err(|_| libc::EIO)?;
+        let mut out = Vec::new();
+        let rec = Records { out: &mut out, v6 };
+        match self {
+            Table::Sockets => rec.sockets(&v),
+            Table::Connections => rec.connections(&v),
+            Table::TcpSockets => rec.tcp_sockets(&v),
+            Table::SendMessages => rec.messages(&v["send_messages"]),
+            Table::RetransMessages => rec.messages(&v["retrans_messages"]),
+            Table::RecvMessages => rec.messages(&v["recv_messages"]),
+        }
+        debug_assert!(out.len().is_multiple_of(self.record_len(v6)));
+        Ok(out)
+    }
+}
+
+/// Writes RDS_INFO records: addresses as 4 bytes, or 16 (v4-mapped) for the v6 tables.
+struct Records<'a> {
+    out: &'a mut Vec<u8>,
+    v6: bool,
 }
 
 fn json_addr(v: &serde_json::Value) -> Ipv4Addr {
@@ -859,95 +885,112 @@ fn json_addr(v: &serde_json::Value) -> Ipv4Addr {
         .unwrap_or(Ipv4Addr::UNSPECIFIED)
 }
 
-/// Every RDS connection of rdsd's network transports as `struct rds_info_connection`: path
-/// 0's sequence numbers and state, as the kernel reports (SENDING, a transient lock in the
-/// kernel, is never set).
-fn info_connections() -> Result<Vec<u8>, i32> {
-    use shm_api::ctrl::{INFO_CONNECTIONS, INFO_PATHS};
-    let v = info_doc(INFO_CONNECTIONS | INFO_PATHS)?;
-    let mut out = Vec::new();
-    for c in v["connections"].as_array().into_iter().flatten() {
-        let path0 = c["paths"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|p| p["index"].as_u64() == Some(0));
-        let seq = |k: &str| path0.and_then(|p| p[k].as_u64()).unwrap_or(0);
-        let flags = match path0.and_then(|p| p["state"].as_str()) {
-            Some("up") => INFO_CONN_CONNECTED,
-            Some("connecting") => INFO_CONN_CONNECTING,
-            _ => 0,
-        };
-        let mut transport = [0u8; 16];
-        let name = c["transport"].as_str().unwrap_or("").as_bytes();
-        let n = name.len().min(15);
-        transport[..n].copy_from_slice(&name[..n]);
-        let mut rec = Vec::with_capacity(INFO_CONNECTION_LEN);
-        rec.extend_from_slice(&seq("next_tx_seq").to_ne_bytes());
-        rec.extend_from_slice(&seq("next_rx_seq").to_ne_bytes());
-        rec.extend_from_slice(&json_addr(&c["laddr"]).octets());
-        rec.extend_from_slice(&json_addr(&c["faddr"]).octets());
-        rec.extend_from_slice(&transport);
-        rec.extend_from_slice(&[flags, 0]);
-        out.extend_from_slice(&rec);
-    }
-    Ok(out)
-}
-
-/// Every TCP connection carrying an RDS path (kernel or userspace TCP) as `struct
-/// rds_info_tcp_socket`. The three sequence fields are offsets in the path's stream, not the
-/// TCP sequence numbers the kernel reports (rdsd keeps no initial sequence number): bytes
-/// written (`last_sent_nxt` and `last_expected_una`) and bytes the peer acknowledged
-/// (`last_seen_una`), modulo 2^32.
-fn info_tcp_sockets() -> Result<Vec<u8>, i32> {
-    use shm_api::ctrl::{INFO_CONNECTIONS, INFO_PATHS};
-    let v = info_doc(INFO_CONNECTIONS | INFO_PATHS)?;
-    let mut out = Vec::new();
-    for c in v["connections"].as_array().into_iter().flatten() {
-        for p in c["paths"].as_array().into_iter().flatten() {
-            let (Some(lport), Some(pport)) = (p["local_port"].as_u64(), p["peer_port"].as_u64())
-            else {
-                continue;
-            };
-            let num = |k: &str| p[k].as_u64().unwrap_or(0);
-            let written = num("tx_stream_bytes");
-            let acked = written.saturating_sub(num("unacked_bytes"));
-            let mut rec = Vec::with_capacity(INFO_TCP_SOCKET_LEN);
-            rec.extend_from_slice(&json_addr(&c["laddr"]).octets());
-            rec.extend_from_slice(&(lport as u16).to_be_bytes());
-            rec.extend_from_slice(&json_addr(&c["faddr"]).octets());
-            rec.extend_from_slice(&(pport as u16).to_be_bytes());
-            rec.extend_from_slice(&num("rx_header_rem").to_ne_bytes());
-            rec.extend_from_slice(&num("rx_payload_rem").to_ne_bytes());
-            rec.extend_from_slice(&(written as u32).to_ne_bytes());
-            rec.extend_from_slice(&(written as u32).to_ne_bytes());
-            rec.extend_from_slice(&(acked as u32).to_ne_bytes());
-            rec.push(0);
-            out.extend_from_slice(&rec);
+impl Records<'_> {
+    fn addr(&mut self, a: Ipv4Addr) {
+        if self.v6 {
+            self.out.extend_from_slice(&a.to_ipv6_mapped().octets());
+        } else {
+            self.out.extend_from_slice(&a.octets());
         }
     }
-    Ok(out)
-}
 
-/// One of rdsd's message listings (`send_messages`, `retrans_messages`, `recv_messages`) as
-/// `struct rds_info_message` records. Received messages carry no sequence number in rdsd's
-/// rings: 0.
-fn info_messages(list: &str) -> Result<Vec<u8>, i32> {
-    let v = info_doc(shm_api::ctrl::INFO_MESSAGES)?;
-    let mut out = Vec::new();
-    for m in v[list].as_array().into_iter().flatten() {
-        let num = |k: &str| m[k].as_u64().unwrap_or(0);
-        let mut rec = Vec::with_capacity(INFO_MESSAGE_LEN);
-        rec.extend_from_slice(&num("seq").to_ne_bytes());
-        rec.extend_from_slice(&(num("len") as u32).to_ne_bytes());
-        rec.extend_from_slice(&json_addr(&m["laddr"]).octets());
-        rec.extend_from_slice(&json_addr(&m["faddr"]).octets());
-        rec.extend_from_slice(&(num("lport") as u16).to_be_bytes());
-        rec.extend_from_slice(&(num("fport") as u16).to_be_bytes());
-        rec.extend_from_slice(&[0, 0]);
-        out.extend_from_slice(&rec);
+    fn bytes(&mut self, b: &[u8]) {
+        self.out.extend_from_slice(b);
     }
-    Ok(out)
+
+    /// Every socket rdsd serves (all processes, as the kernel's table): `rds_info_socket`.
+    /// rdsd does not know an app's connected address: 0.
+    fn sockets(mut self, v: &serde_json::Value) {
+        for s in v["sockets"].as_array().into_iter().flatten() {
+            let num = |k: &str| s[k].as_u64().unwrap_or(0);
+            self.bytes(&(num("sndbuf") as u32).to_ne_bytes());
+            self.addr(json_addr(&s["addr"]));
+            self.addr(Ipv4Addr::UNSPECIFIED);
+            self.bytes(&(num("port") as u16).to_be_bytes());
+            self.bytes(&[0; 2]);
+            self.bytes(&(num("rcvbuf") as u32).to_ne_bytes());
+            self.bytes(&(num("app") << 32 | num("slot")).to_ne_bytes());
+        }
+    }
+
+    /// Every RDS connection of rdsd's network transports: `rds_info_connection`, path 0's
+    /// sequence numbers and state, as the kernel reports (SENDING, a transient lock in the
+    /// kernel, is never set).
+    fn connections(mut self, v: &serde_json::Value) {
+        for c in v["connections"].as_array().into_iter().flatten() {
+            let path0 = c["paths"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|p| p["index"].as_u64() == Some(0));
+            let seq = |k: &str| path0.and_then(|p| p[k].as_u64()).unwrap_or(0);
+            let flags = match path0.and_then(|p| p["state"].as_str()) {
+                Some("up") => INFO_CONN_CONNECTED,
+                Some("connecting") => INFO_CONN_CONNECTING,
+                _ => 0,
+            };
+            let mut transport = [0u8; 16];
+            let name = c["transport"].as_str().unwrap_or("").as_bytes();
+            let n = name.len().min(15);
+            transport[..n].copy_from_slice(&name[..n]);
+            self.bytes(&seq("next_tx_seq").to_ne_bytes());
+            self.bytes(&seq("next_rx_seq").to_ne_bytes());
+            self.addr(json_addr(&c["laddr"]));
+            self.addr(json_addr(&c["faddr"]));
+            self.bytes(&transport);
+            self.bytes(&[flags]);
+            if !self.v6 {
+                self.bytes(&[0]); // tos
+            }
+        }
+    }
+
+    /// Every TCP connection carrying an RDS path (kernel or userspace TCP):
+    /// `rds_info_tcp_socket`. The three sequence fields are offsets in the path's stream, not
+    /// the TCP sequence numbers the kernel reports (rdsd keeps no initial sequence number):
+    /// bytes written (`last_sent_nxt` and `last_expected_una`) and bytes the peer acknowledged
+    /// (`last_seen_una`), modulo 2^32.
+    fn tcp_sockets(mut self, v: &serde_json::Value) {
+        for c in v["connections"].as_array().into_iter().flatten() {
+            for p in c["paths"].as_array().into_iter().flatten() {
+                let (Some(lport), Some(pport)) =
+                    (p["local_port"].as_u64(), p["peer_port"].as_u64())
+                else {
+                    continue;
+                };
+                let num = |k: &str| p[k].as_u64().unwrap_or(0);
+                let written = num("tx_stream_bytes");
+                let acked = written.saturating_sub(num("unacked_bytes"));
+                self.addr(json_addr(&c["laddr"]));
+                self.bytes(&(lport as u16).to_be_bytes());
+                self.addr(json_addr(&c["faddr"]));
+                self.bytes(&(pport as u16).to_be_bytes());
+                self.bytes(&num("rx_header_rem").to_ne_bytes());
+                self.bytes(&num("rx_payload_rem").to_ne_bytes());
+                self.bytes(&(written as u32).to_ne_bytes());
+                self.bytes(&(written as u32).to_ne_bytes());
+                self.bytes(&(acked as u32).to_ne_bytes());
+                if !self.v6 {
+                    self.bytes(&[0]); // tos
+                }
+            }
+        }
+    }
+
+    /// One of rdsd's message listings: `rds_info_message`. Received messages carry no
+    /// sequence number in rdsd's rings: 0.
+    fn messages(mut self, list: &serde_json::Value) {
+        for m in list.as_array().into_iter().flatten() {
+            let num = |k: &str| m[k].as_u64().unwrap_or(0);
+            self.bytes(&num("seq").to_ne_bytes());
+            self.bytes(&(num("len") as u32).to_ne_bytes());
+            self.addr(json_addr(&m["laddr"]));
+            self.addr(json_addr(&m["faddr"]));
+            self.bytes(&(num("lport") as u16).to_be_bytes());
+            self.bytes(&(num("fport") as u16).to_be_bytes());
+            self.bytes(&[0, 0]); // flags, tos
+        }
+    }
 }
 
 /// The RDS_INFO protocol: copies `recs` if `*len` holds them (returning `item`), else ENOSPC;
@@ -1014,29 +1057,12 @@ pub unsafe fn getsockopt(
             (crate::RDSD_SOL_RDS, crate::RDSD_INFO_COUNTERS) => {
                 put_info(&info_counters()?, INFO_COUNTER_LEN, val, len)
             }
-            (crate::RDSD_SOL_RDS, RDS_INFO_SOCKETS) => {
-                put_info(&info_sockets()?, INFO_SOCKET_LEN, val, len)
+            (crate::RDSD_SOL_RDS, RDS_INFO_FIRST..=RDS_INFO_LAST) if Table::of(name).is_some() => {
+                let (t, v6) = Table::of(name).expect("checked");
+                put_info(&t.records(v6)?, t.record_len(v6), val, len)
             }
-            (crate::RDSD_SOL_RDS, RDS_INFO_CONNECTIONS) => {
-                put_info(&info_connections()?, INFO_CONNECTION_LEN, val, len)
-            }
-            (crate::RDSD_SOL_RDS, RDS_INFO_SEND_MESSAGES) => {
-                put_info(&info_messages("send_messages")?, INFO_MESSAGE_LEN, val, len)
-            }
-            (crate::RDSD_SOL_RDS, RDS_INFO_RETRANS_MESSAGES) => put_info(
-                &info_messages("retrans_messages")?,
-                INFO_MESSAGE_LEN,
-                val,
-                len,
-            ),
-            (crate::RDSD_SOL_RDS, RDS_INFO_RECV_MESSAGES) => {
-                put_info(&info_messages("recv_messages")?, INFO_MESSAGE_LEN, val, len)
-            }
-            (crate::RDSD_SOL_RDS, RDS_INFO_TCP_SOCKETS) => {
-                put_info(&info_tcp_sockets()?, INFO_TCP_SOCKET_LEN, val, len)
-            }
-            // IB_CONNECTIONS and the IPv6 variants are not served: ENOPROTOOPT, as a kernel
-            // without that transport or table answers.
+            // IB_CONNECTIONS (v4 and v6): ENOPROTOOPT, as a kernel without the IB transport
+            // answers.
             (crate::RDSD_SOL_RDS, RDS_INFO_FIRST..=RDS_INFO_LAST) => Err(libc::ENOPROTOOPT),
             _ => Err(libc::ENOPROTOOPT),
         }
