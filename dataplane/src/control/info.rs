@@ -356,6 +356,18 @@ mod tests {
             v.get("groups_truncated").is_none()
                 && v["groups"][0].get("members_truncated").is_none()
         );
+        // Message listings are cut too.
+        let m = json!({"transport": "tcp", "path": 3, "seq": 1234567, "len": 1000,
+                       "laddr": "10.0.0.1", "faddr": "10.0.0.2", "lport": 4000, "fport": 5000});
+        let mut doc = Map::new();
+        doc.insert("send_messages".into(), json!(vec![m.clone(); 20_000]));
+        doc.insert("recv_messages".into(), json!(vec![m; 10]));
+        let body = fit(doc, MAX_BODY);
+        assert!(body.len() <= MAX_BODY);
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        let kept = v["send_messages"].as_array().unwrap().len() as u64;
+        assert!(kept > 0 && kept + v["send_messages_truncated"].as_u64().unwrap() == 20_000);
+        assert_eq!(v["recv_messages"].as_array().unwrap().len(), 10);
         // Small documents are untouched.
         let small = json!({"schema": 1, "sockets": [{"port": 1}], "recv_queue": {"entries": [1]}});
         let Value::Object(m) = small.clone() else {
