@@ -246,7 +246,9 @@ pub trait Transport: Send {
     /// Introspection (`rdsctl info`): appends one entry per connection. Called by the poll
     /// core only when the control thread asked for a snapshot (between passes, never in
     /// steady state), so it may allocate. Transports without connections keep the default.
-    fn snapshot(&mut self, _out: &mut Vec<ConnSnapshot>) {}
+    /// `listed`: how many more queued messages the snapshot may list (a budget shared by every
+    /// transport of the poll thread, [`MAX_LISTED`]); lower it by those listed.
+    fn snapshot(&mut self, _out: &mut Vec<ConnSnapshot>, _listed: &mut usize) {}
 }
 
 /// One path of a connection, as `rdsctl info -p` shows it.
@@ -279,8 +281,8 @@ pub struct PathSnapshot {
     pub rx_header_rem: usize,
     /// Payload bytes the message being received still needs.
     pub rx_payload_rem: usize,
-    /// The data messages waiting to be written, oldest first, at most [`MAX_LISTED`] (the
-    /// `Info` section `messages`, `RDS_INFO_SEND_MESSAGES`).
+    /// The data messages waiting to be written, oldest first, within the snapshot's budget
+    /// (the `Info` section `messages`, `RDS_INFO_SEND_MESSAGES`).
     #[serde(skip)]
     pub send_messages: Vec<rds_proto::MessageInfo>,
     /// The data messages written and not yet acknowledged, likewise
@@ -289,9 +291,11 @@ pub struct PathSnapshot {
     pub retrans_messages: Vec<rds_proto::MessageInfo>,
 }
 
-/// Most messages a snapshot lists per path queue or socket: it is built on the poll core, so
-/// a queue of a million messages must not stall it (the `Info` reply holds fewer anyway).
-pub const MAX_LISTED: usize = 4096;
+/// Most queued messages one poll thread's snapshot lists of those received (rx rings) and,
+/// separately, of those to send (every path's send and retransmit queues): it is built on the
+/// poll core, so a million queued messages must not stall it or take its memory, and the
+/// `Info` reply (one 64 KiB datagram) holds a few hundred anyway.
+pub const MAX_LISTED: usize = 2048;
 
 /// One RDS connection (local address, peer address) of a network transport.
 #[derive(Clone, Debug, serde::Serialize)]

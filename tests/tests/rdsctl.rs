@@ -698,7 +698,14 @@ fn ping_and_info_between_two_rdsd() {
     assert!(
         text.lines().any(|l| {
             let w: Vec<&str> = l.split_whitespace().collect();
-            w.len() == 10 && w[..4] == [a0.as_str(), a1.as_str(), "0", "up"]
+            // The last column: the path's TCP ports, ours (path 0: a multiple of 8, SPORT_IDX)
+            // to the peer's rds_tcp port.
+            let ports = w.last().and_then(|p| p.split_once('>'));
+            w.len() == 11
+                && w[..4] == [a0.as_str(), a1.as_str(), "0", "up"]
+                && ports.is_some_and(|(l, r)| {
+                    l.parse::<u16>().is_ok_and(|l| l % 8 == 0) && r == "16385"
+                })
         }),
         "{text}"
     );

@@ -49,9 +49,9 @@ pub struct SockSnapshot {
     pub cong_monitor: bool,
     /// The app asked for a pollable readiness fd.
     pub pollable: bool,
-    /// The messages on the rx ring the app has not read, oldest first, at most
-    /// [`crate::seam::MAX_LISTED`]: (length, sender address, sender port) (the `Info` section
-    /// `messages`, `RDS_INFO_RECV_MESSAGES`).
+    /// The messages on the rx ring the app has not read, oldest first, within the snapshot's
+    /// budget ([`crate::seam::MAX_LISTED`]): (length, sender address, sender port) (the `Info`
+    /// section `messages`, `RDS_INFO_RECV_MESSAGES`).
     #[serde(skip)]
     pub rx_messages: Vec<(u32, Ipv4Addr, u16)>,
 }
@@ -144,6 +144,9 @@ impl PollCore {
             shards_seen: self.table.shard() + 1,
             ..PollSnapshot::default()
         };
+        // Received and sent messages have a budget each: a slow reader's full ring does not
+        // hide the send queues.
+        let mut listed = crate::seam::MAX_LISTED;
         self.table.for_each_sock(|r, s, ctl| {
             // App-written numbers: only ever shown, never trusted.
             let consumed = ctl.rx_consumed_bytes.load(Ordering::Acquire);
@@ -167,17 +170,17 @@ impl PollCore {
                 pollable: s.readiness_on,
                 rx_messages: {
                     let mut v = Vec::new();
-                    s.rx.unconsumed(crate::seam::MAX_LISTED, |h| {
-                        v.push((h.len, Ipv4Addr::from(h.addr), h.port))
-                    });
+                    s.rx.unconsumed(listed, |h| v.push((h.len, Ipv4Addr::from(h.addr), h.port)));
+                    listed -= v.len();
                     v
                 },
             });
         });
         self.snapshot_groups(&mut out);
+        let mut sends_listed = crate::seam::MAX_LISTED;
         for t in self.transports.iter_mut() {
             out.transports.push(t.name());
-            t.snapshot(&mut out.connections);
+            t.snapshot(&mut out.connections, &mut sends_listed);
         }
         for c in out.connections.iter_mut() {
             c.shard = self.table.shard();

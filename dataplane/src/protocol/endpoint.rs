@@ -1020,6 +1020,13 @@ fn feed<P: AsRef<[u8]>>(
     (off, ack_required)
 }
 
+/// Up to `budget` items of `it`, the budget lowered by those taken.
+fn list_within<T>(it: impl Iterator<Item = T>, budget: &mut usize) -> Vec<T> {
+    let v: Vec<T> = it.take(*budget).collect();
+    *budget -= v.len();
+    v
+}
+
 /// Publishes what one read delivered, stores its newest sequence number in the receive state,
 /// then wakes the receivers. Publish first, so that a crash between the two can cost a
 /// duplicate (the peer resends what the new rdsd does not know was delivered) but never a
@@ -1174,8 +1181,8 @@ impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
             .map(|t| t.saturating_duration_since(now))
     }
 
-    fn snapshot(&mut self, out: &mut Vec<crate::seam::ConnSnapshot>) {
-        use crate::seam::{ConnSnapshot, PathSnapshot, MAX_LISTED};
+    fn snapshot(&mut self, out: &mut Vec<crate::seam::ConnSnapshot>, listed: &mut usize) {
+        use crate::seam::{ConnSnapshot, PathSnapshot};
         for c in &self.conns {
             let e = &c.engine;
             let mut paths = Vec::new();
@@ -1195,8 +1202,8 @@ impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
                     peer_port: None,
                     rx_header_rem: e.rx_remaining(p).0,
                     rx_payload_rem: e.rx_remaining(p).1,
-                    send_messages: e.message_info(p, false).take(MAX_LISTED).collect(),
-                    retrans_messages: e.message_info(p, true).take(MAX_LISTED).collect(),
+                    send_messages: list_within(e.message_info(p, false), listed),
+                    retrans_messages: list_within(e.message_info(p, true), listed),
                 };
                 let idle = state == PathState::Down
                     && ps.queued_msgs == 0

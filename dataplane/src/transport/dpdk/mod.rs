@@ -309,8 +309,8 @@ impl Transport for DpdkTransport {
         )
     }
 
-    fn snapshot(&mut self, out: &mut Vec<crate::seam::ConnSnapshot>) {
-        self.ep.snapshot(out)
+    fn snapshot(&mut self, out: &mut Vec<crate::seam::ConnSnapshot>, listed: &mut usize) {
+        self.ep.snapshot(out, listed)
     }
 
     fn publish_counters(&self) {
