@@ -16,7 +16,8 @@ use crate::config::{Config, Placement};
 use crate::poll::snapshot::PollSnapshot;
 use crate::stats::Stats;
 use shm_api::ctrl::{
-    frame_id, HelloInfo, Reply, Request, INFO_ALL, INFO_COUNTERS, LEGACY_REQUEST_LEN, REQUEST_LEN,
+    frame_id, HelloInfo, Reply, Request, INFO_ALL, INFO_COUNTERS, INFO_MESSAGES,
+    LEGACY_REQUEST_LEN, REQUEST_LEN,
 };
 use shm_api::layout::LAYOUT_VERSION;
 use std::collections::VecDeque;
@@ -73,8 +74,13 @@ pub enum Command<H: Host> {
         req: Request,
         readiness: Option<H::Readiness>,
     },
-    /// Introspection from poll thread `shard`. Withdrawable.
-    Snapshot { app: usize, shard: usize },
+    /// Introspection from poll thread `shard`; `messages`: with the queued messages listed
+    /// (the `Info` section `messages`, costlier). Withdrawable.
+    Snapshot {
+        app: usize,
+        shard: usize,
+        messages: bool,
+    },
 }
 
 impl<H: Host> Command<H> {
@@ -487,7 +493,11 @@ impl<H: Host> Engine<H> {
                         now,
                         i,
                         id,
-                        Command::Snapshot { app: i, shard: 0 },
+                        Command::Snapshot {
+                            app: i,
+                            shard: 0,
+                            messages: sections & INFO_MESSAGES != 0,
+                        },
                         Waiting::Info {
                             sections,
                             gathered: None,
@@ -756,6 +766,7 @@ impl<H: Host> Engine<H> {
                     let cmd = Command::Snapshot {
                         app: i,
                         shard: next,
+                        messages: sections & INFO_MESSAGES != 0,
                     };
                     let what = Waiting::Info {
                         sections,

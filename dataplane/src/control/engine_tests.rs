@@ -73,6 +73,8 @@ enum Kind {
     Detach,
     Request(Request),
     Snapshot(usize),
+    /// A snapshot with the queued messages listed (`INFO_MESSAGES`).
+    SnapshotListing(usize),
 }
 
 /// An action, in a form tests compare.
@@ -167,7 +169,12 @@ impl Rig {
                         }
                         Command::Detach { .. } => Kind::Detach,
                         Command::Request { req, .. } => Kind::Request(req),
-                        Command::Snapshot { shard, .. } => Kind::Snapshot(shard),
+                        Command::Snapshot {
+                            shard,
+                            messages: false,
+                            ..
+                        } => Kind::Snapshot(shard),
+                        Command::Snapshot { shard, .. } => Kind::SnapshotListing(shard),
                     },
                 },
                 Action::FreeRegion(r) => Seen::Free(r),
@@ -590,6 +597,35 @@ fn placement_by_socket_puts_an_attachment_on_the_poll_thread_it_asks_for() {
         .map(|k| r.attach_asking(0, USER, Some(k)).1)
         .to_vec();
     assert_eq!(shards, [0, 1, 2]);
+}
+
+/// Only an Info that asks for the message listings has the poll threads build them (they cost
+/// the poll core a walk of every queue): every shard's snapshot command says so.
+#[test]
+fn only_the_messages_section_asks_the_poll_threads_for_listings() {
+    let mut r = rig(2, 64, |_| {});
+    let i = r.e.accept(r.at(0), 77, 0).unwrap();
+    for (id, sections, listing) in [(1, 0, false), (2, shm_api::ctrl::INFO_MESSAGES, true)] {
+        r.request(500, i, id, Request::Info { sections });
+        for shard in 0..2 {
+            let (to, seq, kind) = r.queued();
+            let want = if listing {
+                Kind::SnapshotListing(shard)
+            } else {
+                Kind::Snapshot(shard)
+            };
+            assert_eq!((to, kind), (shard, want));
+            let snap = PollSnapshot {
+                shards_seen: shard + 1,
+                ..Default::default()
+            };
+            r.e.answer(r.at(600), seq, i, Answer::Snapshot(Box::new(snap)));
+        }
+        let reply = r.reply(i);
+        assert_eq!((reply.errno, reply.id), (0, id));
+        let doc: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+        assert_eq!(doc.get("send_messages").is_some(), listing);
+    }
 }
 
 #[test]

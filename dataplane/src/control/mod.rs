@@ -156,7 +156,15 @@ fn to_cmd(c: Command<Syscalls>) -> Cmd {
             req,
             readiness,
         },
-        Command::Snapshot { app, shard } => Cmd::Snapshot { app, shard },
+        Command::Snapshot {
+            app,
+            shard,
+            messages,
+        } => Cmd::Snapshot {
+            app,
+            shard,
+            messages,
+        },
     }
 }
 
@@ -183,7 +191,15 @@ fn from_cmd(c: Cmd) -> Command<Syscalls> {
             req,
             readiness,
         },
-        Cmd::Snapshot { app, shard } => Command::Snapshot { app, shard },
+        Cmd::Snapshot {
+            app,
+            shard,
+            messages,
+        } => Command::Snapshot {
+            app,
+            shard,
+            messages,
+        },
     }
 }
 

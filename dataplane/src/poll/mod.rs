@@ -69,8 +69,13 @@ pub enum Cmd {
         readiness: Option<readiness::Readiness>,
     },
     /// Introspection for control connection `app` (attached or not): copy out sockets,
-    /// connections and paths (`snapshot.rs`) of poll thread `shard`. Withdrawable.
-    Snapshot { app: usize, shard: usize },
+    /// connections and paths (`snapshot.rs`) of poll thread `shard`, with the queued messages
+    /// listed if `messages`. Withdrawable.
+    Snapshot {
+        app: usize,
+        shard: usize,
+        messages: bool,
+    },
 }
 
 impl Cmd {
@@ -1061,13 +1066,13 @@ impl PollCore {
                     Err(e) => Reply::err(e),
                 })
             }
-            Cmd::Snapshot { app, .. } => {
+            Cmd::Snapshot { app, messages, .. } => {
                 if !self.table.chans().take(app, seq) {
                     return Some(CmdReply::Withdrawn(None));
                 }
                 // Counters summed lazily by the transports are made exact for the same view.
                 self.publish_counters();
-                CmdReply::Snapshot(Box::new(self.snapshot()))
+                CmdReply::Snapshot(Box::new(self.snapshot(messages)))
             }
         })
     }

@@ -139,14 +139,15 @@ pub struct PollSnapshot {
 impl PollCore {
     /// Copies out sockets, groups, connections and paths (slow path: on a Snapshot command
     /// only).
-    pub(super) fn snapshot(&mut self) -> PollSnapshot {
+    pub(super) fn snapshot(&mut self, messages: bool) -> PollSnapshot {
         let mut out = PollSnapshot {
             shards_seen: self.table.shard() + 1,
             ..PollSnapshot::default()
         };
         // Received and sent messages have a budget each: a slow reader's full ring does not
         // hide the send queues.
-        let mut listed = crate::seam::MAX_LISTED;
+        let budget = if messages { crate::seam::MAX_LISTED } else { 0 };
+        let mut listed = budget;
         self.table.for_each_sock(|r, s, ctl| {
             // App-written numbers: only ever shown, never trusted.
             let consumed = ctl.rx_consumed_bytes.load(Ordering::Acquire);
@@ -177,7 +178,7 @@ impl PollCore {
             });
         });
         self.snapshot_groups(&mut out);
-        let mut sends_listed = crate::seam::MAX_LISTED;
+        let mut sends_listed = budget;
         for t in self.transports.iter_mut() {
             out.transports.push(t.name());
             t.snapshot(&mut out.connections, &mut sends_listed);
