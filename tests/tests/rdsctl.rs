@@ -709,6 +709,11 @@ fn ping_and_info_between_two_rdsd() {
         }),
         "{text}"
     );
+    // -m: the message listings (nothing queued now: the headers only), not in the default.
+    let text = rdsctl(&h0.d().socket, &["info", "-m"]).ok().stdout;
+    assert!(text.starts_with("RDS messages:\n"), "{text}");
+    let all = rdsctl(&h0.d().socket, &["info"]).ok().stdout;
+    assert!(!all.contains("RDS messages:"), "{all}");
 }
 
 #[test]
