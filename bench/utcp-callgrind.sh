@@ -42,7 +42,13 @@
 # (e.g. "--path-choice source-port"); DPDK_EXTRA: lines added to their [dpdk] section (e.g.
 # "ack_delay_us = 200").
 #
-# usage: [PATHS=1|8] [TRANSPORT=memif|af_packet|af_xdp] [MODE=stream|pingpong] bench/utcp-callgrind.sh [COUNT] [LEN]
+# CROSS=1 (issue 18): each DPDK rdsd runs two poll threads, the port on thread 0 and a
+# placeholder app holding thread 0's place, so the measured apps land on thread 1 and every
+# message crosses between the threads (a send as a forwarded envelope, or from
+# tcp_zero_copy_min on as a SendRef; a delivery forwarded back). The crossing counters are
+# printed after the run.
+#
+# usage: [PATHS=1|8] [TRANSPORT=memif|af_packet|af_xdp] [MODE=stream|pingpong] [CROSS=1] bench/utcp-callgrind.sh [COUNT] [LEN]
 #        (release build: cargo build --release -p rdsd -p rdsctl --bins &&
 #         cargo build --release -p rdsd-tests --bin rds-testapp;
 #         or BIN= a folder with rdsd, rdsctl and rds-testapp)
@@ -149,8 +155,17 @@ measure() {
         [[ -z "${DPDK_EXTRA:-}" ]] || printf '%s\n' "$DPDK_EXTRA" >>"$out/$side.toml"
         # A one-way stream from one socket uses one TCP connection whatever the path count;
         # with PATHS > 1 the others are up and idle.
+        cross=()
+        [[ -z "${CROSS:-}" ]] || cross=(--poll-core -2)
         # shellcheck disable=SC2086
-        cg "$tag$side" "$side" -c "$out/$side.toml" --paths "$paths" ${RDSD_ARGS:-}
+        cg "$tag$side" "$side" -c "$out/$side.toml" --paths "$paths" "${cross[@]}" ${RDSD_ARGS:-}
+        if [[ -n "${CROSS:-}" ]]; then
+            # The first app goes to the thread with the fewest apps (thread 0): this one stays.
+            RDSD_SOCKET=$out/$side.sock ip netns exec "$tag$side" "$bin/rds-testapp" recv \
+                "10.79.0.$i:7999" 1000000000 >"$out/holder-$side.log" &
+            pids+=($!)
+            for _ in $(seq 600); do grep -q bound "$out/holder-$side.log" 2>/dev/null && break; sleep 0.1; done
+        fi
     done
     for i in $(seq 120); do
         ip netns exec "$A" "$bin/rdsctl" -s "$out/a.sock" ping 10.79.0.2 -I 10.79.0.1 -c 1 -W 1 >/dev/null 2>&1 && break
@@ -165,6 +180,16 @@ measure() {
         sleep 0.1
     done
     ZERO=1 stream "$A" a 10.79.0.1:7000 "$B" b 10.79.0.2:7001 "$count"
+    if [[ -n "${CROSS:-}" ]]; then
+        for side in a b; do
+            ns=$([ $side = a ] && echo "$A" || echo "$B")
+            echo "crossing counters, rdsd $side:" >"$out/cross-$side.txt"
+            ip netns exec "$ns" "$bin/rdsctl" -s "$out/$side.sock" stats |
+                grep -E '^(tx_in_place|tx_in_place_crossed) ' >>"$out/cross-$side.txt" || true
+            # The sockets' and the connection's poll threads (column Poll).
+            ip netns exec "$ns" "$bin/rdsctl" -s "$out/$side.sock" info -k -n >>"$out/cross-$side.txt" || true
+        done
+    fi
     idle_window
     stop
 }
@@ -220,6 +245,10 @@ if [[ "${MODE:-stream}" = pingpong ]]; then
     echo "$count round trips of $len B (transport: $transport, paths: $paths${RDSD_ARGS:+, $RDSD_ARGS}${DPDK_EXTRA:+, $DPDK_EXTRA}); instructions per round trip, inclusive (the msg columns are per round trip)"
 else
     echo "$count messages of $len B one way (transport: $transport, paths: $paths${RDSD_ARGS:+, $RDSD_ARGS}${DPDK_EXTRA:+, $DPDK_EXTRA}); instructions per message, inclusive"
+fi
+if [[ -n "${CROSS:-}" ]]; then
+    echo
+    cat "$out"/cross-a.txt "$out"/cross-b.txt 2>/dev/null || true
 fi
 echo
 echo "| rdsd | passes/msg | empty pass | pass | work | drain_tx | ep send | dpdk poll | ep tx | iface | egress | rx burst | tx burst | read | deliver | clock |"

@@ -333,6 +333,18 @@ impl AppSession {
                 self.detach();
                 self.attach();
             }
+            // rds-info's listings over whatever the app left in its rings.
+            8 => {
+                let _ = self.core.snapshot(true);
+            }
+            // The ring room the app says its refused send needs (POLLOUT), any value.
+            9 if live => {
+                let want = u32::from_le_bytes(s.bytes()?);
+                self.region()
+                    .slot_control(slot)
+                    .tx_ring_want
+                    .store(want, Ordering::Relaxed);
+            }
             _ => {}
         }
         Some(())
