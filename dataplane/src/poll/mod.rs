@@ -273,8 +273,15 @@ impl PollCore {
 
     fn pass(&mut self) -> usize {
         let mut work = 0;
-        if self.table.link().is_some() {
-            work += self.drain_fabric();
+        if let Some(link) = self.table.link_mut() {
+            link.refresh();
+            if link.inputs_idle() {
+                // Most passes: nothing from any other shard (so nothing stalled either).
+                link.stalled = 0;
+                link.flush_release();
+            } else {
+                work += self.drain_fabric();
+            }
         }
         while work < CMDS_PER_PASS {
             let Some((seq, cmd)) = self.table.next_cmd() else {
@@ -335,7 +342,7 @@ impl PollCore {
             self.publish_counters();
         }
         self.table.sync_readiness();
-        if let Some(l) = self.table.link_mut() {
+        if let Some(l) = self.table.link_mut().filter(|l| l.has_output()) {
             l.flush_stash();
             l.flush_kept();
             l.publish();
@@ -351,14 +358,14 @@ impl PollCore {
     }
 
     /// Takes what other shards sent: notes, then messages, in order per pair ring, stopping
-    /// at one whose destination cannot take it yet. Never inlined: a symbol of its own for
-    /// profiles (`bench/shards-callgrind.sh`), at one call per pass.
+    /// at one whose destination cannot take it yet. Called only for a pass that found input
+    /// (`ShardLink::inputs_idle`: an idle pass checks each other shard with three loads).
+    /// Never inlined: a symbol of its own for profiles (`bench/shards-callgrind.sh`).
     #[inline(never)]
     fn drain_fabric(&mut self) -> usize {
         let Some(link) = self.table.link_mut() else {
             return 0;
         };
-        link.refresh();
         let (me, n) = (link.shard, link.shards());
         let mut work = 0;
         for from in (0..n).filter(|&f| f != me) {
@@ -370,6 +377,10 @@ impl PollCore {
         let mut inp = std::mem::take(&mut self.table.link_mut().expect("link").inp);
         let mut stalled = 0u64;
         for (from, ring) in inp.iter_mut().enumerate().filter(|&(f, _)| f != me) {
+            // An idle pair ring costs one load: no burst bookkeeping, no validated peek.
+            if ring.nothing_published() {
+                continue;
+            }
             let mut taken = 0;
             // One burst per pair ring: each receiver's rx ring is published once, at its end.
             self.table.begin_rx_burst();
