@@ -85,6 +85,10 @@ counters! {
     /// Tx rings a pass looked into because their app published on them (an idle socket costs
     /// a pass one load of its ring's producer position and no visit).
     tx_ring_visits,
+    /// Passes that took notes or messages from other poll threads (`drain_fabric`; an idle
+    /// pass with several poll threads takes none and checks each other thread with three
+    /// loads).
+    fabric_drains,
     /// Futex wake-ups of app threads blocked in a send or a receive (one per change that a
     /// blocked thread waits for: a delivery wakes receivers, a release wakes senders).
     app_wakeups,

@@ -203,6 +203,58 @@ fn an_idle_pass_asks_no_path() {
     assert_idle_passes_ask_no_path([h0.d(), h1.d()], "tcp", 8);
 }
 
+/// With several poll threads, an idle pass takes nothing from the others: it checks each
+/// other thread's note queue and pair ring with a few loads and never calls `drain_fabric`
+/// (`fabric_drains`; before, every pass of every thread did, about 270 instructions per other
+/// thread, `bench/idle-pass-callgrind.sh`). A message that crosses is taken by a drain.
+#[test]
+fn an_idle_pass_with_four_poll_threads_drains_no_other_thread() {
+    let d = Daemon::start(&[
+        "--poll-core",
+        "-2",
+        "--poll-core",
+        "-2",
+        "--poll-core",
+        "-2",
+        "--poll-core",
+        "-2",
+    ]);
+    let read = || {
+        let s = d.exact_stats();
+        (stat_from(&s, "poll_passes"), stat_from(&s, "fabric_drains"))
+    };
+    let (p0, f0) = read();
+    std::thread::sleep(Duration::from_millis(300));
+    let (p1, f1) = read();
+    eprintln!(
+        "4 idle poll threads: {} drains in {} passes",
+        f1 - f0,
+        p1 - p0
+    );
+    assert!(p1 > p0, "the stats reads cost passes");
+    assert_eq!(f1, f0, "drains in {} idle passes", p1 - p0);
+
+    // Two apps (each on the thread with the fewest apps: different threads): a message
+    // between them crosses, and its release comes back.
+    let mut recv = d.app(&["recv", "127.0.0.1:7310", "1"]);
+    recv.expect("bound");
+    let mut sender = d.app(&["send", "127.0.0.1:7311", "127.0.0.1:7310", "1", "64"]);
+    sender.expect("sent 1");
+    recv.expect("received");
+    let (p2, f2) = read();
+    eprintln!(
+        "one crossing message: {} drains in {} passes",
+        f2 - f1,
+        p2 - p1
+    );
+    assert!(
+        (1..=4).contains(&(f2 - f1)),
+        "{} drains for one message in {} passes",
+        f2 - f1,
+        p2 - p1
+    );
+}
+
 /// An app holding 64 sockets open and idle: a pass looks into none of their tx rings
 /// (`tx_ring_visits`), it only compares each ring's producer position with the one it last saw
 /// (`SocketTable::next_published`). Before, every pass called `drain_tx` for every open socket:

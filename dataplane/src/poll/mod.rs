@@ -173,6 +173,8 @@ pub struct PollCore {
     passes: u64,
     /// Tx rings looked into (`drain_tx` calls), published as `tx_ring_visits`.
     tx_visits: u64,
+    /// `drain_fabric` calls, published as `fabric_drains`.
+    fabric_drains: u64,
     /// The time of the last pass, if it read the clock (for the idle strategy).
     pass_time: Option<rds_proto::Instant>,
     /// TEST ONLY: `crate::fault::poll_stall` (`None` without the `fault-injection` feature).
@@ -247,6 +249,7 @@ impl PollCore {
             routes: routes::RouteCache::new(),
             passes: 0,
             tx_visits: 0,
+            fabric_drains: 0,
             pass_time: None,
             test_stall: crate::fault::poll_stall(),
         }
@@ -363,6 +366,7 @@ impl PollCore {
     /// Never inlined: a symbol of its own for profiles (`bench/shards-callgrind.sh`).
     #[inline(never)]
     fn drain_fabric(&mut self) -> usize {
+        self.fabric_drains += 1;
         let Some(link) = self.table.link_mut() else {
             return 0;
         };
@@ -675,6 +679,9 @@ impl PollCore {
         stats
             .tx_ring_visits
             .store(self.tx_visits, Ordering::Relaxed);
+        stats
+            .fabric_drains
+            .store(self.fabric_drains, Ordering::Relaxed);
     }
 
     /// Moves up to TX_BATCH messages off one socket's tx ring, as one burst: each local
