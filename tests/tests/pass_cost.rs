@@ -206,7 +206,7 @@ fn an_idle_pass_asks_no_path() {
 /// With several poll threads, an idle pass takes nothing from the others: it checks each
 /// other thread's note queue and pair ring with a few loads and never calls `drain_fabric`
 /// (`fabric_drains`; before, every pass of every thread did, about 270 instructions per other
-/// thread, `bench/idle-pass-callgrind.sh`). A message that crosses is taken by a drain.
+/// thread, `bench/shards-idle-callgrind.sh`). A message that crosses is taken by a drain.
 #[test]
 fn an_idle_pass_with_four_poll_threads_drains_no_other_thread() {
     let d = Daemon::start(&[
