@@ -200,14 +200,8 @@ impl Envelope {
                 dport,
                 token,
                 ack_required,
-            } => Some(SendParts {
-                src: (laddr, sport),
-                dst: (faddr, dport),
-                token,
-                ack_required,
-                in_place: false,
-            }),
-            Envelope::SendRef {
+            }
+            | Envelope::SendRef {
                 laddr,
                 faddr,
                 sport,
@@ -220,7 +214,7 @@ impl Envelope {
                 dst: (faddr, dport),
                 token,
                 ack_required,
-                in_place: true,
+                in_place: matches!(self, Envelope::SendRef { .. }),
             }),
             _ => None,
         }

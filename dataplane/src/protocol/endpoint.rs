@@ -1188,6 +1188,7 @@ impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
             let mut paths = Vec::new();
             for p in 0..MAX_PATHS {
                 let state = e.path_state(p);
+                let (rx_header_rem, rx_payload_rem) = e.rx_remaining(p);
                 let ps = PathSnapshot {
                     index: p,
                     state: path_state_name(state),
@@ -1200,8 +1201,8 @@ impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
                     rx_paused: c.rx[p].is_paused(),
                     local_port: None,
                     peer_port: None,
-                    rx_header_rem: e.rx_remaining(p).0,
-                    rx_payload_rem: e.rx_remaining(p).1,
+                    rx_header_rem,
+                    rx_payload_rem,
                     send_messages: list_within(e.message_info(p, false), listed),
                     retrans_messages: list_within(e.message_info(p, true), listed),
                 };
