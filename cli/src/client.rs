@@ -5,7 +5,7 @@
 use shm_api::ctrl::{Reply, Request, MAX_DATAGRAM};
 use shm_api::sys;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
@@ -16,11 +16,16 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(15);
 /// errno (or the connect error: ENOENT/ECONNREFUSED when rdsd is not running, EACCES when the
 /// socket is not ours to use).
 pub fn request(path: &Path, req: Request) -> io::Result<Reply> {
+    request_with_fds(path, req).map(|(r, _)| r)
+}
+
+/// [`request`], with the descriptors attached to the reply.
+fn request_with_fds(path: &Path, req: Request) -> io::Result<(Reply, Vec<OwnedFd>)> {
     let sock = sys::connect_seqpacket(path)?;
     sock.set_read_timeout(Some(REPLY_TIMEOUT))?;
     sys::send_with_fds(sock.as_raw_fd(), &req.encode(1), &[])?;
     let mut buf = vec![0u8; MAX_DATAGRAM];
-    let (n, _fds) = sys::recv_with_fds(sock.as_raw_fd(), &mut buf, 0)?;
+    let (n, fds) = sys::recv_with_fds(sock.as_raw_fd(), &mut buf, 0)?;
     if n == 0 {
         return Err(io::Error::new(
             io::ErrorKind::ConnectionAborted,
@@ -38,13 +43,15 @@ pub fn request(path: &Path, req: Request) -> io::Result<Reply> {
     if reply.errno != 0 {
         return Err(io::Error::from_raw_os_error(reply.errno));
     }
-    Ok(reply)
+    Ok((reply, fds))
 }
 
-/// The Info document for `sections` (`ctrl::INFO_*`).
+/// The Info document for `sections` (`ctrl::INFO_*`), whole however long (`INFO_WHOLE`).
 pub fn info(path: &Path, sections: u32) -> io::Result<serde_json::Value> {
-    let r = request(path, Request::Info { sections })?;
-    serde_json::from_slice(&r.body).map_err(|e| {
+    let sections = sections | shm_api::ctrl::INFO_WHOLE;
+    let (r, fds) = request_with_fds(path, Request::Info { sections })?;
+    let doc = shm_api::info_body(r, fds)?;
+    serde_json::from_slice(&doc).map_err(|e| {
         io::Error::new(
             io::ErrorKind::InvalidData,
             format!("rdsd's info reply is not JSON: {e}"),

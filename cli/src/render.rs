@@ -28,7 +28,7 @@ fn list<'a>(doc: &'a Value, k: &str) -> &'a [Value] {
 fn truncated(out: &mut String, doc: &Value, k: &str) {
     let n = num(doc, &format!("{k}_truncated"));
     if n > 0 {
-        let _ = writeln!(out, "  ... {n} more not shown (the reply is one datagram)");
+        let _ = writeln!(out, "  ... {n} more not shown (past rdsd's listing limits)");
     }
 }
 
@@ -352,7 +352,7 @@ pub fn groups(doc: &Value) -> String {
         if n > 0 {
             let _ = writeln!(
                 out,
-                "      ... {n} more member(s) not shown (the reply is one datagram)"
+                "      ... {n} more member(s) not shown (past rdsd's listing limits)"
             );
         }
     }

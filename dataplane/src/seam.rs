@@ -293,9 +293,11 @@ pub struct PathSnapshot {
 
 /// Most queued messages one poll thread's snapshot lists of those received (rx rings) and,
 /// separately, of those to send (every path's send and retransmit queues): it is built on the
-/// poll core, so a million queued messages must not stall it or take its memory, and the
-/// `Info` reply (one 64 KiB datagram) holds a few hundred anyway.
-pub const MAX_LISTED: usize = 2048;
+/// poll core between two passes, so a million queued messages must not stall it or take its
+/// memory. 16 Ki entries take the poll core well under a millisecond; the `Info` document that
+/// carries them (about 150 bytes of JSON each) travels whole in a memory file
+/// (`ctrl::INFO_WHOLE`).
+pub const MAX_LISTED: usize = 16 * 1024;
 
 /// One RDS connection (local address, peer address) of a network transport.
 #[derive(Clone, Debug, serde::Serialize)]

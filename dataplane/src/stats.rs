@@ -37,6 +37,10 @@ counters! {
     attach_refused,
     /// Malformed control requests.
     ctrl_bad_requests,
+    /// Info documents longer than one datagram sent whole, in a memory file.
+    ctrl_info_whole,
+    /// Info documents asked for whole but cut to one datagram: no memory file could hold them.
+    ctrl_info_cut,
     /// Sockets opened.
     sockets_opened,
     /// Sockets closed (explicitly or with their process).

@@ -1,7 +1,8 @@
 //! The control protocol on rdsd's Unix `SOCK_SEQPACKET` socket (slow path only).
 //!
 //! One request datagram, one reply datagram. Requests are a fixed 32 bytes; replies are 24
-//! bytes plus an optional body (hello info, counters). File descriptors travel as SCM_RIGHTS.
+//! bytes plus an optional body (hello info, counters). File descriptors travel as SCM_RIGHTS
+//! (the regions, a socket's pollable fd, an `Info` document too long for a datagram).
 //! Little-endian. Both sides treat everything they receive as untrusted: [`Request::decode`]
 //! rejects unknown opcodes and datagrams of the wrong length.
 //!
@@ -74,7 +75,7 @@ pub enum Request {
     /// Served without Hello, like Stats. Sockets, groups, connections and paths are a snapshot
     /// taken by the poll core between two passes; the body's schema is `INFO_SCHEMA`. Lists that
     /// would not fit in one reply datagram are cut and their `truncated` count says how many
-    /// entries are missing.
+    /// entries are missing, unless the client asked for the document whole ([`INFO_WHOLE`]).
     Info { sections: u32 },
     /// Create the multicast group `addr:port` (224.0.0.0/4) with `GROUP_CREATE_*` flags; the
     /// socket does not join it.
@@ -239,6 +240,14 @@ pub const INFO_GROUPS: u32 = 1 << 7;
 pub const INFO_MESSAGES: u32 = 1 << 8;
 /// Every summary `Info` section.
 pub const INFO_ALL: u32 = 0xff;
+/// Not a section: the client takes a document longer than one datagram whole, in a sealed
+/// memory file attached to the reply (SCM_RIGHTS; the reply's value is its length in bytes,
+/// its body empty), up to [`MAX_INFO_DOCUMENT`]. Without it (or from an older rdsd, which
+/// ignores the bit) long lists are cut to fit one datagram. Alone it means every summary
+/// section, as 0 does.
+pub const INFO_WHOLE: u32 = 1 << 9;
+/// Longest `Info` document rdsd sends whole; lists past it are cut, as in a datagram.
+pub const MAX_INFO_DOCUMENT: usize = 64 << 20;
 /// Version of the `Info` JSON body (its `schema` field). Fields are only ever added (a new
 /// section, `groups`, too: an older rdsd ignores the bit and its reply has no such key).
 pub const INFO_SCHEMA: u32 = 1;

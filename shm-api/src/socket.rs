@@ -2,7 +2,7 @@
 //! with the semantics of rds(7)). Data moves through the app's shared region with no syscall;
 //! only bind/options/close and blocking waits talk to the kernel.
 
-use crate::ctrl::{HelloInfo, Reply, Request, MAX_DATAGRAM, REQUEST_LEN};
+use crate::ctrl::{self, HelloInfo, Reply, Request, MAX_DATAGRAM, REQUEST_LEN};
 use crate::layout::{
     cong_monitor_bit, group_copy_pending, AppRegionHeader, DaemonView, RegionGeometry, SlotControl,
     DAEMON_REGION_LEN, DEFAULT_BUF, LAYOUT_VERSION, MAX_BUF, MAX_MSG_SIZE, MIN_BUF, RX_FLAG_GROUP,
@@ -544,20 +544,56 @@ impl Rdsd {
 /// rdsd's counters (`name value` per line), read over its control socket without attaching:
 /// no region is created. Used by `rdsctl` and `rds-bench`.
 pub fn stats_at(path: &Path) -> io::Result<String> {
-    unattached_request(path, Request::Stats)
+    let (reply, _) = unattached_request(path, Request::Stats)?;
+    Ok(String::from_utf8_lossy(&reply.body).into_owned())
 }
 
 /// rdsd's `Info` document (JSON, schema [`crate::ctrl::INFO_SCHEMA`]) for `sections`
-/// (`ctrl::INFO_*`), without attaching. Used by the C ABI's `RDS_INFO_SOCKETS`.
+/// (`ctrl::INFO_*`), without attaching, whole however long (asked with
+/// [`crate::ctrl::INFO_WHOLE`]). Used by the C ABI's `RDS_INFO_*` tables.
 pub fn info_at(path: &Path, sections: u32) -> io::Result<String> {
-    unattached_request(path, Request::Info { sections })
+    let (reply, fds) = unattached_request(
+        path,
+        Request::Info {
+            sections: sections | ctrl::INFO_WHOLE,
+        },
+    )?;
+    let body = info_body(reply, fds)?;
+    Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
-fn unattached_request(path: &Path, req: Request) -> io::Result<String> {
+/// The document of an `Info` reply: its body, or, when rdsd sent it whole in a memory file
+/// (`ctrl::INFO_WHOLE`), that file's bytes. The file's length must be the reply's value and
+/// at most [`ctrl::MAX_INFO_DOCUMENT`]; it is read at offset 0 (rdsd's writes moved the file
+/// offset both ends share).
+pub fn info_body(reply: Reply, fds: Vec<OwnedFd>) -> io::Result<Vec<u8>> {
+    let Some(fd) = fds.into_iter().next() else {
+        return Ok(reply.body);
+    };
+    let bad = |why: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("rdsd's info reply: {why}"),
+        )
+    };
+    let len = usize::try_from(reply.value).unwrap_or(usize::MAX);
+    if !reply.body.is_empty() || len > ctrl::MAX_INFO_DOCUMENT {
+        return Err(bad("a document file with a body, or longer than the limit"));
+    }
+    let file = std::fs::File::from(fd);
+    if file.metadata()?.len() != len as u64 {
+        return Err(bad("the document file's length is not the one announced"));
+    }
+    let mut doc = vec![0u8; len];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut doc, 0)?;
+    Ok(doc)
+}
+
+fn unattached_request(path: &Path, req: Request) -> io::Result<(Reply, Vec<OwnedFd>)> {
     let sock = sys::connect_seqpacket(path)?;
     sys::send_with_fds(sock.as_raw_fd(), &req.encode(1), &[])?;
     let mut buf = vec![0u8; MAX_DATAGRAM];
-    let (n, _) = sys::recv_with_fds(sock.as_raw_fd(), &mut buf, 0)?;
+    let (n, fds) = sys::recv_with_fds(sock.as_raw_fd(), &mut buf, 0)?;
     if Reply::is_legacy_len(n) {
         return Err(version_mismatch(1));
     }
@@ -566,7 +602,7 @@ fn unattached_request(path: &Path, req: Request) -> io::Result<String> {
     if reply.errno != 0 {
         return Err(errno(reply.errno));
     }
-    Ok(String::from_utf8_lossy(&reply.body).into_owned())
+    Ok((reply, fds))
 }
 
 /// A sentence for logs about an error from [`Rdsd::attach_at`] (or any call): the plain OS

@@ -254,6 +254,69 @@ fn info_sections_show_live_sockets_and_queues() {
     assert_eq!(doc["recv_queue"]["bytes"].as_u64(), Some(0));
 }
 
+/// A listing longer than one control datagram (64 KiB) comes whole, as the kernel's rds-info
+/// tables do: rdsctl and the library (the C ABI's `RDS_INFO_*`) get it in a memory file
+/// attached to the reply, where rdsd used to cut it.
+#[test]
+fn info_longer_than_a_datagram_comes_whole() {
+    let sockets = 300u16;
+    let cfg = config_file(&format!(
+        "max_sockets_per_app = {sockets}\nhugepages = \"off\"\n"
+    ));
+    let d = Daemon::start(&["-c", cfg.to_str().unwrap()]);
+    let r = d.attach();
+    let socks: Vec<_> = (0..sockets)
+        .map(|i| {
+            let s = r.socket().unwrap();
+            s.bind(lo(21000 + i)).unwrap();
+            s
+        })
+        .collect();
+    let doc = rdsctl(&d.socket, &["--json", "info", "-k"]).ok().json();
+    let listed = doc["sockets"].as_array().unwrap();
+    assert_eq!(listed.len(), socks.len());
+    assert!(doc.get("sockets_truncated").is_none());
+    let whole = serde_json::to_vec(&doc).unwrap().len();
+    assert!(
+        whole > 64 * 1024,
+        "the document ({whole} B) fits one datagram: test nothing"
+    );
+    let text = rdsctl(&d.socket, &["info", "-k"]).ok().stdout;
+    assert!(
+        text.contains("21299") && !text.contains("not shown"),
+        "{text}"
+    );
+    // The library's reader, which the C ABI's tables use.
+    let lib: Value =
+        serde_json::from_str(&shm_api::info_at(&d.socket, shm_api::ctrl::INFO_SOCKETS).unwrap())
+            .unwrap();
+    assert_eq!(lib["sockets"].as_array().unwrap().len(), socks.len());
+    let c = counters_of(&rdsctl(&d.socket, &["--json", "stats"]).ok().json()).clone();
+    assert_eq!(c["ctrl_info_whole"].as_u64(), Some(3), "{c:?}");
+    assert_eq!(c["ctrl_info_cut"].as_u64(), Some(0));
+    // A client that does not ask for the whole document still gets one datagram, cut.
+    let cut = info_cut_without_whole(&d.socket);
+    assert!(cut > 0 && cut < sockets as u64, "{cut} cut");
+}
+
+/// The `sockets_truncated` count of an Info reply asked without `INFO_WHOLE` (as an older
+/// library asks), read straight off the control socket.
+fn info_cut_without_whole(socket: &Path) -> u64 {
+    use shm_api::ctrl::{Reply, Request, INFO_SOCKETS, MAX_DATAGRAM};
+    use std::os::fd::AsRawFd;
+    let sock = shm_api::sys::connect_seqpacket(socket).unwrap();
+    let req = Request::Info {
+        sections: INFO_SOCKETS,
+    };
+    shm_api::sys::send_with_fds(sock.as_raw_fd(), &req.encode(1), &[]).unwrap();
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let (n, fds) = shm_api::sys::recv_with_fds(sock.as_raw_fd(), &mut buf, 0).unwrap();
+    assert!(fds.is_empty());
+    let reply = Reply::decode(&buf[..n]).unwrap();
+    let doc: Value = serde_json::from_slice(&reply.body).unwrap();
+    doc["sockets_truncated"].as_u64().unwrap_or(0)
+}
+
 #[test]
 fn info_and_stats_show_groups_members_and_their_counters() {
     use shm_api::ctrl::FilterRule;

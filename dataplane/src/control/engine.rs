@@ -16,8 +16,8 @@ use crate::config::{Config, Placement};
 use crate::poll::snapshot::PollSnapshot;
 use crate::stats::Stats;
 use shm_api::ctrl::{
-    frame_id, HelloInfo, Reply, Request, INFO_ALL, INFO_COUNTERS, INFO_MESSAGES,
-    LEGACY_REQUEST_LEN, REQUEST_LEN,
+    frame_id, HelloInfo, Reply, Request, INFO_ALL, INFO_COUNTERS, INFO_MESSAGES, INFO_WHOLE,
+    LEGACY_REQUEST_LEN, MAX_INFO_DOCUMENT, REQUEST_LEN,
 };
 use shm_api::layout::LAYOUT_VERSION;
 use std::collections::VecDeque;
@@ -41,6 +41,9 @@ pub trait Host {
     fn arm(&mut self, app: usize, seq: u64);
     /// Withdraws command `seq` of `app`: true if no poll thread took it (none ever will).
     fn withdraw(&mut self, app: usize, seq: u64) -> bool;
+    /// A sealed memory file holding `bytes` (an Info document longer than one datagram);
+    /// `Err(errno)`.
+    fn document(&mut self, bytes: &[u8]) -> Result<Self::Fd, i32>;
 }
 
 /// What a Hello needs: the region, the app's three descriptors (region, daemon region, its
@@ -483,11 +486,15 @@ impl<H: Host> Engine<H> {
                 self.send(i, r.encode(), Vec::new());
             }
             Request::Info { sections } => {
-                let sections = if sections == 0 { INFO_ALL } else { sections };
-                if sections & !INFO_COUNTERS == 0 {
+                let sections = if sections & !INFO_WHOLE == 0 {
+                    INFO_ALL | sections
+                } else {
+                    sections
+                };
+                if sections & !(INFO_COUNTERS | INFO_WHOLE) == 0 {
                     // Counters only: no need to bother a poll thread.
-                    let r = self.info_reply(now, sections, None).with_id(id);
-                    self.send(i, r.encode(), Vec::new());
+                    let (r, fds) = self.info_reply(now, sections, None);
+                    self.send(i, r.with_id(id).encode(), fds);
                 } else {
                     self.submit(
                         now,
@@ -780,8 +787,8 @@ impl<H: Host> Engine<H> {
                 if let Some(t) = self.conn(i).and_then(|c| c.hello_by.as_mut()) {
                     *t = fresh;
                 }
-                let r = self.info_reply(now, sections, Some(*snap)).with_id(p.id);
-                self.send(i, r.encode(), Vec::new());
+                let (r, fds) = self.info_reply(now, sections, Some(*snap));
+                self.send(i, r.with_id(p.id).encode(), fds);
             }
             (Waiting::Attach { fds, info }, Answer::Attached) => {
                 let Some(c) = self.conn(i) else { return };
@@ -799,9 +806,21 @@ impl<H: Host> Engine<H> {
     }
 
     /// The Info reply for `sections` (`snap` is `None` for counters only), with each
-    /// socket's pid and uid filled in from its connection.
-    fn info_reply(&self, now: Instant, sections: u32, snap: Option<PollSnapshot>) -> Reply {
-        info::reply(
+    /// socket's pid and uid filled in from its connection: the document in the body, or,
+    /// when the client takes it whole (`INFO_WHOLE`) and it is longer than a datagram, in a
+    /// memory file attached to the reply (value: its length).
+    fn info_reply(
+        &mut self,
+        now: Instant,
+        sections: u32,
+        snap: Option<PollSnapshot>,
+    ) -> (Reply, Vec<H::Fd>) {
+        let max = if sections & INFO_WHOLE != 0 {
+            MAX_INFO_DOCUMENT
+        } else {
+            info::MAX_BODY
+        };
+        let doc = info::document(
             &self.cfg,
             &self.stats,
             &self.started,
@@ -809,7 +828,28 @@ impl<H: Host> Engine<H> {
             sections,
             snap,
             |app| self.conn_ref(app).map(|c| (c.pid, c.uid)),
-        )
+        );
+        let mut body = info::fit(doc, max);
+        if body.len() > info::MAX_BODY {
+            match self.host.document(&body) {
+                Ok(fd) => {
+                    Stats::bump(&self.stats.ctrl_info_whole);
+                    return (Reply::ok(body.len() as u64), vec![fd]);
+                }
+                Err(errno) => {
+                    Stats::bump(&self.stats.ctrl_info_cut);
+                    tracing::warn!(
+                        errno,
+                        bytes = body.len(),
+                        "no memory file for a long Info document: cut to one datagram"
+                    );
+                    body = info::refit(&body, info::MAX_BODY);
+                }
+            }
+        }
+        let mut r = Reply::ok(0);
+        r.body = body;
+        (r, Vec::new())
     }
 
     /// Queues a reply; the shell sends it without ever blocking.

@@ -15,6 +15,10 @@ struct Fake {
     /// The shard each attachment was made for, in order.
     attached_to: Vec<usize>,
     withdraw_calls: usize,
+    /// Memory files made (Info documents longer than a datagram); fd = 700 + index.
+    documents: Vec<Vec<u8>>,
+    /// `document` fails with this errno.
+    refuse_documents: Option<i32>,
 }
 
 impl Fake {
@@ -63,6 +67,14 @@ impl Host for Fake {
     fn withdraw(&mut self, app: usize, seq: u64) -> bool {
         self.withdraw_calls += 1;
         self.take(app, seq)
+    }
+
+    fn document(&mut self, bytes: &[u8]) -> Result<u32, i32> {
+        if let Some(errno) = self.refuse_documents {
+            return Err(errno);
+        }
+        self.documents.push(bytes.to_vec());
+        Ok(699 + self.documents.len() as u32)
     }
 }
 
@@ -626,6 +638,79 @@ fn only_the_messages_section_asks_the_poll_threads_for_listings() {
         let doc: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
         assert_eq!(doc.get("send_messages").is_some(), listing);
     }
+}
+
+/// A document longer than one datagram: cut to fit without `INFO_WHOLE` (the `*_truncated`
+/// count says by how much), whole in a memory file with it (the reply's value is its length,
+/// the body empty, one fd attached); when no memory file can be made, cut and counted.
+#[test]
+fn a_long_info_document_travels_whole_in_a_memory_file_when_asked() {
+    use shm_api::ctrl::{INFO_WHOLE, MAX_DATAGRAM};
+    let mut r = rig(1, 64, |_| {});
+    let (app, _) = r.attach(0, USER);
+    let i = r.e.accept(r.at(0), 77, 0).unwrap();
+    let sockets = 3000;
+    let snap = || PollSnapshot {
+        sockets: (0..sockets)
+            .map(|slot| SockSnapshot {
+                app,
+                slot,
+                ..Default::default()
+            })
+            .collect(),
+        shards_seen: 1,
+        ..Default::default()
+    };
+    for (id, whole, refuse) in [
+        (1, false, None),
+        (2, true, None),
+        (3, true, Some(libc::EMFILE)),
+    ] {
+        r.e.host_mut().refuse_documents = refuse;
+        let sections = INFO_SOCKETS | if whole { INFO_WHOLE } else { 0 };
+        r.request(500, i, id, Request::Info { sections });
+        let (_, seq, _) = r.queued();
+        r.e.answer(r.at(600), seq, i, Answer::Snapshot(Box::new(snap())));
+        let actions: [Seen; 1] = r.actions().try_into().expect("one reply");
+        let [Seen::Send { reply, fds, .. }] = actions else {
+            panic!("not a reply");
+        };
+        assert_eq!((reply.errno, reply.id), (0, id));
+        let doc: serde_json::Value = if whole && refuse.is_none() {
+            assert_eq!(fds, [700]);
+            assert!(reply.body.is_empty());
+            let file = &r.e.host_mut().documents[0];
+            assert_eq!(reply.value, file.len() as u64);
+            assert!(file.len() > MAX_DATAGRAM);
+            serde_json::from_slice(file).unwrap()
+        } else {
+            assert!(fds.is_empty());
+            assert!(reply.body.len() <= MAX_DATAGRAM);
+            serde_json::from_slice(&reply.body).unwrap()
+        };
+        let listed = doc["sockets"].as_array().unwrap().len() as u64;
+        let cut = doc
+            .get("sockets_truncated")
+            .map_or(0, |v| v.as_u64().unwrap());
+        assert_eq!(listed + cut, sockets as u64);
+        assert_eq!(
+            cut == 0,
+            whole && refuse.is_none(),
+            "request {id}: {cut} cut"
+        );
+    }
+    assert_eq!(count(&r.stats.ctrl_info_cut), 1);
+    assert_eq!(count(&r.stats.ctrl_info_whole), 1);
+    // INFO_WHOLE alone means every summary section, as 0 does.
+    r.request(
+        700,
+        i,
+        4,
+        Request::Info {
+            sections: INFO_WHOLE,
+        },
+    );
+    assert_eq!(r.queued().2, Kind::Snapshot(0));
 }
 
 #[test]

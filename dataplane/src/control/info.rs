@@ -20,14 +20,16 @@
 //! "members_truncated": n, "last_seq", "sends", "deliveries", "drops_full", "filtered", "full" }`
 //! (`poll::snapshot::GroupSnapshot`), sorted by address and port.
 //!
-//! A reply is one datagram: lists that would not fit are cut (each `*_truncated` says by how
-//! many entries; a group's `members` are cut inside the group).
+//! A client that asks with `INFO_WHOLE` (the library and rdsctl always do) gets a document
+//! longer than one datagram whole, in a memory file (the engine's `Host::document`), up to
+//! `ctrl::MAX_INFO_DOCUMENT`; otherwise it is one datagram. Lists that would not fit are cut
+//! (each `*_truncated` says by how many entries; a group's `members` are cut inside the group).
 
 use crate::config::Config;
 use crate::poll::snapshot::PollSnapshot;
 use crate::stats::Stats;
 use serde_json::{json, Map, Value};
-use shm_api::ctrl::{self, Reply, MAX_DATAGRAM, REPLY_HEADER_LEN};
+use shm_api::ctrl::{self, MAX_DATAGRAM, REPLY_HEADER_LEN};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// When rdsd started.
@@ -49,12 +51,12 @@ impl Started {
 }
 
 /// Largest body of a reply datagram.
-const MAX_BODY: usize = MAX_DATAGRAM - REPLY_HEADER_LEN;
+pub(super) const MAX_BODY: usize = MAX_DATAGRAM - REPLY_HEADER_LEN;
 
 /// Serialises `doc`, halving its longest list (`sockets`, `connections`, `groups`, a queue's
 /// `entries`, a group's `members`, a message listing) until it fits in `max` bytes; each cut list gets a
 /// `<list>_truncated` count (next to it, in the same object) of the entries left out.
-fn fit(doc: Map<String, Value>, max: usize) -> Vec<u8> {
+pub(super) fn fit(doc: Map<String, Value>, max: usize) -> Vec<u8> {
     const LISTS: [&str; 9] = [
         "/send_messages",
         "/retrans_messages",
@@ -99,9 +101,18 @@ fn fit(doc: Map<String, Value>, max: usize) -> Vec<u8> {
     }
 }
 
-/// The Info reply for `sections` (`snap` is `None` for counters only) at `now`; `owner`
-/// gives the (pid, uid) of an app index, for the snapshot's sockets.
-pub(super) fn reply(
+/// `body` (a document from [`document`]) cut to fit in `max` bytes.
+pub(super) fn refit(body: &[u8], max: usize) -> Vec<u8> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(doc)) => fit(doc, max),
+        _ => b"{}".to_vec(),
+    }
+}
+
+/// The Info document for `sections` (`snap` is `None` for counters only) at `now` (cut it to
+/// size with [`fit`]); `owner` gives the (pid, uid) of an app index, for the snapshot's
+/// sockets.
+pub(super) fn document(
     cfg: &Config,
     stats: &Stats,
     started: &Started,
@@ -109,7 +120,7 @@ pub(super) fn reply(
     sections: u32,
     snap: Option<PollSnapshot>,
     owner: impl Fn(usize) -> Option<(i32, u32)>,
-) -> Reply {
+) -> Map<String, Value> {
     let mut doc = Map::new();
     doc.insert("schema".into(), json!(ctrl::INFO_SCHEMA));
     let transports = snap.as_ref().map(|s| s.transports.clone());
@@ -159,10 +170,7 @@ pub(super) fn reply(
         }
         add_sections(&mut doc, sections, snap);
     }
-    let body = fit(doc, MAX_BODY);
-    let mut r = Reply::ok(0);
-    r.body = body;
-    r
+    doc
 }
 
 fn add_sections(doc: &mut Map<String, Value>, sections: u32, snap: PollSnapshot) {
