@@ -281,6 +281,9 @@ pub struct PathSnapshot {
     pub rx_header_rem: usize,
     /// Payload bytes the message being received still needs.
     pub rx_payload_rem: usize,
+    /// The path's RDMA queue pair (`RDS_INFO_IB_CONNECTIONS`); `None` on other transports.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rdma: Option<RdmaPathInfo>,
     /// The data messages waiting to be written, oldest first, within the snapshot's budget
     /// (the `Info` section `messages`, `RDS_INFO_SEND_MESSAGES`).
     #[serde(skip)]
@@ -289,6 +292,21 @@ pub struct PathSnapshot {
     /// (`RDS_INFO_RETRANS_MESSAGES`).
     #[serde(skip)]
     pub retrans_messages: Vec<rds_proto::MessageInfo>,
+}
+
+/// A path's RDMA queue pair, for introspection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct RdmaPathInfo {
+    /// The local port's GID rdma_cm resolved (a 128-bit GID, written as an IPv6 address).
+    pub src_gid: std::net::Ipv6Addr,
+    /// The peer's GID.
+    pub dst_gid: std::net::Ipv6Addr,
+    /// Send work requests the QP holds.
+    pub max_send_wr: u32,
+    /// Receive work requests the QP holds.
+    pub max_recv_wr: u32,
+    /// Scatter-gather entries per send.
+    pub max_send_sge: u32,
 }
 
 /// Most queued messages one poll thread's snapshot lists of those received (rx rings) and,

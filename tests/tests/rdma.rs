@@ -418,6 +418,7 @@ if [ "$LAB_MODE" = restart ] || [ "$LAB_MODE" = cut ]; then
     dmesg | tail -n 20 | sed 's/^/LAB dmesg /'
 fi
 /bin/rdsctl --socket /run/rdsd/rdsd.sock info -p 2>&1 | sed 's/^/LAB paths /'
+/bin/rdsctl --socket /run/rdsd/rdsd.sock --json info -p 2>&1 | sed 's/^/LAB pathsjson /'
 [ "$LAB_MODE" = lat ] || stats stat
 grep -v 'rdma: path event.*PassivePending' /tmp/rdsd.log | sed 's/^/LAB rdsd /' | tail -n 60
 case "$LAB_MODE" in cut|qperr) grep -v 'PassivePending' /tmp/rdsd.log | sed 's/^/LAB full /' | head -400;; esac
@@ -848,6 +849,48 @@ fn rdma_exactly_once_two_guests_eight_paths() {
             carrying >= 3,
             "the 8 sockets spread over several paths ({carrying})"
         );
+        // Each path's queue pair as `RDS_INFO_IB_CONNECTIONS` reports it: the GIDs rdma_cm
+        // resolved (one end's source is the other's destination) and the QP's sizes.
+        let qps = |out: &str| -> Vec<serde_json::Value> {
+            let doc: String = out
+                .lines()
+                .filter_map(|l| l.strip_prefix("LAB pathsjson "))
+                .collect();
+            let doc: serde_json::Value =
+                serde_json::from_str(&doc).unwrap_or_else(|e| panic!("info -p JSON: {e}: {doc}"));
+            let conn = doc["connections"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["transport"] == "rdma")
+                .expect("the rdma connection")
+                .clone();
+            conn["paths"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|p| p["state"] == "up")
+                .map(|p| p["rdma"].clone())
+                .collect()
+        };
+        let (qa, qb) = (qps(&a), qps(&b));
+        assert_eq!((qa.len(), qb.len()), (8, 8), "{qa:?} {qb:?}");
+        let gid = |q: &serde_json::Value, k: &str| -> std::net::Ipv6Addr {
+            q[k].as_str()
+                .and_then(|g| g.parse().ok())
+                .unwrap_or_else(|| panic!("{k} in {q}"))
+        };
+        let (ga, gb) = (gid(&qa[0], "src_gid"), gid(&qb[0], "src_gid"));
+        assert!(!ga.is_unspecified() && ga != gb, "{ga} {gb}");
+        for q in &qa {
+            assert_eq!((gid(q, "src_gid"), gid(q, "dst_gid")), (ga, gb), "{q}");
+            assert!(q["max_send_wr"].as_u64() > Some(1) && q["max_recv_wr"].as_u64() > Some(0));
+            assert_eq!(q["max_send_sge"].as_u64(), Some(2));
+        }
+        for q in &qb {
+            assert_eq!((gid(q, "src_gid"), gid(q, "dst_gid")), (gb, ga), "{q}");
+        }
+        eprintln!("GIDs: receiver {ga}, sender {gb}; QP {}", qa[0]);
     }
 }
 

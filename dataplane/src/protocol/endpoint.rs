@@ -1203,6 +1203,7 @@ impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
                     peer_port: None,
                     rx_header_rem,
                     rx_payload_rem,
+                    rdma: None,
                     send_messages: list_within(e.message_info(p, false), listed),
                     retrans_messages: list_within(e.message_info(p, true), listed),
                 };
@@ -1223,6 +1224,10 @@ impl<L: Link, C: Clock> Transport for Endpoint<L, C> {
                 if let Some((local, peer)) = ends {
                     (ps.local_port, ps.peer_port) = (Some(local.port()), Some(peer.port()));
                 }
+                ps.rdma = c.paths[ps.index]
+                    .as_ref()
+                    .filter(|s| !s.connecting)
+                    .and_then(|s| self.link.rdma_info(&s.io));
             }
             if L::FRAMING == Framing::Stream {
                 // A read-only query (SIOCOUTQ for kernel TCP), as `transmit` makes each pass.

@@ -150,6 +150,11 @@ pub trait Link: Send {
     fn endpoints(&self, _p: &Self::Path) -> Option<(SocketAddrV4, SocketAddrV4)> {
         None
     }
+    /// A path's RDMA queue pair, for introspection (`RDS_INFO_IB_CONNECTIONS`); `None` on
+    /// other links.
+    fn rdma_info(&self, _p: &Self::Path) -> Option<crate::seam::RdmaPathInfo> {
+        None
+    }
     /// Start of a pass: learn which paths may have input, once for all of them (kernel TCP:
     /// one `epoll_wait`). Links without a readiness source keep the default: every path is
     /// read every pass.

@@ -177,9 +177,11 @@ ssize_t rdsd_recvmsg(int fd, struct msghdr *msg, int flags);
 int rdsd_setsockopt(int fd, int level, int name, const void *val, socklen_t len);
 
 // The options of `rdsd_setsockopt` (SO_SNDBUF/SO_RCVBUF read back twice the value set, as
-// Linux), SO_TYPE, SO_DOMAIN, SO_PROTOCOL, SO_ERROR, and SOL_RDS RDS_INFO_COUNTERS (10000)
-// and RDS_INFO_SOCKETS (10006) in the kernel's record layouts: returns the record size and
-// sets `*len` to the bytes written, or fails with ENOSPC and `*len` = the bytes needed.
+// Linux), SO_TYPE, SO_DOMAIN, SO_PROTOCOL, SO_ERROR, and the SOL_RDS RDS_INFO tables
+// (counters, sockets, connections, send/retransmit/receive messages, TCP sockets and, with
+// the RDMA transport, IB connections; each also as its RDS6_INFO table) in the kernel's record
+// layouts: returns the record size and sets `*len` to the bytes written, or fails with ENOSPC
+// and `*len` = the bytes needed.
 int rdsd_getsockopt(int fd, int level, int name, void *val, socklen_t *len);
 
 // FIONREAD (length of the next message, 0 if none), FIONBIO, SIOCRDSSETTOS/SIOCRDSGETTOS.

@@ -306,9 +306,11 @@ pub unsafe extern "C" fn rdsd_setsockopt(
 }
 
 /// The options of `rdsd_setsockopt` (SO_SNDBUF/SO_RCVBUF read back twice the value set, as
-/// Linux), SO_TYPE, SO_DOMAIN, SO_PROTOCOL, SO_ERROR, and SOL_RDS RDS_INFO_COUNTERS (10000)
-/// and RDS_INFO_SOCKETS (10006) in the kernel's record layouts: returns the record size and
-/// sets `*len` to the bytes written, or fails with ENOSPC and `*len` = the bytes needed.
+/// Linux), SO_TYPE, SO_DOMAIN, SO_PROTOCOL, SO_ERROR, and the SOL_RDS RDS_INFO tables
+/// (counters, sockets, connections, send/retransmit/receive messages, TCP sockets and, with
+/// the RDMA transport, IB connections; each also as its RDS6_INFO table) in the kernel's record
+/// layouts: returns the record size and sets `*len` to the bytes written, or fails with ENOSPC
+/// and `*len` = the bytes needed.
 #[no_mangle]
 pub unsafe extern "C" fn rdsd_getsockopt(
     fd: c_int,

@@ -816,6 +816,7 @@ enum Table {
     RetransMessages,
     RecvMessages,
     TcpSockets,
+    IbConnections,
 }
 
 impl Table {
@@ -828,6 +829,7 @@ impl Table {
             4 | 13 => Table::RetransMessages,
             5 | 14 => Table::RecvMessages,
             7 | 16 => Table::TcpSockets,
+            8 | 17 => Table::IbConnections,
             _ => return None,
         };
         Some((t, name >= RDS6_INFO_FIRST))
@@ -845,6 +847,9 @@ impl Table {
             (Table::SendMessages | Table::RetransMessages | Table::RecvMessages, true) => 50,
             (Table::TcpSockets, false) => 41,
             (Table::TcpSockets, true) => 64,
+            // Not packed: `tos`, `sl`, two bytes of padding, then `cache_allocs`.
+            (Table::IbConnections, false) => 68,
+            (Table::IbConnections, true) => 92,
         }
     }
 
@@ -853,17 +858,27 @@ impl Table {
         use shm_api::ctrl::{INFO_CONNECTIONS, INFO_MESSAGES, INFO_PATHS, INFO_SOCKETS};
         let sections = match self {
             Table::Sockets => INFO_SOCKETS,
-            Table::Connections | Table::TcpSockets => INFO_CONNECTIONS | INFO_PATHS,
+            Table::Connections | Table::TcpSockets | Table::IbConnections => {
+                INFO_CONNECTIONS | INFO_PATHS
+            }
             _ => INFO_MESSAGES,
         };
         let doc = shm_api::info_at(&table::control_path(), sections).map_err(os)?;
         let v: serde_json::Value = serde_json::from_str(&doc).map_err(|_| libc::EIO)?;
+        let rdma = v["rdsd"]["transports"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t == "rdma"));
+        if self == Table::IbConnections && !rdma {
+            // As a kernel without the RDMA transport: no such table.
+            return Err(libc::ENOPROTOOPT);
+        }
         let mut out = Vec::new();
         let rec = Records { out: &mut out, v6 };
         match self {
             Table::Sockets => rec.sockets(&v),
             Table::Connections => rec.connections(&v),
             Table::TcpSockets => rec.tcp_sockets(&v),
+            Table::IbConnections => rec.ib_connections(&v),
             Table::SendMessages => rec.messages(&v["send_messages"]),
             Table::RetransMessages => rec.messages(&v["retrans_messages"]),
             Table::RecvMessages => rec.messages(&v["recv_messages"]),
@@ -977,6 +992,41 @@ impl Records<'_> {
         }
     }
 
+    /// Every connection of rdsd's RDMA transport: `rds_info_rdma_connection`, the queue pair of
+    /// its lowest path that has one (GIDs zero while none does). rdsd registers no memory for
+    /// RDMA operations, uses no service level or tos and caches no receive buffers: those
+    /// fields read 0.
+    fn ib_connections(mut self, v: &serde_json::Value) {
+        for c in v["connections"].as_array().into_iter().flatten() {
+            if c["transport"] != "rdma" {
+                continue;
+            }
+            let qp = c["paths"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|p| p["rdma"].is_object())
+                .min_by_key(|p| p["index"].as_u64())
+                .map(|p| &p["rdma"]);
+            let gid = |k: &str| {
+                qp.and_then(|q| q[k].as_str())
+                    .and_then(|g| g.parse::<std::net::Ipv6Addr>().ok())
+                    .map_or([0; 16], |g| g.octets())
+            };
+            let num = |k: &str| qp.and_then(|q| q[k].as_u64()).unwrap_or(0) as u32;
+            self.addr(json_addr(&c["laddr"]));
+            self.addr(json_addr(&c["faddr"]));
+            self.bytes(&gid("src_gid"));
+            self.bytes(&gid("dst_gid"));
+            for k in ["max_send_wr", "max_recv_wr", "max_send_sge"] {
+                self.bytes(&num(k).to_ne_bytes());
+            }
+            self.bytes(&[0; 8]); // rdma_mr_max, rdma_mr_size
+            self.bytes(&[0; 4]); // tos, sl, padding
+            self.bytes(&[0; 4]); // cache_allocs
+        }
+    }
+
     /// One of rdsd's message listings: `rds_info_message`. Received messages carry no
     /// sequence number in rdsd's rings: 0.
     fn messages(mut self, list: &serde_json::Value) {
@@ -1061,8 +1111,7 @@ pub unsafe fn getsockopt(
                 let (t, v6) = Table::of(name).expect("checked");
                 put_info(&t.records(v6)?, t.record_len(v6), val, len)
             }
-            // IB_CONNECTIONS (v4 and v6): ENOPROTOOPT, as a kernel without the IB transport
-            // answers.
+            // CONNECTION_STATS, IWARP_CONNECTIONS: ENOPROTOOPT, as a kernel without them.
             (crate::RDSD_SOL_RDS, RDS_INFO_FIRST..=RDS_INFO_LAST) => Err(libc::ENOPROTOOPT),
             _ => Err(libc::ENOPROTOOPT),
         }
@@ -1160,4 +1209,56 @@ pub fn has_input(fd: c_int) -> bool {
         dontwait: true,
     };
     !matches!(s.recv_msg(&mut [], flags), Err(err) if err.raw_os_error() == Some(libc::EAGAIN))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `rds_info_rdma_connection` (68 bytes, not packed) and its v6 form (92): addresses,
+    /// the lowest path's GIDs and QP sizes; only RDMA connections are listed.
+    #[test]
+    fn ib_connection_records_have_the_kernels_layout() {
+        let doc = serde_json::json!({"connections": [
+            {"transport": "tcp", "laddr": "10.0.0.1", "faddr": "10.0.0.3", "paths": []},
+            {"transport": "rdma", "laddr": "10.0.0.1", "faddr": "10.0.0.2", "paths": [
+                {"index": 3, "rdma": {"src_gid": "fe80::1", "dst_gid": "fe80::2",
+                    "max_send_wr": 9, "max_recv_wr": 8, "max_send_sge": 2}},
+                {"index": 1, "rdma": {"src_gid": "fe80::a", "dst_gid": "fe80::b",
+                    "max_send_wr": 65, "max_recv_wr": 64, "max_send_sge": 2}},
+                {"index": 0}
+            ]}
+        ]});
+        for v6 in [false, true] {
+            let mut out = Vec::new();
+            Records { out: &mut out, v6 }.ib_connections(&doc);
+            let len = Table::IbConnections.record_len(v6);
+            assert_eq!(out.len(), len);
+            let a = if v6 { 16 } else { 4 };
+            let addr = |at: usize| {
+                let b = &out[at..at + a];
+                if v6 {
+                    let o: [u8; 16] = b.try_into().unwrap();
+                    std::net::Ipv6Addr::from(o).to_ipv4_mapped().unwrap()
+                } else {
+                    Ipv4Addr::new(b[0], b[1], b[2], b[3])
+                }
+            };
+            assert_eq!(addr(0), Ipv4Addr::new(10, 0, 0, 1));
+            assert_eq!(addr(a), Ipv4Addr::new(10, 0, 0, 2));
+            let gid = |at: usize| {
+                std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&out[at..at + 16]).unwrap())
+            };
+            assert_eq!(gid(2 * a), "fe80::a".parse::<std::net::Ipv6Addr>().unwrap());
+            assert_eq!(
+                gid(2 * a + 16),
+                "fe80::b".parse::<std::net::Ipv6Addr>().unwrap()
+            );
+            let u32_at = |at: usize| u32::from_ne_bytes(out[at..at + 4].try_into().unwrap());
+            let wr = 2 * a + 32;
+            assert_eq!([u32_at(wr), u32_at(wr + 4), u32_at(wr + 8)], [65, 64, 2]);
+            // rdma_mr_max, rdma_mr_size, tos, sl, padding, cache_allocs.
+            assert!(out[wr + 12..].iter().all(|&b| b == 0));
+        }
+    }
 }

@@ -647,6 +647,23 @@ impl Link for RdmaLink {
         })
     }
 
+    fn rdma_info(&self, p: &RdmaPath) -> Option<crate::seam::RdmaPathInfo> {
+        let c = self
+            .conns
+            .get(p.idx)
+            .and_then(|c| c.as_deref())
+            .filter(|c| c.gen == p.gen && c.qp.is_some())?;
+        let (src, dst) = c.cm.gids();
+        // As `Qp::new` sized the QP.
+        Some(crate::seam::RdmaPathInfo {
+            src_gid: src.into(),
+            dst_gid: dst.into(),
+            max_send_wr: self.send_n + 1,
+            max_recv_wr: self.recv_n,
+            max_send_sge: 2,
+        })
+    }
+
     fn connect(&mut self, laddr: u32, faddr: u32, path: usize) -> std::io::Result<RdmaPath> {
         let idx = self.start(Role::Active, laddr, faddr, Some(path))?;
         let gen = self.conns[idx].as_ref().expect("started").gen;

@@ -201,6 +201,17 @@ pub struct CmId {
 unsafe impl Send for CmId {}
 
 impl CmId {
+    /// The (source, destination) GIDs rdma_cm resolved for the id (zero before resolution),
+    /// for introspection (`RDS_INFO_IB_CONNECTIONS`).
+    pub fn gids(&self) -> ([u8; 16], [u8; 16]) {
+        // SAFETY: the id is live; `route.addr.addr.ibaddr` is plain data rdma_cm fills when it
+        // resolves the address (zeroed before), and only read here, on the id's one thread.
+        unsafe {
+            let ib = &(*self.id).route.addr.addr.ibaddr;
+            (ib.sgid.raw, ib.dgid.raw)
+        }
+    }
+
     /// Tags the id with its table slot, so events find their path.
     pub fn set_context(&self, idx: usize, gen: u32) {
         let ctx = (u64::from(gen) << 32) | (idx as u64 & 0xffff_ffff);
