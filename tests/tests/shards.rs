@@ -2,7 +2,7 @@
 //! poll threads arrive exactly once and in order per (sender, destination), as within one.
 
 use proptest::prelude::*;
-use rdsd_tests::{lo, Daemon};
+use rdsd_tests::{lo, wait_for, Daemon};
 use std::collections::{HashMap, VecDeque};
 use std::io::ErrorKind;
 use std::time::{Duration, Instant};
@@ -30,6 +30,15 @@ fn apps_spread_over_the_poll_threads() {
     // A detached app's place is taken again by the next.
     let gone = apps[1].poll_thread();
     drop(apps);
+    // Detaching is the control thread's, after it sees the connection close: wait for it.
+    wait_for(
+        || {
+            let s = d.exact_stats();
+            rdsd_tests::stat_from(&s, "apps_attached") == rdsd_tests::stat_from(&s, "apps_detached")
+        },
+        Duration::from_secs(20),
+        "every app detached",
+    );
     let again: Vec<_> = (0..POLL_THREADS).map(|_| d.attach()).collect();
     let mut threads: Vec<_> = again.iter().map(|a| a.poll_thread()).collect();
     threads.sort();

@@ -19,6 +19,8 @@ pub mod readiness;
 pub mod rebind;
 mod routes;
 pub mod shard;
+#[cfg(test)]
+mod shard_tests;
 pub mod snapshot;
 mod sock_ref;
 mod table;
@@ -425,11 +427,6 @@ impl PollCore {
         use crate::seam::Upcalls as _;
         match note {
             shard::Note::Release { token, len } => self.table.release(token, len),
-            shard::Note::Cancel { laddr, sport, dest } => {
-                for t in self.transports.iter_mut() {
-                    t.cancel(laddr, sport, dest);
-                }
-            }
             shard::Note::CongBit { addr, port, on } => {
                 self.table.local_cong_changed(addr, port, on);
                 self.table.groups_remote_congestion(addr, port, on);
@@ -520,6 +517,12 @@ impl PollCore {
             shard::Envelope::Send { .. } | shard::Envelope::SendRef { .. } => {
                 let parts = env.send_parts().expect("a send");
                 self.send_forwarded(from, parts, payload)
+            }
+            shard::Envelope::Cancel { laddr, sport, dest } => {
+                for t in self.transports.iter_mut() {
+                    t.cancel(laddr, sport, dest);
+                }
+                true
             }
         }
     }
@@ -983,13 +986,13 @@ impl PollCore {
         for t in self.transports.iter_mut() {
             t.cancel(laddr, sport, dest);
         }
-        let note = shard::Note::Cancel { laddr, sport, dest };
+        // Behind this socket's sends in each pair ring (see `Envelope::Cancel`).
+        let env = shard::Envelope::Cancel { laddr, sport, dest };
         let all = self.table.net_shards() > 1;
         if let Some(l) = self.table.link_mut() {
-            if all {
-                l.note_all(note);
-            } else if l.shard != 0 {
-                l.note(0, note);
+            let (me, n) = (l.shard, l.shards());
+            for k in (0..n).filter(|&k| k != me && (all || k == 0)) {
+                l.forward_must(k, env);
             }
         }
     }

@@ -56,6 +56,7 @@ const KIND_SEND: u8 = 2;
 const KIND_GROUP_DELIVER: u8 = 3;
 const KIND_DELIVER_REF: u8 = 4;
 const KIND_SEND_REF: u8 = 5;
+const KIND_CANCEL: u8 = 6;
 /// `SendRef`'s `ack_required`, above the 21 bits of a length of at most 1 MiB.
 const REF_ACK_REQUIRED: u32 = 1 << 23;
 
@@ -81,12 +82,6 @@ pub(super) fn unforward(token: u64) -> Option<(usize, u64)> {
 pub(super) enum Note {
     /// `len` bytes of the send carrying `token` are released (acknowledged, dropped).
     Release { token: u64, len: u64 },
-    /// RDS_CANCEL_SENT_TO for shard 0's transports.
-    Cancel {
-        laddr: u32,
-        sport: u16,
-        dest: Option<(u32, u16)>,
-    },
     /// A local port's congestion bit changed (for the maps shard 0 sends to peers).
     CongBit { addr: u32, port: u16, on: bool },
     /// Ports (monitor mask) are uncongested: wake blocked senders and monitors.
@@ -172,6 +167,15 @@ pub(super) enum Envelope {
         ptr: u64,
         len: u32,
         ack_required: bool,
+    },
+    /// RDS_CANCEL_SENT_TO of `laddr:sport` (`dest`: `None` = every destination) for the
+    /// receiving shard's transports. A record, not a note: it must reach the connection's
+    /// owner after every `Send` the socket's shard forwarded before it (notes are read before
+    /// the pair rings, so a cancel note overtook them, and they were queued after it).
+    Cancel {
+        laddr: u32,
+        sport: u16,
+        dest: Option<(u32, u16)>,
     },
 }
 
@@ -280,6 +284,11 @@ impl Envelope {
                 len_of_ref = len | if ack_required { REF_ACK_REQUIRED } else { 0 };
                 (KIND_SEND_REF, laddr, faddr, sport, dport, token, ptr)
             }
+            Envelope::Cancel { laddr, sport, dest } => {
+                let (faddr, dport) = dest.unwrap_or((0, 0));
+                let has_dest = u64::from(dest.is_some());
+                (KIND_CANCEL, laddr, faddr, sport, dport, has_dest, 0)
+            }
         };
         let mut b = [0u8; ENVELOPE_LEN];
         b[0] = kind;
@@ -348,6 +357,11 @@ impl Envelope {
                     ack_required: len & REF_ACK_REQUIRED != 0,
                 }
             }
+            KIND_CANCEL => Envelope::Cancel {
+                laddr,
+                sport,
+                dest: (token != 0).then_some((faddr, dport)),
+            },
             k => unreachable!("pair ring record of kind {k}"),
         }
     }
@@ -589,6 +603,17 @@ impl ShardLink {
     /// Whether messages for shard `to` wait in the kept queue (its pair ring was full).
     pub(super) fn has_kept(&self, to: usize) -> bool {
         self.kept.iter().any(|k| k.0 == to)
+    }
+
+    /// Queues an envelope without payload that must go (`Envelope::Cancel`): kept in order if
+    /// the pair ring is full, whatever `MAX_KEPT_BYTES` says (it holds no bytes; a socket has
+    /// at most `MAX_CANCELS` cancels outstanding).
+    pub(super) fn forward_must(&mut self, to: usize, env: Envelope) {
+        let closing = std::mem::replace(&mut self.closing, true);
+        let none = crate::seam::MsgBytes::from_slice(&[]);
+        let r = self.forward(to, env, &none);
+        self.closing = closing;
+        debug_assert!(r.is_ok(), "an envelope alone is always kept");
     }
 
     /// Queues a message that must go (a group message already numbered): kept in order if
@@ -876,6 +901,16 @@ mod tests {
                 ptr: 0x7f12_3456_9000,
                 len: 16 << 10,
                 ack_required: false,
+            },
+            Envelope::Cancel {
+                laddr: 25,
+                sport: 26,
+                dest: Some((27, 28)),
+            },
+            Envelope::Cancel {
+                laddr: 29,
+                sport: 30,
+                dest: None,
             },
         ] {
             assert_eq!(Envelope::parse(&e.emit()), e);
