@@ -4,6 +4,7 @@
 use super::*;
 use crate::config::{HugepageMode, Overrides};
 use crate::seam::Upcalls;
+use proptest::prelude::*;
 use shm_api::ring::{Producer, RawRing, RecordHeader};
 use std::sync::Mutex;
 
@@ -13,8 +14,12 @@ const PEER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 /// What a shard's network transport was asked, in order.
 #[derive(Clone, Debug, PartialEq)]
 enum Event {
-    /// A message queued (never acknowledged: the peer is dead), by its first payload byte.
-    Queued { sport: u16, tag: u8 },
+    /// A message queued (never acknowledged: the peer is dead), by its first payload bytes.
+    Queued {
+        sport: u16,
+        dport: u16,
+        tag: [u8; 6],
+    },
     /// RDS_CANCEL_SENT_TO reached the transport.
     Cancel {
         sport: u16,
@@ -22,11 +27,17 @@ enum Event {
     },
 }
 
-/// A network transport to a peer that never answers: it queues every message and forgets
-/// those a cancel names (each shard has one, as with kernel TCP on every poll thread).
+/// The peer's messages on their way in: (local port, payload).
+type Arrivals = Arc<Mutex<std::collections::VecDeque<(u16, Vec<u8>)>>>;
+
+/// A network transport to a peer that never acknowledges: it queues every message and
+/// forgets those a cancel names (each shard has one, as with kernel TCP on every poll
+/// thread). The peer's own messages (to a local port) come in, in order, on the shard that
+/// polls `arrivals`: the connection's owner.
 struct DeadPeer {
     shard: usize,
     log: Arc<Mutex<Vec<(usize, Event)>>>,
+    arrivals: Option<Arrivals>,
 }
 
 impl Transport for DeadPeer {
@@ -39,15 +50,43 @@ impl Transport for DeadPeer {
     fn send(&mut self, _up: &mut dyn Upcalls, m: OutMsg<'_>) -> SendOutcome {
         let mut bytes = Vec::new();
         m.payload.copy_into(&mut bytes);
+        let mut tag = [0u8; 6];
+        let n = bytes.len().min(6);
+        tag[..n].copy_from_slice(&bytes[..n]);
         let e = Event::Queued {
             sport: m.sport,
-            tag: bytes[0],
+            dport: m.dport,
+            tag,
         };
         self.log.lock().unwrap().push((self.shard, e));
         SendOutcome::Queued
     }
-    fn poll(&mut self, _up: &mut dyn Upcalls) -> usize {
-        0
+    fn poll(&mut self, up: &mut dyn Upcalls) -> usize {
+        let Some(arrivals) = &self.arrivals else {
+            return 0;
+        };
+        let mut q = arrivals.lock().unwrap();
+        let mut n = 0;
+        // As a network path: a full receiver stops the read, to be retried.
+        while let Some((dport, payload)) = q.front() {
+            let m = crate::seam::Incoming {
+                laddr: u32::from(LOCAL),
+                faddr: u32::from(PEER),
+                sport: 5000,
+                dport: *dport,
+                payload: MsgBytes::from_slice(payload),
+            };
+            if up.deliver(m) == crate::seam::Delivered::Full {
+                break;
+            }
+            q.pop_front();
+            n += 1;
+        }
+        if n > 0 {
+            up.publish_deliveries();
+            up.wake_receivers();
+        }
+        n
     }
     fn cancel(&mut self, _laddr: u32, sport: u16, dest: Option<(u32, u16)>) {
         let e = Event::Cancel { sport, dest };
@@ -59,6 +98,8 @@ struct Rig {
     cores: Vec<PollCore>,
     chans: Arc<Channels>,
     log: Arc<Mutex<Vec<(usize, Event)>>>,
+    /// Messages from the peer, for the owner of the connection to it to take.
+    arrivals: Arrivals,
     seq: u64,
     _dir: std::path::PathBuf,
 }
@@ -89,19 +130,25 @@ impl Rig {
         let fabric = Arc::new(shard::Fabric::new(doorbells, daemon.view(), None));
         let wake = Arc::new(shm_api::sys::eventfd().unwrap());
         let log = Arc::new(Mutex::new(Vec::new()));
+        let arrivals = Arc::new(Mutex::new(std::collections::VecDeque::new()));
+        let owner = crate::config::conn_shard(2, u32::from(LOCAL), u32::from(PEER));
         let cores = (0..2)
             .map(|k| {
+                let stats = Arc::new(Stats::default());
+                let lo: Box<dyn Transport> =
+                    Box::new(crate::transport::loopback::Loopback::new(&cfg, &stats));
                 let t: Box<dyn Transport> = Box::new(DeadPeer {
                     shard: k,
                     log: log.clone(),
+                    arrivals: (k == owner).then(|| arrivals.clone()),
                 });
                 PollCore::shard(
                     cfg.clone(),
-                    Arc::new(Stats::default()),
+                    stats,
                     daemon.clone(),
                     chans.clone(),
                     wake.clone(),
-                    vec![t],
+                    vec![lo, t],
                     fabric.clone(),
                     k,
                 )
@@ -111,6 +158,7 @@ impl Rig {
             cores,
             chans,
             log,
+            arrivals,
             seq: 0,
             _dir: dir,
         }
@@ -131,6 +179,11 @@ impl Rig {
     }
 
     fn request(&mut self, k: usize, app: usize, req: Request) -> u64 {
+        self.try_request(k, app, req)
+            .unwrap_or_else(|e| panic!("{req:?} failed: errno {e}"))
+    }
+
+    fn try_request(&mut self, k: usize, app: usize, req: Request) -> Result<u64, i32> {
         match self.cmd(
             k,
             Cmd::Request {
@@ -139,16 +192,26 @@ impl Rig {
                 readiness: None,
             },
         ) {
-            CmdReply::Reply(r) => {
-                assert_eq!(r.errno, 0, "{req:?} failed");
-                r.value
-            }
+            CmdReply::Reply(r) if r.errno == 0 => Ok(r.value),
+            CmdReply::Reply(r) => Err(r.errno),
             _ => panic!("not a reply"),
         }
     }
 
-    /// App `app` on shard `k` with one socket bound at `LOCAL:port`: its tx ring.
+    /// App `app` on shard `k` with one socket bound at `LOCAL:port`: its slot and tx ring.
     fn app_with_socket(&mut self, k: usize, app: usize, port: u16) -> (u32, RawRing) {
+        let (slots, _) = self.app_with_sockets(k, app, &[port]);
+        slots[0]
+    }
+
+    /// App `app` on shard `k` with a socket bound at `LOCAL:port` for each of `ports`: each
+    /// one's slot and tx ring, and the rx rings.
+    fn app_with_sockets(
+        &mut self,
+        k: usize,
+        app: usize,
+        ports: &[u16],
+    ) -> (Vec<(u32, RawRing)>, Vec<RawRing>) {
         let cfg = Config::load(
             None,
             &Overrides {
@@ -160,6 +223,7 @@ impl Rig {
         let region =
             AppRegion::create("rdsd-shards-test", cfg.geometry(), HugepageMode::Off).unwrap();
         let rings: Vec<RawRing> = (0..4).map(|s| region.tx_ring(s)).collect();
+        let rx: Vec<RawRing> = (0..4).map(|s| region.rx_ring(s)).collect();
         let (a, _b) = std::os::unix::net::UnixDatagram::pair().unwrap();
         let attached = self.cmd(
             k,
@@ -171,14 +235,20 @@ impl Rig {
             },
         );
         assert!(matches!(attached, CmdReply::Attached));
-        let slot = self.request(k, app, Request::SocketOpen) as u32;
-        let bind = Request::Bind {
-            slot,
-            addr: LOCAL,
-            port,
-        };
-        self.request(k, app, bind);
-        (slot, rings[slot as usize])
+        let mut socks = Vec::new();
+        let mut rxs = Vec::new();
+        for &port in ports {
+            let slot = self.request(k, app, Request::SocketOpen) as u32;
+            let bind = Request::Bind {
+                slot,
+                addr: LOCAL,
+                port,
+            };
+            self.request(k, app, bind);
+            socks.push((slot, rings[slot as usize]));
+            rxs.push(rx[slot as usize]);
+        }
+        (socks, rxs)
     }
 
     /// What the transports of shard `k` were asked, in order.
@@ -239,4 +309,336 @@ fn a_cancel_reaches_the_connection_owner_after_the_messages_sent_before_it() {
         5,
         "every message reached the owner before the cancel: {events:?}"
     );
+}
+
+/// Where a message of the model goes: a socket of the model (app, socket), or the dead peer's
+/// port `5000 + n`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum To {
+    Local(usize, usize),
+    Remote(u16),
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Socket `sock` of app `app` sends one message: 16 bytes, or 20 KiB (`big`: large
+    /// enough to cross between threads in place, from the sender's tx ring).
+    Send {
+        app: usize,
+        sock: usize,
+        to: To,
+        big: bool,
+    },
+    /// Poll thread `shard` makes `passes` passes.
+    Run { shard: usize, passes: u8 },
+    /// RDS_CANCEL_SENT_TO of the peer's port `5000 + port`.
+    Cancel { app: usize, sock: usize, port: u16 },
+    /// The app reads everything its socket has received.
+    Read { app: usize, sock: usize },
+    /// The app closes its socket: what it sent before is still delivered (or queued);
+    /// what is on its way to it may be dropped.
+    Close { app: usize, sock: usize },
+    /// The app exits (detaches) with whatever it sent still on its way.
+    Exit { app: usize },
+    /// The peer sends one message to socket `sock` of app `app`.
+    Arrive { app: usize, sock: usize },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let to = prop_oneof![
+        (0..2usize, 0..2usize).prop_map(|(a, s)| To::Local(a, s)),
+        (0..2u16).prop_map(To::Remote),
+    ];
+    prop_oneof![
+        24 => (0..2usize, 0..2usize, to, proptest::bool::weighted(0.2))
+            .prop_map(|(app, sock, to, big)| Op::Send { app, sock, to, big }),
+        16 => (0..2usize, 1..4u8).prop_map(|(shard, passes)| Op::Run { shard, passes }),
+        4 => (0..2usize, 0..2usize, 0..2u16).prop_map(|(app, sock, port)| Op::Cancel { app, sock, port }),
+        8 => (0..2usize, 0..2usize).prop_map(|(app, sock)| Op::Read { app, sock }),
+        1 => (0..2usize, 0..2usize).prop_map(|(app, sock)| Op::Close { app, sock }),
+        1 => (0..2usize).prop_map(|app| Op::Exit { app }),
+        6 => (0..2usize, 0..2usize).prop_map(|(app, sock)| Op::Arrive { app, sock }),
+    ]
+}
+
+/// (app, socket) of the model; `PEER_SOCK` stands for the peer's port 5000.
+type Sock = (usize, usize);
+const PEER_SOCK: Sock = (0xee, 0);
+/// What each receiver expects next from each sender: (sender, receiver) → number.
+type Expected = std::collections::HashMap<(Sock, Sock), u32>;
+
+const APPS: usize = 2;
+const SOCKS: usize = 2;
+
+fn port_of(app: usize, sock: usize) -> u16 {
+    4000 + (app * SOCKS + sock) as u16
+}
+
+/// Two poll threads, app k on thread k, two sockets each; random sends to each other's
+/// sockets and to a dead peer (whose connection one of the threads owns), messages from the
+/// peer, random passes of either thread, random RDS_CANCEL_SENT_TO, reads, closes and exits.
+/// Checked against a model:
+/// - local and from the peer: every message to a socket that stays open arrives once, in
+///   order per (sender, receiver);
+/// - remote, at the connection owner's transport: every message is queued at most once, in
+///   order per (sender, destination); each cancel reaches it after every message its socket
+///   sent before the cancel that reached it at all, and before every message sent after the
+///   cancel; every message sent after a socket's last cancel to that port is queued.
+#[test]
+fn cross_thread_order_and_cancels_hold_against_a_model() {
+    let config = ProptestConfig {
+        cases: 48,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(ops in proptest::collection::vec(op(), 1..300))| {
+        run_model(&ops);
+    });
+}
+
+fn run_model(ops: &[Op]) {
+    let mut rig = Rig::new();
+    let owner = crate::config::conn_shard(2, u32::from(LOCAL), u32::from(PEER));
+    let mut tx: Vec<Vec<(u32, Producer<RawRing>)>> = Vec::new();
+    let mut rx: Vec<Vec<shm_api::ring::Consumer<RawRing>>> = Vec::new();
+    for app in 0..APPS {
+        let ports: Vec<u16> = (0..SOCKS).map(|s| port_of(app, s)).collect();
+        let (socks, rxs) = rig.app_with_sockets(app, app, &ports);
+        tx.push(
+            socks
+                .into_iter()
+                .map(|(slot, r)| (slot, Producer::new(r)))
+                .collect(),
+        );
+        rx.push(rxs.into_iter().map(shm_api::ring::Consumer::new).collect());
+    }
+    // The model: each socket numbers its messages; what each receiver expects next from each
+    // sender; what each sender sent to each destination; the cancels (sender, port, the
+    // sender's next number when it cancelled).
+    let mut next_seq = [[0u32; SOCKS]; APPS];
+    let mut expect = Expected::default();
+    let mut sent: std::collections::HashMap<(Sock, To), Vec<u32>> = Default::default();
+    let mut cancels: Vec<(Sock, u16, u32)> = Vec::new();
+    let mut closed = [[false; SOCKS]; APPS];
+    let mut peer_seq = 0u32;
+    let read = |rx: &mut Vec<Vec<shm_api::ring::Consumer<RawRing>>>,
+                expect: &mut Expected,
+                app: usize,
+                sock: usize| {
+        let c = &mut rx[app][sock];
+        let mut took = false;
+        while let Some(rec) = c.peek().expect("a sound rx ring") {
+            let mut b = [0u8; 6];
+            c.read_payload(&rec, &mut b);
+            let (from, seq) = (
+                (b[0] as usize, b[1] as usize),
+                u32::from_le_bytes([b[2], b[3], b[4], b[5]]),
+            );
+            let port = if from == PEER_SOCK {
+                5000
+            } else {
+                port_of(from.0, from.1)
+            };
+            assert_eq!(rec.header.port, port, "the sender's port");
+            let e = expect.entry((from, (app, sock))).or_insert(0);
+            assert!(
+                seq >= *e,
+                "{from:?} -> {:?}: message {seq} again or out of order (expected {})",
+                (app, sock),
+                *e
+            );
+            // Numbers are per sender: those to other destinations are skipped.
+            *e = seq + 1;
+            c.consume(&rec);
+            took = true;
+        }
+        if took {
+            c.release();
+        }
+    };
+    for op in ops {
+        let (Op::Send { app, sock, .. }
+        | Op::Cancel { app, sock, .. }
+        | Op::Read { app, sock }
+        | Op::Close { app, sock }) = *op
+        else {
+            match *op {
+                Op::Run { shard, passes } => {
+                    for _ in 0..passes {
+                        rig.cores[shard].run_once();
+                    }
+                }
+                Op::Arrive { app, sock } => {
+                    let seq = peer_seq;
+                    peer_seq += 1;
+                    let mut payload = vec![0u8; 16];
+                    payload[0] = PEER_SOCK.0 as u8;
+                    payload[2..6].copy_from_slice(&seq.to_le_bytes());
+                    rig.arrivals
+                        .lock()
+                        .unwrap()
+                        .push_back((port_of(app, sock), payload));
+                    sent.entry((PEER_SOCK, To::Local(app, sock)))
+                        .or_default()
+                        .push(seq);
+                }
+                Op::Exit { app } if !closed[app].contains(&false) => {}
+                Op::Exit { app } => {
+                    let gone = rig.cmd(app, Cmd::Detach { app });
+                    assert!(matches!(gone, CmdReply::Detached(_)));
+                    closed[app] = [true; SOCKS];
+                }
+                _ => unreachable!(),
+            }
+            continue;
+        };
+        if closed[app][sock] {
+            continue; // a closed socket does nothing more
+        }
+        match *op {
+            Op::Send { app, sock, to, big } => {
+                let seq = next_seq[app][sock];
+                let (addr, port) = match to {
+                    To::Local(a, s) => (LOCAL, port_of(a, s)),
+                    To::Remote(p) => (PEER, 5000 + p),
+                };
+                let mut payload = vec![0u8; if big { 20 << 10 } else { 16 }];
+                payload[0] = app as u8;
+                payload[1] = sock as u8;
+                payload[2..6].copy_from_slice(&seq.to_le_bytes());
+                let p = &mut tx[app][sock].1;
+                let h = RecordHeader::data(payload.len() as u32, u32::from(addr), port);
+                if p.push(h, &payload).is_ok() {
+                    p.publish();
+                    next_seq[app][sock] += 1;
+                    sent.entry(((app, sock), to)).or_default().push(seq);
+                }
+            }
+            Op::Run { .. } | Op::Exit { .. } | Op::Arrive { .. } => unreachable!("above"),
+            Op::Cancel { app, sock, port } => {
+                let req = Request::CancelSentTo {
+                    slot: tx[app][sock].0,
+                    dest: Some((PEER, 5000 + port)),
+                };
+                if rig.try_request(app, app, req).is_ok() {
+                    cancels.push(((app, sock), port, next_seq[app][sock]));
+                }
+            }
+            Op::Read { app, sock } => read(&mut rx, &mut expect, app, sock),
+            Op::Close { app, sock } => {
+                let slot = tx[app][sock].0;
+                rig.request(app, app, Request::Close { slot });
+                closed[app][sock] = true;
+            }
+        }
+    }
+    // Let everything settle.
+    for _ in 0..20 {
+        for k in 0..2 {
+            rig.cores[k].run_once();
+        }
+        for (app, socks) in closed.iter().enumerate() {
+            for (sock, &gone) in socks.iter().enumerate() {
+                if !gone {
+                    read(&mut rx, &mut expect, app, sock);
+                }
+            }
+        }
+    }
+    // Local: everything arrived (in order and once was checked as it came).
+    for (&(from, to), seqs) in &sent {
+        if let To::Local(a, s) = to {
+            if closed[a][s] {
+                continue; // what was on its way to it may be dropped
+            }
+            let got = expect.get(&(from, (a, s))).copied().unwrap_or(0);
+            let last = *seqs.last().unwrap();
+            assert_eq!(
+                got,
+                last + 1,
+                "{from:?} -> {to:?}: the last message {last} arrived"
+            );
+        }
+    }
+    // Remote, at the owner.
+    let events = rig.events(owner);
+    let mut queued_at: std::collections::HashMap<(Sock, u16, u32), usize> = Default::default();
+    let mut cancel_at: std::collections::HashMap<(Sock, u16), Vec<usize>> = Default::default();
+    let src_of = |sport: u16| {
+        let i = (sport - 4000) as usize;
+        (i / SOCKS, i % SOCKS)
+    };
+    for (i, e) in events.iter().enumerate() {
+        match *e {
+            Event::Queued { sport, dport, tag } => {
+                let from = src_of(sport);
+                assert_eq!((tag[0] as usize, tag[1] as usize), from);
+                let seq = u32::from_le_bytes([tag[2], tag[3], tag[4], tag[5]]);
+                let prev = queued_at.insert((from, dport - 5000, seq), i);
+                assert!(
+                    prev.is_none(),
+                    "{from:?} message {seq} queued twice: {events:?}"
+                );
+            }
+            // Every destination: an app that exits with messages held in place.
+            Event::Cancel { dest: None, .. } => {}
+            Event::Cancel {
+                sport,
+                dest: Some((_, dport)),
+            } => {
+                cancel_at
+                    .entry((src_of(sport), dport - 5000))
+                    .or_default()
+                    .push(i);
+            }
+        }
+    }
+    let mut nth: std::collections::HashMap<(Sock, u16), usize> = Default::default();
+    for &(from, port, upto) in &cancels {
+        let n = nth.entry((from, port)).or_insert(0);
+        let at = cancel_at[&(from, port)][*n];
+        *n += 1;
+        for (&(f, p, seq), &q) in &queued_at {
+            if (f, p) != (from, port) {
+                continue;
+            }
+            if seq < upto {
+                assert!(
+                    q < at,
+                    "{from:?} message {seq}, sent before a cancel, queued after it: {events:?}"
+                );
+            } else {
+                assert!(
+                    q > at,
+                    "{from:?} message {seq}, sent after a cancel, queued before it: {events:?}"
+                );
+            }
+        }
+    }
+    for (&(from, to), seqs) in &sent {
+        let To::Remote(port) = to else { continue };
+        let after = cancels
+            .iter()
+            .filter(|c| (c.0, c.1) == (from, port))
+            .map(|c| c.2)
+            .max()
+            .unwrap_or(0);
+        let mut last_q = None;
+        for &seq in seqs {
+            let q = queued_at.get(&(from, port, seq)).copied();
+            if seq >= after {
+                assert!(
+                    q.is_some(),
+                    "{from:?} message {seq} to port {port} was lost: {events:?}"
+                );
+            }
+            if let Some(q) = q {
+                assert!(
+                    last_q.is_none_or(|l| l < q),
+                    "{from:?} to {port}: out of order: {events:?}"
+                );
+                last_q = Some(q);
+            }
+        }
+    }
 }
