@@ -153,6 +153,18 @@ pub fn paths(doc: &Value) -> String {
                     _ => "-".into(),
                 },
             );
+            // An RDMA path's queue pair (rds-info -I's fields).
+            if let Some(q) = p.get("rdma").filter(|q| q.is_object()) {
+                let _ = writeln!(
+                    out,
+                    "      rdma gid {} > {}, send_wr {}, recv_wr {}, send_sge {}",
+                    field(q, "src_gid"),
+                    field(q, "dst_gid"),
+                    num(q, "max_send_wr"),
+                    num(q, "max_recv_wr"),
+                    num(q, "max_send_sge")
+                );
+            }
         }
     }
     out
@@ -589,6 +601,23 @@ mod tests {
         assert_eq!(
             i,
             "pid 42, version 0.1.0, up 1.5 s, local addresses 10.0.0.1/32, 127.0.0.0/8"
+        );
+    }
+
+    #[test]
+    fn an_rdma_path_shows_its_queue_pair() {
+        let d = json!({"connections": [{"transport": "rdma", "laddr": "10.77.0.1",
+            "faddr": "10.77.0.2", "paths": [{"index": 0, "state": "up", "next_tx_seq": 3,
+            "next_rx_seq": 2, "queued_msgs": 0, "unacked_msgs": 0, "unacked_bytes": null,
+            "rx_paused": false, "local_port": null, "peer_port": null,
+            "rdma": {"src_gid": "::ffff:10.77.0.1", "dst_gid": "::ffff:10.77.0.2",
+                "max_send_wr": 321, "max_recv_wr": 64, "max_send_sge": 2}}]}]});
+        let p = paths(&d);
+        let lines: Vec<&str> = p.lines().collect();
+        assert!(lines[2].trim_start().starts_with("10.77.0.1"), "{p}");
+        assert_eq!(
+            lines[3].trim(),
+            "rdma gid ::ffff:10.77.0.1 > ::ffff:10.77.0.2, send_wr 321, recv_wr 64, send_sge 2"
         );
     }
 }
