@@ -106,6 +106,11 @@ struct Rig {
 
 impl Rig {
     fn new() -> Rig {
+        Rig::with_shards(2)
+    }
+
+    /// `n` poll threads, each owning the kernel-TCP-like connections `conn_shard` gives it.
+    fn with_shards(n: usize) -> Rig {
         let dir = std::env::temp_dir().join(format!(
             "rdsd-shards-{}-{:?}",
             std::process::id(),
@@ -117,22 +122,22 @@ impl Rig {
             local_addrs: vec!["10.0.0.1/32".into()],
             hugepages: Some(HugepageMode::Off),
             max_sockets_per_app: Some(4),
-            poll_cores: vec![-1, -1],
+            poll_cores: vec![-1; n],
             ..Default::default()
         };
         let cfg = Arc::new(Config::load(None, &over).unwrap());
-        assert_eq!(cfg.net_shards(), 2, "every shard owns some connections");
+        assert_eq!(cfg.net_shards(), n, "every shard owns some connections");
         let daemon = Arc::new(DaemonRegion::create(false).unwrap());
-        let chans = Arc::new(Channels::with_shards(cfg.max_apps as usize, 2));
-        let doorbells = (0..2)
+        let chans = Arc::new(Channels::with_shards(cfg.max_apps as usize, n));
+        let doorbells = (0..n)
             .map(|_| Arc::new(shm_api::sys::eventfd().unwrap()))
             .collect();
         let fabric = Arc::new(shard::Fabric::new(doorbells, daemon.view(), None));
         let wake = Arc::new(shm_api::sys::eventfd().unwrap());
         let log = Arc::new(Mutex::new(Vec::new()));
         let arrivals = Arc::new(Mutex::new(std::collections::VecDeque::new()));
-        let owner = crate::config::conn_shard(2, u32::from(LOCAL), u32::from(PEER));
-        let cores = (0..2)
+        let owner = crate::config::conn_shard(n, u32::from(LOCAL), u32::from(PEER));
+        let cores = (0..n)
             .map(|k| {
                 let stats = Arc::new(Stats::default());
                 let lo: Box<dyn Transport> =
@@ -329,7 +334,7 @@ enum Op {
         to: To,
         big: bool,
     },
-    /// Poll thread `shard` makes `passes` passes.
+    /// Poll thread `shard` (modulo the threads there are) makes `passes` passes.
     Run { shard: usize, passes: u8 },
     /// RDS_CANCEL_SENT_TO of the peer's port `5000 + port`.
     Cancel { app: usize, sock: usize, port: u16 },
@@ -352,7 +357,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         24 => (0..2usize, 0..2usize, to, proptest::bool::weighted(0.2))
             .prop_map(|(app, sock, to, big)| Op::Send { app, sock, to, big }),
-        16 => (0..2usize, 1..4u8).prop_map(|(shard, passes)| Op::Run { shard, passes }),
+        16 => (0..3usize, 1..4u8).prop_map(|(shard, passes)| Op::Run { shard, passes }),
         4 => (0..2usize, 0..2usize, 0..2u16).prop_map(|(app, sock, port)| Op::Cancel { app, sock, port }),
         8 => (0..2usize, 0..2usize).prop_map(|(app, sock)| Op::Read { app, sock }),
         1 => (0..2usize, 0..2usize).prop_map(|(app, sock)| Op::Close { app, sock }),
@@ -374,8 +379,9 @@ fn port_of(app: usize, sock: usize) -> u16 {
     4000 + (app * SOCKS + sock) as u16
 }
 
-/// Two poll threads, app k on thread k, two sockets each; random sends to each other's
-/// sockets and to a dead peer (whose connection one of the threads owns), messages from the
+/// Two or three poll threads, app k on thread k (k < 2), two sockets each; random sends to
+/// each other's sockets and to a dead peer (whose connection thread 0 owns with two threads,
+/// thread 2, neither app's, with three), messages from the
 /// peer, random passes of either thread, random RDS_CANCEL_SENT_TO, reads, closes and exits.
 /// Checked against a model:
 /// - local and from the peer: every message to a socket that stays open arrives once, in
@@ -391,14 +397,15 @@ fn cross_thread_order_and_cancels_hold_against_a_model() {
         failure_persistence: None,
         ..ProptestConfig::default()
     };
-    proptest!(config, |(ops in proptest::collection::vec(op(), 1..300))| {
-        run_model(&ops);
+    // Three threads: the connection's owner may be neither app's.
+    proptest!(config, |(ops in proptest::collection::vec(op(), 1..300), shards in 2..4usize)| {
+        run_model(&ops, shards);
     });
 }
 
-fn run_model(ops: &[Op]) {
-    let mut rig = Rig::new();
-    let owner = crate::config::conn_shard(2, u32::from(LOCAL), u32::from(PEER));
+fn run_model(ops: &[Op], shards: usize) {
+    let mut rig = Rig::with_shards(shards);
+    let owner = crate::config::conn_shard(shards, u32::from(LOCAL), u32::from(PEER));
     let mut tx: Vec<Vec<(u32, Producer<RawRing>)>> = Vec::new();
     let mut rx: Vec<Vec<shm_api::ring::Consumer<RawRing>>> = Vec::new();
     for app in 0..APPS {
@@ -465,7 +472,7 @@ fn run_model(ops: &[Op]) {
             match *op {
                 Op::Run { shard, passes } => {
                     for _ in 0..passes {
-                        rig.cores[shard].run_once();
+                        rig.cores[shard % shards].run_once();
                     }
                 }
                 Op::Arrive { app, sock } => {
@@ -534,8 +541,8 @@ fn run_model(ops: &[Op]) {
     }
     // Let everything settle.
     for _ in 0..20 {
-        for k in 0..2 {
-            rig.cores[k].run_once();
+        for core in rig.cores.iter_mut() {
+            core.run_once();
         }
         for (app, socks) in closed.iter().enumerate() {
             for (sock, &gone) in socks.iter().enumerate() {
