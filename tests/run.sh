@@ -88,6 +88,12 @@ RDSD_TESTS_POLL_THREADS=2 cargo test -p rdsd-tests --no-fail-fast \
     --test socket_api --test hostile --test delivery --test congestion --test multihost \
     --test isolation --test rdsctl --test wakeup --test groups --test group_hosts --test interop
 
+log "tests again with four poll threads"
+# Past two threads: a message's owner may be neither end's thread, cancels and notes go to
+# every other thread, and several pair rings feed each thread.
+RDSD_TESTS_POLL_THREADS=4 cargo test -p rdsd-tests --no-fail-fast \
+    --test delivery --test multihost --test groups
+
 log "DPDK tests again with a queue pair per poll thread"
 # Every DPDK test daemon on two poll threads, each driving one of its port's two queue pairs
 # (`[dpdk] queues = 2`): connections owned by either thread, frames steered between them,
