@@ -108,22 +108,30 @@ struct Rig {
     _dir: std::path::PathBuf,
 }
 
+/// The configuration of a test poll core: local address 10.0.0.1, no hugepages, 4 sockets per
+/// app, `poll_threads` poll threads, its state file in a directory of its own (returned, to
+/// keep) named by `tag`, the process and the test thread.
+pub(super) fn test_config(tag: &str, poll_threads: usize) -> (Arc<Config>, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!(
+        "rdsd-{tag}-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let over = Overrides {
+        state_file: Some(dir.join("state")),
+        local_addrs: vec!["10.0.0.1/32".into()],
+        hugepages: Some(HugepageMode::Off),
+        max_sockets_per_app: Some(4),
+        poll_cores: vec![-1; poll_threads],
+        ..Default::default()
+    };
+    (Arc::new(Config::load(None, &over).unwrap()), dir)
+}
+
 impl Rig {
     fn new() -> Rig {
-        let dir = std::env::temp_dir().join(format!(
-            "rdsd-inplace-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let over = Overrides {
-            state_file: Some(dir.join("state")),
-            local_addrs: vec!["10.0.0.1/32".into()],
-            hugepages: Some(HugepageMode::Off),
-            max_sockets_per_app: Some(4),
-            ..Default::default()
-        };
-        let cfg = Arc::new(Config::load(None, &over).unwrap());
+        let (cfg, dir) = test_config("inplace", 1);
         let stats = Arc::new(Stats::default());
         let daemon = Arc::new(DaemonRegion::create(false).unwrap());
         let chans = Arc::new(Channels::new(cfg.max_apps as usize));

@@ -111,21 +111,7 @@ impl Rig {
 
     /// `n` poll threads, each owning the kernel-TCP-like connections `conn_shard` gives it.
     fn with_shards(n: usize) -> Rig {
-        let dir = std::env::temp_dir().join(format!(
-            "rdsd-shards-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let over = Overrides {
-            state_file: Some(dir.join("state")),
-            local_addrs: vec!["10.0.0.1/32".into()],
-            hugepages: Some(HugepageMode::Off),
-            max_sockets_per_app: Some(4),
-            poll_cores: vec![-1; n],
-            ..Default::default()
-        };
-        let cfg = Arc::new(Config::load(None, &over).unwrap());
+        let (cfg, dir) = super::inplace_tests::test_config("shards", n);
         assert_eq!(cfg.net_shards(), n, "every shard owns some connections");
         let daemon = Arc::new(DaemonRegion::create(false).unwrap());
         let chans = Arc::new(Channels::with_shards(cfg.max_apps as usize, n));
