@@ -129,6 +129,16 @@ pub(super) fn test_config(tag: &str, poll_threads: usize) -> (Arc<Config>, std::
     (Arc::new(Config::load(None, &over).unwrap()), dir)
 }
 
+/// A fresh app region of the test configuration's geometry (4 sockets, 4 KiB pages).
+pub(super) fn test_region() -> AppRegion {
+    let over = Overrides {
+        max_sockets_per_app: Some(4),
+        ..Default::default()
+    };
+    let cfg = Config::load(None, &over).unwrap();
+    AppRegion::create("rdsd-poll-test", cfg.geometry(), HugepageMode::Off).unwrap()
+}
+
 impl Rig {
     fn new() -> Rig {
         let (cfg, dir) = test_config("inplace", 1);
@@ -185,16 +195,7 @@ impl Rig {
     }
 
     fn attach_as(&mut self, app: usize, uid: u32) -> Vec<RawRing> {
-        let cfg = Config::load(
-            None,
-            &Overrides {
-                max_sockets_per_app: Some(4),
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let region =
-            AppRegion::create("rdsd-inplace-test", cfg.geometry(), HugepageMode::Off).unwrap();
+        let region = test_region();
         let rings = (0..4).map(|s| region.tx_ring(s)).collect();
         let (a, _b) = std::os::unix::net::UnixDatagram::pair().unwrap();
         let reply = self.cmd(Cmd::Attach {

@@ -2,7 +2,6 @@
 //! messages and requests reach the shard that owns their connection.
 
 use super::*;
-use crate::config::{HugepageMode, Overrides};
 use crate::seam::Upcalls;
 use proptest::prelude::*;
 use shm_api::ring::{Producer, RawRing, RecordHeader};
@@ -203,16 +202,7 @@ impl Rig {
         app: usize,
         ports: &[u16],
     ) -> (Vec<(u32, RawRing)>, Vec<RawRing>) {
-        let cfg = Config::load(
-            None,
-            &Overrides {
-                max_sockets_per_app: Some(4),
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let region =
-            AppRegion::create("rdsd-shards-test", cfg.geometry(), HugepageMode::Off).unwrap();
+        let region = super::inplace_tests::test_region();
         let rings: Vec<RawRing> = (0..4).map(|s| region.tx_ring(s)).collect();
         let rx: Vec<RawRing> = (0..4).map(|s| region.rx_ring(s)).collect();
         let (a, _b) = std::os::unix::net::UnixDatagram::pair().unwrap();
