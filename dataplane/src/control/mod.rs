@@ -39,7 +39,6 @@ use engine::{Action, Answer, Attachment, Command, Engine, Host, Interest};
 use shm_api::ctrl::{HelloInfo, MAX_DATAGRAM};
 use shm_api::layout::DAEMON_REGION_LEN;
 use shm_api::sys;
-use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -134,32 +133,9 @@ impl Host for Syscalls {
     }
 
     fn document(&mut self, bytes: &[u8]) -> Result<OwnedFd, i32> {
-        sealed_document(bytes).map_err(|e| e.raw_os_error().unwrap_or(libc::ENOMEM))
+        crate::shm::region::sealed_copy("rdsd-info", bytes)
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::ENOMEM))
     }
-}
-
-/// A memfd holding `bytes`, sealed against any change (the client gets it read-only in
-/// effect). Written with `pwrite`, so the file offset the client shares stays at 0.
-fn sealed_document(bytes: &[u8]) -> io::Result<OwnedFd> {
-    // SAFETY: a valid NUL-terminated name and flags; the result is checked.
-    let fd = unsafe {
-        libc::memfd_create(
-            c"rdsd-info".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is fresh and owned here.
-    let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-    std::os::unix::fs::FileExt::write_all_at(&file, bytes, 0)?;
-    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
-    // SAFETY: fcntl on a descriptor we own; no pointers.
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(file.into())
 }
 
 fn to_cmd(c: Command<Syscalls>) -> Cmd {

@@ -45,6 +45,16 @@ fn sealable_memfd(name: &str, len: usize, huge: bool) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// A memfd holding a copy of `bytes`, sealed against any change: what rdsd hands a client to
+/// read (a long `Info` document). Written with `pwrite`, so the file offset the client shares
+/// stays at 0.
+pub fn sealed_copy(name: &str, bytes: &[u8]) -> io::Result<OwnedFd> {
+    let fd = sealable_memfd(name, bytes.len(), false)?;
+    std::os::unix::fs::FileExt::write_all_at(&std::fs::File::from(fd.try_clone()?), bytes, 0)?;
+    seal_size(&fd, libc::F_SEAL_WRITE)?;
+    Ok(fd)
+}
+
 /// One app's region, as rdsd sees it.
 ///
 /// Dropping it (or [`AppRegion::release`]) unmaps it and then punches every page out of the
