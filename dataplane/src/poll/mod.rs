@@ -991,8 +991,12 @@ impl PollCore {
         let all = self.table.net_shards() > 1;
         if let Some(l) = self.table.link_mut() {
             let (me, n) = (l.shard, l.shards());
+            let none = MsgBytes::from_slice(&[]);
             for k in (0..n).filter(|&k| k != me && (all || k == 0)) {
-                l.forward_must(k, env);
+                // Kept in order if the ring is full: it carries no bytes, and a socket has at
+                // most `MAX_CANCELS` outstanding.
+                let kept = l.forward_or_keep(k, env, &none);
+                debug_assert!(kept.is_ok(), "an envelope alone is always kept");
             }
         }
     }

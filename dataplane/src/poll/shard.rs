@@ -605,19 +605,9 @@ impl ShardLink {
         self.kept.iter().any(|k| k.0 == to)
     }
 
-    /// Queues an envelope without payload that must go (`Envelope::Cancel`): kept in order if
-    /// the pair ring is full, whatever `MAX_KEPT_BYTES` says (it holds no bytes; a socket has
-    /// at most `MAX_CANCELS` cancels outstanding).
-    pub(super) fn forward_must(&mut self, to: usize, env: Envelope) {
-        let closing = std::mem::replace(&mut self.closing, true);
-        let none = crate::seam::MsgBytes::from_slice(&[]);
-        let r = self.forward(to, env, &none);
-        self.closing = closing;
-        debug_assert!(r.is_ok(), "an envelope alone is always kept");
-    }
-
-    /// Queues a message that must go (a group message already numbered): kept in order if
-    /// the pair ring is full. `Err(())` only past `MAX_KEPT_BYTES`.
+    /// Queues a message that must go (a group message already numbered, a `Cancel`): kept in
+    /// order if the pair ring is full. `Err(())` only past `MAX_KEPT_BYTES` (never for an
+    /// envelope without payload).
     pub(super) fn forward_or_keep(
         &mut self,
         to: usize,
