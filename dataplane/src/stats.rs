@@ -76,6 +76,13 @@ counters! {
     drain_cancels,
     /// Times a receive ring was full and the sender had to wait.
     rx_ring_full,
+    /// Messages from another poll thread whose receiver's rx ring was full: kept in the
+    /// receiver's backlog in rdsd (its sender's bytes held until delivery) so that the pair
+    /// ring between the two threads goes on for the other receivers.
+    rx_backlogged,
+    /// Times a pair ring waited at a message because this poll thread's backlogs held their
+    /// 64 MiB already (the other receivers of that ring wait with it).
+    rx_backlog_capped,
     /// Ports marked congested.
     cong_marked,
     /// Ports cleared of congestion.

@@ -511,3 +511,120 @@ fn a_burst_from_another_thread_publishes_the_receivers_ring_once() {
     }
     assert_eq!(d.exact_stat("rx_publishes") - before, 1);
 }
+
+/// Sends 64 KiB messages numbered from `*seq` from `tx` to `to` until the send is refused 50
+/// times in a row; returns the last error (EAGAIN: the send buffer is full; ENOBUFS: the port
+/// is congested).
+fn send_until_refused(tx: &shm_api::Socket, to: u16, seq: &mut u64) -> i32 {
+    let mut refused = 0;
+    let mut last = 0;
+    while refused < 50 {
+        match tx.send_to(&rdsd_tests::seq_payload(*seq, 64 << 10), lo(to)) {
+            Ok(_) => {
+                *seq += 1;
+                refused = 0;
+            }
+            Err(e) => {
+                last = e.raw_os_error().expect("an errno");
+                assert!(last == libc::EAGAIN || last == libc::ENOBUFS, "send: {e}");
+                refused += 1;
+                std::thread::sleep(Duration::from_millis(2)); // paces the retries only
+            }
+        }
+    }
+    last
+}
+
+/// A receiver that stops reading, with SO_RCVBUF above its rx ring (so the ring alone never
+/// makes it congested), must not cut the other sockets of its poll thread off from another
+/// thread: what finds its ring full waits in its backlog in rdsd, and the ring between the two
+/// threads goes on. (Before the backlog, the record at the head of that ring waited, and every
+/// message behind it too.) The sender's bytes stay its own until delivery: SO_SNDBUF bounds
+/// what waits. Then the receiver reads everything, once and in order.
+#[test]
+fn a_receiver_that_stops_reading_does_not_cut_off_the_others_of_its_thread() {
+    let d = daemon();
+    let (ra, rb) = (d.attach(), d.attach());
+    assert_ne!(ra.poll_thread(), rb.poll_thread());
+    let hog = rb.socket().unwrap();
+    hog.bind(lo(32_101)).unwrap();
+    hog.set_recv_buffer_size(1 << 30).unwrap();
+    let other = rb.socket().unwrap();
+    other.bind(lo(32_102)).unwrap();
+    other
+        .set_recv_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let tx = ra.socket().unwrap();
+    tx.bind(lo(32_100)).unwrap();
+    tx.set_nonblocking(true).unwrap();
+    // More than the hog's rx ring (2 MiB) in flight. (Messages of 64 KiB cross in place: the
+    // sender's tx ring, 2 MiB, holds those on their way, so that bounds them too.)
+    tx.set_send_buffer_size(8 << 20).unwrap();
+    let mut sent = 0;
+    let err = send_until_refused(&tx, 32_101, &mut sent);
+    assert_eq!(err, libc::EAGAIN, "never congested: the send buffer fills");
+    assert!(
+        sent * (64 << 10) > 3 << 20,
+        "only {sent} messages of 64 KiB went out"
+    );
+    assert!(d.exact_stat("rx_backlogged") > 0, "{}", d.exact_stats());
+    // Another socket of the same sending app reaches the hog's neighbour.
+    let tx2 = ra.socket().unwrap();
+    tx2.bind(lo(32_103)).unwrap();
+    tx2.send_to(b"not held up", lo(32_102)).unwrap();
+    let mut buf = vec![0u8; 128 << 10];
+    let (n, from) = other.recv_from(&mut buf).expect("past the full receiver");
+    assert_eq!((&buf[..n], from), (&b"not held up"[..], lo(32_103)));
+    // The hog reads its ring and its backlog: every message once, in order.
+    hog.set_recv_timeout(Some(Duration::from_secs(20))).unwrap();
+    for i in 0..sent {
+        let n = hog.recv(&mut buf).unwrap();
+        assert_eq!(n, 64 << 10);
+        assert_eq!(rdsd_tests::payload_seq(&buf[..n]), i);
+    }
+    // And the sender has its buffer back: another ring's worth goes out.
+    let mut again = sent;
+    assert_eq!(send_until_refused(&tx, 32_101, &mut again), libc::EAGAIN);
+    assert!(
+        again - sent >= 2 * sent / 3,
+        "{} more after reading {sent}",
+        again - sent
+    );
+}
+
+/// What waits in a receiver's backlog counts toward its SO_RCVBUF, as the kernel's receive
+/// queue does: past it the port is congested (ENOBUFS), however much of it is in the rx ring.
+#[test]
+fn a_backlog_counts_toward_the_receive_buffer() {
+    let d = daemon();
+    let (ra, rb) = (d.attach(), d.attach());
+    assert_ne!(ra.poll_thread(), rb.poll_thread());
+    let rx = rb.socket().unwrap();
+    rx.bind(lo(32_201)).unwrap();
+    // Above the rx ring (2 MiB): congestion needs the backlog.
+    rx.set_recv_buffer_size(3 << 20).unwrap();
+    let tx = ra.socket().unwrap();
+    tx.bind(lo(32_200)).unwrap();
+    tx.set_nonblocking(true).unwrap();
+    tx.set_send_buffer_size(16 << 20).unwrap();
+    let mut sent = 0;
+    let err = send_until_refused(&tx, 32_201, &mut sent);
+    assert_eq!(err, libc::ENOBUFS, "congested past SO_RCVBUF");
+    assert!(
+        sent * (64 << 10) > 3 << 20,
+        "congested after {sent} messages of 64 KiB: before SO_RCVBUF"
+    );
+    assert!(d.exact_stat("rx_backlogged") > 0);
+    let mut buf = vec![0u8; 128 << 10];
+    rx.set_recv_timeout(Some(Duration::from_secs(20))).unwrap();
+    for i in 0..sent {
+        let n = rx.recv(&mut buf).unwrap();
+        assert_eq!(rdsd_tests::payload_seq(&buf[..n]), i);
+    }
+    // Read: no longer congested.
+    wait_for(
+        || tx.send_to(b"again", lo(32_201)).is_ok(),
+        Duration::from_secs(20),
+        "the port uncongested once read",
+    );
+}

@@ -278,6 +278,10 @@ impl PollCore {
 
     fn pass(&mut self) -> usize {
         let mut work = 0;
+        // Messages of other shards parked at a full rx ring go first (`backlog.rs`).
+        if self.table.has_backlog() {
+            work += self.table.drain_backlogs();
+        }
         if let Some(link) = self.table.link_mut() {
             link.refresh();
             if link.inputs_idle() {
@@ -491,26 +495,24 @@ impl PollCore {
                 token,
             } => {
                 let len = payload.len() as u64;
-                let d = self.table.deliver_forwarded(crate::seam::Incoming {
+                let m = crate::seam::Incoming {
                     laddr,
                     faddr,
                     sport,
                     dport,
                     payload,
-                });
-                if d == crate::seam::Delivered::Full {
-                    return false;
-                }
-                if d == crate::seam::Delivered::Yes {
-                    Stats::bump(&self.table.stats().loop_delivered);
-                    self.table
-                        .stats()
-                        .loop_bytes
-                        .fetch_add(len, Ordering::Relaxed);
-                }
-                if token != 0 {
-                    let l = self.table.link_mut().expect("link");
-                    l.release(from, token, len);
+                };
+                // Releases `token` once delivered (or dropped), perhaps from a backlog later.
+                match self.table.deliver_forwarded(m, from, token) {
+                    crate::seam::Delivered::Full => return false,
+                    crate::seam::Delivered::Yes => {
+                        Stats::bump(&self.table.stats().loop_delivered);
+                        self.table
+                            .stats()
+                            .loop_bytes
+                            .fetch_add(len, Ordering::Relaxed);
+                    }
+                    crate::seam::Delivered::NoSocket => {}
                 }
                 true
             }
@@ -1013,6 +1015,8 @@ impl PollCore {
                 if let Some(l) = self.table.link_mut() {
                     l.set_closing(true);
                 }
+                // And those for a local receiver whose ring is full wait in its backlog.
+                self.table.set_closing_sender(true);
                 while self.drain_tx(r) > 0 {
                     match self.table.sock(r) {
                         Some(s) if s.tx.position().wrapping_sub(start) < cap => {}
@@ -1022,6 +1026,7 @@ impl PollCore {
                 if let Some(l) = self.table.link_mut() {
                     l.set_closing(false);
                 }
+                self.table.set_closing_sender(false);
             }
         }
         self.table.close_sock_now(r);
@@ -1285,12 +1290,11 @@ pub fn run(mut core: PollCore, mut idle: idle::Idle, shutdown: Arc<AtomicBool>) 
                 let napps = core.table.doorbell_fds(&mut fds);
                 // Counters are summed lazily; make them exact before sleeping.
                 core.publish_counters();
-                // Input stopped at a full receiver, or notes waiting for room: look again soon.
-                let mut timeout = core
-                    .table
-                    .link()
-                    .filter(|l| l.needs_retry())
-                    .map(|_| std::time::Duration::from_millis(1));
+                // Input stopped at a full receiver, notes waiting for room, or a backlog: look
+                // again soon.
+                let retry =
+                    core.table.link().is_some_and(|l| l.needs_retry()) || core.table.has_backlog();
+                let mut timeout = retry.then_some(std::time::Duration::from_millis(1));
                 for t in &core.transports {
                     t.park_fds(&mut fds);
                     timeout = match (timeout, t.next_timeout()) {

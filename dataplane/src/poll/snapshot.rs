@@ -162,9 +162,10 @@ impl PollCore {
                 port: s.bound.map_or(0, |b| b.1),
                 rcvbuf: s.rcvbuf,
                 sndbuf: s.sndbuf,
-                rx_queued_bytes: s.rx_produced.saturating_sub(consumed),
+                rx_queued_bytes: s.rx_produced.saturating_sub(consumed) + s.backlog_bytes,
                 rx_pending: rx.producer().load(Ordering::Relaxed)
-                    != rx.consumer().load(Ordering::Acquire),
+                    != rx.consumer().load(Ordering::Acquire)
+                    || !s.backlog.is_empty(),
                 tx_queued_bytes: sent.saturating_sub(s.released),
                 congested: s.congested,
                 cong_monitor: s.monitor,
@@ -172,6 +173,8 @@ impl PollCore {
                 rx_messages: {
                     let mut v = Vec::new();
                     s.rx.unconsumed(listed, |h| v.push((h.len, Ipv4Addr::from(h.addr), h.port)));
+                    // Then those waiting in rdsd behind them (`backlog.rs`).
+                    s.backlog_listing(listed - v.len(), &mut v);
                     listed -= v.len();
                     v
                 },

@@ -36,6 +36,9 @@ pub(super) const MAX_CANCELS: usize = 8;
 
 pub use super::sock_ref::SockRef;
 
+#[path = "backlog.rs"]
+mod backlog;
+pub(super) use backlog::Parked;
 #[path = "groups.rs"]
 mod groups;
 use groups::Groups;
@@ -102,6 +105,10 @@ pub(super) struct Sock {
     pub group_blocked: bool,
     /// It made group requests that shard 0 handled (its close must reach shard 0).
     pub grouped: bool,
+    /// Messages from other poll threads that found the rx ring full, oldest first
+    /// (`backlog.rs`); `backlog_bytes` is their payload, counted as queued for SO_RCVBUF.
+    pub backlog: VecDeque<Parked>,
+    pub backlog_bytes: u64,
 }
 
 /// One attached process.
@@ -174,6 +181,16 @@ pub struct SocketTable {
     net_shards: usize,
     /// Set while delivering what another shard forwarded: never forwarded again.
     from_fabric: bool,
+    /// Of that delivery: the sending shard and the sender's token (0: none), which a
+    /// backlog keeps until the message reaches the rx ring; `parked` says it did so.
+    fabric_sender: (usize, u64),
+    parked: bool,
+    /// Set while a closing socket's messages move (`set_closing_sender`): one that finds a
+    /// local receiver's ring full waits in its backlog rather than die with the sender.
+    closing_sender: bool,
+    /// Sockets with a backlog, and the payload bytes of all their backlogs (`backlog.rs`).
+    backlogged: Vec<SockRef>,
+    backlog_total: usize,
     /// Messages offered in place (zero copy), see `inplace`.
     holds: Holds,
     /// Apps gone while messages sent in place from their regions were still out: kept
@@ -230,6 +247,11 @@ impl SocketTable {
             fabric,
             shard,
             from_fabric: false,
+            fabric_sender: (0, 0),
+            parked: false,
+            closing_sender: false,
+            backlogged: Vec::new(),
+            backlog_total: 0,
             dview: daemon.view(),
             _daemon: daemon,
             cfg,
@@ -473,6 +495,8 @@ impl SocketTable {
             group_dest: None,
             group_blocked: false,
             grouped: false,
+            backlog: VecDeque::new(),
+            backlog_bytes: 0,
         });
         let tx = &a.socks[slot as usize].as_ref().expect("just opened").tx;
         self.open_socks.push(OpenSock {
@@ -716,7 +740,7 @@ impl SocketTable {
             {
                 Some(s) => {
                     let consumed = self.ctl(r).rx_consumed_bytes.load(Ordering::Acquire);
-                    s.rx_produced.saturating_sub(consumed) < (s.rcvbuf / 2) as u64
+                    s.rx_produced.saturating_sub(consumed) + s.backlog_bytes < (s.rcvbuf / 2) as u64
                 }
                 None => true,
             };
@@ -857,6 +881,7 @@ impl SocketTable {
     pub(super) fn close_sock_now(&mut self, r: SockRef) -> Option<(u32, u16)> {
         let app = self.apps.get_mut(r.app).and_then(|a| a.as_mut())?;
         let mut s = app.socks[r.slot as usize].take()?;
+        self.drop_backlog(r, &mut s);
         // Released holds waiting behind older ones are done with; the others stay pinned
         // (slot and region) until their release.
         for &h in &s.holds {
@@ -1113,12 +1138,27 @@ impl SocketTable {
         }
     }
 
-    /// Delivers a message another shard forwarded (never forwarded again: a binding that
-    /// moved meanwhile drops it, as a close would).
-    pub(super) fn deliver_forwarded(&mut self, m: Incoming<'_>) -> Delivered {
+    /// Delivers a message shard `from` forwarded (never forwarded again: a binding that
+    /// moved meanwhile drops it, as a close would), and releases the sender's `token` (0:
+    /// none) once it is delivered or dropped: at once, or when it leaves the receiver's
+    /// backlog (a full rx ring parks it there rather than hold up the pair ring).
+    pub(super) fn deliver_forwarded(
+        &mut self,
+        m: Incoming<'_>,
+        from: usize,
+        token: u64,
+    ) -> Delivered {
+        let len = m.payload.len() as u64;
         self.from_fabric = true;
+        self.fabric_sender = (from, token);
+        self.parked = false;
         let d = self.deliver(m);
         self.from_fabric = false;
+        if d != Delivered::Full && token != 0 && !self.parked {
+            if let Some(l) = self.link.as_mut() {
+                l.release(from, token, len);
+            }
+        }
         d
     }
 
@@ -1272,8 +1312,8 @@ impl SocketTable {
         ctl.rx_produced_bytes
             .store(sock.rx_produced, Ordering::Release);
         let consumed = ctl.rx_consumed_bytes.load(Ordering::Acquire);
-        let over = sock.rx_produced.saturating_sub(consumed) > u64::from(sock.rcvbuf);
-        if over && !sock.congested {
+        let queued = sock.rx_produced.saturating_sub(consumed) + sock.backlog_bytes;
+        if queued > u64::from(sock.rcvbuf) && !sock.congested {
             self.mark_congested(to);
         }
         true
@@ -1385,8 +1425,8 @@ impl SocketTable {
                 Stats::bump(&self.stats.app_wakeups);
             }
             let consumed = ctl.rx_consumed_bytes.load(Ordering::Acquire);
-            let over = sock.rx_produced.saturating_sub(consumed) > u64::from(sock.rcvbuf);
-            if over && !sock.congested {
+            let queued = sock.rx_produced.saturating_sub(consumed) + sock.backlog_bytes;
+            if queued > u64::from(sock.rcvbuf) && !sock.congested {
                 self.mark_congested(to);
             }
         }
@@ -1472,6 +1512,9 @@ impl Upcalls for SocketTable {
             Stats::bump(&self.stats.drop_unbound_dest);
             return Delivered::NoSocket;
         };
+        if self.from_fabric || self.closing_sender {
+            return self.deliver_or_park(to, m.faddr, m.sport, &m.payload);
+        }
         self.deliver_to(to, m.faddr, m.sport, &m.payload)
     }
 
@@ -1608,6 +1651,10 @@ impl SocketTable {
             "no readiness entry outlives its app"
         );
         assert!(self.draining.is_empty(), "nothing drains");
+        assert!(
+            self.backlogged.is_empty() && self.backlog_total == 0,
+            "no backlog outlives its socket"
+        );
         self.groups.check(true);
     }
 }
