@@ -152,6 +152,10 @@ counters! {
     /// Times a group message waited on its sender's ring because a member without
     /// DROP_WHEN_FULL had no room (counted once per wait, not per retry).
     group_blocked,
+    /// Group messages of sockets of other poll threads that a full member blocked, parked on
+    /// shard 0 (their senders' bytes held until decided) so that the ring between the two
+    /// threads goes on for everything else.
+    group_parked,
     /// Multicast groups created.
     groups_created,
     /// Memberships that ended by a close or an app's death rather than a leave.

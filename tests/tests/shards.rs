@@ -628,3 +628,59 @@ fn a_backlog_counts_toward_the_receive_buffer() {
         "the port uncongested once read",
     );
 }
+
+/// A group message from another poll thread's socket that a full member blocks waits parked
+/// on shard 0 (which orders the groups), with its sender's later group messages behind it,
+/// and the ring between the two threads goes on: the same app's unicast to a socket of
+/// shard 0 is not held up (before, the blocked group message at the head of that ring held
+/// everything behind it). Once the member reads, every group message arrives, in order.
+#[test]
+fn a_full_group_member_holds_up_only_the_group() {
+    use shm_api::GroupFlags;
+    use std::net::{Ipv4Addr, SocketAddrV4};
+    let d = daemon();
+    let apps: Vec<_> = (0..POLL_THREADS).map(|_| d.attach()).collect();
+    let on_0 = apps
+        .iter()
+        .find(|a| a.poll_thread() == 0)
+        .expect("an app on 0");
+    let elsewhere = apps.iter().find(|a| a.poll_thread() != 0).expect("one not");
+    let g = SocketAddrV4::new(Ipv4Addr::new(239, 7, 7, 7), 6100);
+    let sender = elsewhere.socket().unwrap();
+    sender.bind(lo(32_300)).unwrap();
+    sender.group_create(g).unwrap();
+    let full = on_0.socket().unwrap();
+    full.set_recv_buffer_size(1024).unwrap();
+    full.bind(lo(32_301)).unwrap();
+    full.group_join(g, GroupFlags::NONE).unwrap();
+    let neighbour = on_0.socket().unwrap();
+    neighbour.bind(lo(32_302)).unwrap();
+    neighbour
+        .set_recv_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    // One batch: the library sees the group's room once, so most of it reaches shard 0 after
+    // the member is full.
+    const N: u64 = 48;
+    let payloads: Vec<Vec<u8>> = (0..N).map(|i| rdsd_tests::seq_payload(i, 200)).collect();
+    let batch: Vec<_> = payloads.iter().map(|p| (&p[..], Some(g))).collect();
+    assert_eq!(sender.send_batch(&batch, false).unwrap(), N as usize);
+    wait_for(
+        || d.exact_stat("group_parked") > 0,
+        Duration::from_secs(20),
+        "a group message parked on shard 0",
+    );
+    let other = elsewhere.socket().unwrap();
+    other.bind(lo(32_303)).unwrap();
+    other.send_to(b"not held up", lo(32_302)).unwrap();
+    let mut buf = [0u8; 512];
+    let (n, from) = neighbour.recv_from(&mut buf).expect("past the full member");
+    assert_eq!((&buf[..n], from), (&b"not held up"[..], lo(32_303)));
+    // The member reads: the group goes on, every message once and in order.
+    full.set_recv_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    for i in 0..N {
+        let (n, from) = full.recv_from(&mut buf).unwrap();
+        assert_eq!(from, lo(32_300));
+        assert_eq!(rdsd_tests::payload_seq(&buf[..n]), i);
+    }
+}

@@ -16,6 +16,12 @@
 //!   waits at the record as before (`rx_backlog_capped`).
 //! - **Cost:** nothing while no ring is full: one branch per forwarded delivery and one per
 //!   pass (`backlogged` is empty). Parking allocates: only for a receiver already behind.
+//!
+//! **Group waits** are the same for the group messages of other threads' sockets, which shard 0
+//! decides in pair-ring order: one that a full member (without DROP_WHEN_FULL) blocks is parked
+//! with its sender's later group messages behind it, as a local sender's would wait on its own
+//! tx ring, and the pair ring goes on. A fan-out that waits for its copies on other threads
+//! (`GroupSent::Busy`, a thread round trip) still holds the ring for that moment.
 
 use super::*;
 
@@ -37,6 +43,16 @@ pub(in crate::poll) struct Parked {
     /// The sending shard and the sender's token (0: nothing to release).
     from: usize,
     token: u64,
+}
+
+/// A group message of another shard's socket, blocked by a full member.
+pub(in crate::poll) struct GroupWait {
+    from: usize,
+    /// The sender's token: names the socket (and its incarnation) to keep its order.
+    token: u64,
+    src: (u32, u16),
+    group: (u32, u16),
+    bytes: Box<[u8]>,
 }
 
 impl Parked {
@@ -102,11 +118,99 @@ impl SocketTable {
         self.fabric_sender = (self.shard, 0);
     }
 
-    /// True while some socket has a backlog: a parked poll thread wakes on a short timer to
-    /// move it (the app's reads ring no doorbell).
+    /// True while some socket has a backlog or a group message waits: a parked poll thread
+    /// wakes on a short timer to move them (the app's reads ring no doorbell).
     #[inline]
     pub(in crate::poll) fn has_backlog(&self) -> bool {
-        !self.backlogged.is_empty()
+        !self.backlogged.is_empty() || !self.group_waits.is_empty()
+    }
+
+    /// A group message from socket `token` of shard `from`: decided now, or parked behind that
+    /// sender's earlier ones or a full member. False only if the pair ring must wait (a
+    /// fan-out in progress, or the backlogs full).
+    pub(in crate::poll) fn group_send_forwarded(
+        &mut self,
+        from: usize,
+        token: u64,
+        src: (u32, u16),
+        group: (u32, u16),
+        payload: &MsgBytes<'_>,
+    ) -> bool {
+        let behind = !self.group_waits.is_empty()
+            && self
+                .group_waits
+                .iter()
+                .any(|w| (w.from, w.token) == (from, token));
+        if !behind {
+            let sender = sock_of_token(token).0;
+            match self.group_send(sender, src, group.0, group.1, payload) {
+                GroupSent::Done => {
+                    self.release_to(from, token, payload.len());
+                    return true;
+                }
+                GroupSent::Busy => return false,
+                GroupSent::Blocked => Stats::bump(&self.stats.group_blocked),
+            }
+        }
+        let len = payload.len();
+        if self.backlog_total + len + PARKED_OVERHEAD > MAX_BACKLOG_BYTES {
+            Stats::bump(&self.stats.rx_backlog_capped);
+            return false;
+        }
+        let mut bytes = Vec::with_capacity(len);
+        payload.copy_into(&mut bytes);
+        self.backlog_total += len + PARKED_OVERHEAD;
+        self.group_waits.push_back(GroupWait {
+            from,
+            token,
+            src,
+            group,
+            bytes: bytes.into_boxed_slice(),
+        });
+        Stats::bump(&self.stats.group_parked);
+        true
+    }
+
+    /// Decides the parked group messages again, oldest first, each sender's in its order (one
+    /// blocked, its later ones wait). Returns how many were decided.
+    fn retry_group_waits(&mut self) -> usize {
+        let mut decided = 0;
+        let mut blocked = std::mem::take(&mut self.group_waits_blocked);
+        blocked.clear();
+        let mut i = 0;
+        while i < self.group_waits.len() {
+            let key = (self.group_waits[i].from, self.group_waits[i].token);
+            if blocked.contains(&key) {
+                i += 1;
+                continue;
+            }
+            let w = self.group_waits.remove(i).expect("in range");
+            let payload = MsgBytes::from_slice(&w.bytes);
+            match self.group_send(
+                sock_of_token(w.token).0,
+                w.src,
+                w.group.0,
+                w.group.1,
+                &payload,
+            ) {
+                GroupSent::Done => {
+                    self.backlog_total -= w.bytes.len() + PARKED_OVERHEAD;
+                    self.release_to(w.from, w.token, w.bytes.len());
+                    decided += 1;
+                }
+                GroupSent::Busy => {
+                    self.group_waits.insert(i, w);
+                    break;
+                }
+                GroupSent::Blocked => {
+                    self.group_waits.insert(i, w);
+                    blocked.push(key);
+                    i += 1;
+                }
+            }
+        }
+        self.group_waits_blocked = blocked;
+        decided
     }
 
     /// Moves backlogs into their rx rings, oldest first, as far as the rings have room (at most
@@ -114,6 +218,9 @@ impl SocketTable {
     /// moved. Called at the start of a pass while `has_backlog`.
     pub(in crate::poll) fn drain_backlogs(&mut self) -> usize {
         let mut moved = 0;
+        if !self.group_waits.is_empty() {
+            moved += self.retry_group_waits();
+        }
         let mut i = 0;
         self.begin_rx_burst();
         while i < self.backlogged.len() {
@@ -168,9 +275,14 @@ impl SocketTable {
     }
 
     fn release_parked(&mut self, p: &Parked) {
-        if p.token != 0 {
+        self.release_to(p.from, p.token, p.bytes.len());
+    }
+
+    /// Gives `len` bytes back to the sender `token` (0: none) of shard `from`.
+    fn release_to(&mut self, from: usize, token: u64, len: usize) {
+        if token != 0 {
             if let Some(l) = self.link.as_mut() {
-                l.release(p.from, p.token, p.bytes.len() as u64);
+                l.release(from, token, len as u64);
             }
         }
     }

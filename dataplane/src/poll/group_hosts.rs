@@ -345,9 +345,10 @@ impl SocketTable {
                     return Delivered::Yes;
                 }
                 let payload = MsgBytes::from_slice(payload);
-                if let super::GroupSent::Blocked =
-                    self.group_send_as(remote_sender(), from, g, &payload, true)
-                {
+                if !matches!(
+                    self.group_send_as(remote_sender(), from, g, &payload, true),
+                    super::GroupSent::Done
+                ) {
                     return Delivered::Full;
                 }
             }
@@ -366,9 +367,10 @@ impl SocketTable {
                     .or_else(|| self.group_remote_sock(from))
                     .unwrap_or_else(remote_sender);
                 let payload = MsgBytes::from_slice(payload);
-                if let super::GroupSent::Blocked =
-                    self.group_send_as(sender, from, g, &payload, true)
-                {
+                if !matches!(
+                    self.group_send_as(sender, from, g, &payload, true),
+                    super::GroupSent::Done
+                ) {
                     return Delivered::Full;
                 }
             }

@@ -154,8 +154,13 @@ impl Groups {
 pub(in crate::poll) enum GroupSent {
     /// Delivered to every target, or dropped and counted: its bytes are free.
     Done,
-    /// A member without DROP_WHEN_FULL has no room: leave it on the ring.
+    /// A member without DROP_WHEN_FULL has no room, or the member host of a group another
+    /// host owns has no window left: leave it on the ring (another thread's sender: park it,
+    /// `backlog.rs`).
     Blocked,
+    /// The last fan-out waits for its copies on other poll threads (a thread round trip):
+    /// try again in a moment.
+    Busy,
 }
 
 fn group_addr(addr: Ipv4Addr, port: u16) -> Result<GroupAddr, i32> {
@@ -814,7 +819,7 @@ impl SocketTable {
         if self.groups.awaiting.is_some() {
             // The last fan-out waits for its copies on other poll threads (a thread round
             // trip): it must commit before another starts.
-            return GroupSent::Blocked;
+            return GroupSent::Busy;
         }
         let len = payload.len();
         let sender = Sender {
@@ -842,15 +847,11 @@ impl SocketTable {
                 return GroupSent::Done;
             }
             Ok(SendDecision::Blocked { .. }) => {
-                // A sender of another shard (not in this table) is counted at every retry of
-                // its stalled pair ring; a local one once per wait.
-                match self.sock(from) {
-                    Some(s) if s.group_blocked => {}
-                    Some(s) => {
-                        s.group_blocked = true;
-                        Stats::bump(&self.stats.group_blocked);
-                    }
-                    None => Stats::bump(&self.stats.group_blocked),
+                // Counted once per wait: a local sender here, a sender of another shard when
+                // its message is parked (`backlog.rs`).
+                if let Some(s) = self.sock(from).filter(|s| !s.group_blocked) {
+                    s.group_blocked = true;
+                    Stats::bump(&self.stats.group_blocked);
                 }
                 self.groups.targets = targets;
                 return GroupSent::Blocked;

@@ -554,19 +554,15 @@ impl PollCore {
             }
         };
         if dest.is_multicast() {
-            // A group message from a socket of another shard: decided here, in the
-            // order of the pair ring; a blocked one stalls the ring until room.
-            let sender = table::sock_of_token(token).0;
-            return match self
-                .table
-                .group_send(sender, (laddr, sport), faddr, dport, &payload)
-            {
-                table::GroupSent::Blocked => false,
-                table::GroupSent::Done => {
-                    release(&mut self.table);
-                    true
-                }
-            };
+            // A group message from a socket of another shard: decided here, in the order of
+            // the pair ring; one that a full member blocks waits parked (`backlog.rs`).
+            return self.table.group_send_forwarded(
+                from,
+                token,
+                (laddr, sport),
+                (faddr, dport),
+                &payload,
+            );
         }
         let route = self.routes.get(faddr, &self.transports, self.table.cfg());
         let Some(t) = route.transport.map(|i| &mut self.transports[i]) else {
@@ -790,7 +786,7 @@ impl PollCore {
                 &sent.payload,
             ) {
                 table::GroupSent::Done => Outcome::Done,
-                table::GroupSent::Blocked => Outcome::Blocked,
+                table::GroupSent::Blocked | table::GroupSent::Busy => Outcome::Blocked,
             };
         }
         let route = self

@@ -38,7 +38,7 @@ pub use super::sock_ref::SockRef;
 
 #[path = "backlog.rs"]
 mod backlog;
-pub(super) use backlog::Parked;
+pub(super) use backlog::{GroupWait, Parked};
 #[path = "groups.rs"]
 mod groups;
 use groups::Groups;
@@ -188,9 +188,14 @@ pub struct SocketTable {
     /// Set while a closing socket's messages move (`set_closing_sender`): one that finds a
     /// local receiver's ring full waits in its backlog rather than die with the sender.
     closing_sender: bool,
-    /// Sockets with a backlog, and the payload bytes of all their backlogs (`backlog.rs`).
+    /// Sockets with a backlog, and the bytes charged for all backlogs and group waits
+    /// (`backlog.rs`).
     backlogged: Vec<SockRef>,
     backlog_total: usize,
+    /// Group messages of other shards' sockets that a full member blocks, oldest first.
+    group_waits: VecDeque<GroupWait>,
+    /// Scratch for `retry_group_waits`: the senders found blocked in this retry.
+    group_waits_blocked: Vec<(usize, u64)>,
     /// Messages offered in place (zero copy), see `inplace`.
     holds: Holds,
     /// Apps gone while messages sent in place from their regions were still out: kept
@@ -252,6 +257,8 @@ impl SocketTable {
             closing_sender: false,
             backlogged: Vec::new(),
             backlog_total: 0,
+            group_waits: VecDeque::new(),
+            group_waits_blocked: Vec::new(),
             dview: daemon.view(),
             _daemon: daemon,
             cfg,
@@ -1652,7 +1659,7 @@ impl SocketTable {
         );
         assert!(self.draining.is_empty(), "nothing drains");
         assert!(
-            self.backlogged.is_empty() && self.backlog_total == 0,
+            self.backlogged.is_empty() && self.group_waits.is_empty() && self.backlog_total == 0,
             "no backlog outlives its socket"
         );
         self.groups.check(true);
