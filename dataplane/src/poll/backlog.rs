@@ -64,6 +64,7 @@ impl Parked {
 impl SocketTable {
     /// A message from the fabric for `to`: into its rx ring, or into its backlog if the ring is
     /// full or a backlog is already there. `Full` only when this thread's backlogs are full.
+    #[inline]
     pub(super) fn deliver_or_park(
         &mut self,
         to: SockRef,
@@ -71,15 +72,31 @@ impl SocketTable {
         sport: u16,
         payload: &MsgBytes<'_>,
     ) -> Delivered {
-        let queued = match self.sock(to) {
-            Some(s) => !s.backlog.is_empty(),
-            None => return Delivered::NoSocket,
-        };
+        // Almost always no socket of this thread has a backlog: no lookup then.
+        let queued =
+            !self.backlogged.is_empty() && self.sock(to).is_some_and(|s| !s.backlog.is_empty());
         if !queued {
             let d = self.deliver_to(to, faddr, sport, payload);
             if d != Delivered::Full {
                 return d;
             }
+        }
+        self.park(to, faddr, sport, payload, queued)
+    }
+
+    /// The slow half of [`Self::deliver_or_park`]: `to`'s ring is full or it has a backlog.
+    #[cold]
+    #[inline(never)]
+    fn park(
+        &mut self,
+        to: SockRef,
+        faddr: u32,
+        sport: u16,
+        payload: &MsgBytes<'_>,
+        queued: bool,
+    ) -> Delivered {
+        if self.sock(to).is_none() {
+            return Delivered::NoSocket;
         }
         let len = payload.len();
         if self.backlog_total + len + PARKED_OVERHEAD > MAX_BACKLOG_BYTES {
