@@ -579,3 +579,50 @@ fn a_burst_publishes_each_receivers_ring_once() {
         );
     }
 }
+
+/// A send that returned success is delivered even if its sender closes right after, also when
+/// the receiver's ring is full then: what is still on the closing sender's tx ring waits in the
+/// receiver's backlog in rdsd (it used to die with the sender, counted as
+/// `drop_socket_closed`). Then the receiver reads every message, in order.
+#[test]
+fn a_closing_sender_loses_nothing_to_a_full_receiver() {
+    let d = Daemon::start(&[]);
+    let r = d.attach();
+    let rx = r.socket().unwrap();
+    rx.bind(lo(9951)).unwrap();
+    rx.set_recv_buffer_size(1 << 30).unwrap();
+    rx.set_recv_timeout(Some(Duration::from_secs(20))).unwrap();
+    let tx = r.socket().unwrap();
+    tx.bind(lo(9950)).unwrap();
+    tx.set_send_buffer_size(8 << 20).unwrap();
+    tx.set_nonblocking(true).unwrap();
+    const LEN: usize = 60 << 10;
+    let mut sent = 0u64;
+    let mut refused = 0;
+    while refused < 50 {
+        match tx.send_to(&seq_payload(sent, LEN), lo(9951)) {
+            Ok(_) => {
+                sent += 1;
+                refused = 0;
+            }
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::EAGAIN), "{e}");
+                refused += 1;
+                std::thread::sleep(Duration::from_millis(2)); // paces the retries only
+            }
+        }
+    }
+    // Past the rx ring (2 MiB): the rest waits on the sender's tx ring.
+    assert!(sent as usize * LEN > 3 << 20, "{sent} sent");
+    let closed_drops = d.exact_stat("drop_socket_closed");
+    drop(tx);
+    let mut buf = vec![0u8; LEN + 1];
+    for i in 0..sent {
+        let n = rx
+            .recv(&mut buf)
+            .unwrap_or_else(|e| panic!("message {i} of {sent}: {e}"));
+        assert_eq!(n, LEN);
+        assert_eq!(payload_seq(&buf[..n]), i);
+    }
+    assert_eq!(d.exact_stat("drop_socket_closed"), closed_drops);
+}
