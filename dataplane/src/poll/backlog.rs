@@ -308,7 +308,7 @@ impl SocketTable {
     fn mark_if_over(&mut self, to: SockRef) {
         let consumed = self.ctl(to).rx_consumed_bytes.load(Ordering::Acquire);
         let Some(s) = self.sock(to) else { return };
-        let queued = s.rx_produced.saturating_sub(consumed) + s.backlog_bytes;
+        let queued = s.queued(consumed);
         if queued > u64::from(s.rcvbuf) && !s.congested {
             self.mark_congested(to);
         }
@@ -316,6 +316,13 @@ impl SocketTable {
 }
 
 impl Sock {
+    /// Bytes queued for the app, `consumed` being what it says it has read: the rx ring's
+    /// unread ones and the backlog (what SO_RCVBUF bounds and `rdsctl info` shows).
+    #[inline]
+    pub(in crate::poll) fn queued(&self, consumed: u64) -> u64 {
+        self.rx_produced.saturating_sub(consumed) + self.backlog_bytes
+    }
+
     /// The backlog for `rdsctl info`: (length, source address, source port) of each message,
     /// oldest first, at most `max`.
     pub(in crate::poll) fn backlog_listing(&self, max: usize, out: &mut Vec<(u32, Ipv4Addr, u16)>) {

@@ -162,7 +162,7 @@ impl PollCore {
                 port: s.bound.map_or(0, |b| b.1),
                 rcvbuf: s.rcvbuf,
                 sndbuf: s.sndbuf,
-                rx_queued_bytes: s.rx_produced.saturating_sub(consumed) + s.backlog_bytes,
+                rx_queued_bytes: s.queued(consumed),
                 rx_pending: rx.producer().load(Ordering::Relaxed)
                     != rx.consumer().load(Ordering::Acquire)
                     || !s.backlog.is_empty(),

@@ -747,7 +747,7 @@ impl SocketTable {
             {
                 Some(s) => {
                     let consumed = self.ctl(r).rx_consumed_bytes.load(Ordering::Acquire);
-                    s.rx_produced.saturating_sub(consumed) + s.backlog_bytes < (s.rcvbuf / 2) as u64
+                    s.queued(consumed) < (s.rcvbuf / 2) as u64
                 }
                 None => true,
             };
@@ -1322,7 +1322,7 @@ impl SocketTable {
         ctl.rx_produced_bytes
             .store(sock.rx_produced, Ordering::Release);
         let consumed = ctl.rx_consumed_bytes.load(Ordering::Acquire);
-        let queued = sock.rx_produced.saturating_sub(consumed) + sock.backlog_bytes;
+        let queued = sock.queued(consumed);
         if queued > u64::from(sock.rcvbuf) && !sock.congested {
             self.mark_congested(to);
         }
@@ -1435,7 +1435,7 @@ impl SocketTable {
                 Stats::bump(&self.stats.app_wakeups);
             }
             let consumed = ctl.rx_consumed_bytes.load(Ordering::Acquire);
-            let queued = sock.rx_produced.saturating_sub(consumed) + sock.backlog_bytes;
+            let queued = sock.queued(consumed);
             if queued > u64::from(sock.rcvbuf) && !sock.congested {
                 self.mark_congested(to);
             }
