@@ -61,7 +61,9 @@ struct Net {
     epoch: u64,
 }
 
-struct MockMessageLink {
+/// `READS_AFTER`: as RDMA, the "device" reads a written frame until the peer has consumed it
+/// (`Link::READS_AFTER_WRITE`, `Link::read_done`).
+struct MockMessageLink<const READS_AFTER: bool = false> {
     net: Arc<Mutex<Net>>,
     addr: u32,
     credits: usize,
@@ -79,10 +81,16 @@ struct MockPath {
     up: bool,
 }
 
-impl Link for MockMessageLink {
+impl<const READS_AFTER: bool> Link for MockMessageLink<READS_AFTER> {
     type Path = MockPath;
     type Payload = PoolBuf;
     const FRAMING: Framing = Framing::Message;
+    const READS_AFTER_WRITE: bool = READS_AFTER;
+
+    fn read_done(&self, p: &MockPath) -> Option<u64> {
+        let net = self.net.lock().unwrap();
+        Some(net.channels[p.chan].pipes[p.side].consumed)
+    }
 
     fn payload(&mut self, bytes: MsgBytes<'_>) -> PoolBuf {
         PoolBuf::copy_of(bytes)
@@ -415,5 +423,74 @@ fn receiver_restart_with_persisted_state_sees_no_duplicate() {
     assert!(
         without.is_err(),
         "without persisted state the restarted receiver delivers duplicates"
+    );
+}
+
+/// RDS_CANCEL_SENT_TO of messages already written, over a link whose device still reads them
+/// after the write (RDMA: a posted SEND reads the payload, in place from the app's ring, until
+/// it completes). Their bytes go back to the app only once the device is done with them (here:
+/// once the peer consumed the frames); over a link that copies at write (TCP), at once.
+#[test]
+fn cancelled_messages_are_released_only_once_the_device_has_read_them() {
+    use rdsd::seam::Transport;
+    use suite::{endpoint, LabClock, Table, A, B, SEED_A, SEED_B};
+    fn scenario<const READS_AFTER: bool>() -> (u64, u64) {
+        // Acknowledgements only every 1000 frames: nothing is released by an ack here.
+        let mut lab = MockLab::new(1000, 16);
+        let clock = lab.clock();
+        let link = MockMessageLink::<READS_AFTER> {
+            net: lab.net.clone(),
+            addr: A,
+            credits: 16,
+            readiness: None,
+        };
+        let (mut a, _) = endpoint(link, A, 1, None, clock.clone(), SEED_A);
+        let (mut b, _) = endpoint(lab.make(B), B, 1, None, clock.clone(), SEED_B);
+        let (mut ta, mut tb) = (Table::new(1 << 20), Table::new(1 << 20));
+        let mut got = Vec::new();
+        // The path comes up and carries a first message.
+        let warm = suite::payload(999, 0, 64);
+        a.send(&mut ta, suite::message(999, &warm));
+        for _ in 0..2000 {
+            a.poll(&mut ta);
+            b.poll(&mut tb);
+            tb.drain(64, &mut got);
+            clock.tick();
+            if !got.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(got.len(), 1, "the path is up");
+        // Three messages written, the peer reading nothing yet.
+        let msgs: Vec<_> = (0..3).map(|i| suite::payload(1000, i, 500)).collect();
+        for m in &msgs {
+            a.send(&mut ta, suite::message(1000, m));
+        }
+        for _ in 0..10 {
+            a.poll(&mut ta);
+            clock.tick();
+        }
+        assert_eq!(ta.released, 0, "nothing acknowledged");
+        a.cancel(A, 1000, Some((B, 7000)));
+        a.poll(&mut ta);
+        let at_cancel = ta.released;
+        // The peer consumes the frames: the device is done with them.
+        for _ in 0..200 {
+            b.poll(&mut tb);
+            a.poll(&mut ta);
+            clock.tick();
+        }
+        (at_cancel, ta.released)
+    }
+    let all = 3 * 500;
+    assert_eq!(
+        scenario::<false>(),
+        (all, all),
+        "copied at write: released at once"
+    );
+    assert_eq!(
+        scenario::<true>(),
+        (0, all),
+        "read after write: released once read, not before"
     );
 }

@@ -617,6 +617,82 @@ fn cancel_of_a_message_being_written_completes_its_frame() {
     assert_eq!(a.unacked_messages(0), 1, "only the probe is left");
 }
 
+/// `hold_cancelled_written` (RDMA, whose posted SENDs read the payload, in place from the
+/// app's ring, until they complete): a message cancelled once written is not released at
+/// once, since the app would then overwrite bytes the device may still be sending, but once
+/// `release_cancelled_read` says the device read past its end; one being written, once its
+/// frame is complete and read; one still queued, at once (the device never saw it).
+#[test]
+fn a_cancelled_message_the_device_may_still_read_waits_until_it_has() {
+    let now = Instant::ZERO;
+    let mut cfg = Config::new(ADDR_A, ADDR_B, GEN_A, 42);
+    cfg.hold_cancelled_written = true;
+    let mut a = Connection::new(cfg).unwrap();
+    a.open(now);
+    let _ = events(&mut a);
+    a.handle_connected(now, 0).unwrap();
+    attach(&mut a);
+    let _ = events(&mut a);
+    let map = CongMap::new();
+    let start = drain(&mut a, now, 0, &map).len() as u64; // map + probe
+    a.send(now, 7, 10, vec![1u8; 1000], 1).unwrap();
+    a.send(now, 7, 10, vec![2u8; 1000], 2).unwrap();
+    a.send(now, 7, 10, vec![3u8; 1000], 3).unwrap();
+    let first = drain_one_frame(&mut a, now, &map);
+    assert_eq!(first, 48 + 1000);
+    // The second is being written: 100 of its bytes.
+    let chunk = a.poll_transmit_chunk(now, 0, &map).unwrap();
+    assert_eq!(chunk.len(), 48 + 1000);
+    a.advance_transmit(0, 100);
+    assert!(!a.holds_cancelled(0));
+    assert_eq!(a.cancel_sent_to(7, 10), 3);
+    assert!(a.holds_cancelled(0));
+    assert_eq!(
+        events(&mut a),
+        vec![Event::Released {
+            token: 3,
+            len: 1000
+        }],
+        "only the queued one: the device never saw it"
+    );
+    let end_1 = start + 48 + 1000;
+    assert_eq!(a.release_cancelled_read(0, end_1 - 1), 0, "still read");
+    assert!(events(&mut a).is_empty());
+    assert_eq!(a.release_cancelled_read(0, end_1), 1);
+    assert_eq!(
+        events(&mut a),
+        vec![Event::Released {
+            token: 1,
+            len: 1000
+        }]
+    );
+    // The second's frame is finished (the stream stays framed), then read.
+    assert_eq!(drain(&mut a, now, 0, &map).len(), 948);
+    assert!(events(&mut a).is_empty(), "written is not read");
+    let end_2 = end_1 + 48 + 1000;
+    assert_eq!(a.release_cancelled_read(0, end_2), 1);
+    assert_eq!(
+        events(&mut a),
+        vec![Event::Released {
+            token: 2,
+            len: 1000
+        }]
+    );
+    assert_eq!(a.release_cancelled_read(0, end_2), 0);
+    assert!(
+        !a.holds_cancelled(0),
+        "a look that finds none clears the mark"
+    );
+    assert_eq!(a.unacked_messages(0), 1, "only the probe is left");
+}
+
+/// Writes one whole frame of path 0 (its bytes), as a transport that takes exactly one.
+fn drain_one_frame(c: &mut Connection<Vec<u8>>, now: Instant, map: &CongMap) -> usize {
+    let n = c.poll_transmit_chunk(now, 0, map).map_or(0, |ch| ch.len());
+    c.advance_transmit(0, n);
+    n
+}
+
 #[test]
 fn duplicate_rule_follows_the_kernel() {
     let now = Instant::ZERO;

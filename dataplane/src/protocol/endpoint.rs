@@ -336,6 +336,7 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
         c.npaths = self.cfg.npaths;
         c.path_choice = self.cfg.path_choice;
         c.sport_idx = L::SPORT_IDX;
+        c.hold_cancelled_written = L::READS_AFTER_WRITE;
         let mut engine = match Connection::new(c) {
             Ok(e) => e,
             Err(e) => {
@@ -821,6 +822,12 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
         let unacked = c.engine.unacked_messages(path);
         if unacked == 0 {
             return Ok(work);
+        }
+        if L::READS_AFTER_WRITE && c.engine.holds_cancelled(path) {
+            // Cancelled messages the device may still have been reading: free once it is not.
+            if let Some(done) = self.link.read_done(&ps.io) {
+                work += c.engine.release_cancelled_read(path, done);
+            }
         }
         let costly = self.link.ack_query_is_syscall();
         let poll = &mut c.acks[path];

@@ -85,6 +85,12 @@ pub trait Link: Send {
     /// instead of by accept order (which mismaps paths when a restarted peer's connections
     /// arrive while the passive side still holds some of the dead incarnation's paths).
     const SPORT_IDX: bool = false;
+    /// True when the device reads a frame's bytes after [`Link::write`] returned (RDMA: a
+    /// posted SEND, from the app's ring when in place, until it completes). A cancelled message
+    /// that was written is then released only once [`Link::read_done`] passes its end
+    /// (`rds_proto::Config::hold_cancelled_written`), so the app cannot overwrite bytes the
+    /// device is still sending. TCP copies at `write`: false.
+    const READS_AFTER_WRITE: bool = false;
     /// True when `read` receives into the buffer it is given (kernel TCP's `recv`), not into
     /// the link's own (userspace TCP reads in place): the endpoint then receives the rest of a
     /// long payload straight into the engine's reassembly buffer, not through its own.
@@ -139,6 +145,11 @@ pub trait Link: Send {
     /// its send buffer is half used): a link that delays its ACKs sends this one now. Kernel
     /// TCP keeps the default (the kernel decides its ACKs).
     fn ack_now(&mut self, _p: &mut Self::Path) {}
+    /// With [`Link::READS_AFTER_WRITE`]: the offset of `p`'s stream up to which the device has
+    /// finished reading what was written (RDMA: the sends that completed).
+    fn read_done(&self, _p: &Self::Path) -> Option<u64> {
+        None
+    }
     /// The last word on acknowledgement before the path is reported down.
     fn final_acked(&mut self, p: &Self::Path, written: u64) -> Option<u64> {
         self.acked(p, written)

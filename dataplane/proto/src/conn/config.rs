@@ -40,6 +40,13 @@ pub struct Config {
     /// Which path a message takes (here by the sender's port, as Linux; rdsd's configuration
     /// defaults to the port pair).
     pub path_choice: PathChoice,
+    /// The transport's device reads a frame's bytes after it was written (RDMA: a posted
+    /// SEND, in place from the app's ring, is read until it completes): a cancelled message
+    /// that was written is released only once [`super::Connection::release_cancelled_read`]
+    /// says the device is done with it (or the peer acknowledged it, or the path went down),
+    /// not at once, so that its bytes are not reused under the device. Default off (TCP copies
+    /// what it is given).
+    pub hold_cancelled_written: bool,
 }
 
 /// Which of a connection's paths a message takes. Either way one socket's messages to one
@@ -75,6 +82,7 @@ impl Config {
             doorbell_min: Duration::from_millis(10),
             liveness_timeout: Duration::from_secs(3),
             path_choice: PathChoice::SourcePort,
+            hold_cancelled_written: false,
         }
     }
 

@@ -127,6 +127,9 @@ pub struct Connection<P> {
     /// After routing changed, data on paths > 0 waits until the peer has processed what path 0
     /// carried before the switch (per-socket order across the switch).
     fanout_barrier: Option<Barrier>,
+    /// Paths (bits) that may hold written messages a cancel left for the device to finish
+    /// (`Config::hold_cancelled_written`); cleared by a look that finds none.
+    cancel_held: u8,
     /// Probe pings started on the current path-0 connection.
     path0_pings_started: u32,
     /// Probe pongs (not flagged RETRANSMITTED) received on the current path-0 connection.
@@ -227,6 +230,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
             peer_knows_our_generation: false,
             path0_confirmed: false,
             fanout_barrier: None,
+            cancel_held: 0,
             path0_pings_started: 0,
             path0_pongs_received: 0,
             peer_map: CongMap::new(),
@@ -1151,8 +1155,9 @@ impl<P: AsRef<[u8]>> Connection<P> {
                 && dport.unwrap_or(m.dport) == m.dport
         };
         let mut count = 0;
+        let hold = self.config.hold_cancelled_written;
         let events = &mut self.events;
-        for tx in self.tx.iter_mut() {
+        for (path, tx) in self.tx.iter_mut().enumerate() {
             tx.queue.retain(|m| {
                 if matches(m) {
                     push_released(events, m);
@@ -1166,14 +1171,19 @@ impl<P: AsRef<[u8]>> Connection<P> {
             // written: the stream cannot be cut there, so they are released once written.
             let first_started = tx.unacked.len() - tx.message_frames;
             let mut index = 0;
+            let held = &mut self.cancel_held;
             tx.unacked.retain_mut(|m| {
                 index += 1;
                 if !matches(m) {
                     return true;
                 }
                 count += 1;
-                if index > first_started {
+                if index > first_started || hold {
+                    // Being written (or, `hold`, maybe still read by the device).
                     m.cancelled = true;
+                    if hold {
+                        *held |= 1 << path;
+                    }
                     return true;
                 }
                 push_released(events, m);
@@ -1342,8 +1352,52 @@ impl<P: AsRef<[u8]>> Connection<P> {
             return;
         };
         let events = &mut self.events;
-        tx.advance(n, |msg| push_released(events, &msg));
+        tx.advance(n, self.config.hold_cancelled_written, |msg| {
+            push_released(events, &msg)
+        });
         self.sync_busy(path);
+    }
+
+    /// True if `path` may hold written messages that were cancelled and wait for
+    /// [`Connection::release_cancelled_read`] (`Config::hold_cancelled_written`).
+    #[inline]
+    pub fn holds_cancelled(&self, path: usize) -> bool {
+        path < MAX_PATHS && self.cancel_held & (1 << path) != 0
+    }
+
+    /// `Config::hold_cancelled_written`: the device has finished reading `path`'s stream up to
+    /// `read_done` (RDMA: the sends that completed). Cancelled messages whose frames are
+    /// complete and end there are released (`Event::Released`). Returns how many.
+    pub fn release_cancelled_read(&mut self, path: usize, read_done: u64) -> usize {
+        let Some(tx) = self.tx.get_mut(path) else {
+            return 0;
+        };
+        let complete = tx.unacked.len() - tx.message_frames;
+        let (mut index, mut released, mut left) = (0, 0, false);
+        let events = &mut self.events;
+        tx.unacked.retain(|m| {
+            index += 1;
+            if !m.cancelled {
+                return true;
+            }
+            if index <= complete && m.ack_end <= read_done {
+                push_released(events, m);
+                released += 1;
+                return false;
+            }
+            left = true;
+            true
+        });
+        if !left {
+            self.cancel_held &= !(1 << path);
+        }
+        if released > 0 {
+            self.sync_busy(path);
+            if path == 0 {
+                self.refresh_barrier();
+            }
+        }
+        released
     }
 
     /// Copies as many bytes as fit into `buf` (possibly spanning frames) and counts them as
@@ -1390,7 +1444,7 @@ impl<P: AsRef<[u8]>> Connection<P> {
         tx.acked_offset = acked;
         while tx.unacked.front().is_some_and(|m| m.ack_end <= acked) {
             if let Some(msg) = tx.unacked.pop_front() {
-                if matches!(msg.body, Body::Data { .. }) {
+                if matches!(msg.body, Body::Data { .. }) && !msg.cancelled {
                     self.counters.acked += 1;
                 }
                 push_released(&mut self.events, &msg);

@@ -296,8 +296,9 @@ impl<P: AsRef<[u8]>> TxPath<P> {
 
     /// Counts `n` more bytes as written (at most what the started frames hold), completing
     /// frames in order. A completed message frame whose message was cancelled meanwhile takes
-    /// the message out of `unacked` and hands it to `released`.
-    pub fn advance(&mut self, mut n: usize, mut released: impl FnMut(Message<P>)) {
+    /// the message out of `unacked` and hands it to `released`, unless `hold` (the device
+    /// reads it after this: `Config::hold_cancelled_written`).
+    pub fn advance(&mut self, mut n: usize, hold: bool, mut released: impl FnMut(Message<P>)) {
         while n > 0 {
             let Some(frame) = self.frames.front_mut() else {
                 break;
@@ -314,7 +315,7 @@ impl<P: AsRef<[u8]>> TxPath<P> {
             if kind == FrameKind::Message {
                 let index = self.first_frame_message();
                 self.message_frames -= 1;
-                if self.unacked.get(index).is_some_and(|m| m.cancelled) {
+                if !hold && self.unacked.get(index).is_some_and(|m| m.cancelled) {
                     if let Some(msg) = self.unacked.remove(index) {
                         released(msg);
                     }

@@ -249,6 +249,11 @@ impl PathFlow {
         self.acked.min(self.completed)
     }
 
+    /// Frame bytes whose sends completed: the device reads nothing of them any more.
+    pub fn completed(&self) -> u64 {
+        self.completed
+    }
+
     /// Frame bytes taken by [`PathFlow::write`].
     #[cfg(test)]
     pub fn written(&self) -> u64 {

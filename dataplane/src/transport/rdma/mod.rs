@@ -592,6 +592,8 @@ impl Link for RdmaLink {
     type Path = RdmaPath;
     type Payload = Payload;
     const SPORT_IDX: bool = true;
+    // A posted SEND reads its payload (in place: the app's ring) until it completes.
+    const READS_AFTER_WRITE: bool = true;
     const FRAMING: Framing = Framing::Message;
 
     fn payload(&mut self, bytes: MsgBytes<'_>) -> Payload {
@@ -815,6 +817,14 @@ impl Link for RdmaLink {
         // Released only once the peer has it and our send is complete (zero copy).
         c.acked_reported = c.flow.acked();
         Some(c.acked_reported)
+    }
+
+    fn read_done(&self, p: &RdmaPath) -> Option<u64> {
+        self.conns
+            .get(p.idx)
+            .and_then(|c| c.as_deref())
+            .filter(|c| c.gen == p.gen)
+            .map(|c| c.flow.completed())
     }
 
     fn acks_may_have_moved(&self, p: &RdmaPath) -> bool {
