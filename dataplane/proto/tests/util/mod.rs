@@ -586,6 +586,20 @@ impl Pair {
         }
         self.process_events();
 
+        // A device that reads a written frame until it has arrived (as RDMA's posted SENDs,
+        // `Config::hold_cancelled_written`): cancelled messages it may still be reading are
+        // released once it is done. (Nothing to do for a host without the option.)
+        for li in 0..self.links.len() {
+            for host in 0..2 {
+                let path = self.links[li].paths[host];
+                if self.hosts[host].conn.holds_cancelled(path) {
+                    let done = self.links[li].pipes[host].consumed;
+                    self.hosts[host].conn.release_cancelled_read(path, done);
+                }
+            }
+        }
+        self.process_events();
+
         for link in &mut self.links {
             link.age += 1;
         }
@@ -709,6 +723,8 @@ pub struct Flow {
     pub sent: Vec<(u64, u32)>,
     /// Ids pending (not released) when the sender restarted.
     pub lost_on_restart: Vec<u64>,
+    /// Ids below this were sent before the flow's last RDS_CANCEL_SENT_TO: each may be lost.
+    pub cancelled_below: u64,
 }
 
 pub fn token(host: usize, flow: usize, id: u64) -> u64 {
@@ -745,6 +761,7 @@ impl Workload {
                         remaining: per_flow,
                         sent: Vec::new(),
                         lost_on_restart: Vec::new(),
+                        cancelled_below: 0,
                     });
                 }
             }
@@ -800,6 +817,57 @@ impl Workload {
             payload_for(fi, id, len),
             token(host, fi, id),
         );
+    }
+
+    /// RDS_CANCEL_SENT_TO on a random flow that has sent something: what it sent so far may
+    /// be lost (or delivered, if it was on its way).
+    pub fn cancel_one(&mut self, pair: &mut Pair) {
+        let started: Vec<usize> = (0..self.flows.len())
+            .filter(|&i| !self.flows[i].sent.is_empty())
+            .collect();
+        if started.is_empty() {
+            return;
+        }
+        let fi = started[pair.rng.below(started.len() as u64) as usize];
+        let flow = &mut self.flows[fi];
+        flow.cancelled_below = flow.next_id;
+        pair.conn(flow.host).cancel_sent_to(flow.sport, flow.dport);
+    }
+
+    /// With cancels: per flow no duplicate and no reordering, nothing unknown, everything sent
+    /// after the flow's last cancel delivered; every token released exactly once.
+    pub fn check_exactly_once_but_cancelled(&self, pair: &Pair) {
+        let delivered = self.delivered(pair);
+        for (fi, flow) in self.flows.iter().enumerate() {
+            let got = delivered.get(&fi).cloned().unwrap_or_default();
+            assert!(
+                got.windows(2).all(|w| w[0] < w[1]),
+                "flow {fi}: duplicate or reorder: {got:?}"
+            );
+            let sent: Vec<u64> = flow.sent.iter().map(|&(id, _)| id).collect();
+            for id in &got {
+                assert!(sent.contains(id), "flow {fi}: delivered unknown id {id}");
+            }
+            for id in sent.iter().filter(|&&id| id >= flow.cancelled_below) {
+                assert!(
+                    got.contains(id),
+                    "flow {fi}: id {id} (not cancelled) lost: {got:?}"
+                );
+            }
+        }
+        for host in 0..2 {
+            let mut released = pair.hosts[host].released.clone();
+            released.sort_unstable();
+            let mut expected: Vec<u64> = self
+                .flows
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| f.host == host)
+                .flat_map(|(fi, f)| f.sent.iter().map(move |&(id, _)| token(host, fi, id)))
+                .collect();
+            expected.sort_unstable();
+            assert_eq!(released, expected, "host {host}: every token released once");
+        }
     }
 
     /// Records which of `host`'s messages were still unreleased just before it restarts.
