@@ -156,6 +156,10 @@ counters! {
     /// shard 0 (their senders' bytes held until decided) so that the ring between the two
     /// threads goes on for everything else.
     group_parked,
+    /// Copies of group messages for members of this poll thread whose rx ring was full, kept
+    /// until it has room (the fan-out commits once they are in) so that the ring from the
+    /// thread that orders the groups goes on for everything else.
+    group_copies_waited,
     /// Multicast groups created.
     groups_created,
     /// Memberships that ended by a close or an app's death rather than a leave.

@@ -684,3 +684,78 @@ fn a_full_group_member_holds_up_only_the_group() {
         assert_eq!(rdsd_tests::payload_seq(&buf[..n]), i);
     }
 }
+
+/// The other direction: a copy of a group message (ordered by shard 0) for a member of
+/// another poll thread whose rx ring is full (SO_RCVBUF above the ring, so shard 0 never hears
+/// it congested) waits on the member's thread, and the ring from shard 0 to that thread goes
+/// on. Before, the copy at the head of that ring held everything behind it: shard 0's unicast
+/// to that thread, and the messages of the connections shard 0 owns. The group itself waits
+/// for the member, as on one thread; once it reads, every message arrives once, in order.
+#[test]
+fn a_group_copy_for_a_full_member_holds_up_only_the_groups() {
+    use shm_api::GroupFlags;
+    use std::net::{Ipv4Addr, SocketAddrV4};
+    let d = daemon();
+    let apps: Vec<_> = (0..POLL_THREADS).map(|_| d.attach()).collect();
+    let on_0 = apps
+        .iter()
+        .find(|a| a.poll_thread() == 0)
+        .expect("an app on 0");
+    let elsewhere = apps.iter().find(|a| a.poll_thread() != 0).expect("one not");
+    let g = SocketAddrV4::new(Ipv4Addr::new(239, 7, 7, 8), 6200);
+    let sender = on_0.socket().unwrap();
+    sender.bind(lo(32_400)).unwrap();
+    sender.group_create(g).unwrap();
+    sender.set_send_buffer_size(16 << 20).unwrap();
+    sender.set_nonblocking(true).unwrap();
+    sender.connect(g).unwrap();
+    let full = elsewhere.socket().unwrap();
+    full.set_recv_buffer_size(1 << 30).unwrap();
+    full.bind(lo(32_401)).unwrap();
+    full.group_join(g, GroupFlags::NONE).unwrap();
+    let neighbour = elsewhere.socket().unwrap();
+    neighbour.bind(lo(32_402)).unwrap();
+    neighbour
+        .set_recv_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    const LEN: usize = 100 << 10;
+    let mut sent = 0u64;
+    let mut refused = 0;
+    while refused < 50 {
+        match sender.send(&rdsd_tests::seq_payload(sent, LEN)) {
+            Ok(_) => {
+                sent += 1;
+                refused = 0;
+            }
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::EAGAIN), "{e}");
+                refused += 1;
+                std::thread::sleep(Duration::from_millis(2)); // paces the retries only
+            }
+        }
+    }
+    assert!(
+        sent as usize * LEN > 2 << 20,
+        "{sent} sent: past the member's ring"
+    );
+    wait_for(
+        || d.exact_stat("group_copies_waited") > 0,
+        Duration::from_secs(20),
+        "a copy waiting for the full member",
+    );
+    let other = on_0.socket().unwrap();
+    other.bind(lo(32_403)).unwrap();
+    other.send_to(b"not held up", lo(32_402)).unwrap();
+    let mut buf = vec![0u8; LEN + 1];
+    let (n, from) = neighbour
+        .recv_from(&mut buf)
+        .expect("past the full member's copy");
+    assert_eq!((&buf[..n], from), (&b"not held up"[..], lo(32_403)));
+    full.set_recv_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    for i in 0..sent {
+        let (n, from) = full.recv_from(&mut buf).unwrap();
+        assert_eq!(from, lo(32_400));
+        assert_eq!(rdsd_tests::payload_seq(&buf[..n]), i);
+    }
+}

@@ -22,6 +22,12 @@
 //! with its sender's later group messages behind it, as a local sender's would wait on its own
 //! tx ring, and the pair ring goes on. A fan-out that waits for its copies on other threads
 //! (`GroupSent::Busy`, a thread round trip) still holds the ring for that moment.
+//!
+//! **Group copy waits** are the other direction: a copy of shard 0's fan-out for a member of
+//! this thread whose ring is full waits here, and the ring from shard 0 goes on. Shard 0 hears
+//! that the copy is published only once it is in the member's ring, so the fan-out still
+//! commits only when every copy is in (a crash before that shows the message to nobody);
+//! meanwhile the groups wait, as a full member holds its group back on one thread.
 
 use super::*;
 
@@ -43,6 +49,15 @@ pub(in crate::poll) struct Parked {
     /// The sending shard and the sender's token (0: nothing to release).
     from: usize,
     token: u64,
+}
+
+/// A copy of shard 0's fan-out `stamp` for member `token` of this shard, whose ring was full.
+pub(in crate::poll) struct GroupCopyWait {
+    token: u64,
+    faddr: u32,
+    sport: u16,
+    stamp: u64,
+    bytes: Box<[u8]>,
 }
 
 /// A group message of another shard's socket, blocked by a full member.
@@ -139,7 +154,82 @@ impl SocketTable {
     /// wakes on a short timer to move them (the app's reads ring no doorbell).
     #[inline]
     pub(in crate::poll) fn has_backlog(&self) -> bool {
-        !self.backlogged.is_empty() || !self.group_waits.is_empty()
+        !self.backlogged.is_empty()
+            || !self.group_waits.is_empty()
+            || !self.group_copy_waits.is_empty()
+    }
+
+    /// A copy of shard 0's fan-out `stamp` for member `token` of this shard: into its ring now
+    /// (published gated, shard 0 told), or waiting here while the ring is full (behind that
+    /// member's earlier waiting copies). False only past the backlogs' cap (the ring from
+    /// shard 0 then waits at it).
+    pub(in crate::poll) fn group_copy_or_wait(
+        &mut self,
+        token: u64,
+        faddr: u32,
+        sport: u16,
+        payload: &MsgBytes<'_>,
+        stamp: u64,
+    ) -> bool {
+        let behind = !self.group_copy_waits.is_empty()
+            && self.group_copy_waits.iter().any(|w| w.token == token);
+        if !behind
+            && self.group_deliver_forwarded(token, faddr, sport, payload, stamp) != Delivered::Full
+        {
+            return true;
+        }
+        let len = payload.len();
+        if self.backlog_total + len + PARKED_OVERHEAD > MAX_BACKLOG_BYTES {
+            Stats::bump(&self.stats.rx_backlog_capped);
+            return false;
+        }
+        let mut bytes = Vec::with_capacity(len);
+        payload.copy_into(&mut bytes);
+        self.backlog_total += len + PARKED_OVERHEAD;
+        self.group_copy_waits.push_back(GroupCopyWait {
+            token,
+            faddr,
+            sport,
+            stamp,
+            bytes: bytes.into_boxed_slice(),
+        });
+        Stats::bump(&self.stats.group_copies_waited);
+        true
+    }
+
+    /// Pushes waiting group copies whose members have room now, oldest first, each member's in
+    /// order. Returns how many went.
+    fn retry_group_copy_waits(&mut self) -> usize {
+        let mut done = 0;
+        let mut blocked = std::mem::take(&mut self.group_waits_blocked);
+        blocked.clear();
+        let mut i = 0;
+        while i < self.group_copy_waits.len() {
+            let token = self.group_copy_waits[i].token;
+            if blocked.contains(&(0, token)) {
+                i += 1;
+                continue;
+            }
+            // Looked at first: a full ring costs no retry (nor a count of `rx_ring_full`).
+            let (r, gen) = sock_of_token(token);
+            let len = self.group_copy_waits[i].bytes.len();
+            if self
+                .sock(r)
+                .is_some_and(|s| s.gen == gen && !s.rx.fits(len))
+            {
+                blocked.push((0, token));
+                i += 1;
+                continue;
+            }
+            let w = self.group_copy_waits.remove(i).expect("in range");
+            let payload = MsgBytes::from_slice(&w.bytes);
+            let d = self.group_deliver_forwarded(w.token, w.faddr, w.sport, &payload, w.stamp);
+            debug_assert_ne!(d, Delivered::Full, "checked to fit");
+            self.backlog_total -= w.bytes.len() + PARKED_OVERHEAD;
+            done += 1;
+        }
+        self.group_waits_blocked = blocked;
+        done
     }
 
     /// A group message from socket `token` of shard `from`: decided now, or parked behind that
@@ -237,6 +327,9 @@ impl SocketTable {
         let mut moved = 0;
         if !self.group_waits.is_empty() {
             moved += self.retry_group_waits();
+        }
+        if !self.group_copy_waits.is_empty() {
+            moved += self.retry_group_copy_waits();
         }
         let mut i = 0;
         self.begin_rx_burst();

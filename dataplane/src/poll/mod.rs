@@ -483,9 +483,9 @@ impl PollCore {
                 stamp,
                 ..
             } => {
+                // A full member's copy waits on this shard (`backlog.rs`), not in the ring.
                 self.table
-                    .group_deliver_forwarded(token, faddr, sport, &payload, stamp)
-                    != crate::seam::Delivered::Full
+                    .group_copy_or_wait(token, faddr, sport, &payload, stamp)
             }
             shard::Envelope::Deliver {
                 laddr,

@@ -38,7 +38,7 @@ pub use super::sock_ref::SockRef;
 
 #[path = "backlog.rs"]
 mod backlog;
-pub(super) use backlog::{GroupWait, Parked};
+pub(super) use backlog::{GroupCopyWait, GroupWait, Parked};
 #[path = "groups.rs"]
 mod groups;
 use groups::Groups;
@@ -194,8 +194,11 @@ pub struct SocketTable {
     backlog_total: usize,
     /// Group messages of other shards' sockets that a full member blocks, oldest first.
     group_waits: VecDeque<GroupWait>,
-    /// Scratch for `retry_group_waits`: the senders found blocked in this retry.
+    /// Scratch for the retries of group waits and group copy waits: the senders (members)
+    /// found blocked in this retry.
     group_waits_blocked: Vec<(usize, u64)>,
+    /// Copies of shard 0's fan-outs for members of this shard whose rings were full.
+    group_copy_waits: VecDeque<GroupCopyWait>,
     /// Messages offered in place (zero copy), see `inplace`.
     holds: Holds,
     /// Apps gone while messages sent in place from their regions were still out: kept
@@ -259,6 +262,7 @@ impl SocketTable {
             backlog_total: 0,
             group_waits: VecDeque::new(),
             group_waits_blocked: Vec::new(),
+            group_copy_waits: VecDeque::new(),
             dview: daemon.view(),
             _daemon: daemon,
             cfg,
@@ -1662,7 +1666,10 @@ impl SocketTable {
         );
         assert!(self.draining.is_empty(), "nothing drains");
         assert!(
-            self.backlogged.is_empty() && self.group_waits.is_empty() && self.backlog_total == 0,
+            self.backlogged.is_empty()
+                && self.group_waits.is_empty()
+                && self.group_copy_waits.is_empty()
+                && self.backlog_total == 0,
             "no backlog outlives its socket"
         );
         self.groups.check(true);
