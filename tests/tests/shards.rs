@@ -751,6 +751,28 @@ fn a_group_copy_for_a_full_member_holds_up_only_the_groups() {
         .recv_from(&mut buf)
         .expect("past the full member's copy");
     assert_eq!((&buf[..n], from), (&b"not held up"[..], lo(32_403)));
+    // While that fan-out waits, a group message from a socket of the member's thread waits
+    // parked on shard 0 (told the fan-out is stuck), not in the ring to shard 0: the same
+    // app's unicast to a socket of shard 0 gets through.
+    let late = elsewhere.socket().unwrap();
+    late.bind(lo(32_404)).unwrap();
+    late.send_to(&rdsd_tests::seq_payload(u64::MAX, 64), g)
+        .unwrap();
+    wait_for(
+        || d.exact_stat("group_parked") > 0,
+        Duration::from_secs(20),
+        "the late group message parked on shard 0",
+    );
+    let on_0_rx = on_0.socket().unwrap();
+    on_0_rx.bind(lo(32_405)).unwrap();
+    on_0_rx
+        .set_recv_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    late.send_to(b"to shard 0", lo(32_405)).unwrap();
+    let (n, from) = on_0_rx
+        .recv_from(&mut buf)
+        .expect("past the parked group message");
+    assert_eq!((&buf[..n], from), (&b"to shard 0"[..], lo(32_404)));
     full.set_recv_timeout(Some(Duration::from_secs(20)))
         .unwrap();
     for i in 0..sent {
@@ -758,4 +780,8 @@ fn a_group_copy_for_a_full_member_holds_up_only_the_groups() {
         assert_eq!(from, lo(32_400));
         assert_eq!(rdsd_tests::payload_seq(&buf[..n]), i);
     }
+    // Then the late one, decided once the stuck fan-out committed.
+    let (n, from) = full.recv_from(&mut buf).unwrap();
+    assert_eq!(from, lo(32_404));
+    assert_eq!(rdsd_tests::payload_seq(&buf[..n]), u64::MAX);
 }

@@ -27,7 +27,9 @@
 //! this thread whose ring is full waits here, and the ring from shard 0 goes on. Shard 0 hears
 //! that the copy is published only once it is in the member's ring, so the fan-out still
 //! commits only when every copy is in (a crash before that shows the message to nobody);
-//! meanwhile the groups wait, as a full member holds its group back on one thread.
+//! meanwhile the groups wait, as a full member holds its group back on one thread, and shard 0
+//! (told by `Note::GroupCopyWaiting`) parks other threads' group messages as group waits
+//! instead of letting them hold their pair rings behind the stuck fan-out.
 
 use super::*;
 
@@ -194,6 +196,11 @@ impl SocketTable {
             bytes: bytes.into_boxed_slice(),
         });
         Stats::bump(&self.stats.group_copies_waited);
+        // The fan-out may now wait long: shard 0 parks other threads' group messages
+        // meanwhile instead of letting them hold their pair rings.
+        if let Some(l) = self.link.as_mut() {
+            l.note(0, Note::GroupCopyWaiting { stamp });
+        }
         true
     }
 

@@ -113,6 +113,9 @@ struct Awaiting {
     copies_left: u32,
     /// The shards that have copies (told of the commit).
     shards: u64,
+    /// A copy waits for a full member (`Note::GroupCopyWaiting`): group messages meanwhile
+    /// are `Blocked` (parked, when from another shard), not `Busy`.
+    stuck: bool,
 }
 
 impl Groups {
@@ -396,6 +399,13 @@ impl SocketTable {
         let link = self.link.as_mut().expect("copies on other shards");
         for k in (1..64).filter(|k| shards & (1 << k) != 0) {
             link.note(k, Note::GroupCommitted { stamp });
+        }
+    }
+
+    /// Shard 0: a copy of fan-out `stamp` waits for a full member on another shard.
+    pub(in crate::poll) fn group_copy_waiting(&mut self, stamp: u64) {
+        if let Some(a) = self.groups.awaiting.as_mut().filter(|a| a.stamp == stamp) {
+            a.stuck = true;
         }
     }
 
@@ -816,10 +826,14 @@ impl SocketTable {
             self.queue_to_host(owner, src.0, head, Some(payload));
             return GroupSent::Done;
         }
-        if self.groups.awaiting.is_some() {
+        if let Some(a) = &self.groups.awaiting {
             // The last fan-out waits for its copies on other poll threads (a thread round
-            // trip): it must commit before another starts.
-            return GroupSent::Busy;
+            // trip, or a full member's reads): it must commit before another starts.
+            return if a.stuck {
+                GroupSent::Blocked
+            } else {
+                GroupSent::Busy
+            };
         }
         let len = payload.len();
         let sender = Sender {
@@ -883,6 +897,7 @@ impl SocketTable {
             stamp,
             copies_left: 0,
             shards: 0,
+            stuck: false,
         };
         if self.host_links() > 0 && targets.iter().any(|&t| member_host(t).is_some()) {
             targets.retain(|&to| {

@@ -467,6 +467,7 @@ impl PollCore {
             shard::Note::Uncongested { mask } => self.table.notify_uncongested(mask),
             shard::Note::GroupPublished { stamp } => self.table.group_copy_published(stamp),
             shard::Note::GroupCommitted { stamp } => self.table.group_committed(stamp),
+            shard::Note::GroupCopyWaiting { stamp } => self.table.group_copy_waiting(stamp),
         }
     }
 

@@ -105,6 +105,10 @@ pub(super) enum Note {
     GroupPublished { stamp: u64 },
     /// (0 → k) Fan-outs up to `stamp` are committed: wake the members they reached.
     GroupCommitted { stamp: u64 },
+    /// (k → 0) A copy of fan-out `stamp` waits for a full member (`backlog.rs`): the fan-out
+    /// may wait long, so group messages of other shards' sockets are parked meanwhile rather
+    /// than hold their pair rings.
+    GroupCopyWaiting { stamp: u64 },
 }
 
 /// What a pair ring carries, decoded.
