@@ -286,7 +286,14 @@ fn an_idle_socket_costs_a_pass_no_ring_visit() {
     // the 64 idle ones still are not.
     let mut sender = d.app(&["send", "127.0.0.1:7400", "127.0.0.1:7300", "1", "64"]);
     sender.expect("sent 1");
-    let (p2, v2) = read();
+    // "sent" means on the sender's ring: the counters may be read in the pass before the one
+    // that takes it (a pass answers commands before it looks at the rings).
+    let (p2, v2) = rdsd_tests::wait_until(
+        Duration::from_secs(10),
+        "the sender's ring visited",
+        read,
+        |&(_, v)| v > v1,
+    );
     eprintln!("one message: {} ring visits in {} passes", v2 - v1, p2 - p1);
     assert!(
         (1..=2).contains(&(v2 - v1)),
