@@ -512,27 +512,32 @@ fn a_burst_from_another_thread_publishes_the_receivers_ring_once() {
     assert_eq!(d.exact_stat("rx_publishes") - before, 1);
 }
 
-/// Sends 64 KiB messages numbered from `*seq` from `tx` to `to` until the send is refused 50
-/// times in a row; returns the last error (EAGAIN: the send buffer is full; ENOBUFS: the port
-/// is congested).
-fn send_until_refused(tx: &shm_api::Socket, to: u16, seq: &mut u64) -> i32 {
+/// Sends 64 KiB messages numbered from `*seq` from `tx` to `to` until at least `at_least` are
+/// out (counting from 0) and then `errno` (EAGAIN: the send buffer is full; ENOBUFS: the port
+/// is congested) comes 50 times in a row. A slow poll thread (a loaded machine) only makes it
+/// take longer; past 60 s it fails.
+fn send_until_refused(tx: &shm_api::Socket, to: u16, seq: &mut u64, errno: i32, at_least: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let mut refused = 0;
-    let mut last = 0;
-    while refused < 50 {
+    while refused < 50 || *seq < at_least {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} sent, errno {errno} {refused} times in a row",
+            *seq
+        );
         match tx.send_to(&rdsd_tests::seq_payload(*seq, 64 << 10), lo(to)) {
             Ok(_) => {
                 *seq += 1;
                 refused = 0;
             }
             Err(e) => {
-                last = e.raw_os_error().expect("an errno");
-                assert!(last == libc::EAGAIN || last == libc::ENOBUFS, "send: {e}");
-                refused += 1;
+                let got = e.raw_os_error().expect("an errno");
+                assert!(got == libc::EAGAIN || got == libc::ENOBUFS, "send: {e}");
+                refused = if got == errno { refused + 1 } else { 0 };
                 std::thread::sleep(Duration::from_millis(2)); // paces the retries only
             }
         }
     }
-    last
 }
 
 /// A receiver that stops reading, with SO_RCVBUF above its rx ring (so the ring alone never
@@ -561,8 +566,8 @@ fn a_receiver_that_stops_reading_does_not_cut_off_the_others_of_its_thread() {
     // sender's tx ring, 2 MiB, holds those on their way, so that bounds them too.)
     tx.set_send_buffer_size(8 << 20).unwrap();
     let mut sent = 0;
-    let err = send_until_refused(&tx, 32_101, &mut sent);
-    assert_eq!(err, libc::EAGAIN, "never congested: the send buffer fills");
+    // Never congested: the send buffer fills, past the ring (3 MiB: 48 messages).
+    send_until_refused(&tx, 32_101, &mut sent, libc::EAGAIN, 49);
     assert!(
         sent * (64 << 10) > 3 << 20,
         "only {sent} messages of 64 KiB went out"
@@ -584,12 +589,7 @@ fn a_receiver_that_stops_reading_does_not_cut_off_the_others_of_its_thread() {
     }
     // And the sender has its buffer back: another ring's worth goes out.
     let mut again = sent;
-    assert_eq!(send_until_refused(&tx, 32_101, &mut again), libc::EAGAIN);
-    assert!(
-        again - sent >= 2 * sent / 3,
-        "{} more after reading {sent}",
-        again - sent
-    );
+    send_until_refused(&tx, 32_101, &mut again, libc::EAGAIN, sent + 2 * sent / 3);
 }
 
 /// What waits in a receiver's backlog counts toward its SO_RCVBUF, as the kernel's receive
@@ -608,8 +608,7 @@ fn a_backlog_counts_toward_the_receive_buffer() {
     tx.set_nonblocking(true).unwrap();
     tx.set_send_buffer_size(16 << 20).unwrap();
     let mut sent = 0;
-    let err = send_until_refused(&tx, 32_201, &mut sent);
-    assert_eq!(err, libc::ENOBUFS, "congested past SO_RCVBUF");
+    send_until_refused(&tx, 32_201, &mut sent, libc::ENOBUFS, 1);
     assert!(
         sent * (64 << 10) > 3 << 20,
         "congested after {sent} messages of 64 KiB: before SO_RCVBUF"
@@ -721,7 +720,10 @@ fn a_group_copy_for_a_full_member_holds_up_only_the_groups() {
     const LEN: usize = 100 << 10;
     let mut sent = 0u64;
     let mut refused = 0;
-    while refused < 50 {
+    // Past the member's ring (2 MiB), then refused for good (a slow thread only takes longer).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while refused < 50 || sent as usize * LEN <= (2 << 20) + LEN {
+        assert!(std::time::Instant::now() < deadline, "{sent} sent");
         match sender.send(&rdsd_tests::seq_payload(sent, LEN)) {
             Ok(_) => {
                 sent += 1;

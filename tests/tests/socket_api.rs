@@ -599,7 +599,10 @@ fn a_closing_sender_loses_nothing_to_a_full_receiver() {
     const LEN: usize = 60 << 10;
     let mut sent = 0u64;
     let mut refused = 0;
-    while refused < 50 {
+    // Past the rx ring (2 MiB), then refused for good (a slow poll thread only takes longer).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while refused < 50 || sent as usize * LEN <= 3 << 20 {
+        assert!(Instant::now() < deadline, "{sent} sent");
         match tx.send_to(&seq_payload(sent, LEN), lo(9951)) {
             Ok(_) => {
                 sent += 1;
