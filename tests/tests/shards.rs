@@ -639,11 +639,7 @@ fn a_full_group_member_holds_up_only_the_group() {
     use std::net::{Ipv4Addr, SocketAddrV4};
     let d = daemon();
     let apps: Vec<_> = (0..POLL_THREADS).map(|_| d.attach()).collect();
-    let on_0 = apps
-        .iter()
-        .find(|a| a.poll_thread() == 0)
-        .expect("an app on 0");
-    let elsewhere = apps.iter().find(|a| a.poll_thread() != 0).expect("one not");
+    let (on_0, elsewhere) = on_0_and_elsewhere(&apps);
     let g = SocketAddrV4::new(Ipv4Addr::new(239, 7, 7, 7), 6100);
     let sender = elsewhere.socket().unwrap();
     sender.bind(lo(32_300)).unwrap();
@@ -696,11 +692,7 @@ fn a_group_copy_for_a_full_member_holds_up_only_the_groups() {
     use std::net::{Ipv4Addr, SocketAddrV4};
     let d = daemon();
     let apps: Vec<_> = (0..POLL_THREADS).map(|_| d.attach()).collect();
-    let on_0 = apps
-        .iter()
-        .find(|a| a.poll_thread() == 0)
-        .expect("an app on 0");
-    let elsewhere = apps.iter().find(|a| a.poll_thread() != 0).expect("one not");
+    let (on_0, elsewhere) = on_0_and_elsewhere(&apps);
     let g = SocketAddrV4::new(Ipv4Addr::new(239, 7, 7, 8), 6200);
     let sender = on_0.socket().unwrap();
     sender.bind(lo(32_400)).unwrap();
@@ -786,4 +778,15 @@ fn a_group_copy_for_a_full_member_holds_up_only_the_groups() {
     let (n, from) = full.recv_from(&mut buf).unwrap();
     assert_eq!(from, lo(32_404));
     assert_eq!(rdsd_tests::payload_seq(&buf[..n]), u64::MAX);
+}
+
+/// Of apps attached one per poll thread: the one on shard 0 (which orders the groups) and one
+/// on another thread.
+fn on_0_and_elsewhere(apps: &[shm_api::Rdsd]) -> (&shm_api::Rdsd, &shm_api::Rdsd) {
+    let on_0 = apps
+        .iter()
+        .find(|a| a.poll_thread() == 0)
+        .expect("an app on 0");
+    let elsewhere = apps.iter().find(|a| a.poll_thread() != 0).expect("one not");
+    (on_0, elsewhere)
 }

@@ -72,12 +72,6 @@ pub(in crate::poll) struct GroupWait {
     bytes: Box<[u8]>,
 }
 
-impl Parked {
-    fn charge(&self) -> usize {
-        self.bytes.len() + PARKED_OVERHEAD
-    }
-}
-
 impl SocketTable {
     /// A message from the fabric for `to`: into its rx ring, or into its backlog if the ring is
     /// full or a backlog is already there. `Full` only when this thread's backlogs are full.
@@ -115,22 +109,18 @@ impl SocketTable {
         if self.sock(to).is_none() {
             return Delivered::NoSocket;
         }
-        let len = payload.len();
-        if self.backlog_total + len + PARKED_OVERHEAD > MAX_BACKLOG_BYTES {
-            Stats::bump(&self.stats.rx_backlog_capped);
+        let Some(bytes) = self.keep_copy(payload) else {
             return Delivered::Full;
-        }
-        let mut bytes = Vec::with_capacity(len);
-        payload.copy_into(&mut bytes);
+        };
+        let len = payload.len();
         let (from, token) = self.fabric_sender;
         let p = Parked {
             faddr,
             sport,
-            bytes: bytes.into_boxed_slice(),
+            bytes,
             from,
             token,
         };
-        self.backlog_total += p.charge();
         let s = self.sock(to).expect("open");
         s.backlog.push_back(p);
         s.backlog_bytes += len as u64;
@@ -180,20 +170,15 @@ impl SocketTable {
         {
             return true;
         }
-        let len = payload.len();
-        if self.backlog_total + len + PARKED_OVERHEAD > MAX_BACKLOG_BYTES {
-            Stats::bump(&self.stats.rx_backlog_capped);
+        let Some(bytes) = self.keep_copy(payload) else {
             return false;
-        }
-        let mut bytes = Vec::with_capacity(len);
-        payload.copy_into(&mut bytes);
-        self.backlog_total += len + PARKED_OVERHEAD;
+        };
         self.group_copy_waits.push_back(GroupCopyWait {
             token,
             faddr,
             sport,
             stamp,
-            bytes: bytes.into_boxed_slice(),
+            bytes,
         });
         Stats::bump(&self.stats.group_copies_waited);
         // The fan-out may now wait long: shard 0 parks other threads' group messages
@@ -232,7 +217,7 @@ impl SocketTable {
             let payload = MsgBytes::from_slice(&w.bytes);
             let d = self.group_deliver_forwarded(w.token, w.faddr, w.sport, &payload, w.stamp);
             debug_assert_ne!(d, Delivered::Full, "checked to fit");
-            self.backlog_total -= w.bytes.len() + PARKED_OVERHEAD;
+            self.uncharge(&w.bytes);
             done += 1;
         }
         self.group_waits_blocked = blocked;
@@ -266,20 +251,15 @@ impl SocketTable {
                 GroupSent::Blocked => Stats::bump(&self.stats.group_blocked),
             }
         }
-        let len = payload.len();
-        if self.backlog_total + len + PARKED_OVERHEAD > MAX_BACKLOG_BYTES {
-            Stats::bump(&self.stats.rx_backlog_capped);
+        let Some(bytes) = self.keep_copy(payload) else {
             return false;
-        }
-        let mut bytes = Vec::with_capacity(len);
-        payload.copy_into(&mut bytes);
-        self.backlog_total += len + PARKED_OVERHEAD;
+        };
         self.group_waits.push_back(GroupWait {
             from,
             token,
             src,
             group,
-            bytes: bytes.into_boxed_slice(),
+            bytes,
         });
         Stats::bump(&self.stats.group_parked);
         true
@@ -308,7 +288,7 @@ impl SocketTable {
                 &payload,
             ) {
                 GroupSent::Done => {
-                    self.backlog_total -= w.bytes.len() + PARKED_OVERHEAD;
+                    self.uncharge(&w.bytes);
                     self.release_to(w.from, w.token, w.bytes.len());
                     decided += 1;
                 }
@@ -353,7 +333,7 @@ impl SocketTable {
                 }
                 let p = s.backlog.pop_front().expect("a front");
                 s.backlog_bytes -= p.bytes.len() as u64;
-                self.backlog_total -= p.charge();
+                self.uncharge(&p.bytes);
                 let d = self.deliver_to(r, p.faddr, p.sport, &MsgBytes::from_slice(&p.bytes));
                 debug_assert_eq!(d, Delivered::Yes, "checked to fit");
                 self.release_parked(&p);
@@ -380,7 +360,7 @@ impl SocketTable {
             return;
         }
         for p in std::mem::take(&mut s.backlog) {
-            self.backlog_total -= p.charge();
+            self.uncharge(&p.bytes);
             self.release_parked(&p);
             Stats::bump(&self.stats.drop_socket_closed);
         }
@@ -389,6 +369,26 @@ impl SocketTable {
         if let Some(l) = self.link.as_mut() {
             l.flush_release();
         }
+    }
+
+    /// A copy of `payload` charged to this thread's backlogs (its length and
+    /// `PARKED_OVERHEAD`; given back with [`Self::uncharge`]), or `None` (counted) past
+    /// `MAX_BACKLOG_BYTES`.
+    fn keep_copy(&mut self, payload: &MsgBytes<'_>) -> Option<Box<[u8]>> {
+        let charge = payload.len() + PARKED_OVERHEAD;
+        if self.backlog_total + charge > MAX_BACKLOG_BYTES {
+            Stats::bump(&self.stats.rx_backlog_capped);
+            return None;
+        }
+        let mut bytes = Vec::with_capacity(payload.len());
+        payload.copy_into(&mut bytes);
+        self.backlog_total += charge;
+        Some(bytes.into_boxed_slice())
+    }
+
+    /// Gives back what [`Self::keep_copy`] charged for `bytes`.
+    fn uncharge(&mut self, bytes: &[u8]) {
+        self.backlog_total -= bytes.len() + PARKED_OVERHEAD;
     }
 
     fn release_parked(&mut self, p: &Parked) {

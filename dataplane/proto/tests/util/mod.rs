@@ -840,14 +840,8 @@ impl Workload {
         let delivered = self.delivered(pair);
         for (fi, flow) in self.flows.iter().enumerate() {
             let got = delivered.get(&fi).cloned().unwrap_or_default();
-            assert!(
-                got.windows(2).all(|w| w[0] < w[1]),
-                "flow {fi}: duplicate or reorder: {got:?}"
-            );
             let sent: Vec<u64> = flow.sent.iter().map(|&(id, _)| id).collect();
-            for id in &got {
-                assert!(sent.contains(id), "flow {fi}: delivered unknown id {id}");
-            }
+            check_increasing_and_known(fi, &got, &sent);
             for id in sent.iter().filter(|&&id| id >= flow.cancelled_below) {
                 assert!(
                     got.contains(id),
@@ -855,19 +849,7 @@ impl Workload {
                 );
             }
         }
-        for host in 0..2 {
-            let mut released = pair.hosts[host].released.clone();
-            released.sort_unstable();
-            let mut expected: Vec<u64> = self
-                .flows
-                .iter()
-                .enumerate()
-                .filter(|(_, f)| f.host == host)
-                .flat_map(|(fi, f)| f.sent.iter().map(move |&(id, _)| token(host, fi, id)))
-                .collect();
-            expected.sort_unstable();
-            assert_eq!(released, expected, "host {host}: every token released once");
-        }
+        self.check_released_once(pair);
     }
 
     /// Records which of `host`'s messages were still unreleased just before it restarts.
@@ -917,6 +899,11 @@ impl Workload {
                 flow.host, flow.sport, flow.dport
             );
         }
+        self.check_released_once(pair);
+    }
+
+    /// Every token sent was released exactly once.
+    pub fn check_released_once(&self, pair: &Pair) {
         for host in 0..2 {
             let mut released = pair.hosts[host].released.clone();
             released.sort_unstable();
@@ -928,7 +915,7 @@ impl Workload {
                 .flat_map(|(fi, f)| f.sent.iter().map(move |&(id, _)| token(host, fi, id)))
                 .collect();
             expected.sort_unstable();
-            assert_eq!(released, expected, "host {host} released tokens");
+            assert_eq!(released, expected, "host {host}: every token released once");
         }
     }
 
@@ -938,15 +925,9 @@ impl Workload {
         let delivered = self.delivered(pair);
         for (fi, flow) in self.flows.iter().enumerate() {
             let got = delivered.get(&fi).cloned().unwrap_or_default();
-            assert!(
-                got.windows(2).all(|w| w[0] < w[1]),
-                "flow {fi}: duplicate or reorder: {got:?}"
-            );
             let sent: Vec<u64> = flow.sent.iter().map(|&(id, _)| id).collect();
+            check_increasing_and_known(fi, &got, &sent);
             let delivered_set: std::collections::HashSet<u64> = got.iter().copied().collect();
-            for id in &got {
-                assert!(sent.contains(id), "flow {fi}: delivered unknown id {id}");
-            }
             let missing_positions: Vec<usize> = (0..sent.len())
                 .filter(|&i| !delivered_set.contains(&sent[i]))
                 .collect();
@@ -966,5 +947,16 @@ impl Workload {
                 );
             }
         }
+    }
+}
+
+/// Flow `fi` got no duplicate, no reordering and nothing it did not send.
+fn check_increasing_and_known(fi: usize, got: &[u64], sent: &[u64]) {
+    assert!(
+        got.windows(2).all(|w| w[0] < w[1]),
+        "flow {fi}: duplicate or reorder: {got:?}"
+    );
+    for id in got {
+        assert!(sent.contains(id), "flow {fi}: delivered unknown id {id}");
     }
 }
