@@ -828,6 +828,39 @@ pub fn strace_counts(text: &str) -> std::collections::HashMap<String, u64> {
         .collect()
 }
 
+/// Sends numbered messages with `send` (given the number, from `*seq` on) until at least
+/// `at_least` are out (counting from 0) and then `errno` (EAGAIN: the send buffer is full;
+/// ENOBUFS: the port is congested) comes 50 times in a row; the other of the two restarts the
+/// count. A slow poll thread (a loaded machine) only makes it take longer; past 60 s it fails.
+pub fn send_until_refused(
+    mut send: impl FnMut(u64) -> std::io::Result<usize>,
+    seq: &mut u64,
+    errno: i32,
+    at_least: u64,
+) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut refused = 0;
+    while refused < 50 || *seq < at_least {
+        assert!(
+            Instant::now() < deadline,
+            "{} sent, errno {errno} {refused} times in a row",
+            *seq
+        );
+        match send(*seq) {
+            Ok(_) => {
+                *seq += 1;
+                refused = 0;
+            }
+            Err(e) => {
+                let got = e.raw_os_error().expect("an errno");
+                assert!(got == libc::EAGAIN || got == libc::ENOBUFS, "send: {e}");
+                refused = if got == errno { refused + 1 } else { 0 };
+                std::thread::sleep(Duration::from_millis(2)); // paces the retries only
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

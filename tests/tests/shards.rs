@@ -512,32 +512,10 @@ fn a_burst_from_another_thread_publishes_the_receivers_ring_once() {
     assert_eq!(d.exact_stat("rx_publishes") - before, 1);
 }
 
-/// Sends 64 KiB messages numbered from `*seq` from `tx` to `to` until at least `at_least` are
-/// out (counting from 0) and then `errno` (EAGAIN: the send buffer is full; ENOBUFS: the port
-/// is congested) comes 50 times in a row. A slow poll thread (a loaded machine) only makes it
-/// take longer; past 60 s it fails.
+/// [`rdsd_tests::send_until_refused`] of 64 KiB messages from `tx` to port `to`.
 fn send_until_refused(tx: &shm_api::Socket, to: u16, seq: &mut u64, errno: i32, at_least: u64) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let mut refused = 0;
-    while refused < 50 || *seq < at_least {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{} sent, errno {errno} {refused} times in a row",
-            *seq
-        );
-        match tx.send_to(&rdsd_tests::seq_payload(*seq, 64 << 10), lo(to)) {
-            Ok(_) => {
-                *seq += 1;
-                refused = 0;
-            }
-            Err(e) => {
-                let got = e.raw_os_error().expect("an errno");
-                assert!(got == libc::EAGAIN || got == libc::ENOBUFS, "send: {e}");
-                refused = if got == errno { refused + 1 } else { 0 };
-                std::thread::sleep(Duration::from_millis(2)); // paces the retries only
-            }
-        }
-    }
+    let send = |i| tx.send_to(&rdsd_tests::seq_payload(i, 64 << 10), lo(to));
+    rdsd_tests::send_until_refused(send, seq, errno, at_least);
 }
 
 /// A receiver that stops reading, with SO_RCVBUF above its rx ring (so the ring alone never
@@ -711,23 +689,10 @@ fn a_group_copy_for_a_full_member_holds_up_only_the_groups() {
         .unwrap();
     const LEN: usize = 100 << 10;
     let mut sent = 0u64;
-    let mut refused = 0;
-    // Past the member's ring (2 MiB), then refused for good (a slow thread only takes longer).
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while refused < 50 || sent as usize * LEN <= (2 << 20) + LEN {
-        assert!(std::time::Instant::now() < deadline, "{sent} sent");
-        match sender.send(&rdsd_tests::seq_payload(sent, LEN)) {
-            Ok(_) => {
-                sent += 1;
-                refused = 0;
-            }
-            Err(e) => {
-                assert_eq!(e.raw_os_error(), Some(libc::EAGAIN), "{e}");
-                refused += 1;
-                std::thread::sleep(Duration::from_millis(2)); // paces the retries only
-            }
-        }
-    }
+    // Past the member's ring (2 MiB), then refused for good.
+    let past_ring = (2 << 20) as u64 / LEN as u64 + 2;
+    let send = |i| sender.send(&rdsd_tests::seq_payload(i, LEN));
+    rdsd_tests::send_until_refused(send, &mut sent, libc::EAGAIN, past_ring);
     assert!(
         sent as usize * LEN > 2 << 20,
         "{sent} sent: past the member's ring"

@@ -598,23 +598,9 @@ fn a_closing_sender_loses_nothing_to_a_full_receiver() {
     tx.set_nonblocking(true).unwrap();
     const LEN: usize = 60 << 10;
     let mut sent = 0u64;
-    let mut refused = 0;
-    // Past the rx ring (2 MiB), then refused for good (a slow poll thread only takes longer).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while refused < 50 || sent as usize * LEN <= 3 << 20 {
-        assert!(Instant::now() < deadline, "{sent} sent");
-        match tx.send_to(&seq_payload(sent, LEN), lo(9951)) {
-            Ok(_) => {
-                sent += 1;
-                refused = 0;
-            }
-            Err(e) => {
-                assert_eq!(e.raw_os_error(), Some(libc::EAGAIN), "{e}");
-                refused += 1;
-                std::thread::sleep(Duration::from_millis(2)); // paces the retries only
-            }
-        }
-    }
+    // Past 3 MiB (the rx ring holds 2), then refused for good.
+    let send = |i| tx.send_to(&seq_payload(i, LEN), lo(9951));
+    send_until_refused(send, &mut sent, libc::EAGAIN, (3 << 20) / LEN as u64 + 1);
     // Past the rx ring (2 MiB): the rest waits on the sender's tx ring.
     assert!(sent as usize * LEN > 3 << 20, "{sent} sent");
     let closed_drops = d.exact_stat("drop_socket_closed");
