@@ -259,6 +259,9 @@ counters! {
     /// half used), after which the link acknowledged at once (userspace TCP with a delayed
     /// ACK; kernel TCP leaves its ACKs to the kernel).
     acks_forced,
+    /// Cancelled messages that had been written when cancelled (RDMA: a posted SEND reads the
+    /// payload until it completes), released only once the device had read them.
+    cancels_held_for_device,
 }
 }
 

@@ -434,7 +434,7 @@ fn receiver_restart_with_persisted_state_sees_no_duplicate() {
 fn cancelled_messages_are_released_only_once_the_device_has_read_them() {
     use rdsd::seam::Transport;
     use suite::{endpoint, LabClock, Table, A, B, SEED_A, SEED_B};
-    fn scenario<const READS_AFTER: bool>() -> (u64, u64) {
+    fn scenario<const READS_AFTER: bool>() -> (u64, u64, u64) {
         // Acknowledgements only every 1000 frames: nothing is released by an ack here.
         let mut lab = MockLab::new(1000, 16);
         let clock = lab.clock();
@@ -444,7 +444,7 @@ fn cancelled_messages_are_released_only_once_the_device_has_read_them() {
             credits: 16,
             readiness: None,
         };
-        let (mut a, _) = endpoint(link, A, 1, None, clock.clone(), SEED_A);
+        let (mut a, stats) = endpoint(link, A, 1, None, clock.clone(), SEED_A);
         let (mut b, _) = endpoint(lab.make(B), B, 1, None, clock.clone(), SEED_B);
         let (mut ta, mut tb) = (Table::new(1 << 20), Table::new(1 << 20));
         let mut got = Vec::new();
@@ -480,17 +480,21 @@ fn cancelled_messages_are_released_only_once_the_device_has_read_them() {
             a.poll(&mut ta);
             clock.tick();
         }
-        (at_cancel, ta.released)
+        let held = stats
+            .tcp
+            .cancels_held_for_device
+            .load(std::sync::atomic::Ordering::Relaxed);
+        (at_cancel, ta.released, held)
     }
     let all = 3 * 500;
     assert_eq!(
         scenario::<false>(),
-        (all, all),
+        (all, all, 0),
         "copied at write: released at once"
     );
     assert_eq!(
         scenario::<true>(),
-        (0, all),
-        "read after write: released once read, not before"
+        (0, all, 3),
+        "read after write: released once read, not before (and counted)"
     );
 }

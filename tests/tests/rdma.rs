@@ -18,7 +18,8 @@
 //! `lab.mode=` on the kernel command line picks a variant: `lat` (perftest, 200 timed round
 //! trips, then rds-bench over RDMA and, after restarting rdsd without `[rdma]`, over kernel
 //! TCP), `slow`, `restart`, `cut` (the host cuts the wire mid-stream), `qperr` (rdsd's
-//! test-only QP error hook in the sender) and `flap` (a netdev flap before rdsd starts).
+//! test-only QP error hook in the sender), `flap` (a netdev flap before rdsd starts) and
+//! `cancel` (after the stream, RDS_CANCEL_SENT_TO of messages whose SENDs are in flight).
 //!
 //! Needs root (namespace), qemu-system-x86, busybox-static, the cached kernel and rdma-core's
 //! packages (tests/run.sh installs them). Without qemu a test fails in CI and is a counted
@@ -48,6 +49,33 @@ const QPERR_PACE: Duration = Duration::from_millis(10);
 /// The sender's pace once it sees the cut (the rest of the stream, 209 messages, is written
 /// while the wire is cut).
 const CUT_PACE: Duration = Duration::from_millis(10);
+
+/// `lab.mode=cancel`: rounds of [`CANCEL_BATCH`] messages cancelled (RDS_CANCEL_SENT_TO)
+/// while their SENDs may still be reading the sender's tx ring, each followed by a kept one
+/// from another socket.
+const CANCEL_ROUNDS: u8 = 8;
+const CANCEL_BATCH: u8 = 3;
+/// Large enough to go in place from the tx ring (zero copy) and to wrap the socket's 2 MiB
+/// ring about every round, so that a round's messages are written over the ring space of the
+/// cancelled ones before them.
+const CANCEL_LEN: usize = 512 << 10;
+/// The sender's wait between a round's first messages and their cancel: the cancel reaches
+/// the SENDs at different points.
+const CANCEL_DELAY_MS: [u64; CANCEL_ROUNDS as usize] = [0, 0, 1, 2, 5, 10, 20, 50];
+/// The receiver's port for the cancel phase, and the sender's (cancelling, keeping) ones.
+const CANCEL_PORTS: (u16, u16, u16) = (4010, 5100, 5101);
+
+/// Message `idx` of round `round` of the cancel phase: `kind` 0 for one that is cancelled, 1
+/// for a kept one. Every byte differs from the same byte of every other message of the phase, so a
+/// message whose ring space was rewritten while it was being sent cannot pass for whole.
+fn cancel_payload(kind: u8, round: u8, idx: u8) -> Vec<u8> {
+    let base = usize::from(kind) * 101 + usize::from(round) * 37 + usize::from(idx) * 11;
+    let mut p: Vec<u8> = (0..CANCEL_LEN)
+        .map(|j| ((base + j * 13) % 251) as u8)
+        .collect();
+    p[..3].copy_from_slice(&[kind, round, idx]);
+    p
+}
 
 fn msg_len(i: u64) -> usize {
     let big = SIZES.len() as u64 * ROUNDS;
@@ -86,6 +114,7 @@ fn guest_app() {
     let cut = std::env::var("LAB_MODE").is_ok_and(|m| m == "cut");
     let lat = std::env::var("LAB_MODE").is_ok_and(|m| m == "lat");
     let qperr = std::env::var("LAB_MODE").is_ok_and(|m| m == "qperr");
+    let cancel = std::env::var("LAB_MODE").is_ok_and(|m| m == "cancel");
     match role.as_str() {
         "recv" => {
             let s = rdsd.socket().unwrap();
@@ -96,6 +125,11 @@ fn guest_app() {
             // dropped, as in the kernel, so the sender waits for this).
             let ctl = rdsd.socket().unwrap();
             ctl.bind(SocketAddrV4::new(me, 4002)).unwrap();
+            // Bound before the sender hears `ready`.
+            let cs = rdsd.socket().unwrap();
+            cs.set_recv_buffer_size(64 << 20).unwrap();
+            cs.set_recv_timeout(Some(Duration::from_secs(120))).unwrap();
+            cs.bind(SocketAddrV4::new(me, CANCEL_PORTS.0)).unwrap();
             let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             let st = stop.clone();
             let r2 = rdsd.clone();
@@ -166,6 +200,13 @@ fn guest_app() {
                     s.send_to(&buf[..n], from).expect("echo");
                 }
                 println!("RESULT echoed {LAT_ROUNDS}");
+            }
+            if cancel {
+                receive_cancel_phase(&cs, &mut buf);
+                for _ in 0..5 {
+                    let _ = ctl.send_to(b"cdone", SocketAddrV4::new(peer, 4001));
+                    std::thread::sleep(Duration::from_millis(200));
+                }
             }
         }
         "send" => {
@@ -272,9 +313,95 @@ fn guest_app() {
                     rtts[rtts.len() * 9 / 10]
                 );
             }
+            if cancel {
+                send_cancel_phase(&rdsd, me, peer);
+                loop {
+                    let (n, _) = s.recv_from(&mut buf).expect("the receiver's cdone");
+                    if &buf[..n] == b"cdone" {
+                        break;
+                    }
+                }
+                println!("RESULT cancel phase ok");
+            }
         }
         r => panic!("unknown role {r}"),
     }
+}
+
+/// The sender's cancel phase: each round sends [`CANCEL_BATCH`] messages from one socket,
+/// waits a little and cancels what that socket queued to the receiver, then sends one kept
+/// message from a second socket (the path goes on); the second socket's 3-byte message ends it.
+fn send_cancel_phase(rdsd: &shm_api::Rdsd, me: Ipv4Addr, peer: Ipv4Addr) {
+    let socket = |port| {
+        let c = rdsd.socket().unwrap();
+        c.set_send_buffer_size(16 << 20).unwrap();
+        c.bind(SocketAddrV4::new(me, port)).unwrap();
+        c
+    };
+    let (c, k) = (socket(CANCEL_PORTS.1), socket(CANCEL_PORTS.2));
+    let dst = SocketAddrV4::new(peer, CANCEL_PORTS.0);
+    for round in 0..CANCEL_ROUNDS {
+        for idx in 0..CANCEL_BATCH {
+            c.send_to(&cancel_payload(0, round, idx), dst)
+                .unwrap_or_else(|e| panic!("send {round}.{idx}: {e}"));
+        }
+        std::thread::sleep(Duration::from_millis(CANCEL_DELAY_MS[usize::from(round)]));
+        c.cancel_sent_to(Some(dst)).expect("RDS_CANCEL_SENT_TO");
+        k.send_to(&cancel_payload(1, round, 0), dst)
+            .unwrap_or_else(|e| panic!("send kept {round}: {e}"));
+    }
+    k.send_to(&[2, CANCEL_ROUNDS, 0], dst).expect("the end");
+    println!("RESULT cancel sent {CANCEL_ROUNDS} rounds");
+}
+
+/// The receiver's cancel phase: every message that arrives is whole (a cancelled one that
+/// arrives anyway, or a kept one) and in its socket's order, and every kept one arrives once.
+fn receive_cancel_phase(cs: &shm_api::Socket, buf: &mut [u8]) {
+    let mut last = [None, None];
+    let (mut cancelled_arrived, mut kept) = (0u32, 0u32);
+    loop {
+        let (n, from) = cs
+            .recv_from(buf)
+            .unwrap_or_else(|e| panic!("cancel phase, after {last:?}: {e}"));
+        if n == 3 && buf[0] == 2 {
+            break;
+        }
+        let (kind, tag) = (buf[0], (buf[1], buf[2])); // tag: (round, index), the order sent
+        assert_eq!(n, CANCEL_LEN, "message {kind} {tag:?}: length");
+        assert!(
+            kind < 2 && tag.0 < CANCEL_ROUNDS && tag.1 < CANCEL_BATCH,
+            "message {kind} {tag:?}"
+        );
+        assert_eq!(
+            from.port(),
+            [CANCEL_PORTS.1, CANCEL_PORTS.2][usize::from(kind)]
+        );
+        let want = cancel_payload(kind, tag.0, tag.1);
+        if let Some(first) = (0..n).find(|&j| buf[j] != want[j]) {
+            panic!(
+                "message {kind} {tag:?} (kind, (round, index)) arrived with other bytes from \
+                 offset {first}: its ring space was written while it was being sent"
+            );
+        }
+        let last = &mut last[usize::from(kind)];
+        assert!(
+            *last < Some(tag),
+            "message {kind} {tag:?} after {last:?}: order"
+        );
+        *last = Some(tag);
+        if kind == 1 {
+            kept += 1;
+        } else {
+            cancelled_arrived += 1;
+        }
+    }
+    let all = u32::from(CANCEL_ROUNDS) * u32::from(CANCEL_BATCH);
+    assert_eq!(
+        kept,
+        u32::from(CANCEL_ROUNDS),
+        "kept messages received (in order, so each once)"
+    );
+    println!("RESULT cancel ok: {kept} kept, {cancelled_arrived} of {all} cancelled arrived whole");
 }
 
 /// The guests' `/init`, after `vmlab::GUEST_INIT_PREAMBLE`.
@@ -1011,6 +1138,36 @@ fn rdma_qp_forced_into_error_mid_stream_loses_nothing() {
 #[test]
 fn rdma_qp_forced_into_error_mid_stream_eight_paths() {
     qp_forced_into_error(8);
+}
+
+/// RDS_CANCEL_SENT_TO while the SENDs it cancels may still be reading the sender's tx ring
+/// (`lab.mode=cancel`, after the usual stream): rounds of three 512 KiB messages sent in place
+/// and cancelled after 0 to 50 ms, so that each round wraps the socket's 2 MiB tx ring onto
+/// the space of cancelled ones, and a kept message from another socket after each. Every
+/// message that arrives is whole and in its socket's order, every kept one arrives, and the
+/// sender's rdsd held some cancelled messages until their SEND completed
+/// (`rdma_cancels_held_for_device`). Before the hold, a cancel freed the ring space at once.
+#[test]
+fn rdma_cancel_keeps_ring_space_until_the_send_completes() {
+    if let Some(Run { a, b, .. }) = check(1, 1, "lab.mode=cancel") {
+        let line = |out: &str, what: &str| {
+            out.lines()
+                .find(|l| l.contains(what))
+                .map(str::to_owned)
+                .unwrap_or_else(|| panic!("no {what:?} line"))
+        };
+        eprintln!("{}", line(&a, "RESULT cancel ok"));
+        assert!(
+            b.contains("RESULT cancel phase ok"),
+            "the sender did not finish"
+        );
+        let held = stat(&b, "rdma_cancels_held_for_device");
+        eprintln!("cancel: {held} cancelled messages held until their SEND completed");
+        assert!(
+            held >= 1,
+            "no cancel met a SEND in flight: the race was not exercised"
+        );
+    }
 }
 
 /// Evidence on the netdev flap (tests/vmlab/README.md, "RDMA lab"): the sender's eth0 flaps

@@ -826,7 +826,11 @@ impl<L: Link, C: Clock> Endpoint<L, C> {
         if L::READS_AFTER_WRITE && c.engine.holds_cancelled(path) {
             // Cancelled messages the device may still have been reading: free once it is not.
             if let Some(done) = self.link.read_done(&ps.io) {
-                work += c.engine.release_cancelled_read(path, done);
+                let released = c.engine.release_cancelled_read(path, done);
+                (self.group)(&self.stats)
+                    .cancels_held_for_device
+                    .fetch_add(released as u64, Ordering::Relaxed);
+                work += released;
             }
         }
         let costly = self.link.ack_query_is_syscall();
