@@ -486,6 +486,7 @@ impl Fabric {
             release: None,
             replica: Arc::default(),
             replica_version: u64::MAX,
+            last_owner: None,
             fabric: self.clone(),
         }
     }
@@ -516,6 +517,9 @@ pub struct ShardLink {
     /// Bindings as last read from the directory.
     replica: Arc<FxHashMap<(u32, u16), u8>>,
     replica_version: u64,
+    /// The last binding `owner` found in `replica` (cleared when it changes): a sender mostly
+    /// sends to the same port again, and the hash lookup was about 60 instructions a message.
+    last_owner: Option<((u32, u16), usize)>,
     pub(super) fabric: Arc<Fabric>,
 }
 
@@ -537,17 +541,32 @@ impl ShardLink {
         self.replica = dir.published.clone();
         self.replica_version = self.fabric.dir_version.load(Ordering::Acquire);
         drop(dir);
+        self.last_owner = None;
         true
     }
 
     /// The shard bound at `(addr, port)`, if another one.
+    #[inline]
     pub(super) fn owner(&mut self, addr: u32, port: u16) -> Option<usize> {
+        let found = match self.last_owner {
+            Some((key, s)) if key == (addr, port) => Some(s),
+            _ => self.look_up_owner(addr, port),
+        };
+        found.filter(|&s| s != self.shard)
+    }
+
+    /// `owner` past its one-entry cache: the replica, refreshed first if the port is not in it
+    /// (bound just now on another shard).
+    fn look_up_owner(&mut self, addr: u32, port: u16) -> Option<usize> {
         let look = |r: &FxHashMap<(u32, u16), u8>| r.get(&(addr, port)).map(|&s| s as usize);
         let mut found = look(&self.replica);
         if found.is_none() && self.refresh() {
             found = look(&self.replica);
         }
-        found.filter(|&s| s != self.shard)
+        if let Some(s) = found {
+            self.last_owner = Some(((addr, port), s));
+        }
+        found
     }
 
     /// Queues a message for shard `to`: `Err(())` if its ring is full (try again later).
@@ -796,12 +815,21 @@ fn push(
 /// (`Envelope::SendRef`), in the sending app's tx ring, which the hold keeps mapped and
 /// unwritten until the release.
 pub(super) fn open_record(ring: &Consumer<RawRing>, rec: &Record) -> (Envelope, *const u8, usize) {
-    let mut head = [0u8; ENVELOPE_LEN];
-    let n = ring.read_payload(rec, &mut head);
-    assert_eq!(
-        n, ENVELOPE_LEN,
+    assert!(
+        rec.header.len as usize >= ENVELOPE_LEN,
         "pair ring record shorter than its envelope"
     );
+    // SAFETY: the consumer validated `payload_offset + header.len` against the data area (so
+    // the envelope's bytes lie in it), which the fabric keeps allocated for as long as this
+    // shard's link exists. A fixed-size read: `read_payload`'s variable length cost a call to
+    // memcpy per record.
+    let head: [u8; ENVELOPE_LEN] = unsafe {
+        ring.memory()
+            .data_ptr()
+            .add(rec.payload_offset)
+            .cast::<[u8; ENVELOPE_LEN]>()
+            .read_unaligned()
+    };
     let env = Envelope::parse(&head);
     if let Envelope::DeliverRef {
         laddr,
