@@ -765,7 +765,17 @@ fn f4_rebooted_kernel_reconnects_to_rdsd_as_the_active_side() {
             .unwrap_or_default();
         eprintln!("rdsd: {nonzero:?}");
         if got.is_err() {
+            // What the guest's sender said (its lines are echoed as they are read) and the
+            // end of its console: a failed `send` or RDS module shows there.
             eprintln!("ss:\n{ss}");
+            eprintln!("guest job: {:?}", tx.try_expect("sent", Duration::from_secs(1)));
+            let console = lab.console();
+            let mut from = console.len().saturating_sub(4000);
+            while !console.is_char_boundary(from) {
+                from += 1;
+            }
+            let tail = &console[from..];
+            eprintln!("guest console (end):\n{tail}");
         }
     }
     lab.nft_flush();
