@@ -76,6 +76,9 @@ counters! {
     drain_cancels,
     /// Times a receive ring was full and the sender had to wait.
     rx_ring_full,
+    /// Times a local send waited on its tx ring because its receiver, on another poll thread,
+    /// had a backlog past its share (`backlog.rs`), as it waits for a full rx ring on its own.
+    tx_held_for_backlog,
     /// Messages from another poll thread whose receiver's rx ring was full: kept in the
     /// receiver's backlog in rdsd (its sender's bytes held until delivery) so that the pair
     /// ring between the two threads goes on for the other receivers.

@@ -768,7 +768,10 @@ fn f4_rebooted_kernel_reconnects_to_rdsd_as_the_active_side() {
             // What the guest's sender said (its lines are echoed as they are read) and the
             // end of its console: a failed `send` or RDS module shows there.
             eprintln!("ss:\n{ss}");
-            eprintln!("guest job: {:?}", tx.try_expect("sent", Duration::from_secs(1)));
+            eprintln!(
+                "guest job: {:?}",
+                tx.try_expect("sent", Duration::from_secs(1))
+            );
             let console = lab.console();
             let mut from = console.len().saturating_sub(4000);
             while !console.is_char_boundary(from) {

@@ -570,6 +570,63 @@ fn a_receiver_that_stops_reading_does_not_cut_off_the_others_of_its_thread() {
     send_until_refused(&tx, 32_101, &mut again, libc::EAGAIN, sent + 2 * sent / 3);
 }
 
+/// A receiver with a huge SO_RCVBUF that never reads, fed from another poll thread with
+/// messages small enough to be copied into the pair ring (so only SO_SNDBUF, 1 GiB here, bounds
+/// them): its backlog stops at its share (8 MiB), then the sender waits on its own tx ring
+/// (EAGAIN once that is full), as a sender of the receiver's own thread waits for a full rx
+/// ring. The thread's backlogs never reach their cap, and the two threads' other sockets still
+/// talk. (Before, the backlog grew to the 64 MiB cap, and then the ring between the two
+/// threads stopped at the next record for the hog, with everything behind it.)
+#[test]
+fn a_receiver_that_never_reads_cannot_fill_the_backlogs() {
+    const LEN: usize = 8 << 10;
+    let d = daemon();
+    let (ra, rb) = (d.attach(), d.attach());
+    assert_ne!(ra.poll_thread(), rb.poll_thread());
+    let hog = rb.socket().unwrap();
+    hog.bind(lo(32_401)).unwrap();
+    hog.set_recv_buffer_size(1 << 30).unwrap();
+    let other = rb.socket().unwrap();
+    other.bind(lo(32_402)).unwrap();
+    other
+        .set_recv_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let tx = ra.socket().unwrap();
+    tx.bind(lo(32_400)).unwrap();
+    tx.set_nonblocking(true).unwrap();
+    tx.set_send_buffer_size(1 << 30).unwrap();
+    let mut sent = 0;
+    let send = |i| tx.send_to(&rdsd_tests::seq_payload(i, LEN), lo(32_401));
+    // Into the hog's backlog past its ring (2 MiB), and on until refused for good: the
+    // backlog's share (8 MiB) and the sender's tx ring (2 MiB) are full then.
+    rdsd_tests::send_until_refused(send, &mut sent, libc::EAGAIN, (10 << 20) / LEN as u64);
+    let stats = d.exact_stats();
+    let stat = |name: &str| rdsd_tests::stat_from(&stats, name);
+    assert_eq!(stat("rx_backlog_capped"), 0, "{stats}");
+    assert!(stat("tx_held_for_backlog") > 0, "{stats}");
+    // Ring, backlog share, the sender's tx ring and what was on its way: far below the cap.
+    assert!(
+        sent * (LEN as u64) < 24 << 20,
+        "{sent} messages of {LEN} B went out"
+    );
+    // Another socket of the sending app reaches the hog's neighbour.
+    let tx2 = ra.socket().unwrap();
+    tx2.bind(lo(32_403)).unwrap();
+    tx2.send_to(b"not held up", lo(32_402)).unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    let (n, from) = other.recv_from(&mut buf).expect("past the hog");
+    assert_eq!((&buf[..n], from), (&b"not held up"[..], lo(32_403)));
+    // The hog reads: every message once, in order, and the sender goes on.
+    hog.set_recv_timeout(Some(Duration::from_secs(20))).unwrap();
+    for i in 0..sent {
+        let n = hog.recv(&mut buf).unwrap();
+        assert_eq!((n, rdsd_tests::payload_seq(&buf[..n])), (LEN, i));
+    }
+    let send = |i| tx.send_to(&rdsd_tests::seq_payload(i, LEN), lo(32_401));
+    let mut again = sent;
+    rdsd_tests::send_until_refused(send, &mut again, libc::EAGAIN, sent + sent / 2);
+}
+
 /// What waits in a receiver's backlog counts toward its SO_RCVBUF, as the kernel's receive
 /// queue does: past it the port is congested (ENOBUFS), however much of it is in the rx ring.
 #[test]

@@ -14,6 +14,12 @@
 //!   marked congested once ring and backlog pass it (senders then get ENOBUFS, peers see the
 //!   map); and all backlogs of a thread hold at most `MAX_BACKLOG_BYTES`, past which a pair ring
 //!   waits at the record as before (`rx_backlog_capped`).
+//! - **Shares:** a socket whose backlog passes `BACKED_UP_SOCKET_BYTES` (or that has one while
+//!   all pass `BACKED_UP_TOTAL_BYTES`) raises the flag of its binding (`shard::Bound`); a local
+//!   sender of another thread then waits on its own tx ring, as one of this thread waits for a
+//!   full rx ring. So a receiver that never reads, with a huge SO_RCVBUF, holds up its senders,
+//!   not the pair ring: only what was on its way when the flag rose, and network deliveries,
+//!   grow a backlog past its share.
 //! - **Cost:** nothing while no ring is full: one branch per forwarded delivery and one per
 //!   pass (`backlogged` is empty). Parking allocates: only for a receiver already behind.
 //!
@@ -42,6 +48,14 @@ const PARKED_OVERHEAD: usize = 64;
 
 /// Messages moved from a backlog to its rx ring per socket and pass.
 const BACKLOG_BATCH: usize = 64;
+
+/// A socket's backlog from this many bytes on is past its share: its local senders on other
+/// threads wait on their tx rings (`shard::Bound`). Below it a receiver with a large SO_RCVBUF
+/// queues as the kernel's would (congestion, then ENOBUFS, past SO_RCVBUF).
+const BACKED_UP_SOCKET_BYTES: u64 = 8 << 20;
+
+/// Past this much in all backlogs of a thread, every socket with a backlog is past its share.
+const BACKED_UP_TOTAL_BYTES: usize = MAX_BACKLOG_BYTES / 2;
 
 /// One message waiting in a backlog.
 pub(in crate::poll) struct Parked {
@@ -130,7 +144,24 @@ impl SocketTable {
         self.parked = true;
         Stats::bump(&self.stats.rx_backlogged);
         self.mark_if_over(to);
+        self.update_backed_up(to);
         Delivered::Yes
+    }
+
+    /// Raises or lowers `r`'s backed-up flag by its backlog now: up while it is past
+    /// `BACKED_UP_SOCKET_BYTES`, or while it has one and all backlogs are past
+    /// `BACKED_UP_TOTAL_BYTES`. Every pass with backlogs calls it for each (`drain_backlogs`).
+    fn update_backed_up(&mut self, r: SockRef) {
+        let crowded = self.backlog_total >= BACKED_UP_TOTAL_BYTES;
+        let Some(s) = self.sock(r) else { return };
+        let up = !s.backlog.is_empty() && (crowded || s.backlog_bytes >= BACKED_UP_SOCKET_BYTES);
+        if let Some(f) = s
+            .backed_up
+            .as_ref()
+            .filter(|f| f.load(Ordering::Relaxed) != up)
+        {
+            f.store(up, Ordering::Relaxed);
+        }
     }
 
     /// While `on`, a socket is closing (or its app leaving): what it sent that finds a local
@@ -339,6 +370,7 @@ impl SocketTable {
                 self.release_parked(&p);
                 moved += 1;
             }
+            self.update_backed_up(r);
             if self.sock(r).is_some_and(|s| !s.backlog.is_empty()) {
                 i += 1;
             } else {
@@ -365,6 +397,9 @@ impl SocketTable {
             Stats::bump(&self.stats.drop_socket_closed);
         }
         s.backlog_bytes = 0;
+        if let Some(f) = &s.backed_up {
+            f.store(false, Ordering::Relaxed);
+        }
         self.backlogged.retain(|&x| x != r);
         if let Some(l) = self.link.as_mut() {
             l.flush_release();

@@ -284,6 +284,7 @@ impl PollCore {
         }
         if let Some(link) = self.table.link_mut() {
             link.refresh();
+            link.waited_on_receiver = false;
             if link.inputs_idle() {
                 // Most passes: nothing from any other shard (so nothing stalled either).
                 link.stalled = 0;
@@ -870,13 +871,23 @@ impl PollCore {
         if port == 0 {
             return None;
         }
-        let to = self.table.link_mut()?.owner(addr, port)?;
+        let link = self.table.link_mut()?;
+        let (to, backed_up) = link.owner(addr, port)?;
+        let closing = link.is_closing();
+        if backed_up && !closing {
+            // The receiver's backlog is past its share (`backlog.rs`): wait here, as a sender
+            // of its own thread waits for its full ring, so that a receiver that never reads
+            // cannot fill this thread's backlogs. (A closing sender's messages go on into the
+            // backlog: they are delivered, not dropped, once their socket is gone.)
+            link.waited_on_receiver = true;
+            Stats::bump(&self.table.stats().tx_held_for_backlog);
+            return Some(Outcome::Blocked);
+        }
         // SAFETY: as in `route`: peeked, not consumed, its app in the table for this call.
         let sent = unsafe { self.table.tx_record(from, rec) };
         if self.table.cfg().trace_hops {
             stamp_pickup(&sent.payload);
         }
-        let closing = self.table.link().is_some_and(|l| l.is_closing());
         if sent.payload.len() >= CROSS_IN_PLACE_MIN && !closing {
             // Large: the receiving shard copies it straight from this tx ring, whose space a
             // hold keeps until its release note (one copy instead of two).

@@ -33,7 +33,7 @@ use shm_api::layout::DaemonView;
 use shm_api::ring::{Consumer, HeapRing, Producer, PushError, RawRing, Record, RecordHeader};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Data bytes of each pair ring: one 1 MiB message and its envelope always fit.
@@ -371,18 +371,28 @@ impl Envelope {
     }
 }
 
+/// A binding in the directory: the shard whose socket is bound there, and that socket's
+/// "backed up" flag, which its shard raises while the socket's backlog is past its share
+/// (`backlog.rs`): a local sender of another shard then waits on its own tx ring, as a sender
+/// of the receiver's shard waits for a full rx ring, instead of growing the backlog.
+#[derive(Clone, Debug)]
+pub(super) struct Bound {
+    pub(super) shard: u8,
+    pub(super) backed_up: Arc<AtomicBool>,
+}
+
 /// Every binding and congestion-table entry of the daemon (see the module docs).
 #[derive(Default)]
 pub struct Directory {
-    /// `(addr, port)` → the shard whose socket is bound there.
-    pub(super) binds: FxHashMap<(u32, u16), u8>,
+    /// `(addr, port)` → the socket bound there.
+    pub(super) binds: FxHashMap<(u32, u16), Bound>,
     /// Address → (congestion-table index in the daemon region, references from all shards).
     pub(super) cong: FxHashMap<u32, (usize, u32)>,
     /// Ports bound before a restart, and the record of ours (`None`: no state file).
     pub(super) rebind: Option<BoundPorts>,
     /// An immutable copy of `binds` for the shards' replicas (several shards only): taking it
     /// is a reference count, so a bind storm costs the binding shard, not every shard.
-    published: Arc<FxHashMap<(u32, u16), u8>>,
+    published: Arc<FxHashMap<(u32, u16), Bound>>,
 }
 
 /// The ports bound before a restart (`<state_file>.ports`), for the rebind grace; `None`
@@ -487,6 +497,7 @@ impl Fabric {
             replica: Arc::default(),
             replica_version: u64::MAX,
             last_owner: None,
+            waited_on_receiver: false,
             fabric: self.clone(),
         }
     }
@@ -515,11 +526,14 @@ pub struct ShardLink {
     /// (one note per burst, not per message): (shard, token, bytes).
     release: Option<(usize, u64, u64)>,
     /// Bindings as last read from the directory.
-    replica: Arc<FxHashMap<(u32, u16), u8>>,
+    replica: Arc<FxHashMap<(u32, u16), Bound>>,
     replica_version: u64,
     /// The last binding `owner` found in `replica` (cleared when it changes): a sender mostly
     /// sends to the same port again, and the hash lookup was about 60 instructions a message.
-    last_owner: Option<((u32, u16), usize)>,
+    last_owner: Option<((u32, u16), Bound)>,
+    /// A local send of this pass waited because its receiver is backed up (`Bound`): a parked
+    /// thread looks again soon (the receiver's reads wake only the receiver's thread).
+    pub(super) waited_on_receiver: bool,
     pub(super) fabric: Arc<Fabric>,
 }
 
@@ -545,28 +559,30 @@ impl ShardLink {
         true
     }
 
-    /// The shard bound at `(addr, port)`, if another one.
+    /// The shard bound at `(addr, port)`, if another one, and whether that socket is backed
+    /// up (see [`Bound`]).
     #[inline]
-    pub(super) fn owner(&mut self, addr: u32, port: u16) -> Option<usize> {
-        let found = match self.last_owner {
-            Some((key, s)) if key == (addr, port) => Some(s),
-            _ => self.look_up_owner(addr, port),
-        };
-        found.filter(|&s| s != self.shard)
+    pub(super) fn owner(&mut self, addr: u32, port: u16) -> Option<(usize, bool)> {
+        if !matches!(&self.last_owner, Some((key, _)) if *key == (addr, port)) {
+            self.look_up_owner(addr, port);
+        }
+        let (_, b) = self.last_owner.as_ref()?;
+        let shard = usize::from(b.shard);
+        (shard != self.shard).then(|| (shard, b.backed_up.load(Ordering::Relaxed)))
     }
 
     /// `owner` past its one-entry cache: the replica, refreshed first if the port is not in it
-    /// (bound just now on another shard).
-    fn look_up_owner(&mut self, addr: u32, port: u16) -> Option<usize> {
-        let look = |r: &FxHashMap<(u32, u16), u8>| r.get(&(addr, port)).map(|&s| s as usize);
-        let mut found = look(&self.replica);
-        if found.is_none() && self.refresh() {
-            found = look(&self.replica);
+    /// (bound just now on another shard); the binding found is cached (none: the cache is
+    /// emptied).
+    #[cold]
+    fn look_up_owner(&mut self, addr: u32, port: u16) {
+        if !self.replica.contains_key(&(addr, port)) {
+            self.refresh();
         }
-        if let Some(s) = found {
-            self.last_owner = Some(((addr, port), s));
-        }
-        found
+        self.last_owner = self
+            .replica
+            .get(&(addr, port))
+            .map(|b| ((addr, port), b.clone()));
     }
 
     /// Queues a message for shard `to`: `Err(())` if its ring is full (try again later).
@@ -783,7 +799,10 @@ impl ShardLink {
 
     /// Work that makes a parked shard wake on a timer: stalled input, stashed notes.
     pub(super) fn needs_retry(&self) -> bool {
-        self.stalled != 0 || !self.stash.is_empty() || !self.kept.is_empty()
+        self.stalled != 0
+            || !self.stash.is_empty()
+            || !self.kept.is_empty()
+            || self.waited_on_receiver
     }
 }
 

@@ -109,6 +109,9 @@ pub(super) struct Sock {
     /// (`backlog.rs`); `backlog_bytes` is their payload, counted as queued for SO_RCVBUF.
     pub backlog: VecDeque<Parked>,
     pub backlog_bytes: u64,
+    /// The flag of its binding in the directory (`shard::Bound`): raised while the backlog is
+    /// past its share, so that local senders of other threads wait on their own tx rings.
+    pub backed_up: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// One attached process.
@@ -508,6 +511,7 @@ impl SocketTable {
             grouped: false,
             backlog: VecDeque::new(),
             backlog_bytes: 0,
+            backed_up: None,
         });
         let tx = &a.socks[slot as usize].as_ref().expect("just opened").tx;
         self.open_socks.push(OpenSock {
@@ -552,14 +556,23 @@ impl SocketTable {
             self.unref_cong_entry(a);
             return Err(libc::EADDRINUSE);
         };
-        dir.binds.insert((a, port), self.shard as u8);
+        let backed_up = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        dir.binds.insert(
+            (a, port),
+            shard::Bound {
+                shard: self.shard as u8,
+                backed_up: backed_up.clone(),
+            },
+        );
         if let Some(rb) = dir.rebind.as_mut().filter(|_| explicit) {
             rb.bound(port);
         }
         self.fabric.binds_changed(&mut dir);
         drop(dir);
         self.binds.insert((a, port), r);
-        self.sock(r).expect("live").bound = Some((a, port));
+        let s = self.sock(r).expect("live");
+        s.bound = Some((a, port));
+        s.backed_up = Some(backed_up);
         Ok(port)
     }
 
@@ -1127,7 +1140,9 @@ impl SocketTable {
         if self.from_fabric {
             return None;
         }
-        let to = self.link.as_mut()?.owner(m.laddr, m.dport)?;
+        // A receiver that is backed up takes it anyway, in its backlog: the network path goes
+        // on (the peer stops at the congestion map once past SO_RCVBUF).
+        let (to, _) = self.link.as_mut()?.owner(m.laddr, m.dport)?;
         Some(self.forward_to(to, m))
     }
 
@@ -1610,7 +1625,7 @@ impl Upcalls for SocketTable {
 }
 
 /// A port of `addr` nobody binds, searched from a random start (ports 2..=65535).
-fn free_port(binds: &FxHashMap<(u32, u16), u8>, addr: u32, rand: u64) -> Option<u16> {
+fn free_port(binds: &FxHashMap<(u32, u16), shard::Bound>, addr: u32, rand: u64) -> Option<u16> {
     let start = 2 + (rand % 65534) as u32;
     (0..65534u32)
         .map(|i| (2 + (start - 2 + i) % 65534) as u16)
