@@ -79,6 +79,9 @@ counters! {
     /// Times a local send waited on its tx ring because its receiver, on another poll thread,
     /// had a backlog past its share (`backlog.rs`), as it waits for a full rx ring on its own.
     tx_held_for_backlog,
+    /// Times a network delivery waited (its path paused) because its receiver, on another
+    /// poll thread than the connection's owner, had a backlog past its share.
+    rx_held_for_backlog,
     /// Messages from another poll thread whose receiver's rx ring was full: kept in the
     /// receiver's backlog in rdsd (its sender's bytes held until delivery) so that the pair
     /// ring between the two threads goes on for the other receivers.

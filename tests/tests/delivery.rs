@@ -650,8 +650,8 @@ fn receiver_restart_soon_after_restart_no_duplicates() {
 /// host 1 that shares the path waits until X drains, while a message to host 2 (another
 /// connection) does not wait. With one path per connection every socket shares it. If another
 /// poll thread owns the connection (runs with several), X's overflow waits in X's backlog in
-/// rdsd instead (`poll/backlog.rs`, bounded by X's SO_RCVBUF and 64 MiB a thread), so the path
-/// goes on and Y is not held up either. Prints the delays; asserts the bounds.
+/// rdsd instead (`poll/backlog.rs`, up to X's share of 8 MiB: the flood stays below it), so
+/// the path goes on and Y is not held up either. Prints the delays; asserts the bounds.
 #[test]
 fn paused_path_delays_only_sockets_that_share_it() {
     let lab = Lab::new(3, 3, &["--paths", "1"]);
@@ -664,12 +664,12 @@ fn paused_path_delays_only_sockets_that_share_it() {
     y.bind(addr(&h1.at(9601))).unwrap();
     let z = r2.socket().unwrap();
     z.bind(addr(&h2.at(9602))).unwrap();
-    // 3000 x 4 KiB to X: six times its ring.
+    // 2000 x 4 KiB to X: four times its ring, below its ring and backlog share together.
     let mut flood = h0.d().app(&[
         "send-bounded",
         &h0.at(9603),
         &h1.at(9600),
-        "3000",
+        "2000",
         "4096",
         &(16 << 20).to_string(),
         "30000",
@@ -732,8 +732,8 @@ fn paused_path_delays_only_sockets_that_share_it() {
     }
     // X drains; (paused) Y's message follows X's messages on the path.
     let drained = std::thread::spawn(move || {
-        let t = drain(&x, 2999, Duration::from_secs(5), Duration::ZERO, Some(4096));
-        (t.exactly_once_in_order(3000), Instant::now())
+        let t = drain(&x, 1999, Duration::from_secs(5), Duration::ZERO, Some(4096));
+        (t.exactly_once_in_order(2000), Instant::now())
     });
     let same_path = same_path.unwrap_or_else(|| {
         y.set_recv_timeout(Some(Duration::from_secs(20))).unwrap();
@@ -742,7 +742,7 @@ fn paused_path_delays_only_sockets_that_share_it() {
         sent.elapsed()
     });
     let (x_ok, x_done) = drained.join().unwrap();
-    assert!(x_ok, "X got its 3000 messages exactly once, in order");
+    assert!(x_ok, "X got its 2000 messages exactly once, in order");
     eprintln!(
         "head-of-line (X's thread {}the connection's owner): message to another connection \
          {other_connection:?}; to a socket on the same path {same_path:?} (X finished draining \
@@ -754,6 +754,96 @@ fn paused_path_delays_only_sockets_that_share_it() {
     if !crossing {
         assert!(same_path > Duration::from_secs(1));
     }
+}
+
+/// Host 1 runs two poll threads, and its receiver X sits on the one that does not own the
+/// connection to host 0. X (SO_RCVBUF 1 GiB, never congested) reads nothing while host 0 sends
+/// it 16 MiB of 4 KiB messages: past its ring (2 MiB) the overflow waits in X's backlog, and
+/// past X's share (8 MiB) the path pauses, as it does for a full ring on one thread, so this
+/// thread's backlogs stay far from their cap. (Before, the backlog took all 16 MiB, and a
+/// peer could fill it to the 64 MiB cap, which then stopped the ring between the two threads
+/// for every socket.) Then X reads everything exactly once, in order.
+#[test]
+fn a_receiver_backed_up_past_its_share_pauses_the_network_path() {
+    const COUNT: u64 = 4000;
+    const LEN: usize = 4096;
+    let two = [
+        "--poll-core",
+        "-2",
+        "--poll-core",
+        "-2",
+        "--placement",
+        "app",
+    ];
+    let lab = Lab::new(2, 2, &[&["--paths", "1"][..], &two[..]].concat());
+    let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
+    let (ra, rb) = (h1.d().attach(), h1.d().attach());
+    assert_ne!(ra.poll_thread(), rb.poll_thread());
+    // The connection first: the address pair decides its poll thread.
+    let probe = ra.socket().unwrap();
+    probe.bind(addr(&h1.at(9650))).unwrap();
+    probe
+        .set_recv_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let r0 = h0.d().attach();
+    let s = r0.socket().unwrap();
+    s.bind(addr(&h0.at(9651))).unwrap();
+    s.send_to(b"hello", addr(&h1.at(9650))).unwrap();
+    let mut buf = [0u8; 64];
+    probe.recv_from(&mut buf).expect("the connection comes up");
+    let owner = h1.d().info_json(&["-n"])["connections"][0]["shard"]
+        .as_u64()
+        .expect("the connection's poll thread");
+    let r = if ra.poll_thread() as u64 == owner {
+        &rb
+    } else {
+        &ra
+    };
+    let x = r.socket().unwrap();
+    x.set_recv_buffer_size(1 << 30).unwrap();
+    x.bind(addr(&h1.at(9652))).unwrap();
+    let mut flood = h0.d().app(&[
+        "send-bounded",
+        &h0.at(9653),
+        &h1.at(9652),
+        &COUNT.to_string(),
+        &LEN.to_string(),
+        &(32 << 20).to_string(),
+        "60000",
+    ]);
+    flood.expect_within("sending", Duration::from_secs(10));
+    // (The path may pause before, a moment at a time, while the ring between the threads is
+    // full.)
+    wait_for(
+        || h1.d().exact_stat("rx_held_for_backlog") >= 1,
+        Duration::from_secs(30),
+        "host 1 to pause the path once X's backlog passed its share",
+    );
+    let counters = [
+        "rx_backlogged",
+        "rx_backlog_capped",
+        "rx_held_for_backlog",
+        "rx_paused",
+        "rx_resumed",
+    ];
+    eprintln!("host 1 before draining: {}", show(h1.d(), &counters));
+    let share = (8 << 20) / LEN as u64;
+    assert!(
+        h1.d().exact_stat("rx_backlogged") >= share,
+        "X's backlog reached its share"
+    );
+    assert!(h1.d().stat("rx_paused") >= 1);
+    assert_eq!(h1.d().exact_stat("rx_backlog_capped"), 0);
+    let t = drain(
+        &x,
+        COUNT - 1,
+        Duration::from_secs(10),
+        Duration::ZERO,
+        Some(LEN),
+    );
+    assert!(t.exactly_once_in_order(COUNT), "{}", t.summary());
+    flood.expect_within("sent", Duration::from_secs(30));
+    eprintln!("host 1 after: {}", show(h1.d(), &counters));
 }
 
 /// Sizes of the zero-copy exchange, cycled: either side of `tcp_zero_copy_min` (16 KiB) and

@@ -17,9 +17,10 @@
 //! - **Shares:** a socket whose backlog passes `BACKED_UP_SOCKET_BYTES` (or that has one while
 //!   all pass `BACKED_UP_TOTAL_BYTES`) raises the flag of its binding (`shard::Bound`); a local
 //!   sender of another thread then waits on its own tx ring, as one of this thread waits for a
-//!   full rx ring. So a receiver that never reads, with a huge SO_RCVBUF, holds up its senders,
-//!   not the pair ring: only what was on its way when the flag rose, and network deliveries,
-//!   grow a backlog past its share.
+//!   full rx ring, and a network delivery for it pauses its path, as a full ring does on the
+//!   connection owner's thread. So a receiver that never reads, with a huge SO_RCVBUF, holds
+//!   up its senders, not the pair ring: only what was on its way when the flag rose, and a
+//!   closing sender's last messages, grow a backlog past its share.
 //! - **Cost:** nothing while no ring is full: one branch per forwarded delivery and one per
 //!   pass (`backlogged` is empty). Parking allocates: only for a receiver already behind.
 //!

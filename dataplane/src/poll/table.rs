@@ -1135,14 +1135,20 @@ impl SocketTable {
     }
 
     /// A delivery to a socket of another shard goes there through the fabric: `Yes` once
-    /// queued, `Full` while the pair ring is full. `None`: not bound on another shard.
+    /// queued, `Full` while the pair ring is full or the socket is backed up. `None`: not bound
+    /// on another shard.
     fn forward_delivery(&mut self, m: &Incoming<'_>) -> Option<Delivered> {
         if self.from_fabric {
             return None;
         }
-        // A receiver that is backed up takes it anyway, in its backlog: the network path goes
-        // on (the peer stops at the congestion map once past SO_RCVBUF).
-        let (to, _) = self.link.as_mut()?.owner(m.laddr, m.dport)?;
+        let (to, backed_up) = self.link.as_mut()?.owner(m.laddr, m.dport)?;
+        if backed_up {
+            // The receiver's backlog is past its share (`backlog.rs`): the path pauses, as for
+            // a full ring on the receiver's own thread (below its share the path goes on, and
+            // the peer stops at the congestion map once past SO_RCVBUF).
+            Stats::bump(&self.stats.rx_held_for_backlog);
+            return Some(Delivered::Full);
+        }
         Some(self.forward_to(to, m))
     }
 
