@@ -53,7 +53,11 @@ const BACKLOG_BATCH: usize = 64;
 /// A socket's backlog from this many bytes on is past its share: its local senders on other
 /// threads wait on their tx rings (`shard::Bound`). Below it a receiver with a large SO_RCVBUF
 /// queues as the kernel's would (congestion, then ENOBUFS, past SO_RCVBUF).
+#[cfg(not(test))]
 const BACKED_UP_SOCKET_BYTES: u64 = 8 << 20;
+/// Small in unit tests, so that the model of `shard_tests` meets it often.
+#[cfg(test)]
+const BACKED_UP_SOCKET_BYTES: u64 = 64 << 10;
 
 /// Past this much in all backlogs of a thread, every socket with a backlog is past its share.
 const BACKED_UP_TOTAL_BYTES: usize = MAX_BACKLOG_BYTES / 2;

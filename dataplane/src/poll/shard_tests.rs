@@ -292,6 +292,88 @@ fn a_cancel_reaches_the_connection_owner_after_the_messages_sent_before_it() {
     );
 }
 
+/// A receiver H on thread 1 that reads nothing, fed by sender S on thread 0 with messages that
+/// cross by copy: past H's ring its backlog grows to its share (64 KiB in unit tests), then H's
+/// flag holds S's later messages on S's own tx ring, and the pair ring goes on (sender T's
+/// message to H's neighbour arrives). Once H reads, S's messages all arrive, once and in order.
+#[test]
+fn a_backed_up_receiver_holds_up_its_senders_not_the_pair_ring() {
+    use std::sync::atomic::Ordering::Relaxed;
+    const LEN: usize = 8 << 10;
+    let mut rig = Rig::new();
+    let (_, s_ring) = rig.app_with_socket(0, 0, 4000);
+    let (_, t_ring) = rig.app_with_socket(0, 2, 4200);
+    let (_, rx) = rig.app_with_sockets(1, 1, &[4100, 4101]);
+    let (mut h, mut o) = (
+        shm_api::ring::Consumer::new(rx[0]),
+        shm_api::ring::Consumer::new(rx[1]),
+    );
+    let mut s = Producer::new(s_ring);
+    let msg = |seq: u32| {
+        let mut m = vec![0u8; LEN];
+        m[..4].copy_from_slice(&seq.to_le_bytes());
+        m
+    };
+    // S fills its tx ring again and again, the threads take turns, H reads nothing.
+    let mut sent = 0u32;
+    for _ in 0..40 {
+        while s
+            .push(
+                RecordHeader::data(LEN as u32, u32::from(LOCAL), 4100),
+                &msg(sent),
+            )
+            .is_ok()
+        {
+            sent += 1;
+        }
+        s.publish();
+        rig.cores[0].run_once();
+        rig.cores[1].run_once();
+    }
+    let held = rig.cores[0].table.stats().tx_held_for_backlog.load(Relaxed);
+    let parked = rig.cores[1].table.stats().rx_backlogged.load(Relaxed);
+    assert!(held > 0, "S never waited for H ({parked} parked)");
+    // H's ring (2 MiB), its share and what was on its way when its flag rose: S's tx ring, not
+    // the backlog, holds the rest.
+    assert!(
+        parked * (LEN as u64) < (64 << 10) + 2 * (64 * LEN as u64),
+        "{parked} messages parked"
+    );
+    assert_eq!(
+        rig.cores[1].table.stats().rx_backlog_capped.load(Relaxed),
+        0
+    );
+    // T's message to H's neighbour is not held up behind S's.
+    let mut t = Producer::new(t_ring);
+    t.push(RecordHeader::data(5, u32::from(LOCAL), 4101), b"other")
+        .unwrap();
+    t.publish();
+    for _ in 0..3 {
+        rig.cores[0].run_once();
+        rig.cores[1].run_once();
+    }
+    let rec = o.peek().unwrap().expect("T's message past H's backlog");
+    assert_eq!(rec.header.len, 5);
+    // H reads: every message of S, once, in order.
+    let mut next = 0u32;
+    for _ in 0..2000 {
+        while let Some(rec) = h.peek().unwrap() {
+            let mut b = [0u8; 4];
+            h.read_payload(&rec, &mut b);
+            assert_eq!(u32::from_le_bytes(b), next, "once and in order");
+            next += 1;
+            h.consume(&rec);
+        }
+        h.release();
+        rig.cores[0].run_once();
+        rig.cores[1].run_once();
+        if next == sent {
+            break;
+        }
+    }
+    assert_eq!(next, sent, "every message of S arrived");
+}
+
 /// Where a message of the model goes: a socket of the model (app, socket), or the dead peer's
 /// port `5000 + n`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
