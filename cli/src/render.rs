@@ -179,18 +179,26 @@ pub fn recv_queue(doc: &Value) -> String {
         num(&q, "bytes")
     );
     for e in list(&q, "entries") {
+        let flag = |name: &str, text: &'static str| {
+            if e.get(name) == Some(&Value::Bool(true)) {
+                text
+            } else {
+                ""
+            }
+        };
+        let backlog = match e.get("backlog_bytes").and_then(Value::as_u64) {
+            Some(n) if n > 0 => format!(" ({n} in rdsd's backlog)"),
+            _ => String::new(),
+        };
         let _ = writeln!(
             out,
-            "  {:>15}:{:<5} {:>10} bytes  pid {}{}",
+            "  {:>15}:{:<5} {:>10} bytes{backlog}  pid {}{}{}",
             field(e, "addr"),
             num(e, "port"),
             num(e, "bytes"),
             field(e, "pid"),
-            if e.get("congested") == Some(&Value::Bool(true)) {
-                "  congested"
-            } else {
-                ""
-            }
+            flag("congested", "  congested"),
+            flag("backed_up", "  backed up (its senders wait)"),
         );
     }
     truncated(&mut out, &q, "entries");
@@ -513,6 +521,12 @@ mod tests {
             ]
         );
         assert!(recv_queue(&d).starts_with("Receive queue: 1 socket(s), 300 byte(s) unread\n"));
+        let mut backed = d.clone();
+        backed["recv_queue"]["entries"][0]["backlog_bytes"] = json!(9 << 20);
+        backed["recv_queue"]["entries"][0]["backed_up"] = json!(true);
+        assert!(recv_queue(&backed).contains(
+            "300 bytes (9437184 in rdsd's backlog)  pid 99  backed up (its senders wait)"
+        ));
         assert!(send_queue(&d).contains("1 message(s) queued on 1 path(s)"));
         assert!(send_queue(&d).contains("#0 (tcp)"));
         assert!(retransmit_queue(&d)

@@ -609,6 +609,17 @@ fn a_receiver_that_never_reads_cannot_fill_the_backlogs() {
         sent * (LEN as u64) < 24 << 20,
         "{sent} messages of {LEN} B went out"
     );
+    // `rdsctl info -r` says so.
+    let q = d.info_json(&["-r"]);
+    let hog_entry = q["recv_queue"]["entries"]
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["port"] == 32_401))
+        .unwrap_or_else(|| panic!("the hog in the receive queue: {q}"));
+    assert_eq!(hog_entry["backed_up"], true, "{hog_entry}");
+    assert!(
+        hog_entry["backlog_bytes"].as_u64().unwrap() >= 8 << 20,
+        "{hog_entry}"
+    );
     // Another socket of the sending app reaches the hog's neighbour.
     let tx2 = ra.socket().unwrap();
     tx2.bind(lo(32_403)).unwrap();

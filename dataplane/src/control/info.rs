@@ -191,6 +191,7 @@ fn add_sections(doc: &mut Map<String, Value>, sections: u32, snap: PollSnapshot)
                 "entries": q.iter().map(|s| json!({
                     "addr": s.addr, "port": s.port, "pid": s.pid,
                     "bytes": s.rx_queued_bytes, "congested": s.congested,
+                    "backlog_bytes": s.rx_backlog_bytes, "backed_up": s.backed_up,
                 })).collect::<Vec<_>>(),
             }),
         );

@@ -45,6 +45,12 @@ pub struct SockSnapshot {
     pub tx_queued_bytes: u64,
     /// The port is marked congested (rx queue above SO_RCVBUF).
     pub congested: bool,
+    /// Of `rx_queued_bytes`, those waiting in rdsd behind a full rx ring (its backlog:
+    /// messages from other poll threads).
+    pub rx_backlog_bytes: u64,
+    /// The backlog is past its share: local senders on other poll threads wait on their own
+    /// tx rings, and network paths to it pause (`poll/backlog.rs`).
+    pub backed_up: bool,
     /// RDS_CONG_MONITOR is on.
     pub cong_monitor: bool,
     /// The app asked for a pollable readiness fd.
@@ -168,6 +174,11 @@ impl PollCore {
                     || !s.backlog.is_empty(),
                 tx_queued_bytes: sent.saturating_sub(s.released),
                 congested: s.congested,
+                rx_backlog_bytes: s.backlog_bytes,
+                backed_up: s
+                    .backed_up
+                    .as_ref()
+                    .is_some_and(|f| f.load(Ordering::Relaxed)),
                 cong_monitor: s.monitor,
                 pollable: s.readiness_on,
                 rx_messages: {
