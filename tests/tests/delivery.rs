@@ -193,6 +193,30 @@ fn drain(s: &Socket, last: u64, idle: Duration, pause: Duration, len: Option<usi
     }
 }
 
+/// `rds-testapp send-bounded` on `from`: `count` messages of `len` bytes from its port `sport`
+/// to `dst`, with SO_SNDBUF `sndbuf`, failing past `timeout_ms`; returned once it is sending.
+fn start_sender(
+    from: &netns::Host,
+    sport: u16,
+    dst: &str,
+    count: u64,
+    len: usize,
+    sndbuf: usize,
+    timeout_ms: u32,
+) -> App {
+    let mut app = from.d().app(&[
+        "send-bounded",
+        &from.at(sport),
+        dst,
+        &count.to_string(),
+        &len.to_string(),
+        &sndbuf.to_string(),
+        &timeout_ms.to_string(),
+    ]);
+    app.expect_within("sending", Duration::from_secs(10));
+    app
+}
+
 /// The receiver's rx ring (2 MiB) fills while its SO_RCVBUF (64 MiB) never congests the port:
 /// rdsd must stop reading that path (TCP then pushes back on the sender) rather than drop
 /// messages TCP already acknowledged. (With several poll threads, when the connection is
@@ -209,16 +233,7 @@ fn full_receiver_ring_loses_nothing() {
     rcv.set_recv_buffer_size(64 << 20).unwrap();
     rcv.bind(addr(&h1.at(9500))).unwrap();
     // 12 MiB of messages, 6 times what the ring holds; SO_SNDBUF is not the limit.
-    let mut snd = h0.d().app(&[
-        "send-bounded",
-        &h0.at(9501),
-        &h1.at(9500),
-        &COUNT.to_string(),
-        &LEN.to_string(),
-        &(16 << 20).to_string(),
-        "30000",
-    ]);
-    snd.expect_within("sending", Duration::from_secs(10));
+    let mut snd = start_sender(h0, 9501, &h1.at(9500), COUNT, LEN, 16 << 20, 30_000);
     // The receiver reads nothing until its full ring paused the path (or overflowed into
     // its backlog).
     let held = || h1.d().exact_stat("rx_paused") + h1.d().exact_stat("rx_backlogged");
@@ -286,16 +301,7 @@ fn one_mib_messages_to_a_slow_receiver() {
     let r = h1.d().attach();
     let rcv = r.socket().unwrap(); // default SO_RCVBUF
     rcv.bind(addr(&h1.at(9510))).unwrap();
-    let mut snd = h0.d().app(&[
-        "send-bounded",
-        &h0.at(9511),
-        &h1.at(9510),
-        &COUNT.to_string(),
-        &LEN.to_string(),
-        &(4 << 20).to_string(),
-        "30000",
-    ]);
-    snd.expect_within("sending", Duration::from_secs(10));
+    let mut snd = start_sender(h0, 9511, &h1.at(9510), COUNT, LEN, 4 << 20, 30_000);
     let start = Instant::now();
     let t = drain(
         &rcv,
@@ -665,16 +671,7 @@ fn paused_path_delays_only_sockets_that_share_it() {
     let z = r2.socket().unwrap();
     z.bind(addr(&h2.at(9602))).unwrap();
     // 2000 x 4 KiB to X: four times its ring, below its ring and backlog share together.
-    let mut flood = h0.d().app(&[
-        "send-bounded",
-        &h0.at(9603),
-        &h1.at(9600),
-        "2000",
-        "4096",
-        &(16 << 20).to_string(),
-        "30000",
-    ]);
-    flood.expect_within("sending", Duration::from_secs(10));
+    let _flood = start_sender(h0, 9603, &h1.at(9600), 2000, 4096, 16 << 20, 30_000);
     let owner = wait_until(
         Duration::from_secs(10),
         "host 1's connection to host 0",
@@ -802,16 +799,7 @@ fn a_receiver_backed_up_past_its_share_pauses_the_network_path() {
     let x = r.socket().unwrap();
     x.set_recv_buffer_size(1 << 30).unwrap();
     x.bind(addr(&h1.at(9652))).unwrap();
-    let mut flood = h0.d().app(&[
-        "send-bounded",
-        &h0.at(9653),
-        &h1.at(9652),
-        &COUNT.to_string(),
-        &LEN.to_string(),
-        &(32 << 20).to_string(),
-        "60000",
-    ]);
-    flood.expect_within("sending", Duration::from_secs(10));
+    let mut flood = start_sender(h0, 9653, &h1.at(9652), COUNT, LEN, 32 << 20, 60_000);
     // (The path may pause before, a moment at a time, while the ring between the threads is
     // full.)
     wait_for(

@@ -518,6 +518,32 @@ fn send_until_refused(tx: &shm_api::Socket, to: u16, seq: &mut u64, errno: i32, 
     rdsd_tests::send_until_refused(send, seq, errno, at_least);
 }
 
+/// Two apps on two poll threads: on the second a hog (SO_RCVBUF 1 GiB, at `base + 1`) that
+/// reads nothing and its neighbour (`base + 2`); on the first a nonblocking sender (`base`).
+struct HogRig {
+    ra: shm_api::Rdsd,
+    hog: shm_api::Socket,
+    other: shm_api::Socket,
+    tx: shm_api::Socket,
+}
+
+fn hog_rig(d: &Daemon, base: u16) -> HogRig {
+    let (ra, rb) = (d.attach(), d.attach());
+    assert_ne!(ra.poll_thread(), rb.poll_thread());
+    let hog = rb.socket().unwrap();
+    hog.bind(lo(base + 1)).unwrap();
+    hog.set_recv_buffer_size(1 << 30).unwrap();
+    let other = rb.socket().unwrap();
+    other.bind(lo(base + 2)).unwrap();
+    other
+        .set_recv_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let tx = ra.socket().unwrap();
+    tx.bind(lo(base)).unwrap();
+    tx.set_nonblocking(true).unwrap();
+    HogRig { ra, hog, other, tx }
+}
+
 /// A receiver that stops reading, with SO_RCVBUF above its rx ring (so the ring alone never
 /// makes it congested), must not cut the other sockets of its poll thread off from another
 /// thread: what finds its ring full waits in its backlog in rdsd, and the ring between the two
@@ -527,19 +553,7 @@ fn send_until_refused(tx: &shm_api::Socket, to: u16, seq: &mut u64, errno: i32, 
 #[test]
 fn a_receiver_that_stops_reading_does_not_cut_off_the_others_of_its_thread() {
     let d = daemon();
-    let (ra, rb) = (d.attach(), d.attach());
-    assert_ne!(ra.poll_thread(), rb.poll_thread());
-    let hog = rb.socket().unwrap();
-    hog.bind(lo(32_101)).unwrap();
-    hog.set_recv_buffer_size(1 << 30).unwrap();
-    let other = rb.socket().unwrap();
-    other.bind(lo(32_102)).unwrap();
-    other
-        .set_recv_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
-    let tx = ra.socket().unwrap();
-    tx.bind(lo(32_100)).unwrap();
-    tx.set_nonblocking(true).unwrap();
+    let HogRig { ra, hog, other, tx } = hog_rig(&d, 32_100);
     // More than the hog's rx ring (2 MiB) in flight. (Messages of 64 KiB cross in place: the
     // sender's tx ring, 2 MiB, holds those on their way, so that bounds them too.)
     tx.set_send_buffer_size(8 << 20).unwrap();
@@ -581,19 +595,7 @@ fn a_receiver_that_stops_reading_does_not_cut_off_the_others_of_its_thread() {
 fn a_receiver_that_never_reads_cannot_fill_the_backlogs() {
     const LEN: usize = 8 << 10;
     let d = daemon();
-    let (ra, rb) = (d.attach(), d.attach());
-    assert_ne!(ra.poll_thread(), rb.poll_thread());
-    let hog = rb.socket().unwrap();
-    hog.bind(lo(32_401)).unwrap();
-    hog.set_recv_buffer_size(1 << 30).unwrap();
-    let other = rb.socket().unwrap();
-    other.bind(lo(32_402)).unwrap();
-    other
-        .set_recv_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
-    let tx = ra.socket().unwrap();
-    tx.bind(lo(32_400)).unwrap();
-    tx.set_nonblocking(true).unwrap();
+    let HogRig { ra, hog, other, tx } = hog_rig(&d, 32_400);
     tx.set_send_buffer_size(1 << 30).unwrap();
     let mut sent = 0;
     let send = |i| tx.send_to(&rdsd_tests::seq_payload(i, LEN), lo(32_401));

@@ -838,10 +838,9 @@ pub(super) fn open_record(ring: &Consumer<RawRing>, rec: &Record) -> (Envelope, 
         rec.header.len as usize >= ENVELOPE_LEN,
         "pair ring record shorter than its envelope"
     );
-    // SAFETY: the consumer validated `payload_offset + header.len` against the data area (so
-    // the envelope's bytes lie in it), which the fabric keeps allocated for as long as this
-    // shard's link exists. A fixed-size read: `read_payload`'s variable length cost a call to
-    // memcpy per record.
+    // One fixed-size read (`read_payload`'s variable length cost a memcpy call per record).
+    // SAFETY: `payload_offset + header.len`, the envelope included, was validated against the
+    // data area, which the fabric keeps allocated for as long as this shard's link exists.
     let head: [u8; ENVELOPE_LEN] = unsafe {
         ring.memory()
             .data_ptr()
