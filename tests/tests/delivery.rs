@@ -193,6 +193,19 @@ fn drain(s: &Socket, last: u64, idle: Duration, pause: Duration, len: Option<usi
     }
 }
 
+/// rdsd flags for two poll threads with apps placed by `placement` ("app" or "socket"),
+/// whatever `RDSD_TESTS_POLL_THREADS` and `RDSD_TESTS_PLACEMENT` say.
+fn two_poll_threads(placement: &str) -> [&str; 6] {
+    [
+        "--poll-core",
+        "-2",
+        "--poll-core",
+        "-2",
+        "--placement",
+        placement,
+    ]
+}
+
 /// `rds-testapp send-bounded` on `from`: `count` messages of `len` bytes from its port `sport`
 /// to `dst`, with SO_SNDBUF `sndbuf`, failing past `timeout_ms`; returned once it is sending.
 fn start_sender(
@@ -764,15 +777,11 @@ fn paused_path_delays_only_sockets_that_share_it() {
 fn a_receiver_backed_up_past_its_share_pauses_the_network_path() {
     const COUNT: u64 = 4000;
     const LEN: usize = 4096;
-    let two = [
-        "--poll-core",
-        "-2",
-        "--poll-core",
-        "-2",
-        "--placement",
-        "app",
-    ];
-    let lab = Lab::new(2, 2, &[&["--paths", "1"][..], &two[..]].concat());
+    let lab = Lab::new(
+        2,
+        2,
+        &[&["--paths", "1"][..], &two_poll_threads("app")].concat(),
+    );
     let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
     let (ra, rb) = (h1.d().attach(), h1.d().attach());
     assert_ne!(ra.poll_thread(), rb.poll_thread());
@@ -1013,15 +1022,7 @@ fn ranks_that_exit_together_still_deliver_their_last_large_messages() {
 fn large_sends_from_another_poll_thread_cross_to_the_connection_owner_in_place() {
     const EACH: u64 = 40;
     const LEN: usize = 65_536;
-    let two = [
-        "--poll-core",
-        "-2",
-        "--poll-core",
-        "-2",
-        "--placement",
-        "socket",
-    ];
-    let lab = Lab::new(2, 2, &two);
+    let lab = Lab::new(2, 2, &two_poll_threads("socket"));
     let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
     let r1 = h1.d().attach();
     let rcv = r1.socket().unwrap();

@@ -544,6 +544,17 @@ fn hog_rig(d: &Daemon, base: u16) -> HogRig {
     HogRig { ra, hog, other, tx }
 }
 
+/// A new socket of the sending app (`base + 3`) reaches the hog's neighbour (`base + 2`) while
+/// the hog reads nothing.
+fn neighbour_gets_through(ra: &shm_api::Rdsd, other: &shm_api::Socket, base: u16) {
+    let tx2 = ra.socket().unwrap();
+    tx2.bind(lo(base + 3)).unwrap();
+    tx2.send_to(b"not held up", lo(base + 2)).unwrap();
+    let mut buf = [0u8; 64];
+    let (n, from) = other.recv_from(&mut buf).expect("past the hog");
+    assert_eq!((&buf[..n], from), (&b"not held up"[..], lo(base + 3)));
+}
+
 /// A receiver that stops reading, with SO_RCVBUF above its rx ring (so the ring alone never
 /// makes it congested), must not cut the other sockets of its poll thread off from another
 /// thread: what finds its ring full waits in its backlog in rdsd, and the ring between the two
@@ -566,12 +577,8 @@ fn a_receiver_that_stops_reading_does_not_cut_off_the_others_of_its_thread() {
     );
     assert!(d.exact_stat("rx_backlogged") > 0, "{}", d.exact_stats());
     // Another socket of the same sending app reaches the hog's neighbour.
-    let tx2 = ra.socket().unwrap();
-    tx2.bind(lo(32_103)).unwrap();
-    tx2.send_to(b"not held up", lo(32_102)).unwrap();
+    neighbour_gets_through(&ra, &other, 32_100);
     let mut buf = vec![0u8; 128 << 10];
-    let (n, from) = other.recv_from(&mut buf).expect("past the full receiver");
-    assert_eq!((&buf[..n], from), (&b"not held up"[..], lo(32_103)));
     // The hog reads its ring and its backlog: every message once, in order.
     hog.set_recv_timeout(Some(Duration::from_secs(20))).unwrap();
     for i in 0..sent {
@@ -623,12 +630,8 @@ fn a_receiver_that_never_reads_cannot_fill_the_backlogs() {
         "{hog_entry}"
     );
     // Another socket of the sending app reaches the hog's neighbour.
-    let tx2 = ra.socket().unwrap();
-    tx2.bind(lo(32_403)).unwrap();
-    tx2.send_to(b"not held up", lo(32_402)).unwrap();
+    neighbour_gets_through(&ra, &other, 32_400);
     let mut buf = vec![0u8; 64 << 10];
-    let (n, from) = other.recv_from(&mut buf).expect("past the hog");
-    assert_eq!((&buf[..n], from), (&b"not held up"[..], lo(32_403)));
     // The hog reads: every message once, in order, and the sender goes on.
     hog.set_recv_timeout(Some(Duration::from_secs(20))).unwrap();
     for i in 0..sent {
