@@ -74,17 +74,17 @@ counters! {
     /// Departed apps whose in-place messages were cancelled because too many regions were
     /// draining already.
     drain_cancels,
-    /// Times a receive ring was full and the sender had to wait.
+    /// Times a receive ring was full (the message went to the receiver's backlog, or waited).
     rx_ring_full,
-    /// Times a local send waited on its tx ring because its receiver, on another poll thread,
-    /// had a backlog past its share (`backlog.rs`), as it waits for a full rx ring on its own.
+    /// Times a local send waited on its tx ring because its receiver had a backlog past its
+    /// share (`backlog.rs`).
     tx_held_for_backlog,
-    /// Times a network delivery waited (its path paused) because its receiver, on another
-    /// poll thread than the connection's owner, had a backlog past its share.
+    /// Times a network delivery waited (its path paused) because its receiver had a backlog
+    /// past its share.
     rx_held_for_backlog,
-    /// Messages from another poll thread whose receiver's rx ring was full: kept in the
-    /// receiver's backlog in rdsd (its sender's bytes held until delivery) so that the pair
-    /// ring between the two threads goes on for the other receivers.
+    /// Messages whose receiver's rx ring was full: kept in the receiver's backlog in rdsd so
+    /// that the sender's other messages, the pair ring between two threads and the network
+    /// path go on for the other receivers.
     rx_backlogged,
     /// Times a pair ring waited at a message because this poll thread's backlogs held their
     /// 64 MiB already (the other receivers of that ring wait with it).

@@ -664,15 +664,15 @@ fn receiver_restart_soon_after_restart_no_duplicates() {
     restart_stream(30_000, 4, 9570, true, Some(100));
 }
 
-/// A slow receiver X on host 1 fills its rx ring. If X's poll thread owns host 1's
-/// connection to host 0, the path pauses (kernel TCP's window holds the rest): a socket Y on
-/// host 1 that shares the path waits until X drains, while a message to host 2 (another
-/// connection) does not wait. With one path per connection every socket shares it. If another
-/// poll thread owns the connection (runs with several), X's overflow waits in X's backlog in
-/// rdsd instead (`poll/backlog.rs`, up to X's share of 8 MiB: the flood stays below it), so
-/// the path goes on and Y is not held up either. Prints the delays; asserts the bounds.
-#[test]
-fn paused_path_delays_only_sockets_that_share_it() {
+/// A slow receiver X on host 1 (SO_RCVBUF 64 MiB, never congested) reads nothing while host 0
+/// sends it `count` messages of 4 KiB; host 1's connection to host 0 has one path, so every
+/// socket of host 1 shares it. Then host 0 sends one message to Y, beside X on host 1, and one
+/// to Z on host 2 (another connection): Z's always arrives while X reads nothing. Y's arrives
+/// too while X's backlog in rdsd is below its share (8 MiB; `poll/backlog.rs`), wherever X's
+/// poll thread is; past the share the path pauses (`rx_held_for_backlog`, kernel TCP's window
+/// holds the rest) and Y's message waits until X reads. Then X reads all, once and in order.
+fn slow_receiver_on_a_shared_path(count: u64, past_share: bool) {
+    const LEN: usize = 4096;
     let lab = Lab::new(3, 3, &["--paths", "1"]);
     let (h0, h1, h2) = (&lab.hosts[0], &lab.hosts[1], &lab.hosts[2]);
     let (r1, r2) = (h1.d().attach(), h2.d().attach());
@@ -683,87 +683,84 @@ fn paused_path_delays_only_sockets_that_share_it() {
     y.bind(addr(&h1.at(9601))).unwrap();
     let z = r2.socket().unwrap();
     z.bind(addr(&h2.at(9602))).unwrap();
-    // 2000 x 4 KiB to X: four times its ring, below its ring and backlog share together.
-    let _flood = start_sender(h0, 9603, &h1.at(9600), 2000, 4096, 16 << 20, 30_000);
-    let owner = wait_until(
-        Duration::from_secs(10),
-        "host 1's connection to host 0",
-        || {
-            h1.d().info_json(&["-n"])["connections"]
-                .as_array()
-                .and_then(|c| c.first().cloned())
-        },
-        Option::is_some,
-    )
-    .expect("a connection")["shard"]
-        .as_u64()
-        .expect("its poll thread");
-    let crossing = owner != r1.poll_thread() as u64;
-    if crossing {
+    let mut flood = start_sender(h0, 9603, &h1.at(9600), count, LEN, 16 << 20, 60_000);
+    if past_share {
         wait_for(
-            || h1.d().exact_stat("rx_backlogged") >= 1,
-            Duration::from_secs(10),
-            "host 1 to keep X's overflow in its backlog",
+            || h1.d().exact_stat("rx_held_for_backlog") >= 1,
+            Duration::from_secs(30),
+            "host 1 to pause the path once X's backlog passed its share",
         );
     } else {
+        // All of it on host 1: the sender's last message is in X's ring or backlog.
+        flood.expect_within("sent", Duration::from_secs(30));
         wait_for(
-            || h1.d().stat("rx_paused") >= 1,
-            Duration::from_secs(10),
-            "host 1 to pause the path",
+            || h1.d().exact_stat("rx_backlogged") + 1 >= count - (2 << 20) / LEN as u64,
+            Duration::from_secs(30),
+            "X's overflow in its backlog",
         );
     }
     let r0 = h0.d().attach();
     let s = r0.socket().unwrap();
     s.bind(addr(&h0.at(9604))).unwrap();
-    let sent = Instant::now();
     s.send_to(&seq_payload(1, 64), addr(&h1.at(9601))).unwrap();
     s.send_to(&seq_payload(2, 64), addr(&h2.at(9602))).unwrap();
     let mut buf = [0u8; 256];
-    z.set_recv_timeout(Some(Duration::from_secs(2))).unwrap();
-    let (n, _) = z
-        .recv_from(&mut buf)
-        .expect("host 2 is not held up by host 1's pause");
-    let other_connection = sent.elapsed();
+    z.set_recv_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (n, _) = z.recv_from(&mut buf).expect("host 2 is not held up by X");
     assert_eq!(payload_seq(&buf[..n]), 2);
-    let mut same_path = None;
-    if crossing {
-        // X reads nothing yet: Y's message passes X's backlog.
+    if past_share {
+        // The path stays paused until X reads, however long we look.
+        y.set_recv_timeout(Some(Duration::from_secs(1))).unwrap();
+        let e = y.recv_from(&mut buf).expect_err("Y shares the paused path");
+        assert_eq!(e.raw_os_error(), Some(libc::ETIMEDOUT));
+    } else {
         y.set_recv_timeout(Some(Duration::from_secs(10))).unwrap();
         let (n, _) = y
             .recv_from(&mut buf)
             .expect("Y is not held up by X's backlog");
-        same_path = Some(sent.elapsed());
         assert_eq!(payload_seq(&buf[..n]), 1);
-    } else {
-        y.set_recv_timeout(Some(Duration::from_millis(1000)))
-            .unwrap();
-        let e = y.recv_from(&mut buf).expect_err("Y shares the paused path");
-        assert_eq!(e.raw_os_error(), Some(libc::ETIMEDOUT));
     }
-    // X drains; (paused) Y's message follows X's messages on the path.
-    let drained = std::thread::spawn(move || {
-        let t = drain(&x, 1999, Duration::from_secs(5), Duration::ZERO, Some(4096));
-        (t.exactly_once_in_order(2000), Instant::now())
-    });
-    let same_path = same_path.unwrap_or_else(|| {
-        y.set_recv_timeout(Some(Duration::from_secs(20))).unwrap();
-        let (n, _) = y.recv_from(&mut buf).expect("Y's message after X drains");
-        assert_eq!(payload_seq(&buf[..n]), 1);
-        sent.elapsed()
-    });
-    let (x_ok, x_done) = drained.join().unwrap();
-    assert!(x_ok, "X got its 2000 messages exactly once, in order");
-    eprintln!(
-        "head-of-line (X's thread {}the connection's owner): message to another connection \
-         {other_connection:?}; to a socket on the same path {same_path:?} (X finished draining \
-         {:?} after the send)",
-        if crossing { "not " } else { "" },
-        x_done.duration_since(sent)
+    assert_eq!(h1.d().exact_stat("rx_backlog_capped"), 0);
+    let t = drain(
+        &x,
+        count - 1,
+        Duration::from_secs(10),
+        Duration::ZERO,
+        Some(LEN),
     );
-    assert!(other_connection < Duration::from_secs(1));
-    if !crossing {
-        assert!(same_path > Duration::from_secs(1));
+    assert!(t.exactly_once_in_order(count), "X: {}", t.summary());
+    if past_share {
+        y.set_recv_timeout(Some(Duration::from_secs(20))).unwrap();
+        let (n, _) = y.recv_from(&mut buf).expect("Y's message once X drained");
+        assert_eq!(payload_seq(&buf[..n]), 1);
+        flood.expect_within("sent", Duration::from_secs(30));
     }
+    eprintln!(
+        "host 1: {}",
+        show(
+            h1.d(),
+            &[
+                "rx_backlogged",
+                "rx_held_for_backlog",
+                "rx_paused",
+                "rx_resumed"
+            ]
+        )
+    );
+}
+
+/// 8 MiB to X: its ring (2 MiB) and a backlog below its share. Before backlogs on the
+/// connection owner's thread, Y's message waited until X read whenever X's thread owned the
+/// connection (the path paused at the full ring).
+#[test]
+fn a_full_ring_holds_up_no_socket_on_its_path() {
+    slow_receiver_on_a_shared_path(2000, false);
+}
+
+/// 16 MiB to X: past its share the path pauses, and only the sockets on it wait.
+#[test]
+fn paused_path_delays_only_sockets_that_share_it() {
+    slow_receiver_on_a_shared_path(4000, true);
 }
 
 /// Host 1 runs two poll threads, and its receiver X sits on the one that does not own the

@@ -1,10 +1,13 @@
-//! A receiver's backlog: messages from other poll threads that found its rx ring full.
+//! A receiver's backlog: messages that found its rx ring full.
 //!
 //! A pair ring between two poll threads carries messages for every socket of the receiving
 //! thread, in one FIFO. Stopping at a record whose receiver's ring is full would hold up every
 //! record behind it: one receiver that stops reading (with SO_RCVBUF above its ring, so never
 //! congested) would cut off the other sockets of its thread from the sending thread. So such a
-//! record is copied into the receiver's backlog and the pair ring moves on.
+//! record is copied into the receiver's backlog and the pair ring moves on. The same holds on
+//! the receiver's own thread (`deliver_or_park`'s `here`): a local sender's message, or a network path's,
+//! waits in the backlog rather than hold up the sender's later messages to other destinations
+//! or the other sockets on the path, as the kernel's receive queue grows up to SO_RCVBUF.
 //!
 //! - **Order:** once a socket has a backlog, every later message from the fabric for it joins
 //!   the backlog, and the backlog reaches the ring (oldest first) before anything else from the
@@ -92,15 +95,27 @@ pub(in crate::poll) struct GroupWait {
 }
 
 impl SocketTable {
-    /// A message from the fabric for `to`: into its rx ring, or into its backlog if the ring is
-    /// full or a backlog is already there. `Full` only when this thread's backlogs are full.
-    #[inline]
+    /// A message for `to`: into its rx ring, or into its backlog if the ring is full or a
+    /// backlog is already there (so that what one sender sends stays in order).
+    ///
+    /// `here`: a delivery made on this thread (a local sender's, or the network's on the
+    /// connection owner's thread). Parking it means that a receiver that stops reading holds up
+    /// neither its thread's other receivers (a local sender's later messages to them) nor the
+    /// sockets that share its network path, as in the kernel, whose receive queue grows up to
+    /// SO_RCVBUF; past the receiver's share it is `Full` instead (the local sender waits on its
+    /// tx ring, the path pauses), and the sender's bytes are released at once (the message is
+    /// in its receiver's queue, as on the kernel's loopback). Otherwise it came from the fabric
+    /// (or from a closing sender): parked whatever the share, its sender (`fabric_sender`)
+    /// released once it reaches the ring; `Full` only past this thread's backlogs' cap.
+    /// Always inlined: it is every local delivery's (as `deliver_to`).
+    #[inline(always)]
     pub(super) fn deliver_or_park(
         &mut self,
         to: SockRef,
         faddr: u32,
         sport: u16,
         payload: &MsgBytes<'_>,
+        here: bool,
     ) -> Delivered {
         // Almost always no socket of this thread has a backlog: no lookup then.
         let queued =
@@ -111,10 +126,11 @@ impl SocketTable {
                 return d;
             }
         }
-        self.park(to, faddr, sport, payload, queued)
+        self.park(to, faddr, sport, payload, queued, here)
     }
 
-    /// The slow half of [`Self::deliver_or_park`]: `to`'s ring is full or it has a backlog.
+    /// The slow half of [`Self::deliver_or_park`]: parks a copy of `payload` in `to`'s backlog
+    /// (`queued`: it has one already), or answers `Full` past the share (`here`) or the cap.
     #[cold]
     #[inline(never)]
     fn park(
@@ -124,15 +140,35 @@ impl SocketTable {
         sport: u16,
         payload: &MsgBytes<'_>,
         queued: bool,
+        here: bool,
     ) -> Delivered {
-        if self.sock(to).is_none() {
+        let total = self.backlog_total;
+        let Some(s) = self.sock(to) else {
             return Delivered::NoSocket;
+        };
+        if here && s.past_share(total) {
+            let local = self
+                .cfg
+                .local_addrs
+                .iter()
+                .any(|p| p.contains(faddr.into()));
+            Stats::bump(if local {
+                &self.stats.tx_held_for_backlog
+            } else {
+                &self.stats.rx_held_for_backlog
+            });
+            return Delivered::Full;
         }
         let Some(bytes) = self.keep_copy(payload) else {
             return Delivered::Full;
         };
         let len = payload.len();
-        let (from, token) = self.fabric_sender;
+        // Released when it reaches the ring: the fabric's sender; one of this thread, at once.
+        let (from, token) = if here {
+            (self.shard, 0)
+        } else {
+            self.fabric_sender
+        };
         let p = Parked {
             faddr,
             sport,
@@ -157,9 +193,9 @@ impl SocketTable {
     /// `BACKED_UP_SOCKET_BYTES`, or while it has one and all backlogs are past
     /// `BACKED_UP_TOTAL_BYTES`. Every pass with backlogs calls it for each (`drain_backlogs`).
     fn update_backed_up(&mut self, r: SockRef) {
-        let crowded = self.backlog_total >= BACKED_UP_TOTAL_BYTES;
+        let total = self.backlog_total;
         let Some(s) = self.sock(r) else { return };
-        let up = !s.backlog.is_empty() && (crowded || s.backlog_bytes >= BACKED_UP_SOCKET_BYTES);
+        let up = s.past_share(total);
         if let Some(f) = s
             .backed_up
             .as_ref()
@@ -456,6 +492,14 @@ impl SocketTable {
 }
 
 impl Sock {
+    /// True while this socket's backlog is past its share: `BACKED_UP_SOCKET_BYTES`, or any
+    /// backlog while all of this thread's (`total`) pass `BACKED_UP_TOTAL_BYTES`.
+    #[inline]
+    fn past_share(&self, total: usize) -> bool {
+        !self.backlog.is_empty()
+            && (total >= BACKED_UP_TOTAL_BYTES || self.backlog_bytes >= BACKED_UP_SOCKET_BYTES)
+    }
+
     /// Bytes queued for the app, `consumed` being what it says it has read: the rx ring's
     /// unread ones and the backlog (what SO_RCVBUF bounds and `rdsctl info` shows).
     #[inline]

@@ -298,12 +298,24 @@ fn a_cancel_reaches_the_connection_owner_after_the_messages_sent_before_it() {
 /// message to H's neighbour arrives). Once H reads, S's messages all arrive, once and in order.
 #[test]
 fn a_backed_up_receiver_holds_up_its_senders_not_the_pair_ring() {
+    backed_up_receiver(1);
+}
+
+/// The same with H on S's own thread: past H's ring its backlog grows to its share, then S
+/// waits on its tx ring (before backlogs on one thread it waited at the full ring at once).
+#[test]
+fn a_backed_up_receiver_of_its_senders_thread_holds_up_only_them() {
+    backed_up_receiver(0);
+}
+
+/// S and T on thread 0, H and its neighbour on thread `h_shard`.
+fn backed_up_receiver(h_shard: usize) {
     use std::sync::atomic::Ordering::Relaxed;
     const LEN: usize = 8 << 10;
     let mut rig = Rig::new();
     let (_, s_ring) = rig.app_with_socket(0, 0, 4000);
     let (_, t_ring) = rig.app_with_socket(0, 2, 4200);
-    let (_, rx) = rig.app_with_sockets(1, 1, &[4100, 4101]);
+    let (_, rx) = rig.app_with_sockets(h_shard, 1, &[4100, 4101]);
     let (mut h, mut o) = (
         shm_api::ring::Consumer::new(rx[0]),
         shm_api::ring::Consumer::new(rx[1]),
@@ -331,7 +343,7 @@ fn a_backed_up_receiver_holds_up_its_senders_not_the_pair_ring() {
         rig.cores[1].run_once();
     }
     let held = rig.cores[0].table.stats().tx_held_for_backlog.load(Relaxed);
-    let parked = rig.cores[1].table.stats().rx_backlogged.load(Relaxed);
+    let parked = rig.cores[h_shard].table.stats().rx_backlogged.load(Relaxed);
     assert!(held > 0, "S never waited for H ({parked} parked)");
     // H's ring (2 MiB), its share and what was on its way when its flag rose: S's tx ring, not
     // the backlog, holds the rest.
@@ -340,7 +352,11 @@ fn a_backed_up_receiver_holds_up_its_senders_not_the_pair_ring() {
         "{parked} messages parked"
     );
     assert_eq!(
-        rig.cores[1].table.stats().rx_backlog_capped.load(Relaxed),
+        rig.cores[h_shard]
+            .table
+            .stats()
+            .rx_backlog_capped
+            .load(Relaxed),
         0
     );
     // T's message to H's neighbour is not held up behind S's.

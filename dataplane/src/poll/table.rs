@@ -1547,10 +1547,8 @@ impl Upcalls for SocketTable {
             Stats::bump(&self.stats.drop_unbound_dest);
             return Delivered::NoSocket;
         };
-        if self.from_fabric || self.closing_sender {
-            return self.deliver_or_park(to, m.faddr, m.sport, &m.payload);
-        }
-        self.deliver_to(to, m.faddr, m.sport, &m.payload)
+        let here = !(self.from_fabric || self.closing_sender);
+        self.deliver_or_park(to, m.faddr, m.sport, &m.payload, here)
     }
 
     #[inline]
