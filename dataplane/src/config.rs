@@ -16,6 +16,9 @@ use std::path::PathBuf;
 /// The embedded default configuration.
 pub const DEFAULT_TOML: &str = include_str!("default.toml");
 
+/// The largest `backlog_share`: what all backlogs of one poll thread may hold.
+pub const MAX_BACKLOG_SHARE: u64 = 64 << 20;
+
 /// How a poll core waits when it has nothing to do.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -114,6 +117,7 @@ struct RawConfig {
     reply_timeout_ms: u64,
     max_apps_per_uid: u32,
     max_regions_per_uid: u32,
+    backlog_share: u64,
     metrics_listen: String,
     trace_hops: bool,
     group_owners: Vec<String>,
@@ -180,6 +184,9 @@ pub struct Config {
     pub max_apps_per_uid: u32,
     /// Most app regions rdsd holds for one uid (attached, attaching, or not yet freed).
     pub max_regions_per_uid: u32,
+    /// Bytes a socket's backlog may hold before its senders wait and its path pauses
+    /// (`poll/backlog.rs`); 0: a full rx ring holds them up at once.
+    pub backlog_share: u64,
     /// Where the Prometheus metrics endpoint listens (HTTP/1.0 `GET /metrics`); `None` = off.
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// Stamp traced messages at each hop of the poll core (`shm_api::hoptrace`): the latency
@@ -294,6 +301,10 @@ pub struct Overrides {
     /// Stamp messages that carry a hop-trace block (rds-bench --breakdown) at each hop.
     #[arg(long)]
     pub trace_hops: bool,
+    /// Bytes a socket's backlog may hold (a receiver whose rx ring is full) before its
+    /// senders wait and its network path pauses; 0 = hold them up at once.
+    #[arg(long)]
+    pub backlog_share: Option<u64>,
     /// PREFIX=OWNER: multicast groups in PREFIX are ordered by host OWNER (repeatable;
     /// replaces the configured list).
     #[arg(long = "group-owner")]
@@ -426,6 +437,7 @@ impl Config {
             rebind_grace: std::time::Duration::from_millis(raw.rebind_grace_ms.min(60_000)),
             max_apps_per_uid: raw.max_apps_per_uid,
             max_regions_per_uid: raw.max_regions_per_uid,
+            backlog_share: over.backlog_share.unwrap_or(raw.backlog_share),
             metrics_listen: match over
                 .metrics_listen
                 .as_deref()
@@ -465,6 +477,13 @@ impl Config {
         // A release token has 12 bits of app index; index 4095 names rdsd's own host links.
         if cfg.max_apps == 0 || cfg.max_apps > 4095 {
             bail!("max_apps must be 1..=4095");
+        }
+        if cfg.backlog_share > MAX_BACKLOG_SHARE {
+            bail!(
+                "backlog_share must be at most {MAX_BACKLOG_SHARE} (all backlogs of a poll \
+                 thread hold at most that; got {})",
+                cfg.backlog_share
+            );
         }
         if cfg.max_apps_per_uid == 0 || cfg.max_regions_per_uid == 0 {
             bail!("max_apps_per_uid and max_regions_per_uid must be at least 1");
@@ -626,6 +645,22 @@ mod tests {
                 .metrics_listen,
             None
         );
+        // The backlog share: 8 MiB by default, 0 allowed, at most what a thread's backlogs hold.
+        assert_eq!(
+            Config::load(None, &Overrides::default())
+                .unwrap()
+                .backlog_share,
+            8 << 20
+        );
+        std::fs::write(&f, "backlog_share = 0\n").unwrap();
+        let c = Config::load(Some(&f), &Overrides::default()).unwrap();
+        assert_eq!(c.backlog_share, 0);
+        let over = Overrides {
+            backlog_share: Some(MAX_BACKLOG_SHARE + 1),
+            ..Default::default()
+        };
+        let e = Config::load(Some(&f), &over).unwrap_err();
+        assert!(format!("{e:#}").contains("backlog_share"), "{e:#}");
     }
 
     #[test]

@@ -465,7 +465,10 @@ if [ "$LAB_MODE" = lat ]; then
         tail -n 2 /tmp/pt.err | sed "s/^/LAB perftest-err $t /"
     done
 fi
-printf '[rdma]\n' > /tmp/rdsd.toml
+: > /tmp/rdsd.toml
+# A slow receiver's full ring pauses its path at once (no backlog in rdsd): the credits run out.
+[ "$LAB_MODE" = slow ] && printf 'backlog_share = 0\n' >> /tmp/rdsd.toml
+printf '[rdma]\n' >> /tmp/rdsd.toml
 start_rdsd() {
 /bin/rdsd --config /tmp/rdsd.toml --control-socket /run/rdsd/rdsd.sock --local-addr $LAB_ADDR/32 --paths $LAB_PATHS --hugepages off >> /tmp/rdsd.log 2>&1 &
 RDSD_PID=$!
@@ -1022,8 +1025,9 @@ fn rdma_exactly_once_two_guests_eight_paths() {
 }
 
 /// A receiver that sleeps 4 s after the first message while 3.4 MB are on their way: its rx
-/// ring fills, the path pauses and stops re-posting receive buffers, so the sender runs out of
-/// credits and stalls; then the receiver drains and nothing is lost.
+/// ring fills, the path pauses (its rdsd runs with `backlog_share = 0`, so nothing waits in a
+/// backlog in rdsd) and stops re-posting receive buffers, so the sender runs out of credits
+/// and stalls; then the receiver drains and nothing is lost.
 #[test]
 fn rdma_slow_receiver_exhausts_credits_and_recovers() {
     if let Some(Run { a, .. }) = check(1, 1, "lab.mode=slow") {

@@ -17,7 +17,7 @@
 //!   marked congested once ring and backlog pass it (senders then get ENOBUFS, peers see the
 //!   map); and all backlogs of a thread hold at most `MAX_BACKLOG_BYTES`, past which a pair ring
 //!   waits at the record as before (`rx_backlog_capped`).
-//! - **Shares:** a socket whose backlog passes `BACKED_UP_SOCKET_BYTES` (or that has one while
+//! - **Shares:** a socket whose backlog passes `backlog_share` (config; or that has one while
 //!   all pass `BACKED_UP_TOTAL_BYTES`) raises the flag of its binding (`shard::Bound`); a local
 //!   sender of another thread then waits on its own tx ring, as one of this thread waits for a
 //!   full rx ring, and a network delivery for it pauses its path, as a full ring does on the
@@ -44,7 +44,7 @@
 use super::*;
 
 /// Payload bytes (plus `PARKED_OVERHEAD` each) all backlogs of one poll thread may hold.
-pub(in crate::poll) const MAX_BACKLOG_BYTES: usize = 64 << 20;
+pub(in crate::poll) const MAX_BACKLOG_BYTES: usize = crate::config::MAX_BACKLOG_SHARE as usize;
 
 /// What a parked message is charged on top of its payload, so that a flood of empty
 /// messages is bounded too.
@@ -52,15 +52,6 @@ const PARKED_OVERHEAD: usize = 64;
 
 /// Messages moved from a backlog to its rx ring per socket and pass.
 const BACKLOG_BATCH: usize = 64;
-
-/// A socket's backlog from this many bytes on is past its share: its local senders on other
-/// threads wait on their tx rings (`shard::Bound`). Below it a receiver with a large SO_RCVBUF
-/// queues as the kernel's would (congestion, then ENOBUFS, past SO_RCVBUF).
-#[cfg(not(test))]
-const BACKED_UP_SOCKET_BYTES: u64 = 8 << 20;
-/// Small in unit tests, so that the model of `shard_tests` meets it often.
-#[cfg(test)]
-const BACKED_UP_SOCKET_BYTES: u64 = 64 << 10;
 
 /// Past this much in all backlogs of a thread, every socket with a backlog is past its share.
 const BACKED_UP_TOTAL_BYTES: usize = MAX_BACKLOG_BYTES / 2;
@@ -142,11 +133,11 @@ impl SocketTable {
         queued: bool,
         here: bool,
     ) -> Delivered {
-        let total = self.backlog_total;
+        let (total, share) = (self.backlog_total, self.cfg.backlog_share);
         let Some(s) = self.sock(to) else {
             return Delivered::NoSocket;
         };
-        if here && s.past_share(total) {
+        if here && (share == 0 || s.past_share(total, share)) {
             let local = self
                 .cfg
                 .local_addrs
@@ -190,12 +181,12 @@ impl SocketTable {
     }
 
     /// Raises or lowers `r`'s backed-up flag by its backlog now: up while it is past
-    /// `BACKED_UP_SOCKET_BYTES`, or while it has one and all backlogs are past
+    /// `backlog_share`, or while it has one and all backlogs are past
     /// `BACKED_UP_TOTAL_BYTES`. Every pass with backlogs calls it for each (`drain_backlogs`).
     fn update_backed_up(&mut self, r: SockRef) {
-        let total = self.backlog_total;
+        let (total, share) = (self.backlog_total, self.cfg.backlog_share);
         let Some(s) = self.sock(r) else { return };
-        let up = s.past_share(total);
+        let up = s.past_share(total, share);
         if let Some(f) = s
             .backed_up
             .as_ref()
@@ -492,12 +483,11 @@ impl SocketTable {
 }
 
 impl Sock {
-    /// True while this socket's backlog is past its share: `BACKED_UP_SOCKET_BYTES`, or any
+    /// True while this socket's backlog is past its share: `share` bytes, or any
     /// backlog while all of this thread's (`total`) pass `BACKED_UP_TOTAL_BYTES`.
     #[inline]
-    fn past_share(&self, total: usize) -> bool {
-        !self.backlog.is_empty()
-            && (total >= BACKED_UP_TOTAL_BYTES || self.backlog_bytes >= BACKED_UP_SOCKET_BYTES)
+    fn past_share(&self, total: usize, share: u64) -> bool {
+        !self.backlog.is_empty() && (total >= BACKED_UP_TOTAL_BYTES || self.backlog_bytes >= share)
     }
 
     /// Bytes queued for the app, `consumed` being what it says it has read: the rx ring's

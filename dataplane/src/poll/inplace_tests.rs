@@ -124,6 +124,8 @@ pub(super) fn test_config(tag: &str, poll_threads: usize) -> (Arc<Config>, std::
         hugepages: Some(HugepageMode::Off),
         max_sockets_per_app: Some(4),
         poll_cores: vec![-1; poll_threads],
+        // Small, so that the model of `shard_tests` meets it often.
+        backlog_share: Some(64 << 10),
         ..Default::default()
     };
     (Arc::new(Config::load(None, &over).unwrap()), dir)
