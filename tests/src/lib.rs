@@ -861,6 +861,81 @@ pub fn send_until_refused(
     }
 }
 
+/// A receiver `hog` (bound at `base + 1`, SO_RCVBUF 1 GiB) reads nothing while `tx` (`base`)
+/// sends it 4 MiB of 8 KiB messages: twice its rx ring, below its backlog share (8 MiB). Then
+/// `tx` reaches `other` (`base + 2`) at once; `tx` goes on until refused for good (the share is
+/// full: `tx_held_for_backlog`, `info -r` says the hog is backed up, far below the cap), and
+/// `tx2` (`base + 3`) still reaches `other`. Then the hog reads everything once, in order, and
+/// `tx` sends again. The kernel's receive queue grows up to SO_RCVBUF and holds up nobody else;
+/// rdsd's backlog does the same up to its share.
+pub fn hog_holds_up_no_other_destination(
+    d: &Daemon,
+    [tx, hog, other, tx2]: [&shm_api::Socket; 4],
+    base: u16,
+) {
+    const LEN: usize = 8 << 10;
+    hog.bind(lo(base + 1)).unwrap();
+    hog.set_recv_buffer_size(1 << 30).unwrap();
+    other.bind(lo(base + 2)).unwrap();
+    other
+        .set_recv_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    tx.bind(lo(base)).unwrap();
+    tx.set_nonblocking(true).unwrap();
+    tx2.bind(lo(base + 3)).unwrap();
+    let send = |i| tx.send_to(&seq_payload(i, LEN), lo(base + 1));
+    let mut sent = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sent < 512 {
+        match send(sent) {
+            Ok(_) => sent += 1,
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "held at {sent} messages of 8 KiB"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // The same sender reaches another socket while the hog reads nothing.
+    let mut buf = vec![0u8; 64 << 10];
+    tx.set_nonblocking(false).unwrap();
+    tx.send_to(b"not held up", lo(base + 2)).unwrap();
+    let (n, from) = other.recv_from(&mut buf).expect("past the hog");
+    assert_eq!((&buf[..n], from), (&b"not held up"[..], lo(base)));
+    assert!(d.exact_stat("rx_backlogged") > 0, "{}", d.exact_stats());
+    // On until refused for good: the share is full, the sender waits.
+    tx.set_nonblocking(true).unwrap();
+    let at_least = sent;
+    send_until_refused(send, &mut sent, libc::EAGAIN, at_least);
+    let stats = d.exact_stats();
+    let stat = |name: &str| stat_from(&stats, name);
+    assert!(stat("tx_held_for_backlog") > 0, "{stats}");
+    assert_eq!(stat("rx_backlog_capped"), 0, "{stats}");
+    // Ring (2 MiB), share (8 MiB), the send buffer and what was on its way.
+    assert!(sent * (LEN as u64) < 16 << 20, "{sent} messages of 8 KiB");
+    let q = d.info_json(&["-r"]);
+    let entry = q["recv_queue"]["entries"]
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["port"] == base + 1))
+        .unwrap_or_else(|| panic!("the hog in the receive queue: {q}"));
+    assert_eq!(entry["backed_up"], true, "{entry}");
+    // Another sender still reaches `other`.
+    tx2.send_to(b"another sender", lo(base + 2)).unwrap();
+    let (n, from) = other.recv_from(&mut buf).expect("past the held sender");
+    assert_eq!((&buf[..n], from), (&b"another sender"[..], lo(base + 3)));
+    // The hog reads: everything once, in order; its sender goes on.
+    hog.set_recv_timeout(Some(Duration::from_secs(20))).unwrap();
+    for i in 0..sent {
+        let n = hog.recv(&mut buf).unwrap();
+        assert_eq!((n, payload_seq(&buf[..n])), (LEN, i));
+    }
+    let mut again = sent;
+    send_until_refused(send, &mut again, libc::EAGAIN, sent + 256);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

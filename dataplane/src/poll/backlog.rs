@@ -5,15 +5,18 @@
 //! record behind it: one receiver that stops reading (with SO_RCVBUF above its ring, so never
 //! congested) would cut off the other sockets of its thread from the sending thread. So such a
 //! record is copied into the receiver's backlog and the pair ring moves on. The same holds on
-//! the receiver's own thread (`deliver_or_park`'s `here`): a local sender's message, or a network path's,
-//! waits in the backlog rather than hold up the sender's later messages to other destinations
-//! or the other sockets on the path, as the kernel's receive queue grows up to SO_RCVBUF.
+//! the receiver's own thread (`deliver_or_park`'s `here`): a local sender's message, or a
+//! network path's, waits in the backlog rather than hold up the sender's later messages to
+//! other destinations or the other sockets on the path, as the kernel's receive queue grows up
+//! to SO_RCVBUF.
 //!
 //! - **Order:** once a socket has a backlog, every later message from the fabric for it joins
 //!   the backlog, and the backlog reaches the ring (oldest first) before anything else from the
 //!   fabric does; so what one sender sends it stays in order.
-//! - **Bounds:** the sender's bytes are released (its SO_SNDBUF) only once the message is in the
-//!   rx ring, as without a backlog; the backlog counts as queued for SO_RCVBUF, so the port is
+//! - **Bounds:** a parked message is the receiver's (its sender's bytes are released, as the
+//!   kernel's loopback releases them once the message is in the receiver's queue; a pair ring's
+//!   records stay the sender's until the receiving thread takes them, so SO_SNDBUF still
+//!   covers the crossing); the backlog counts as queued for SO_RCVBUF, so the port is
 //!   marked congested once ring and backlog pass it (senders then get ENOBUFS, peers see the
 //!   map); and all backlogs of a thread hold at most `MAX_BACKLOG_BYTES`, past which a pair ring
 //!   waits at the record as before (`rx_backlog_capped`).
@@ -61,9 +64,6 @@ pub(in crate::poll) struct Parked {
     faddr: u32,
     sport: u16,
     bytes: Box<[u8]>,
-    /// The sending shard and the sender's token (0: nothing to release).
-    from: usize,
-    token: u64,
 }
 
 /// A copy of shard 0's fan-out `stamp` for member `token` of this shard, whose ring was full.
@@ -94,10 +94,9 @@ impl SocketTable {
     /// neither its thread's other receivers (a local sender's later messages to them) nor the
     /// sockets that share its network path, as in the kernel, whose receive queue grows up to
     /// SO_RCVBUF; past the receiver's share it is `Full` instead (the local sender waits on its
-    /// tx ring, the path pauses), and the sender's bytes are released at once (the message is
-    /// in its receiver's queue, as on the kernel's loopback). Otherwise it came from the fabric
-    /// (or from a closing sender): parked whatever the share, its sender (`fabric_sender`)
-    /// released once it reaches the ring; `Full` only past this thread's backlogs' cap.
+    /// tx ring, the path pauses). Otherwise it came from the fabric (or from a closing sender):
+    /// parked whatever the share; `Full` only past this thread's backlogs' cap. A parked
+    /// message is in its receiver's queue: its sender's bytes are released as for a delivery.
     /// Always inlined: it is every local delivery's (as `deliver_to`).
     #[inline(always)]
     pub(super) fn deliver_or_park(
@@ -154,18 +153,10 @@ impl SocketTable {
             return Delivered::Full;
         };
         let len = payload.len();
-        // Released when it reaches the ring: the fabric's sender; one of this thread, at once.
-        let (from, token) = if here {
-            (self.shard, 0)
-        } else {
-            self.fabric_sender
-        };
         let p = Parked {
             faddr,
             sport,
             bytes,
-            from,
-            token,
         };
         let s = self.sock(to).expect("open");
         s.backlog.push_back(p);
@@ -173,7 +164,6 @@ impl SocketTable {
         if !queued {
             self.backlogged.push(to);
         }
-        self.parked = true;
         Stats::bump(&self.stats.rx_backlogged);
         self.mark_if_over(to);
         self.update_backed_up(to);
@@ -197,12 +187,10 @@ impl SocketTable {
     }
 
     /// While `on`, a socket is closing (or its app leaving): what it sent that finds a local
-    /// receiver's ring full is parked in that receiver's backlog (its sender's bytes are
-    /// released at once: they die with the socket), as a send that returned success is
-    /// delivered even if its sender closes right after.
+    /// receiver's ring full is parked in that receiver's backlog whatever its share, as a send
+    /// that returned success is delivered even if its sender closes right after.
     pub(in crate::poll) fn set_closing_sender(&mut self, on: bool) {
         self.closing_sender = on;
-        self.fabric_sender = (self.shard, 0);
     }
 
     /// True while some socket has a backlog or a group message waits: a parked poll thread
@@ -399,7 +387,6 @@ impl SocketTable {
                 self.uncharge(&p.bytes);
                 let d = self.deliver_to(r, p.faddr, p.sport, &MsgBytes::from_slice(&p.bytes));
                 debug_assert_eq!(d, Delivered::Yes, "checked to fit");
-                self.release_parked(&p);
                 moved += 1;
             }
             self.update_backed_up(r);
@@ -418,14 +405,13 @@ impl SocketTable {
         moved
     }
 
-    /// A closing socket's backlog is dropped (as its unread ring is), its senders released.
+    /// A closing socket's backlog is dropped (as its unread ring is).
     pub(super) fn drop_backlog(&mut self, r: SockRef, s: &mut Sock) {
         if s.backlog.is_empty() {
             return;
         }
         for p in std::mem::take(&mut s.backlog) {
             self.uncharge(&p.bytes);
-            self.release_parked(&p);
             Stats::bump(&self.stats.drop_socket_closed);
         }
         s.backlog_bytes = 0;
@@ -433,9 +419,6 @@ impl SocketTable {
             f.store(false, Ordering::Relaxed);
         }
         self.backlogged.retain(|&x| x != r);
-        if let Some(l) = self.link.as_mut() {
-            l.flush_release();
-        }
     }
 
     /// A copy of `payload` charged to this thread's backlogs (its length and
@@ -456,10 +439,6 @@ impl SocketTable {
     /// Gives back what [`Self::keep_copy`] charged for `bytes`.
     fn uncharge(&mut self, bytes: &[u8]) {
         self.backlog_total -= bytes.len() + PARKED_OVERHEAD;
-    }
-
-    fn release_parked(&mut self, p: &Parked) {
-        self.release_to(p.from, p.token, p.bytes.len());
     }
 
     /// Gives `len` bytes back to the sender `token` (0: none) of shard `from`.

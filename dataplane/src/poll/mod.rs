@@ -278,7 +278,7 @@ impl PollCore {
 
     fn pass(&mut self) -> usize {
         let mut work = 0;
-        // Messages of other shards parked at a full rx ring go first (`backlog.rs`).
+        // Messages parked at a full rx ring go first (`backlog.rs`).
         if self.table.has_backlog() {
             work += self.table.drain_backlogs();
         }
@@ -504,7 +504,7 @@ impl PollCore {
                     dport,
                     payload,
                 };
-                // Releases `token` once delivered (or dropped), perhaps from a backlog later.
+                // Releases `token` once delivered (into the ring or the backlog) or dropped.
                 match self.table.deliver_forwarded(m, from, token) {
                     crate::seam::Delivered::Full => return false,
                     crate::seam::Delivered::Yes => {

@@ -374,7 +374,7 @@ impl Envelope {
 /// A binding in the directory: the shard whose socket is bound there, and that socket's
 /// "backed up" flag, which its shard raises while the socket's backlog is past its share
 /// (`backlog.rs`): a local sender of another shard then waits on its own tx ring, as a sender
-/// of the receiver's shard waits for a full rx ring, instead of growing the backlog.
+/// of the receiver's shard does past the share, instead of growing the backlog.
 #[derive(Clone, Debug)]
 pub(super) struct Bound {
     pub(super) shard: u8,

@@ -390,6 +390,124 @@ fn backed_up_receiver(h_shard: usize) {
     assert_eq!(next, sent, "every message of S arrived");
 }
 
+/// A message crossing to another thread stays its sender's (SO_SNDBUF) until that thread takes
+/// it off the pair ring, so a pair ring cannot absorb megabytes unseen; taken, it is in its
+/// receiver's queue, its rx ring or, while that is full, its backlog, and its bytes are given
+/// back either way, as the kernel's loopback does once a message is queued for its receiver.
+#[test]
+fn a_crossing_message_is_its_senders_until_the_other_thread_takes_it() {
+    use std::sync::atomic::Ordering::{Acquire, Relaxed};
+    const LEN: usize = 8 << 10;
+    let mut rig = Rig::new();
+    let (slot, s_ring) = rig.app_with_socket(0, 0, 4000);
+    let _ = rig.app_with_sockets(1, 1, &[4100]);
+    let released = |rig: &Rig| {
+        rig.cores[0]
+            .table
+            .ctl(SockRef { app: 0, slot })
+            .tx_released_bytes
+            .load(Acquire)
+    };
+    let mut s = Producer::new(s_ring);
+    let push_all = |s: &mut Producer<RawRing>| {
+        let mut n = 0u64;
+        while s
+            .push(
+                RecordHeader::data(LEN as u32, u32::from(LOCAL), 4100),
+                &[7u8; LEN],
+            )
+            .is_ok()
+        {
+            n += 1;
+        }
+        s.publish();
+        n
+    };
+    // Only the sender's thread runs: everything it took waits in the pair ring, still the
+    // sender's.
+    let first = push_all(&mut s);
+    for _ in 0..3 {
+        rig.cores[0].run_once();
+    }
+    assert_eq!(
+        released(&rig),
+        0,
+        "released before the other thread took anything"
+    );
+    // The receiving thread takes them (its ring has room); the release notes come back.
+    for _ in 0..10 {
+        rig.cores[1].run_once();
+        rig.cores[0].run_once();
+    }
+    assert_eq!(released(&rig), first * LEN as u64);
+    // The receiver reads nothing: past its ring (2 MiB) the rest waits in its backlog, and
+    // those bytes come back to the sender too.
+    let mut sent = first;
+    for _ in 0..20 {
+        sent += push_all(&mut s);
+        rig.cores[0].run_once();
+        rig.cores[1].run_once();
+        rig.cores[0].run_once();
+    }
+    let parked = rig.cores[1].table.stats().rx_backlogged.load(Relaxed);
+    assert!(parked > 0, "nothing waited in the backlog ({sent} sent)");
+    assert!(
+        released(&rig) > 2 << 20,
+        "only {} bytes released: the backlog's messages are still the sender's",
+        released(&rig)
+    );
+}
+
+/// Messages of 16 KiB and more cross in place: the pair ring carries references into the
+/// sender's tx ring. A sender app that leaves before the receiving thread has taken them loses
+/// none: its region stays mapped (Detach answers `None`, `regions_drained_late`) until that
+/// thread has copied the last, whose release lets it go.
+#[test]
+fn an_app_that_leaves_with_references_in_the_pair_ring_loses_nothing() {
+    use std::sync::atomic::Ordering::Relaxed;
+    const LEN: usize = 32 << 10;
+    let mut rig = Rig::new();
+    let (_, s_ring) = rig.app_with_socket(0, 0, 4000);
+    let (_, rx) = rig.app_with_sockets(1, 1, &[4100]);
+    let mut s = Producer::new(s_ring);
+    for i in 0..20u8 {
+        s.push(
+            RecordHeader::data(LEN as u32, u32::from(LOCAL), 4100),
+            &[i; LEN],
+        )
+        .unwrap();
+    }
+    s.publish();
+    rig.cores[0].run_once();
+    let gone = rig.cmd(0, Cmd::Detach { app: 0 });
+    assert!(
+        matches!(gone, CmdReply::Detached(None)),
+        "the region goes while references to it are in the pair ring"
+    );
+    assert_eq!(
+        rig.cores[0]
+            .table
+            .stats()
+            .regions_drained_late
+            .load(Relaxed),
+        1
+    );
+    for _ in 0..4 {
+        rig.cores[1].run_once();
+        rig.cores[0].run_once();
+    }
+    let mut h = shm_api::ring::Consumer::new(rx[0]);
+    let mut buf = vec![0u8; LEN];
+    for i in 0..20u8 {
+        let rec = h.peek().unwrap().expect("every message arrived");
+        assert_eq!(rec.header.len as usize, LEN);
+        h.read_payload(&rec, &mut buf);
+        assert!(buf.iter().all(|&b| b == i), "message {i} whole");
+        h.consume(&rec);
+    }
+    rig.cores[0].table.assert_nothing_left(0);
+}
+
 /// Where a message of the model goes: a socket of the model (app, socket), or the dead peer's
 /// port `5000 + n`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -184,10 +184,6 @@ pub struct SocketTable {
     net_shards: usize,
     /// Set while delivering what another shard forwarded: never forwarded again.
     from_fabric: bool,
-    /// Of that delivery: the sending shard and the sender's token (0: none), which a
-    /// backlog keeps until the message reaches the rx ring; `parked` says it did so.
-    fabric_sender: (usize, u64),
-    parked: bool,
     /// Set while a closing socket's messages move (`set_closing_sender`): one that finds a
     /// local receiver's ring full waits in its backlog rather than die with the sender.
     closing_sender: bool,
@@ -258,8 +254,6 @@ impl SocketTable {
             fabric,
             shard,
             from_fabric: false,
-            fabric_sender: (0, 0),
-            parked: false,
             closing_sender: false,
             backlogged: Vec::new(),
             backlog_total: 0,
@@ -1172,8 +1166,8 @@ impl SocketTable {
 
     /// Delivers a message shard `from` forwarded (never forwarded again: a binding that
     /// moved meanwhile drops it, as a close would), and releases the sender's `token` (0:
-    /// none) once it is delivered or dropped: at once, or when it leaves the receiver's
-    /// backlog (a full rx ring parks it there rather than hold up the pair ring).
+    /// none) once it is delivered (into the rx ring or, while that is full, the receiver's
+    /// backlog: the receiver's queue either way) or dropped.
     #[inline(always)]
     pub(super) fn deliver_forwarded(
         &mut self,
@@ -1183,11 +1177,9 @@ impl SocketTable {
     ) -> Delivered {
         let len = m.payload.len() as u64;
         self.from_fabric = true;
-        self.fabric_sender = (from, token);
-        self.parked = false;
         let d = self.deliver(m);
         self.from_fabric = false;
-        if d != Delivered::Full && token != 0 && !self.parked {
+        if d != Delivered::Full && token != 0 {
             if let Some(l) = self.link.as_mut() {
                 l.release(from, token, len);
             }
