@@ -9,12 +9,19 @@ use std::time::{Duration, Instant};
 
 const POLL_THREADS: usize = 3;
 
+/// rdsd with `POLL_THREADS` poll threads, apps placed by app whatever `RDSD_TESTS_PLACEMENT`
+/// says: these tests place their sockets on threads by app (`placement_by_socket_*` start
+/// their own).
 fn daemon() -> Daemon {
-    let mut args = Vec::new();
+    Daemon::start(&by_app())
+}
+
+fn by_app() -> Vec<&'static str> {
+    let mut args = vec!["--placement", "app"];
     for _ in 0..POLL_THREADS {
         args.extend(["--poll-core", "-2"]);
     }
-    Daemon::start(&args)
+    args
 }
 
 #[test]
@@ -103,11 +110,7 @@ fn placement_by_socket_spreads_one_process_sockets_over_the_poll_threads() {
     drop(socks);
     drop(r);
     // By app: one attachment, one thread.
-    let mut args = Vec::new();
-    for _ in 0..POLL_THREADS {
-        args.extend(["--poll-core", "-2"]);
-    }
-    let d = Daemon::start(&args);
+    let d = Daemon::start(&by_app());
     let r = d.attach();
     let socks: Vec<_> = (0..POLL_THREADS).map(|_| r.socket().unwrap()).collect();
     assert!(socks.iter().all(|s| s.poll_thread() == r.poll_thread()));
