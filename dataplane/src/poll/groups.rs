@@ -739,17 +739,7 @@ impl SocketTable {
     /// Sets or clears `g`'s bit in the daemon region (not a local port: no transport hears
     /// of it, no peer gets it in a congestion map).
     fn set_group_bit(&mut self, g: GroupAddr, on: bool) {
-        let Some(&(idx, _)) = self.cong_entries.get(&g.addr()) else {
-            return;
-        };
-        let port = g.port();
-        let word = &self.dview.map(idx)[port as usize / 64];
-        if on {
-            word.fetch_or(1 << (port % 64), Ordering::AcqRel);
-        } else {
-            word.fetch_and(!(1 << (port % 64)), Ordering::AcqRel);
-        }
-        self.dview.header().cong_seq.fetch_add(1, Ordering::Release);
+        self.set_region_cong_bit(g.addr(), g.port(), on);
     }
 
     /// The copy of fan-out `stamp` for member `to` of shard `x.shard`; true if it is on its

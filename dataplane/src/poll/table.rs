@@ -714,15 +714,22 @@ impl SocketTable {
                 None => self.local_cong_changed(addr, port, on),
             }
         }
-        if let Some(&(idx, _)) = self.cong_entries.get(&addr) {
-            let word = &self.dview.map(idx)[port as usize / 64];
-            if on {
-                word.fetch_or(1 << (port % 64), Ordering::AcqRel);
-            } else {
-                word.fetch_and(!(1 << (port % 64)), Ordering::AcqRel);
-            }
-            self.dview.header().cong_seq.fetch_add(1, Ordering::Release);
+        self.set_region_cong_bit(addr, port, on);
+    }
+
+    /// Sets or clears `addr:port`'s bit in the daemon region's congestion table, which every
+    /// sender's library tests before a send (nothing if `addr` has no entry there).
+    pub(super) fn set_region_cong_bit(&self, addr: u32, port: u16, on: bool) {
+        let Some(&(idx, _)) = self.cong_entries.get(&addr) else {
+            return;
+        };
+        let word = &self.dview.map(idx)[port as usize / 64];
+        if on {
+            word.fetch_or(1 << (port % 64), Ordering::AcqRel);
+        } else {
+            word.fetch_and(!(1 << (port % 64)), Ordering::AcqRel);
         }
+        self.dview.header().cong_seq.fetch_add(1, Ordering::Release);
     }
 
     /// Shard 0: a local port's congestion changed; tell the transports (`cong_changed`).
