@@ -10,9 +10,9 @@
 //! other destinations or the other sockets on the path, as the kernel's receive queue grows up
 //! to SO_RCVBUF.
 //!
-//! - **Order:** once a socket has a backlog, every later message from the fabric for it joins
-//!   the backlog, and the backlog reaches the ring (oldest first) before anything else from the
-//!   fabric does; so what one sender sends it stays in order.
+//! - **Order:** once a socket has a backlog, every later message for it joins the backlog, and
+//!   the backlog reaches the ring (oldest first) before anything else does; so what one sender
+//!   sends it stays in order.
 //! - **Bounds:** a parked message is the receiver's (its sender's bytes are released, as the
 //!   kernel's loopback releases them once the message is in the receiver's queue; a pair ring's
 //!   records stay the sender's until the receiving thread takes them, so SO_SNDBUF still
