@@ -508,6 +508,61 @@ fn an_app_that_leaves_with_references_in_the_pair_ring_loses_nothing() {
     rig.cores[0].table.assert_nothing_left(0);
 }
 
+/// `deliver` keeps the last binding it found: a port whose socket closed and that a socket
+/// of another slot then bound gets the next message in the new socket (a stale binding would
+/// name the closed slot, and the message would be dropped as sent to no socket). One poll
+/// thread: the loopback path.
+#[test]
+fn a_port_bound_again_gets_its_messages_in_the_new_socket() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut rig = Rig::with_shards(1);
+    let (_, s_ring) = rig.app_with_socket(0, 0, 4000);
+    // Slots 0, 1, 2 of app 1.
+    let (socks, rx) = rig.app_with_sockets(0, 1, &[4100, 4101, 4102]);
+    let mut s = Producer::new(s_ring);
+    let mut send = |rig: &mut Rig, b: u8| {
+        s.push(RecordHeader::data(1, u32::from(LOCAL), 4100), &[b])
+            .unwrap();
+        s.publish();
+        rig.cores[0].run_once();
+    };
+    let read = |ring: RawRing| {
+        let mut c = shm_api::ring::Consumer::new(ring);
+        let mut got = Vec::new();
+        while let Some(rec) = c.peek().unwrap() {
+            let mut b = [0u8; 1];
+            c.read_payload(&rec, &mut b);
+            got.push(b[0]);
+            c.consume(&rec);
+        }
+        c.release();
+        got
+    };
+    send(&mut rig, 1);
+    assert_eq!(read(rx[0]), vec![1]);
+    // Slot 1 closes and opens again (the lowest free slot); then port 4100's socket (slot 0)
+    // closes and slot 1 binds port 4100.
+    rig.request(0, 1, Request::Close { slot: socks[1].0 });
+    let slot = rig.request(0, 1, Request::SocketOpen) as u32;
+    assert_eq!(slot, socks[1].0);
+    rig.request(0, 1, Request::Close { slot: socks[0].0 });
+    rig.request(
+        0,
+        1,
+        Request::Bind {
+            slot,
+            addr: LOCAL,
+            port: 4100,
+        },
+    );
+    send(&mut rig, 2);
+    assert_eq!(read(rx[1]), vec![2], "the message reached the new socket");
+    assert_eq!(
+        rig.cores[0].table.stats().drop_unbound_dest.load(Relaxed),
+        0
+    );
+}
+
 /// Where a message of the model goes: a socket of the model (app, socket), or the dead peer's
 /// port `5000 + n`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

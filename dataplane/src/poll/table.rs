@@ -157,6 +157,9 @@ pub struct SocketTable {
     dview: DaemonView,
     apps: Vec<Option<App>>,
     binds: FxHashMap<(u32, u16), SockRef>,
+    /// The last binding `deliver` found (a stream mostly goes to one port): cleared whenever
+    /// `binds` changes, so it is never stale.
+    last_bind: Option<((u32, u16), SockRef)>,
     cong_entries: FxHashMap<u32, (usize, u32)>,
     /// Peers whose congestion map has an entry in the daemon region.
     peer_entries: FxHashSet<u32>,
@@ -266,6 +269,7 @@ impl SocketTable {
             stats,
             apps: (0..max_apps).map(|_| None).collect(),
             binds: FxHashMap::default(),
+            last_bind: None,
             cong_entries: FxHashMap::default(),
             peer_entries: FxHashSet::default(),
             congested: Vec::with_capacity(1024),
@@ -564,6 +568,7 @@ impl SocketTable {
         self.fabric.binds_changed(&mut dir);
         drop(dir);
         self.binds.insert((a, port), r);
+        self.last_bind = None;
         let s = self.sock(r).expect("live");
         s.bound = Some((a, port));
         s.backed_up = Some(backed_up);
@@ -936,6 +941,7 @@ impl SocketTable {
         }
         if let Some(b) = s.bound {
             self.binds.remove(&b);
+            self.last_bind = None;
             {
                 let mut dir = self.fabric.dir();
                 dir.binds.remove(&b);
@@ -1527,7 +1533,16 @@ impl Upcalls for SocketTable {
             }
             return self.group_wire_in(&m);
         }
-        let Some(&to) = self.binds.get(&(m.laddr, m.dport)) else {
+        let key = (m.laddr, m.dport);
+        let found = match self.last_bind {
+            Some((k, r)) if k == key => Some(r),
+            _ => self
+                .binds
+                .get(&key)
+                .copied()
+                .inspect(|&r| self.last_bind = Some((key, r))),
+        };
+        let Some(to) = found else {
             if let Some(d) = self.forward_delivery(&m) {
                 return d;
             }
