@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Instructions the sending app spends per message in shm-api (issue 18, item 2: the library
-# publishes its tx ring once per batch), counted by callgrind: `rds-bench tput` (one way,
-# 64 B) against a running rdsd, once sending one message per call (`Socket::send_to`) and once
-# per batch of BATCH (`Socket::send_batch`, sendmmsg in the C ABI). Counted: the inclusive
-# instructions of `Socket::send_inner` (one per message) or `Socket::send_batch`, divided by
-# the messages; rdsd is not under callgrind (its share is `bench/shards-callgrind.sh`).
+# Instructions the apps spend per message in shm-api (issue 18, item 2: the library publishes
+# its tx ring once per batch, and releases its rx ring once per batch), counted by callgrind:
+# `rds-bench tput` (one way, 64 B) against a running rdsd, once one message per call
+# (`Socket::send_to`, `Socket::recv_from`) and once per batch of BATCH (`Socket::send_batch`,
+# sendmmsg in the C ABI; `Socket::recv_batch`, recvmmsg: whatever is queued, up to BATCH).
+# Counted: the inclusive instructions of `Socket::send_inner` (one per message) or
+# `Socket::send_batch`, and of `Socket::recv_msg` or `Socket::recv_batch` (non-blocking: the
+# calls that found nothing queued are in it), divided by the messages; rdsd is not under
+# callgrind (its share is `bench/shards-callgrind.sh`).
 #
 # usage: bench/batch-callgrind.sh [COUNT] [BATCH...]   (release build: cargo build --release)
 set -euo pipefail
@@ -23,19 +26,25 @@ rm -f "$sock"
 rdsd=$!
 trap 'kill -TERM $rdsd 2>/dev/null || true' EXIT
 for _ in $(seq 600); do [ -S "$sock" ] && break; sleep 0.1; done
-echo "| messages per call | shm-api instructions per message | relative to one per call |"
-echo "|---|---|---|"
+echo "| messages per call | send: shm-api instructions per message | relative | receive: shm-api instructions per message | relative |"
+echo "|---|---|---|---|---|"
 base=
+rbase=
 for b in $batches; do
     rm -f "$out/callgrind.$b".*
     valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.$b.%p" -q \
         "$bin/rds-bench" tput --socket "$sock" --count "$count" --size 64 --batch "$b" \
         > "$out/tput-$b.log"
-    per=$(callgrind_annotate --inclusive=yes --threshold=100 "$out/callgrind.$b".* 2>/dev/null |
-        awk -v c="$count" '{v = $1; gsub(",", "", v); v += 0}
-             /shm_api::socket::Socket::send_(inner|batch)( |$)/ {if (v > m) m = v}
-             END {printf "%d", m / c}')
-    base=${base:-$per}
-    awk -v b="$b" -v p="$per" -v base="$base" \
-        'BEGIN {printf "| %d | %d | %.2f |\n", b, p, p / base}'
+    annotated=$(callgrind_annotate --inclusive=yes --threshold=100 "$out/callgrind.$b".* 2>/dev/null)
+    per() {
+        awk -v c="$count" -v re="$1" '{v = $1; gsub(",", "", v); v += 0}
+             $0 ~ re {if (v > m) m = v}
+             END {printf "%d", m / c}' <<<"$annotated"
+    }
+    send=$(per 'shm_api::socket::Socket::send_(inner|batch)( |$)')
+    recv=$(per 'shm_api::socket::Socket::recv_(msg|batch)( |$)')
+    base=${base:-$send}
+    rbase=${rbase:-$recv}
+    awk -v b="$b" -v p="$send" -v base="$base" -v r="$recv" -v rbase="$rbase" \
+        'BEGIN {printf "| %d | %d | %.2f | %d | %.2f |\n", b, p, p / base, r, r / rbase}'
 done

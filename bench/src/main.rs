@@ -128,7 +128,8 @@ struct TputArgs {
     #[arg(long, default_value_t = 64)]
     size: usize,
     /// Messages per send call: 1 sends one at a time; more uses `Socket::send_batch`
-    /// (sendmmsg), which publishes each batch to rdsd at once.
+    /// (sendmmsg), which publishes each batch to rdsd at once, and the receiver takes up to
+    /// as many per call with `Socket::recv_batch` (recvmmsg), releasing its ring once a call.
     #[arg(long, default_value_t = 1)]
     batch: usize,
     /// CPU of the sender thread, and of the rdsd receiver thread unless --receiver-core.

@@ -128,6 +128,40 @@ fn recv_spin(
     }
 }
 
+/// Receives at least one message into `bufs` with `Socket::recv_batch` (non-blocking, so
+/// whatever is queued, up to `bufs.len()`), backing off while nothing is; returns each
+/// message's buffer and length.
+fn recv_batch_spin<'a>(
+    s: &Socket,
+    bufs: &'a mut [Vec<u8>],
+    bo: &mut Backoff,
+    stop: Option<&AtomicBool>,
+) -> Result<Vec<(&'a [u8], usize)>> {
+    let mut since: Option<Instant> = None;
+    let mut out = vec![shm_api::RecvMsg::default(); bufs.len()];
+    let flags = shm_api::RecvFlags {
+        dontwait: true,
+        ..Default::default()
+    };
+    loop {
+        let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        match s.recv_batch(&mut slices, &mut out, flags) {
+            Ok(k) => {
+                return Ok(bufs
+                    .iter()
+                    .zip(&out)
+                    .take(k)
+                    .map(|(b, m)| (&b[..], m.len))
+                    .collect())
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                back_off(bo, &mut since, stop, || "nothing received".to_string())?;
+            }
+            Err(e) => return Err(e).context("recv_batch"),
+        }
+    }
+}
+
 /// One app thread, two sockets: A → B, B → A, both busy-polling non-blocking receives.
 /// The calling thread is pinned to `core` (unpinned with `None`). With `yield_every` > 0 it
 /// gives the CPU away every so many misses, in case it shares a core with rdsd's poll thread.
@@ -204,6 +238,20 @@ pub fn tput(
                 let n = recv_spin(&b, &mut buf, &mut bo, Some(&stop))?;
                 let first = Instant::now();
                 check_payload(&buf, n, size, 0)?;
+                if batch > 1 {
+                    // recvmmsg-style: whatever is queued, up to `batch`, released together.
+                    let mut bufs = vec![vec![0u8; size + 64]; batch];
+                    let mut i = 1;
+                    while i < count {
+                        let want = (count - i).min(batch as u64) as usize;
+                        let got = recv_batch_spin(&b, &mut bufs[..want], &mut bo, Some(&stop))?;
+                        for (k, (buf, n)) in got.iter().enumerate() {
+                            check_payload(buf, *n, size, i + k as u64)?;
+                        }
+                        i += got.len() as u64;
+                    }
+                    return Ok((first, Instant::now()));
+                }
                 for i in 1..count {
                     let n = recv_spin(&b, &mut buf, &mut bo, Some(&stop))?;
                     check_payload(&buf, n, size, i)?;

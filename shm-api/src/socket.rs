@@ -8,7 +8,7 @@ use crate::layout::{
     DAEMON_REGION_LEN, DEFAULT_BUF, LAYOUT_VERSION, MAX_BUF, MAX_MSG_SIZE, MIN_BUF, RX_FLAG_GROUP,
     SHM_MAGIC,
 };
-use crate::ring::{Consumer, Producer, PushError, RawRing, RecordHeader, RingMemory};
+use crate::ring::{Consumer, Producer, PushError, RawRing, Record, RecordHeader, RingMemory};
 use crate::sys::{self, Mapping};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -643,6 +643,28 @@ struct TxSide {
     ring_want: bool,
 }
 
+/// True if `m` took a record off the rx ring (not a peek, not a congestion notification).
+fn took_record(m: &RecvMsg, flags: RecvFlags) -> bool {
+    !flags.peek && m.cong_update.is_none()
+}
+
+/// Copies `rec` into `buf` and, unless peeking, consumes it (the ring is released later).
+fn take_record(rx: &mut RxSide, rec: &Record, buf: &mut [u8], flags: RecvFlags) -> RecvMsg {
+    let full = rec.header.len as usize;
+    let copied = rx.consumer.read_payload(rec, buf);
+    let from = SocketAddrV4::new(Ipv4Addr::from(rec.header.addr), rec.header.port);
+    if !flags.peek {
+        rx.consumer.consume(rec);
+        rx.consumed += full as u64;
+    }
+    RecvMsg {
+        len: if flags.trunc { full } else { copied },
+        from: Some(from),
+        truncated: full > buf.len(),
+        cong_update: None,
+    }
+}
+
 struct RxSide {
     consumer: Consumer<RawRing>,
     consumed: u64,
@@ -660,7 +682,7 @@ pub struct RecvFlags {
 }
 
 /// What [`Socket::recv_msg`] got.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecvMsg {
     /// Bytes copied, or the full length with `RecvFlags::trunc`.
     pub len: usize,
@@ -952,11 +974,57 @@ impl Socket {
     /// `recvmsg` with MSG_PEEK / MSG_TRUNC / MSG_DONTWAIT. In monitor mode a pending
     /// congestion update comes first, as a 0-byte message with `cong_update` set.
     pub fn recv_msg(&self, buf: &mut [u8], flags: RecvFlags) -> io::Result<RecvMsg> {
+        let mut rx = lock(&self.rx);
+        let m = self.recv_first(&mut rx, buf, flags)?;
+        if took_record(&m, flags) {
+            self.release_rx(&mut rx);
+        }
+        Ok(m)
+    }
+
+    /// `recvmmsg` with MSG_WAITFORONE: receives up to `bufs.len()` messages (`out[i]` tells
+    /// what went into `bufs[i]`), waiting as [`Socket::recv_msg`] does for the first only,
+    /// then taking what is already queued. The rx ring is released, and rdsd's doorbell rung
+    /// if it sleeps, once for the whole batch rather than once a message. A congestion
+    /// notification is a message of its own (returned alone or ending the batch before it),
+    /// and so is MSG_PEEK's: a peek returns one message. Errors are the first message's; the
+    /// batch just ends where a later one would wait (an uncommitted group copy, an empty ring).
+    pub fn recv_batch(
+        &self,
+        bufs: &mut [&mut [u8]],
+        out: &mut [RecvMsg],
+        flags: RecvFlags,
+    ) -> io::Result<usize> {
+        let n = bufs.len().min(out.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        let mut rx = lock(&self.rx);
+        out[0] = self.recv_first(&mut rx, bufs[0], flags)?;
+        if !took_record(&out[0], flags) {
+            return Ok(1);
+        }
+        let mut got = 1;
+        while got < n {
+            match self.take_ready(&mut rx, bufs[got], flags) {
+                Some(m) => {
+                    out[got] = m;
+                    got += 1;
+                }
+                None => break,
+            }
+        }
+        self.release_rx(&mut rx);
+        Ok(got)
+    }
+
+    /// The next message, waiting for it unless non-blocking: what `recv_msg` does, short of
+    /// releasing the ring.
+    fn recv_first(&self, rx: &mut RxSide, buf: &mut [u8], flags: RecvFlags) -> io::Result<RecvMsg> {
         let nonblock = flags.dontwait || self.nonblocking.load(Ordering::Relaxed);
         let c = &*self.client;
         let ctl = c.slot_control(self.slot);
         let mut deadline = None;
-        let mut rx = lock(&self.rx);
         loop {
             // Once rdsd is gone, what it delivered is still read out (then the error): a
             // group message is at all its members or at none, whoever noticed first.
@@ -1000,24 +1068,7 @@ impl Socket {
                 continue;
             }
             if let Some(rec) = rec {
-                let full = rec.header.len as usize;
-                let copied = rx.consumer.read_payload(&rec, buf);
-                let from = SocketAddrV4::new(Ipv4Addr::from(rec.header.addr), rec.header.port);
-                if !flags.peek {
-                    rx.consumer.consume(&rec);
-                    rx.consumer.release();
-                    rx.consumed += full as u64;
-                    ctl.rx_consumed_bytes.store(rx.consumed, Ordering::Release);
-                    if !dead {
-                        c.ring_doorbell();
-                    }
-                }
-                return Ok(RecvMsg {
-                    len: if flags.trunc { full } else { copied },
-                    from: Some(from),
-                    truncated: full > buf.len(),
-                    cong_update: None,
-                });
+                return Ok(take_record(rx, &rec, buf, flags));
             }
             if dead {
                 return Err(daemon_gone());
@@ -1035,6 +1086,40 @@ impl Socket {
                 !consumer.is_empty().unwrap_or(false)
                     || (monitor && ctl.cong_notify.load(Ordering::Acquire) != 0)
             })?;
+        }
+    }
+
+    /// One more message of a batch if it can be read now: not a congestion notification
+    /// (its own message), not an uncommitted group copy, not a ring that fails to parse (the
+    /// next call reports it).
+    fn take_ready(&self, rx: &mut RxSide, buf: &mut [u8], flags: RecvFlags) -> Option<RecvMsg> {
+        let c = &*self.client;
+        let ctl = c.slot_control(self.slot);
+        if self.monitor.load(Ordering::Relaxed)
+            && !c.dead.load(Ordering::Relaxed)
+            && ctl.cong_notify.load(Ordering::Acquire) != 0
+        {
+            return None;
+        }
+        let rec = rx.consumer.peek().ok()??;
+        if rec.header.flags & RX_FLAG_GROUP != 0
+            && group_copy_pending(ctl, &c.daemon_view, rec.end())
+        {
+            return None;
+        }
+        Some(take_record(rx, &rec, buf, flags))
+    }
+
+    /// Hands the ring space of the messages taken back to rdsd, and the bytes to its receive
+    /// accounting (SO_RCVBUF, congestion); wakes it if it sleeps.
+    fn release_rx(&self, rx: &mut RxSide) {
+        let c = &*self.client;
+        rx.consumer.release();
+        c.slot_control(self.slot)
+            .rx_consumed_bytes
+            .store(rx.consumed, Ordering::Release);
+        if !c.dead.load(Ordering::Relaxed) {
+            c.ring_doorbell();
         }
     }
 

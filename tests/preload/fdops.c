@@ -1,8 +1,9 @@
 /* fd-level behaviour of AF_RDS sockets under rdsd-run (tests/tests/preload.rs): flags from
  * socket(), fcntl O_NONBLOCK, connect + write/read, writev/readv, FIONREAD, MSG_TRUNC, dup and
  * dup2 and close, SO_RCVTIMEO, a receiver blocked in another thread, epoll on a mixed set,
- * sendmmsg (one batch for rdsd), and exec closing FD_CLOEXEC sockets only. Plain socket API;
- * prints "FDOPS OK". */
+ * sendmmsg (one batch for rdsd), recvmmsg (Linux's rules), close_range and closefrom (the
+ * sockets among the fds forgotten and released), and exec closing FD_CLOEXEC sockets only.
+ * Plain socket API; prints "FDOPS OK". */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -132,6 +133,107 @@ int main(void)
 		CHECK(sendmmsg(a, mv, 1, MSG_OOB) == -1 && errno == EOPNOTSUPP);
 	}
 
+	/* recvmmsg: without MSG_WAITFORONE a blocking call waits for all of vlen, with it for the
+	 * first only; each msg_len, msg_name and msg_flags set; a message gathered into two
+	 * iovecs; every entry on one buffer (the last message wins); MSG_TRUNC; MSG_PEEK; EAGAIN;
+	 * a zero timeout ends the call after one message (as Linux checks it after each) */
+	{
+		struct mmsghdr mv[8];
+		struct iovec iv[8], two[2];
+		struct sockaddr_in from[8];
+		char rb[8][16], shared[16], h1[2], h2[16];
+#define SETUP()                                                               \
+	do {                                                                  \
+		memset(mv, 0, sizeof mv);                                     \
+		memset(rb, 0, sizeof rb);                                     \
+		for (int k = 0; k < 8; k++) {                                 \
+			iv[k] = (struct iovec){ rb[k], sizeof rb[k] };        \
+			mv[k].msg_hdr.msg_iov = &iv[k];                       \
+			mv[k].msg_hdr.msg_iovlen = 1;                         \
+			mv[k].msg_hdr.msg_name = &from[k];                    \
+			mv[k].msg_hdr.msg_namelen = sizeof from[k];           \
+		}                                                             \
+	} while (0)
+		char pay[16];
+		for (int k = 0; k < 6; k++) {
+			snprintf(pay, sizeof pay, "rm%d", k);
+			CHECK(send(a, pay, 3, 0) == 3);
+		}
+		SETUP();
+		CHECK(recvmmsg(b, mv, 6, 0, NULL) == 6);
+		for (int k = 0; k < 6; k++) {
+			snprintf(pay, sizeof pay, "rm%d", k);
+			CHECK(mv[k].msg_len == 3 && memcmp(rb[k], pay, 3) == 0);
+			CHECK(mv[k].msg_hdr.msg_namelen == sizeof from[k]);
+			CHECK(from[k].sin_port == aa.sin_port && from[k].sin_addr.s_addr == aa.sin_addr.s_addr);
+			CHECK(mv[k].msg_hdr.msg_flags == 0);
+		}
+		CHECK(recvmmsg(b, mv, 4, MSG_DONTWAIT, NULL) == -1 && errno == EAGAIN);
+		CHECK(recvmmsg(b, mv, 0, 0, NULL) == 0);
+
+		/* MSG_WAITFORONE: whatever is queued, at least one, in order */
+		for (int k = 0; k < 3; k++) {
+			snprintf(pay, sizeof pay, "w%d", k);
+			CHECK(send(a, pay, 2, 0) == 2);
+		}
+		int got = 0;
+		while (got < 3) {
+			SETUP();
+			int n = recvmmsg(b, mv, 8, MSG_WAITFORONE, NULL);
+			CHECK(n >= 1 && got + n <= 3);
+			for (int k = 0; k < n; k++) {
+				snprintf(pay, sizeof pay, "w%d", got + k);
+				CHECK(mv[k].msg_len == 2 && memcmp(rb[k], pay, 2) == 0);
+			}
+			got += n;
+		}
+
+		/* two iovecs; a short buffer with MSG_TRUNC; three entries on one buffer */
+		CHECK(send(a, "scattered", 9, 0) == 9);
+		CHECK(send(a, "0123456789abcdef0123", 20, 0) == 20);
+		CHECK(send(a, "one", 3, 0) == 3);
+		CHECK(send(a, "two", 3, 0) == 3);
+		CHECK(send(a, "six", 3, 0) == 3);
+		SETUP();
+		two[0] = (struct iovec){ h1, sizeof h1 };
+		two[1] = (struct iovec){ h2, sizeof h2 };
+		mv[0].msg_hdr.msg_iov = two;
+		mv[0].msg_hdr.msg_iovlen = 2;
+		iv[1].iov_len = 4;
+		for (int k = 2; k < 5; k++)
+			iv[k] = (struct iovec){ shared, sizeof shared };
+		CHECK(recvmmsg(b, mv, 2, MSG_TRUNC, NULL) == 2);
+		CHECK(mv[0].msg_len == 9 && memcmp(h1, "sc", 2) == 0 && memcmp(h2, "attered", 7) == 0);
+		CHECK(mv[1].msg_len == 20 && (mv[1].msg_hdr.msg_flags & MSG_TRUNC) && memcmp(rb[1], "0123", 4) == 0);
+		CHECK(recvmmsg(b, mv + 2, 3, 0, NULL) == 3);
+		CHECK(mv[2].msg_len == 3 && mv[3].msg_len == 3 && mv[4].msg_len == 3);
+		CHECK(memcmp(shared, "six", 3) == 0);
+
+		/* MSG_PEEK leaves the message: every entry peeks the same one */
+		CHECK(send(a, "peek", 4, 0) == 4);
+		SETUP();
+		CHECK(recvmmsg(b, mv, 2, MSG_PEEK, NULL) == 2);
+		CHECK(mv[0].msg_len == 4 && mv[1].msg_len == 4 && memcmp(rb[1], "peek", 4) == 0);
+		CHECK(recv(b, buf, sizeof buf, 0) == 4 && memcmp(buf, "peek", 4) == 0);
+
+		/* a zero timeout: one message, and the timeout left is zero */
+		for (int k = 0; k < 3; k++)
+			CHECK(send(a, "tmo", 3, 0) == 3);
+		SETUP();
+		struct timespec zero = { 0, 0 }, bad = { 0, 1000000000 };
+		CHECK(recvmmsg(b, mv, 3, MSG_DONTWAIT, &bad) == -1 && errno == EINVAL);
+		CHECK(recvmmsg(b, mv, 3, 0, &zero) == 1 && zero.tv_sec == 0 && zero.tv_nsec == 0);
+		got = 1;
+		while (got < 3) {
+			SETUP();
+			int n = recvmmsg(b, mv, 3, MSG_WAITFORONE, NULL);
+			CHECK(n >= 1);
+			got += n;
+		}
+		CHECK(got == 3);
+#undef SETUP
+	}
+
 	/* dup, close of the original, dup2 onto another number */
 	int c = dup(b);
 	CHECK(c >= 0);
@@ -192,6 +294,33 @@ int main(void)
 	/* exec: the FD_CLOEXEC socket is gone in the new image, the other one stays */
 	CHECK(!fd_in_exec_child(a));
 	CHECK(fd_in_exec_child(d));
+
+	/* close_range and closefrom close rdsd sockets as close does: the number is no socket
+	 * any more (EBADF, not a send on the old socket) and the port is free again;
+	 * CLOSE_RANGE_CLOEXEC only marks them */
+	{
+		int r = socket(AF_RDS, SOCK_SEQPACKET, 0);
+		CHECK(r >= 0);
+		struct sockaddr_in ra = bound(r);
+		CHECK(close_range(r, r, CLOSE_RANGE_CLOEXEC) == 0);
+		CHECK(fcntl(r, F_GETFD) & FD_CLOEXEC);
+		CHECK(sendto(r, "cr", 2, 0, (struct sockaddr *)&ba, sizeof ba) == 2);
+		CHECK(wait_in(d));
+		CHECK(recv(d, buf, sizeof buf, 0) == 2);
+		CHECK(close_range(r, r, 0) == 0);
+		CHECK(sendto(r, "cr", 2, 0, (struct sockaddr *)&ba, sizeof ba) == -1 && errno == EBADF);
+		int again = socket(AF_RDS, SOCK_SEQPACKET, 0);
+		CHECK(again >= 0);
+		CHECK(bind(again, (struct sockaddr *)&ra, sizeof ra) == 0);
+		CHECK(dup2(again, 300) == 300);
+		CHECK(close(again) == 0);
+		closefrom(300);
+		CHECK(sendto(300, "cf", 2, 0, (struct sockaddr *)&ba, sizeof ba) == -1 && errno == EBADF);
+		int third = socket(AF_RDS, SOCK_SEQPACKET, 0);
+		CHECK(third >= 0);
+		CHECK(bind(third, (struct sockaddr *)&ra, sizeof ra) == 0);
+		CHECK(close(third) == 0);
+	}
 
 	CHECK(shutdown(d, SHUT_RDWR) == -1 && errno == EOPNOTSUPP);
 	CHECK(close(a) == 0 && close(d) == 0);

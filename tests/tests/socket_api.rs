@@ -629,3 +629,78 @@ fn a_receiver_that_stops_reading_holds_up_no_other_destination() {
     let [tx, hog, other, tx2] = [(); 4].map(|_| r.socket().unwrap());
     hog_holds_up_no_other_destination(&d, [&tx, &hog, &other, &tx2], 9970);
 }
+
+/// `Socket::recv_batch` (recvmmsg in the C ABI): the first message waited for, then whatever
+/// is queued up to the batch (all 300 are queued first, so every call fills its 16), in order, each with its sender, length and truncation; the ring
+/// space and the receive accounting given back (rdsd's queue for the socket ends empty);
+/// MSG_PEEK takes one message and leaves it; an empty socket times out as `recv` does.
+#[test]
+fn recv_batch_takes_what_is_queued_in_order_and_gives_it_back() {
+    let d = Daemon::start(&[]);
+    let r = d.attach();
+    let a = r.socket().unwrap();
+    let b = r.socket().unwrap();
+    a.bind(lo(7701)).unwrap();
+    b.bind(lo(7702)).unwrap();
+    b.set_recv_buffer_size(1 << 20).unwrap();
+    const COUNT: u64 = 300;
+    // Lengths 8..=100: the buffers hold 64, so some arrive truncated.
+    let len = |i: u64| 8 + (i as usize * 7) % 93;
+    for i in 0..COUNT {
+        a.send_to(&seq_payload(i, len(i)), lo(7702)).unwrap();
+    }
+    let total: u64 = (0..COUNT).map(|i| len(i) as u64).sum();
+    wait_for(
+        || d.info_json(&["-r"])["recv_queue"]["bytes"].as_u64() == Some(total),
+        Duration::from_secs(10),
+        "every message in the receiver's queue",
+    );
+    b.set_recv_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut store = vec![[0u8; 64]; 16];
+    let mut out = [shm_api::RecvMsg::default(); 16];
+    let (mut next, mut calls) = (0u64, 0u64);
+    while next < COUNT {
+        let mut bufs: Vec<&mut [u8]> = store.iter_mut().map(|s| &mut s[..]).collect();
+        let n = b
+            .recv_batch(&mut bufs, &mut out, RecvFlags::default())
+            .expect("a batch within 10 s");
+        assert_eq!(n as u64, (COUNT - next).min(16), "all queued: full batches");
+        calls += 1;
+        for (m, buf) in out[..n].iter().zip(&store) {
+            let want = len(next);
+            assert_eq!(m.from, Some(lo(7701)));
+            assert_eq!(
+                (m.len, m.truncated),
+                (want.min(64), want > 64),
+                "message {next}"
+            );
+            assert_eq!(payload_seq(buf), next, "in order");
+            next += 1;
+        }
+    }
+    assert_eq!(calls, COUNT.div_ceil(16));
+    wait_for(
+        || d.info_json(&["-r"])["recv_queue"]["bytes"].as_u64() == Some(0),
+        Duration::from_secs(10),
+        "rdsd's receive queue for the socket empty once the batches are read",
+    );
+    // MSG_PEEK: one message, left queued.
+    a.send_to(b"peeked", lo(7702)).unwrap();
+    let peek = RecvFlags {
+        peek: true,
+        ..Default::default()
+    };
+    let mut bufs: Vec<&mut [u8]> = store.iter_mut().map(|s| &mut s[..]).collect();
+    assert_eq!(b.recv_batch(&mut bufs, &mut out, peek).unwrap(), 1);
+    assert_eq!(b.recv(&mut store[0]).unwrap(), 6);
+    assert_eq!(&store[0][..6], b"peeked");
+    // Empty: non-blocking EAGAIN, blocking times out as recv does.
+    let mut bufs: Vec<&mut [u8]> = store.iter_mut().map(|s| &mut s[..]).collect();
+    assert_eq!(errno(b.recv_batch(&mut bufs, &mut out, nb())), libc::EAGAIN);
+    b.set_recv_timeout(Some(Duration::from_millis(20))).unwrap();
+    assert_eq!(
+        errno(b.recv_batch(&mut bufs, &mut out, RecvFlags::default())),
+        libc::ETIMEDOUT
+    );
+    assert_eq!(b.recv_batch(&mut [], &mut out, nb()).unwrap(), 0);
+}

@@ -8,10 +8,11 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 #include <sys/types.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
-/* sendmmsg's message vector (sys/socket.h defines it with _GNU_SOURCE). */
+/* sendmmsg's and recvmmsg's message vector (sys/socket.h defines it with _GNU_SOURCE). */
 struct mmsghdr;
 
 // The address family of RDS (`AF_RDS`/`PF_RDS`).
@@ -168,6 +169,17 @@ ssize_t rdsd_recvfrom(int fd,
 // Receives one message scattered into `msg->msg_iov`; the sender in `msg->msg_name`,
 // MSG_TRUNC in `msg->msg_flags`, RDS_CMSG_CONG_UPDATE (a u64 port mask) in the control data.
 ssize_t rdsd_recvmsg(int fd, struct msghdr *msg, int flags);
+
+// recvmmsg(2): receives up to `vlen` messages (at most 1024), setting each `msg_len` and
+// filling each `msg_hdr` as `rdsd_recvmsg` does; returns how many came, or -1 with errno if
+// none did. Linux's rules: without MSG_WAITFORONE a blocking call waits for all `vlen`, with
+// it for the first only; `timeout` (may be NULL) is checked after messages arrive, not while
+// waiting. What is already queued is taken as one batch (one release of the rx ring).
+int rdsd_recvmmsg(int fd,
+                  struct mmsghdr *msgvec,
+                  unsigned int vlen,
+                  int flags,
+                  struct timespec *timeout);
 
 // SOL_SOCKET: SO_SNDBUF, SO_RCVBUF (and their FORCE forms), SO_REUSEADDR (no effect),
 // SO_SNDTIMEO, SO_RCVTIMEO; other SOL_SOCKET options are accepted with no effect, as the

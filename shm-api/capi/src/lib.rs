@@ -288,6 +288,23 @@ pub unsafe extern "C" fn rdsd_recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int)
     ret_len(unsafe { ops::recvmsg(fd, msg, flags) })
 }
 
+/// recvmmsg(2): receives up to `vlen` messages (at most 1024), setting each `msg_len` and
+/// filling each `msg_hdr` as `rdsd_recvmsg` does; returns how many came, or -1 with errno if
+/// none did. Linux's rules: without MSG_WAITFORONE a blocking call waits for all `vlen`, with
+/// it for the first only; `timeout` (may be NULL) is checked after messages arrive, not while
+/// waiting. What is already queued is taken as one batch (one release of the rx ring).
+#[no_mangle]
+pub unsafe extern "C" fn rdsd_recvmmsg(
+    fd: c_int,
+    msgvec: *mut libc::mmsghdr,
+    vlen: libc::c_uint,
+    flags: c_int,
+    timeout: *mut libc::timespec,
+) -> c_int {
+    // SAFETY: as for recvmmsg(2).
+    ret_int(unsafe { ops::recvmmsg(fd, msgvec, vlen, flags, timeout) }.map(|n| n as c_int))
+}
+
 /// SOL_SOCKET: SO_SNDBUF, SO_RCVBUF (and their FORCE forms), SO_REUSEADDR (no effect),
 /// SO_SNDTIMEO, SO_RCVTIMEO; other SOL_SOCKET options are accepted with no effect, as the
 /// kernel's generic layer does. SOL_RDS: RDS_CANCEL_SENT_TO, RDS_CONG_MONITOR, RDS_RECVERR,

@@ -10,7 +10,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// SOL_RDS option numbers (uapi/linux/rds.h).
 const RDS_CANCEL_SENT_TO: c_int = 1;
@@ -463,28 +463,64 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> Result<usize
     // SAFETY: forwarded contract.
     let iov = unsafe { iovecs(m.msg_iov, m.msg_iovlen) };
     let got = if iov.len() == 1 {
-        let b = if iov[0].iov_len == 0 {
-            &mut [][..]
-        } else {
-            // SAFETY: one iovec of iov_len writable bytes.
-            unsafe { std::slice::from_raw_parts_mut(iov[0].iov_base as *mut u8, iov[0].iov_len) }
-        };
-        recv_bytes(&e, b, flags)?
+        // SAFETY: forwarded contract (one iovec).
+        recv_bytes(&e, unsafe { iov_bytes(&iov[0]) }, flags)?
     } else {
-        let total: usize = iov.iter().map(|v| v.iov_len).sum();
-        let mut tmp = vec![0u8; total.min(shm_api::layout::MAX_MSG_SIZE)];
+        let mut tmp = vec![0u8; gathered_len(iov)];
         let got = recv_bytes(&e, &mut tmp, flags)?;
-        let mut left = &tmp[..got.len.min(tmp.len())];
-        for v in iov {
-            let n = left.len().min(v.iov_len);
-            if n > 0 {
-                // SAFETY: each iovec has iov_len writable bytes; n <= iov_len.
-                unsafe { std::ptr::copy_nonoverlapping(left.as_ptr(), v.iov_base as *mut u8, n) };
-            }
-            left = &left[n..];
-        }
+        // SAFETY: forwarded contract.
+        unsafe { scatter(&tmp[..got.len.min(tmp.len())], iov) };
         got
     };
+    // SAFETY: forwarded contract.
+    unsafe { fill_msghdr(m, &got) };
+    Ok(got.len)
+}
+
+/// The writable bytes of one iovec (none for a null or empty one).
+///
+/// # Safety
+/// `v` describes `iov_len` writable bytes that nothing else uses during the borrow.
+unsafe fn iov_bytes<'a>(v: &libc::iovec) -> &'a mut [u8] {
+    if v.iov_len == 0 || v.iov_base.is_null() {
+        &mut [][..]
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(v.iov_base as *mut u8, v.iov_len) }
+    }
+}
+
+/// What a receive into several iovecs is received into first: their total, at most a
+/// message's largest size.
+fn gathered_len(iov: &[libc::iovec]) -> usize {
+    iov.iter()
+        .map(|v| v.iov_len)
+        .fold(0usize, usize::saturating_add)
+        .min(shm_api::layout::MAX_MSG_SIZE)
+}
+
+/// Copies `bytes` across `iov` in order.
+///
+/// # Safety
+/// Each iovec describes `iov_len` writable bytes.
+unsafe fn scatter(mut bytes: &[u8], iov: &[libc::iovec]) {
+    for v in iov {
+        let n = bytes.len().min(v.iov_len);
+        if n > 0 {
+            // SAFETY: the caller's contract; n <= iov_len.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.iov_base as *mut u8, n) };
+        }
+        bytes = &bytes[n..];
+    }
+}
+
+/// The rest of a msghdr after a receive: msg_flags (MSG_TRUNC, MSG_CTRUNC), the sender's
+/// address, and RDS_CMSG_CONG_UPDATE for a congestion notification.
+///
+/// # Safety
+/// `msg_name` (when not null) has `msg_namelen` writable bytes, and `msg_control` (when not
+/// null) `msg_controllen`.
+unsafe fn fill_msghdr(m: &mut msghdr, got: &RecvMsg) {
     m.msg_flags = if got.truncated { libc::MSG_TRUNC } else { 0 };
     match got.from {
         Some(a) if !m.msg_name.is_null() => {
@@ -513,7 +549,144 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> Result<usize
             }
         }
     }
-    Ok(got.len)
+}
+
+/// recvmmsg(2), with Linux's semantics: up to `vlen` messages (at most 1024, UIO_MAXIOV),
+/// each `msg_len` set; without MSG_WAITFORONE a blocking call waits until all `vlen` have
+/// come, with it only for the first; `timeout` is checked (and set to what is left) after
+/// each message received, never while waiting, as Linux does (so a call with a timeout
+/// takes its messages one at a time). The first message's error is returned if none came; an error after that ends
+/// the call with the count (the next call meets it again). The messages already queued are
+/// taken as one batch (`Socket::recv_batch`: one release of the rx ring), not one call each.
+pub unsafe fn recvmmsg(
+    fd: c_int,
+    msgvec: *mut libc::mmsghdr,
+    vlen: libc::c_uint,
+    flags: c_int,
+    timeout: *mut libc::timespec,
+) -> Result<usize, i32> {
+    let e = entry(fd)?;
+    let deadline = if timeout.is_null() {
+        None
+    } else {
+        // SAFETY: the caller gives a valid timespec.
+        let t = unsafe { *timeout };
+        if t.tv_sec < 0 || !(0..1_000_000_000).contains(&t.tv_nsec) {
+            return Err(libc::EINVAL);
+        }
+        Some(Instant::now() + Duration::new(t.tv_sec as u64, t.tv_nsec as u32))
+    };
+    let n = (vlen as usize).min(1024);
+    if n == 0 {
+        return Ok(0);
+    }
+    if msgvec.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: the caller gives `vlen` valid mmsghdrs.
+    let msgs = unsafe { std::slice::from_raw_parts_mut(msgvec, n) };
+    let mut got = 0;
+    let mut flags = flags;
+    // With a timeout, one message at a time: Linux looks at the clock after each.
+    let step = if deadline.is_some() { 1 } else { n };
+    while got < n {
+        let upto = (got + step).min(n);
+        // SAFETY: forwarded contract.
+        match unsafe { recv_batch_into(&e, &mut msgs[got..upto], flags) } {
+            Ok(k) => got += k,
+            Err(err) if got == 0 => return Err(err),
+            Err(_) => break,
+        }
+        if flags & libc::MSG_WAITFORONE != 0 {
+            flags |= libc::MSG_DONTWAIT;
+        }
+        if let Some(d) = deadline {
+            let left = d.saturating_duration_since(Instant::now());
+            // SAFETY: checked non-null above.
+            unsafe {
+                (*timeout).tv_sec = left.as_secs() as libc::time_t;
+                (*timeout).tv_nsec = left.subsec_nanos() as libc::c_long;
+            }
+            if left.is_zero() {
+                break;
+            }
+        }
+    }
+    Ok(got)
+}
+
+/// Receives a batch into `msgs` (at least one message, waiting for it as recvmsg does, or
+/// an error), filling each mmsghdr as recvmsg fills its msghdr.
+///
+/// # Safety
+/// As recvmsg(2) for each mmsghdr.
+unsafe fn recv_batch_into(
+    e: &Entry,
+    msgs: &mut [libc::mmsghdr],
+    flags: c_int,
+) -> Result<usize, i32> {
+    let sock = e.socket()?;
+    let rflags = recv_flags(flags);
+    // SAFETY: forwarded contract.
+    let iovs: Vec<&[libc::iovec]> = msgs
+        .iter()
+        .map(|m| unsafe { iovecs(m.msg_hdr.msg_iov, m.msg_hdr.msg_iovlen) })
+        .collect();
+    // A payload lands in its single iovec directly, unless that iovec overlaps another's
+    // (apps may give every message the same buffer: two `&mut` over one byte must not
+    // exist); those and several iovecs take a scratch buffer, scattered afterwards.
+    let mut direct: Vec<bool> = iovs.iter().map(|v| v.len() == 1).collect();
+    let mut spans: Vec<(usize, usize, usize)> = iovs
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.len() == 1 && v[0].iov_len > 0 && !v[0].iov_base.is_null())
+        .map(|(i, v)| (v[0].iov_base as usize, v[0].iov_len, i))
+        .collect();
+    spans.sort_unstable();
+    let mut end = 0usize;
+    for &(start, len, i) in &spans {
+        if start < end {
+            direct[i] = false;
+        } else {
+            end = start.saturating_add(len);
+        }
+    }
+    let mut scratch: Vec<Vec<u8>> = iovs
+        .iter()
+        .zip(&direct)
+        .map(|(v, &d)| {
+            if d {
+                Vec::new()
+            } else {
+                vec![0u8; gathered_len(v)]
+            }
+        })
+        .collect();
+    let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(msgs.len());
+    for ((v, &d), tmp) in iovs.iter().zip(&direct).zip(scratch.iter_mut()) {
+        bufs.push(if d {
+            // SAFETY: forwarded contract; no other buffer of this batch overlaps it.
+            unsafe { iov_bytes(&v[0]) }
+        } else {
+            &mut tmp[..]
+        });
+    }
+    let mut out = vec![RecvMsg::default(); msgs.len()];
+    let k = sock
+        .recv_batch(&mut bufs, &mut out, rflags)
+        .map_err(|err| timeout_is_eagain(os(err)))?;
+    drop(bufs);
+    for (i, (m, got)) in msgs.iter_mut().zip(&out).take(k).enumerate() {
+        if !direct[i] {
+            let tmp = &scratch[i];
+            // SAFETY: forwarded contract.
+            unsafe { scatter(&tmp[..got.len.min(tmp.len())], iovs[i]) };
+        }
+        // SAFETY: forwarded contract.
+        unsafe { fill_msghdr(&mut m.msg_hdr, got) };
+        m.msg_len = got.len as libc::c_uint;
+    }
+    Ok(k)
 }
 
 unsafe fn read_int(val: *const c_void, len: socklen_t) -> Result<c_int, i32> {

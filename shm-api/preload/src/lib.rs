@@ -185,6 +185,26 @@ pub unsafe extern "C" fn sendmmsg(
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn recvmmsg(
+    fd: c_int,
+    msgvec: *mut libc::mmsghdr,
+    vlen: libc::c_uint,
+    flags: c_int,
+    timeout: *mut libc::timespec,
+) -> c_int {
+    if table::is_ours(fd) {
+        // SAFETY: recvmmsg's contract.
+        return len(unsafe { ops::recvmmsg(fd, msgvec, vlen, flags, timeout) }) as c_int;
+    }
+    // SAFETY: libc's recvmmsg.
+    unsafe {
+        next!(recvmmsg: fn(c_int, *mut libc::mmsghdr, libc::c_uint, c_int, *mut libc::timespec) -> c_int)(
+            fd, msgvec, vlen, flags, timeout,
+        )
+    }
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     if table::is_ours(fd) {
         // SAFETY: write's contract.
@@ -463,6 +483,47 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         table::release(e);
     }
     r
+}
+
+/// close_range(2) (glibc 2.34): the kernel closes the fds; the rdsd sockets among them are
+/// forgotten and released as `close` does. With CLOSE_RANGE_CLOEXEC nothing is closed now.
+#[no_mangle]
+pub unsafe extern "C" fn close_range(
+    first: libc::c_uint,
+    last: libc::c_uint,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: libc's close_range.
+    let r = unsafe {
+        next!(close_range: fn(libc::c_uint, libc::c_uint, c_int) -> c_int)(first, last, flags)
+    };
+    if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        forget_range(first, last);
+    }
+    r
+}
+
+/// closefrom(3) (glibc 2.34): closes every fd from `low` on; the rdsd sockets among them are
+/// forgotten and released as `close` does. (glibc's closefrom calls close_range inside libc,
+/// where no preload reaches, hence its own wrapper.)
+#[no_mangle]
+pub unsafe extern "C" fn closefrom(low: c_int) {
+    // SAFETY: libc's closefrom.
+    unsafe { next!(closefrom: fn(c_int) -> ())(low) };
+    forget_range(low.max(0) as libc::c_uint, libc::c_uint::MAX);
+}
+
+/// Forgets the rdsd sockets numbered `first..=last` after the kernel closed those fds.
+fn forget_range(first: libc::c_uint, last: libc::c_uint) {
+    if !table::any() {
+        return;
+    }
+    let last = (last as usize).min(table::MAX_FD - 1);
+    for fd in first as usize..=last {
+        if table::is_ours(fd as c_int) {
+            ops::forget(fd as c_int);
+        }
+    }
 }
 
 #[no_mangle]
