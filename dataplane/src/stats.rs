@@ -166,6 +166,11 @@ counters! {
     /// until it has room (the fan-out commits once they are in) so that the ring from the
     /// thread that orders the groups goes on for everything else.
     group_copies_waited,
+    /// Shard 0: asks to another poll thread to keep room in a group member's rx ring for the
+    /// copies to come (credit: a fan-out is decided only with room for every copy).
+    group_credit_asks,
+    /// Asks of shard 0 answered: room kept in a member's rx ring for its group copies.
+    group_credit_grants,
     /// Multicast groups created.
     groups_created,
     /// Memberships that ended by a close or an app's death rather than a leave.

@@ -196,6 +196,17 @@ impl<M: RingMemory> Producer<M> {
         self.free() >= need || (self.refresh_tail().is_ok() && self.free() >= need)
     }
 
+    /// [`fits`](Self::fits) with `keep` bytes left free after the push: rdsd keeps that much
+    /// of a group member's ring for copies it promised the thread that orders the groups.
+    pub fn fits_leaving(&mut self, payload_len: usize, keep: usize) -> bool {
+        if keep == 0 {
+            return self.fits(payload_len);
+        }
+        let need = self.room_needed(payload_len).saturating_add(keep);
+        need <= self.mem.capacity()
+            && (self.free() >= need || (self.refresh_tail().is_ok() && self.free() >= need))
+    }
+
     /// Free bytes a push of `payload_len` bytes needs from the current position, the pad at
     /// the end of the ring included: what [`fits`](Self::fits) compares with the free space.
     pub fn room_needed(&self, payload_len: usize) -> usize {
@@ -673,6 +684,30 @@ mod tests {
         c.consume(&rec);
         c.release();
         Some((rec.header, v))
+    }
+
+    /// `fits_leaving` is `fits` with `keep` bytes left over, the pad at the end included;
+    /// a keep of 0 is `fits`.
+    #[test]
+    fn fits_leaving_keeps_room_after_the_push() {
+        let (_h, mut p, mut c) = pair(256);
+        // 48-byte records (16 header + 32 payload).
+        assert!(p.fits_leaving(32, 208) && !p.fits_leaving(32, 209));
+        for _ in 0..4 {
+            p.push(RecordHeader::data(32, 0, 0), &[0; 32]).unwrap();
+        }
+        p.publish();
+        // 192 used, 64 to the end: one more record leaves 16.
+        assert!(p.fits_leaving(32, 16) && !p.fits_leaving(32, 17));
+        assert_eq!(p.fits_leaving(32, 0), p.fits(32));
+        // Two consumed: 160 free, but the next record after one more needs the pad first.
+        pop(&mut c).unwrap();
+        pop(&mut c).unwrap();
+        p.push(RecordHeader::data(32, 0, 0), &[0; 32]).unwrap();
+        p.publish();
+        // 16 to the end: a 48-byte record needs 16 of pad and 48, of the 112 free.
+        assert!(p.fits_leaving(32, 48) && !p.fits_leaving(32, 49));
+        assert!(!p.fits_leaving(32, 1 << 20), "never more than the ring");
     }
 
     #[test]

@@ -708,14 +708,18 @@ fn a_full_group_member_holds_up_only_the_group() {
     }
 }
 
-/// The other direction: a copy of a group message (ordered by shard 0) for a member of
-/// another poll thread whose rx ring is full (SO_RCVBUF above the ring, so shard 0 never hears
-/// it congested) waits on the member's thread, and the ring from shard 0 to that thread goes
-/// on. Before, the copy at the head of that ring held everything behind it: shard 0's unicast
-/// to that thread, and the messages of the connections shard 0 owns. The group itself waits
-/// for the member, as on one thread; once it reads, every message arrives once, in order.
+/// The other direction: a member of another poll thread whose rx ring is full (SO_RCVBUF
+/// above the ring, so shard 0 never hears it congested) holds up its own group and nothing
+/// else. Shard 0 orders the groups but cannot look into that member's ring; the member's
+/// thread keeps room in it for shard 0's copies and says how much (credit), so shard 0 decides
+/// a fan-out only when every copy fits, as it does for its own members. Before the credit, a
+/// copy that found the ring full waited on the member's thread, and with it the commit of its
+/// fan-out and every later fan-out of every group (a second group's message never arrived);
+/// before the copy waits, that copy held the ring from shard 0 to that thread (shard 0's
+/// unicast to it, and the connections shard 0 owns). Once the member reads, every message
+/// arrives once, in order.
 #[test]
-fn a_group_copy_for_a_full_member_holds_up_only_the_groups() {
+fn a_full_group_member_of_another_thread_holds_up_only_its_group() {
     use shm_api::GroupFlags;
     use std::net::{Ipv4Addr, SocketAddrV4};
     let d = daemon();
@@ -737,6 +741,17 @@ fn a_group_copy_for_a_full_member_holds_up_only_the_groups() {
     neighbour
         .set_recv_timeout(Some(Duration::from_secs(20)))
         .unwrap();
+    // A second group, its member on the same thread as the full one.
+    let g2 = SocketAddrV4::new(Ipv4Addr::new(239, 7, 7, 9), 6201);
+    let member2 = elsewhere.socket().unwrap();
+    member2.bind(lo(32_406)).unwrap();
+    member2
+        .set_recv_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let sender2 = on_0.socket().unwrap();
+    sender2.bind(lo(32_407)).unwrap();
+    sender2.group_create(g2).unwrap();
+    member2.group_join(g2, GroupFlags::NONE).unwrap();
     const LEN: usize = 100 << 10;
     let mut sent = 0u64;
     // Past the member's ring (2 MiB), then refused for good.
@@ -747,25 +762,37 @@ fn a_group_copy_for_a_full_member_holds_up_only_the_groups() {
         sent as usize * LEN > 2 << 20,
         "{sent} sent: past the member's ring"
     );
+    // Blocked on shard 0 (with the credit), or a copy waiting on the member's thread (the
+    // rule before it, under which the next check failed: never arrived).
     wait_for(
-        || d.exact_stat("group_copies_waited") > 0,
+        || d.exact_stat("group_blocked") > 0 || d.exact_stat("group_copies_waited") > 0,
         Duration::from_secs(20),
-        "a copy waiting for the full member",
+        "the group's sends held up by the full member",
     );
+    // The other group goes on: its message is decided and committed at once.
+    sender2
+        .send_to(&rdsd_tests::seq_payload(7, 64), g2)
+        .unwrap();
+    let mut buf = vec![0u8; LEN + 1];
+    let (n, from) = member2
+        .recv_from(&mut buf)
+        .expect("the other group's message past the full member");
+    assert_eq!((rdsd_tests::payload_seq(&buf[..n]), from), (7, lo(32_407)));
     let other = on_0.socket().unwrap();
     other.bind(lo(32_403)).unwrap();
     other.send_to(b"not held up", lo(32_402)).unwrap();
-    let mut buf = vec![0u8; LEN + 1];
     let (n, from) = neighbour
         .recv_from(&mut buf)
-        .expect("past the full member's copy");
+        .expect("shard 0's unicast past the full member");
     assert_eq!((&buf[..n], from), (&b"not held up"[..], lo(32_403)));
-    // While that fan-out waits, a group message from a socket of the member's thread waits
-    // parked on shard 0 (told the fan-out is stuck), not in the ring to shard 0: the same
-    // app's unicast to a socket of shard 0 gets through.
+    // A group message from a socket of the member's thread waits parked on shard 0, not in
+    // the ring to shard 0: the same app's unicast to a socket of shard 0 gets through.
     let late = elsewhere.socket().unwrap();
     late.bind(lo(32_404)).unwrap();
-    late.send_to(&rdsd_tests::seq_payload(u64::MAX, 64), g)
+    // As large as the blocked ones: no room for it either (a small one may fit the room
+    // left, and be decided before the blocked ones, as on one thread).
+    late.set_send_buffer_size(1 << 20).unwrap();
+    late.send_to(&rdsd_tests::seq_payload(u64::MAX, LEN), g)
         .unwrap();
     wait_for(
         || d.exact_stat("group_parked") > 0,
@@ -784,15 +811,24 @@ fn a_group_copy_for_a_full_member_holds_up_only_the_groups() {
     assert_eq!((&buf[..n], from), (&b"to shard 0"[..], lo(32_404)));
     full.set_recv_timeout(Some(Duration::from_secs(20)))
         .unwrap();
-    for i in 0..sent {
+    // Every message once; the sender's in order, the late one among them (decided when the
+    // member had room again, before or after the sender's blocked ones).
+    let (mut next, mut late_seen) = (0u64, 0);
+    for _ in 0..=sent {
         let (n, from) = full.recv_from(&mut buf).unwrap();
-        assert_eq!(from, lo(32_400));
-        assert_eq!(rdsd_tests::payload_seq(&buf[..n]), i);
+        if from == lo(32_404) {
+            assert_eq!(rdsd_tests::payload_seq(&buf[..n]), u64::MAX);
+            late_seen += 1;
+        } else {
+            assert_eq!(from, lo(32_400));
+            assert_eq!(rdsd_tests::payload_seq(&buf[..n]), next);
+            next += 1;
+        }
     }
-    // Then the late one, decided once the stuck fan-out committed.
-    let (n, from) = full.recv_from(&mut buf).unwrap();
-    assert_eq!(from, lo(32_404));
-    assert_eq!(rdsd_tests::payload_seq(&buf[..n]), u64::MAX);
+    assert_eq!((next, late_seen), (sent, 1));
+    // Every copy fitted when it arrived: none waited on the member's thread.
+    assert_eq!(d.exact_stat("group_copies_waited"), 0);
+    assert!(d.exact_stat("group_credit_grants") > 0);
 }
 
 /// Of apps attached one per poll thread: the one on shard 0 (which orders the groups) and one

@@ -200,6 +200,7 @@ impl SocketTable {
         !self.backlogged.is_empty()
             || !self.group_waits.is_empty()
             || !self.group_copy_waits.is_empty()
+            || !self.credit_asks.is_empty()
     }
 
     /// A copy of shard 0's fan-out `stamp` for member `token` of this shard: into its ring now
@@ -363,6 +364,9 @@ impl SocketTable {
     /// moved. Called at the start of a pass while `has_backlog`.
     pub(in crate::poll) fn drain_backlogs(&mut self) -> usize {
         let mut moved = 0;
+        if !self.credit_asks.is_empty() {
+            self.grant_group_credits();
+        }
         if !self.group_waits.is_empty() {
             moved += self.retry_group_waits();
         }
@@ -375,8 +379,9 @@ impl SocketTable {
             let r = self.backlogged[i];
             for _ in 0..BACKLOG_BATCH {
                 let Some(s) = self.sock(r) else { break };
+                let keep = s.group_reserved as usize;
                 let fits = match s.backlog.front() {
-                    Some(p) => s.rx.fits(p.bytes.len()),
+                    Some(p) => s.rx.fits_leaving(p.bytes.len(), keep),
                     None => false,
                 };
                 if !fits {

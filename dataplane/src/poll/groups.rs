@@ -16,6 +16,7 @@
 //! - **Lifetime**: a group holds a reference on its address's congestion entry from create to
 //!   death; closing a socket (and an app's death or eviction) leaves all its groups.
 
+use super::group_credit::{charge, charged, Credit, CREDIT_CHUNK};
 use super::group_hosts::{member_host, GroupHosts};
 use super::{token_of, App, Envelope, Note, ShardLink, SockRef, SocketTable};
 use crate::group::wire::GroupMsg;
@@ -50,6 +51,8 @@ pub(in crate::poll) struct Remote {
     pub bound: Option<(u32, u16)>,
     /// Whether its port is congested (queue above SO_RCVBUF).
     pub congested: bool,
+    /// Ring space its shard keeps for this shard's copies (`group_credit.rs`).
+    pub credit: Credit,
 }
 
 /// Groups one app may have created at once: a group holds its address's congestion entry and
@@ -103,6 +106,9 @@ pub(super) struct Groups {
     /// Another shard: the members it published copies for, with their fan-out's stamp, until
     /// shard 0 says that fan-out is committed (then they are woken).
     published: Vec<(SockRef, u64)>,
+    /// Shard 0: remote members whose credit a fan-out or a blocked send left short (kept for
+    /// its capacity).
+    short: Vec<SockRef>,
 }
 
 /// A fan-out of shard 0 waiting for its copies on other poll threads.
@@ -149,6 +155,7 @@ impl Groups {
             awaiting: None,
             commit_wait: Vec::new(),
             published: Vec::new(),
+            short: Vec::new(),
         }
     }
 }
@@ -187,9 +194,14 @@ fn member_room(
     }
     // (Most groups have no member on another shard: skip the hash then.)
     if let Some(x) = (!remote.is_empty()).then(|| remote.get(&m)).flatten() {
-        // Another shard's socket: not congested, and nothing waiting for room towards its
-        // shard (the copy goes into the pair ring, or is kept until it fits).
-        return !x.congested && link.is_none_or(|l| !l.has_kept(x.shard));
+        // Another shard's socket: not congested, nothing waiting for room towards its shard
+        // (the copy goes into the pair ring, or is kept until it fits), and room kept for the
+        // copy in its ring (`group_credit.rs`; not checked for a message too large for
+        // credit, nor before the member's first credit arrived: the old rule, the copy waiting
+        // on its shard if the ring is full).
+        return !x.congested
+            && link.is_none_or(|l| !l.has_kept(x.shard))
+            && (!charged(len) || !x.credit.granted || x.credit.bytes >= charge(len));
     }
     let Some(s) = apps
         .get_mut(m.app)
@@ -299,12 +311,25 @@ impl SocketTable {
             } => self.group_filter(r, addr, port, step),
             _ => Err(libc::EINVAL),
         };
-        if let (Ok(()), Some(x)) = (res, remote) {
+        if let (Ok(()), Some(mut x)) = (res, remote) {
             if !self.groups.table.groups_of(r).is_empty() {
-                self.groups.remote.insert(r, x);
+                if let Some(old) = self.groups.remote.get(&r) {
+                    if (old.shard, old.gen) == (x.shard, x.gen) {
+                        // Known already (another group, new flags): its credit stays.
+                        x.credit = old.credit;
+                        x.congested = old.congested;
+                    }
+                }
+                if let Some(old) = self.groups.remote.insert(r, x) {
+                    if (old.shard, old.gen) != (x.shard, x.gen) {
+                        self.group_credit_return(r, old.shard, old.gen, old.credit);
+                    }
+                }
                 if let Some(b) = x.bound {
                     self.groups.remote_by_addr.insert(b, r);
                 }
+                // Room in its ring for the copies to come.
+                self.group_credit_top_up(r, 0);
                 // A member that joined congested makes the group full at once.
                 self.groups_member_congestion(r);
             }
@@ -459,12 +484,26 @@ impl SocketTable {
         for r in members {
             let _ = self.groups.table.leave(g, r);
             if self.groups.table.groups_of(r).is_empty() {
-                if let Some(b) = self.groups.remote.remove(&r).and_then(|x| x.bound) {
-                    self.groups.remote_by_addr.remove(&b);
-                }
+                self.forget_remote(r);
             }
         }
         self.group_changed(g);
+    }
+
+    /// Shard 0: `r` (if another shard's) is in no group any more: forgotten, its credit given
+    /// back.
+    fn forget_remote(&mut self, r: SockRef) {
+        if let Some(x) = self.groups.remote.remove(&r) {
+            if let Some(b) = x.bound {
+                self.groups.remote_by_addr.remove(&b);
+            }
+            self.group_credit_return(r, x.shard, x.gen, x.credit);
+        }
+    }
+
+    /// Shard 0: what it knows of another shard's group socket `r`.
+    pub(super) fn groups_remote_mut(&mut self, r: SockRef) -> Option<&mut Remote> {
+        self.groups.remote.get_mut(&r)
     }
 
     /// The group socket of another poll thread bound at `bound`, if one made group requests.
@@ -528,9 +567,7 @@ impl SocketTable {
         self.groups.table.leave(g, r).map_err(GroupError::errno)?;
         self.groups.staging.remove(&r);
         if self.groups.table.groups_of(r).is_empty() {
-            if let Some(b) = self.groups.remote.remove(&r).and_then(|x| x.bound) {
-                self.groups.remote_by_addr.remove(&b);
-            }
+            self.forget_remote(r);
         }
         self.group_changed(g);
         Ok(())
@@ -645,11 +682,7 @@ impl SocketTable {
             }
         }
         self.groups.table.close_socket(r);
-        if let Some(x) = self.groups.remote.remove(&r) {
-            if let Some(b) = x.bound {
-                self.groups.remote_by_addr.remove(&b);
-            }
-        }
+        self.forget_remote(r);
         for &g in &list {
             self.group_changed(g);
         }
@@ -742,6 +775,26 @@ impl SocketTable {
         self.set_region_cong_bit(g.addr(), g.port(), on);
     }
 
+    /// Shard 0: a send to `g` was blocked: its remote members with less credit than `need`
+    /// ask their shards for more (at most one ask out per member).
+    fn ask_credit_for(&mut self, g: GroupAddr, need: u64) {
+        let mut short = std::mem::take(&mut self.groups.short);
+        short.clear();
+        if let Some(v) = self.groups.table.group(g) {
+            short.extend(v.members.iter().map(|m| m.sock).filter(|r| {
+                self.groups
+                    .remote
+                    .get(r)
+                    .is_some_and(|x| x.credit.bytes < need && !x.credit.asking)
+            }));
+        }
+        for &r in &short {
+            self.group_credit_top_up(r, need);
+        }
+        short.clear();
+        self.groups.short = short;
+    }
+
     /// The copy of fan-out `stamp` for member `to` of shard `x.shard`; true if it is on its
     /// way (in the pair ring, or kept until it fits), so that shard will report it published.
     fn forward_group_copy(
@@ -751,6 +804,7 @@ impl SocketTable {
         src: (u32, u16),
         payload: &MsgBytes<'_>,
         stamp: u64,
+        charge: u32,
     ) -> bool {
         let Some((laddr, dport)) = x.bound else {
             return false;
@@ -762,6 +816,7 @@ impl SocketTable {
             dport,
             token: token_of(to, x.gen),
             stamp,
+            charge,
         };
         let link = self
             .link
@@ -858,6 +913,9 @@ impl SocketTable {
                     Stats::bump(&self.stats.group_blocked);
                 }
                 self.groups.targets = targets;
+                if charged(len) && !self.groups.remote.is_empty() {
+                    self.ask_credit_for(g, charge(len));
+                }
                 return GroupSent::Blocked;
             }
             Ok(SendDecision::Deliver(d)) => {
@@ -911,13 +969,30 @@ impl SocketTable {
                 let Some(&x) = self.groups.remote.get(&to) else {
                     return true;
                 };
-                // A member of another shard: its copy crosses in the pair ring, in order.
-                if self.forward_group_copy(to, x, src, payload, stamp) {
+                // A member of another shard: its copy crosses in the pair ring, in order,
+                // charged to its credit if it goes by credit.
+                let c = if charged(len) && x.credit.bytes >= charge(len) {
+                    charge(len)
+                } else {
+                    0
+                };
+                if self.forward_group_copy(to, x, src, payload, stamp, c as u32) {
                     away.copies_left += 1;
                     away.shards |= 1 << x.shard;
+                    let x = self.groups.remote.get_mut(&to).expect("looked up above");
+                    x.credit.bytes -= c;
+                    if x.credit.bytes < CREDIT_CHUNK / 2 && !x.credit.asking {
+                        self.groups.short.push(to);
+                    }
                 }
                 false
             });
+            let mut short = std::mem::take(&mut self.groups.short);
+            for &r in &short {
+                self.group_credit_top_up(r, 0);
+            }
+            short.clear();
+            self.groups.short = short;
         }
         // Every target said it fits, and nothing ran on this thread since: every push
         // succeeds.

@@ -450,6 +450,7 @@ impl PollCore {
                     gen,
                     bound,
                     congested: false,
+                    credit: Default::default(),
                 };
                 let res = self.table.group_op(member, Some((remote, uid)), req);
                 self.reply(
@@ -469,6 +470,15 @@ impl PollCore {
             shard::Note::GroupPublished { stamp } => self.table.group_copy_published(stamp),
             shard::Note::GroupCommitted { stamp } => self.table.group_committed(stamp),
             shard::Note::GroupCopyWaiting { stamp } => self.table.group_copy_waiting(stamp),
+            shard::Note::GroupCreditAsk { token, need, want } => {
+                self.table.group_credit_ask(token, need, want)
+            }
+            shard::Note::GroupCredit { token, bytes } => {
+                self.table.group_credit_granted(from, token, bytes)
+            }
+            shard::Note::GroupCreditBack { token, bytes } => {
+                self.table.group_credit_back(token, bytes)
+            }
         }
     }
 
@@ -483,11 +493,18 @@ impl PollCore {
                 sport,
                 token,
                 stamp,
+                charge,
                 ..
             } => {
                 // A full member's copy waits on this shard (`backlog.rs`), not in the ring.
-                self.table
-                    .group_copy_or_wait(token, faddr, sport, &payload, stamp)
+                let taken = self
+                    .table
+                    .group_copy_or_wait(token, faddr, sport, &payload, stamp);
+                if taken {
+                    // What shard 0 charged for it comes off the room its ring keeps.
+                    self.table.group_credit_spent(token, charge);
+                }
+                taken
             }
             shard::Envelope::Deliver {
                 laddr,

@@ -109,6 +109,13 @@ pub(super) enum Note {
     /// may wait long, so group messages of other shards' sockets are parked meanwhile rather
     /// than hold their pair rings.
     GroupCopyWaiting { stamp: u64 },
+    /// (0 → k) Keep at least `need` bytes, up to `want`, of member `token`'s rx ring for
+    /// shard 0's group copies (`group_credit.rs`).
+    GroupCreditAsk { token: u64, need: u64, want: u64 },
+    /// (k → 0) `bytes` of member `token`'s rx ring are kept for shard 0's group copies.
+    GroupCredit { token: u64, bytes: u64 },
+    /// (0 → k) Shard 0 no longer needs `bytes` of what member `token`'s ring keeps for it.
+    GroupCreditBack { token: u64, bytes: u64 },
 }
 
 /// What a pair ring carries, decoded.
@@ -136,7 +143,8 @@ pub(super) enum Envelope {
     /// A group message (already numbered by shard 0) for member `token` (socket and
     /// incarnation, `table::token_of`) of the receiving shard, bound at `(laddr, dport)`;
     /// dropped if that socket is gone. `stamp` names its fan-out (`shm_api::gate`), which
-    /// shard 0 commits once this copy is published.
+    /// shard 0 commits once this copy is published. `charge`: what shard 0 took from the
+    /// member's credit for it (`group_credit.rs`; 0 if none), given back by the ring's keep.
     GroupDeliver {
         laddr: u32,
         faddr: u32,
@@ -144,6 +152,7 @@ pub(super) enum Envelope {
         dport: u16,
         token: u64,
         stamp: u64,
+        charge: u32,
     },
     /// `Deliver` of a message that stays where it lies, `len` bytes at `ptr` in the sender's
     /// tx ring, whose space hold `token` keeps (the record is the envelope alone). The
@@ -261,7 +270,11 @@ impl Envelope {
                 dport,
                 token,
                 stamp,
-            } => (KIND_GROUP_DELIVER, laddr, faddr, sport, dport, token, stamp),
+                charge,
+            } => {
+                len_of_ref = charge;
+                (KIND_GROUP_DELIVER, laddr, faddr, sport, dport, token, stamp)
+            }
             Envelope::DeliverRef {
                 laddr,
                 faddr,
@@ -296,7 +309,7 @@ impl Envelope {
         };
         let mut b = [0u8; ENVELOPE_LEN];
         b[0] = kind;
-        // A message is at most 1 MiB: 24 bits hold its length.
+        // A message is at most 1 MiB (and a charge at most `CREDIT_CHUNK`): 24 bits hold it.
         debug_assert!(len_of_ref < 1 << 24);
         b[1..4].copy_from_slice(&len_of_ref.to_le_bytes()[..3]);
         b[4..8].copy_from_slice(&laddr.to_le_bytes());
@@ -338,6 +351,7 @@ impl Envelope {
                 dport,
                 token,
                 stamp,
+                charge: u32::from_le_bytes([b[1], b[2], b[3], 0]),
             },
             KIND_DELIVER_REF => Envelope::DeliverRef {
                 laddr,
@@ -912,6 +926,7 @@ mod tests {
                 dport: 8,
                 token: 9,
                 stamp: 0x0102_0304_0506_0708,
+                charge: 512 << 10,
             },
             Envelope::DeliverRef {
                 laddr: 10,

@@ -188,6 +188,29 @@ impl Rig {
         }
     }
 
+    /// A group request of app `app` on shard `k`: shard `k` forwards it to shard 0, which
+    /// answers it. Panics unless it succeeds.
+    fn group_request(&mut self, k: usize, app: usize, req: Request) {
+        self.seq += 1;
+        let seq = self.seq;
+        self.chans.arm(app, seq);
+        let cmd = Cmd::Request {
+            app,
+            req,
+            readiness: None,
+        };
+        assert!(self.chans.cmds[k].push((seq, cmd)).is_ok());
+        for _ in 0..3 {
+            self.cores[k].run_once();
+            self.cores[0].run_once();
+        }
+        let (s, _, reply) = self.chans.replies.pop().expect("answered");
+        assert!(
+            s == seq && matches!(reply, CmdReply::Reply(r) if r.errno == 0),
+            "{req:?}"
+        );
+    }
+
     /// App `app` on shard `k` with one socket bound at `LOCAL:port`: its slot and tx ring.
     fn app_with_socket(&mut self, k: usize, app: usize, port: u16) -> (u32, RawRing) {
         let (slots, _) = self.app_with_sockets(k, app, &[port]);
@@ -907,4 +930,140 @@ fn run_model(ops: &[Op], shards: usize, hog: Option<Sock>) {
             }
         }
     }
+}
+
+/// Credit for group copies across threads (`group_credit.rs`): a member M of thread 1 in a
+/// group that thread 0 orders gets room kept in its rx ring as soon as it joins. A local
+/// sender T of thread 1 then fills M's ring with unicast while M reads nothing: the unicast
+/// stops short of the kept room (the rest waits in M's backlog, then on T's ring), and S's
+/// group messages from thread 0 all fit in it: no copy waits on thread 1 and every fan-out
+/// commits. Without the kept room each copy found the ring full and waited, and with the
+/// first one every later fan-out of every group. When M leaves, thread 0 gives the room back.
+#[test]
+fn a_member_of_another_thread_keeps_room_for_the_groups_copies() {
+    use crate::poll::table::CREDIT_CHUNK;
+    use std::sync::atomic::Ordering::Relaxed;
+    let g = Ipv4Addr::new(239, 9, 9, 9);
+    let mut rig = Rig::new();
+    let (s_slot, s_ring) = rig.app_with_socket(0, 0, 4000);
+    rig.request(
+        0,
+        0,
+        Request::GroupCreate {
+            slot: s_slot,
+            addr: g,
+            port: 7000,
+            flags: 0,
+        },
+    );
+    let (t_slot_ring, rx) = rig.app_with_sockets(1, 1, &[4100, 4200]);
+    let (m_slot, t_ring) = (t_slot_ring[0].0, t_slot_ring[1].1);
+    let mut m = shm_api::ring::Consumer::new(rx[0]);
+    // SO_RCVBUF above the ring: M is never congested, only full.
+    let big = Request::SetRcvBuf {
+        slot: m_slot,
+        bytes: 1 << 30,
+    };
+    rig.request(1, 1, big);
+    // M's join goes to thread 0 (which answers it) as a note; thread 1 keeps room once asked.
+    let join = Request::GroupJoin {
+        slot: m_slot,
+        addr: g,
+        port: 7000,
+        flags: 0,
+        update: false,
+    };
+    rig.group_request(1, 1, join);
+    let m_ref = SockRef {
+        app: 1,
+        slot: m_slot,
+    };
+    let reserved = |rig: &mut Rig| rig.cores[1].table.sock(m_ref).unwrap().group_reserved;
+    assert_eq!(reserved(&mut rig), CREDIT_CHUNK, "room kept at the join");
+    // T fills M's ring with unicast (8 KiB each) until T is held.
+    const LEN: usize = 8 << 10;
+    let mut t = Producer::new(t_ring);
+    let mut unicast = 0u32;
+    for _ in 0..400 {
+        while t
+            .push(
+                RecordHeader::data(LEN as u32, u32::from(LOCAL), 4100),
+                &[1u8; LEN],
+            )
+            .is_ok()
+        {
+            unicast += 1;
+        }
+        t.publish();
+        rig.cores[1].run_once();
+        rig.cores[0].run_once();
+    }
+    let t1 = rig.cores[1].table.stats();
+    assert!(
+        t1.tx_held_for_backlog.load(Relaxed) > 0,
+        "T held ({unicast} sent)"
+    );
+    // S sends 30 group messages of 8 KiB (charged 2 records each: about 490 KiB).
+    let mut s = Producer::new(s_ring);
+    for i in 0..30u32 {
+        let mut msg = vec![0u8; LEN];
+        msg[..4].copy_from_slice(&i.to_le_bytes());
+        s.push(RecordHeader::data(LEN as u32, u32::from(g), 7000), &msg)
+            .unwrap();
+    }
+    s.publish();
+    // (A fan-out with a copy on the other thread commits a thread round trip later: one per
+    // round of passes.)
+    for _ in 0..100 {
+        rig.cores[0].run_once();
+        rig.cores[1].run_once();
+    }
+    let (t0, t1) = (rig.cores[0].table.stats(), rig.cores[1].table.stats());
+    assert_eq!(
+        t0.group_sends.load(Relaxed),
+        30,
+        "every fan-out decided: blocked {}, asks {}, grants {}, reserved {}",
+        t0.group_blocked.load(Relaxed),
+        t0.group_credit_asks.load(Relaxed),
+        t1.group_credit_grants.load(Relaxed),
+        rig.cores[1]
+            .table
+            .sock(SockRef {
+                app: 1,
+                slot: m_slot
+            })
+            .unwrap()
+            .group_reserved
+    );
+    assert_eq!(t1.group_copies_waited.load(Relaxed), 0, "every copy fitted");
+    // M's ring: the unicast first, then the 30 copies, all committed.
+    let (mut uni, mut copies) = (0u32, 0u32);
+    for _ in 0..400 {
+        while let Some(rec) = m.peek().unwrap() {
+            if rec.header.flags & shm_api::layout::RX_FLAG_GROUP != 0 {
+                let mut b = [0u8; 4];
+                m.read_payload(&rec, &mut b);
+                assert_eq!(u32::from_le_bytes(b), copies, "the group's order");
+                copies += 1;
+            } else {
+                uni += 1;
+            }
+            m.consume(&rec);
+        }
+        m.release();
+        rig.cores[0].run_once();
+        rig.cores[1].run_once();
+        if uni == unicast && copies == 30 {
+            break;
+        }
+    }
+    assert_eq!((uni, copies), (unicast, 30));
+    // M leaves: thread 0 gives its credit back, and thread 1 keeps nothing for it.
+    let leave = Request::GroupLeave {
+        slot: m_slot,
+        addr: g,
+        port: 7000,
+    };
+    rig.group_request(1, 1, leave);
+    assert_eq!(reserved(&mut rig), 0, "the room given back");
 }

@@ -44,7 +44,12 @@ mod groups;
 use groups::Groups;
 #[path = "group_hosts.rs"]
 mod group_hosts;
+
+#[path = "group_credit.rs"]
+mod group_credit;
 use crate::group::wire::GROUP_PORT;
+#[cfg(test)]
+pub(super) use group_credit::CREDIT_CHUNK;
 pub(in crate::poll) use group_hosts::member_host;
 use group_hosts::GroupHosts;
 pub(super) use groups::{GroupSent, Remote};
@@ -112,6 +117,11 @@ pub(super) struct Sock {
     /// The flag of its binding in the directory (`shard::Bound`): raised while the backlog is
     /// past its share, so that local senders of other threads wait on their own tx rings.
     pub backed_up: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Bytes of the rx ring kept free for shard 0's group copies (`group_credit.rs`): this
+    /// shard's own pushes leave them free.
+    pub group_reserved: u64,
+    /// Shard 0's ask for more (at least, at most) not answered yet: the ring had too little.
+    pub credit_ask: Option<(u64, u64)>,
 }
 
 /// One attached process.
@@ -201,6 +211,8 @@ pub struct SocketTable {
     group_waits_blocked: Vec<(usize, u64)>,
     /// Copies of shard 0's fan-outs for members of this shard whose rings were full.
     group_copy_waits: VecDeque<GroupCopyWait>,
+    /// Members whose shard-0 credit ask waits for room in their rings (`group_credit.rs`).
+    credit_asks: Vec<SockRef>,
     /// Messages offered in place (zero copy), see `inplace`.
     holds: Holds,
     /// Apps gone while messages sent in place from their regions were still out: kept
@@ -263,6 +275,7 @@ impl SocketTable {
             group_waits: VecDeque::new(),
             group_waits_blocked: Vec::new(),
             group_copy_waits: VecDeque::new(),
+            credit_asks: Vec::new(),
             dview: daemon.view(),
             _daemon: daemon,
             cfg,
@@ -510,6 +523,8 @@ impl SocketTable {
             backlog: VecDeque::new(),
             backlog_bytes: 0,
             backed_up: None,
+            group_reserved: 0,
+            credit_ask: None,
         });
         let tx = &a.socks[slot as usize].as_ref().expect("just opened").tx;
         self.open_socks.push(OpenSock {
@@ -1309,6 +1324,11 @@ impl SocketTable {
         let Some(sock) = app.socks[to.slot as usize].as_mut() else {
             return Delivered::NoSocket;
         };
+        if sock.group_reserved > 0 && !sock.rx.fits_leaving(len, sock.group_reserved as usize) {
+            // The rest is kept for group copies shard 0 was promised (`group_credit.rs`).
+            Stats::bump(&self.stats.rx_ring_full);
+            return Delivered::Full;
+        }
         let pushed = push_copy(&mut sock.rx, header, payload, self.cfg.trace_hops);
         match pushed {
             Ok(()) => Delivered::Yes,
