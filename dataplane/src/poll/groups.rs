@@ -328,8 +328,11 @@ impl SocketTable {
                 if let Some(b) = x.bound {
                     self.groups.remote_by_addr.insert(b, r);
                 }
-                // Room in its ring for the copies to come.
-                self.group_credit_top_up(r, 0);
+                if matches!(req, Request::GroupJoin { .. }) {
+                    // A member: room in its ring for the copies to come (a creator that is no
+                    // member gets none, and keeps its whole ring).
+                    self.group_credit_top_up(r, 0);
+                }
                 // A member that joined congested makes the group full at once.
                 self.groups_member_congestion(r);
             }
