@@ -769,6 +769,20 @@ fn a_full_group_member_of_another_thread_holds_up_only_its_group() {
         Duration::from_secs(20),
         "the group's sends held up by the full member",
     );
+    // `rdsctl info -g` shows the member's credit: less than one more copy's charge (two
+    // records) once the group is blocked by it (with the credit).
+    if d.exact_stat("group_blocked") > 0 {
+        let doc = d.info_json(&["-g"]);
+        let credit = doc["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["members"].as_array().unwrap().iter())
+            .find(|m| m["port"] == 32_401)
+            .and_then(|m| m["credit"].as_u64())
+            .expect("the full member's credit listed");
+        assert!(credit < 2 * (16 + LEN as u64), "{credit}");
+    }
     // The other group goes on: its message is decided and committed at once.
     sender2
         .send_to(&rdsd_tests::seq_payload(7, 64), g2)

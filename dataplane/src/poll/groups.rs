@@ -361,6 +361,11 @@ impl SocketTable {
         self.groups_member_congestion(r);
     }
 
+    /// The credit of a group's socket of another shard (snapshots).
+    pub(in crate::poll) fn group_remote_credit(&self, r: SockRef) -> Option<u64> {
+        self.groups.remote.get(&r).map(|x| x.credit.bytes)
+    }
+
     /// The bound address of a group's socket of another shard (snapshots).
     pub(in crate::poll) fn group_remote_bound(&self, r: SockRef) -> Option<(u32, u16)> {
         self.groups.remote.get(&r).and_then(|x| x.bound)

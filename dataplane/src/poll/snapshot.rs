@@ -92,6 +92,10 @@ pub struct GroupMemberSnapshot {
     /// Its filter: `all`, `only RULE,...` or `except RULE,...` (a rule is
     /// `addr/prefix:first-last`).
     pub filter: String,
+    /// A member of another poll thread: the room its thread keeps in its rx ring for the
+    /// copies to come, not yet charged (`group_credit.rs`); absent for the others.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credit: Option<u64>,
 }
 
 /// One multicast group of a poll thread.
@@ -256,6 +260,7 @@ impl PollCore {
                         loopback: m.flags.contains(MemberFlags::LOOPBACK),
                         drop_when_full: m.flags.contains(MemberFlags::DROP_WHEN_FULL),
                         filter: m.filter.to_string(),
+                        credit: self.table.group_remote_credit(m.sock),
                     })
                     .collect(),
                 last_seq: g.last_seq,

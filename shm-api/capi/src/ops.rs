@@ -505,6 +505,10 @@ fn gathered_len(iov: &[libc::iovec]) -> usize {
 /// Each iovec describes `iov_len` writable bytes.
 unsafe fn scatter(mut bytes: &[u8], iov: &[libc::iovec]) {
     for v in iov {
+        if v.iov_base.is_null() {
+            // The kernel would say EFAULT; skipping it never writes through null.
+            continue;
+        }
         let n = bytes.len().min(v.iov_len);
         if n > 0 {
             // SAFETY: the caller's contract; n <= iov_len.
