@@ -3,42 +3,68 @@
 //! is committed, so that rdsd dying between two members' publishes leaves the message read by
 //! nobody.
 //!
-//! Three words: per member slot, `end` (the ring position just past the slot's last group
-//! copy) and `stamp` (the number of the fan-out that pushed it); per rdsd, `commit` (the last
-//! fan-out whose copies are all published). The writer, for fan-out `g`: for each member,
-//! push the copy, [`gate`] it, publish the ring; then [`commit`]`(g)`; and only then starts
-//! fan-out `g + 1`. So only a slot's last copy can be uncommitted, and [`pending`] is exact.
-//! Generic over the atomics so that loom checks it (`tests/loom_ring.rs`, `group_gate_*`).
+//! Per member slot, [`GATES`] gate entries, each naming one group copy: `end` (the ring
+//! position just past it) and `stamp` (the number of the fan-out that pushed it), used in
+//! turn; per rdsd, `commit` (every fan-out up to it has all its copies published). The writer,
+//! for fan-out `g`: for each member, push the copy, [`gate`] it in the slot's next entry,
+//! publish the ring; once every copy of `g` and of every fan-out before it is published,
+//! [`commit`]`(g)`. At most [`GATES`] fan-outs are uncommitted at once, so an entry is taken
+//! again only when the copy it named is committed, and [`pending`] is exact: a record is
+//! pending if an entry names it with a stamp above the commit; if none names it any more, its
+//! entry was taken again after its commit. Generic over the atomics so that loom checks it
+//! (`tests/loom_ring.rs`, `group_gate_*`).
 
 use crate::sync::{AtomicU64, Ordering};
 
-/// Names the copy just pushed (ending at ring position `end`) as fan-out `stamp`'s, before
-/// the ring is published. End first: a reader that sees a newer end sees everything the
-/// writer did before it, the previous fan-out's commit included.
-#[inline]
-pub fn gate(end_word: &AtomicU64, stamp_word: &AtomicU64, end: u64, stamp: u64) {
-    end_word.store(end, Ordering::Release);
-    stamp_word.store(stamp, Ordering::Release);
+/// Gate entries per slot: how many fan-outs may be uncommitted at once (a fan-out whose
+/// copies cross poll threads waits a thread round trip for its commit; the next ones need not).
+pub const GATES: usize = 8;
+
+/// One gate entry: a group copy and its fan-out.
+#[cfg_attr(not(loom), repr(C))]
+pub struct Gate {
+    /// Ring position just past the copy. Stored before `stamp`.
+    pub end: AtomicU64,
+    /// The fan-out that pushed it.
+    pub stamp: AtomicU64,
 }
 
-/// Makes every copy of fan-out `stamp` readable (after every member's ring is published).
+impl Default for Gate {
+    fn default() -> Self {
+        Gate {
+            end: AtomicU64::new(0),
+            stamp: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Names the copy just pushed (ending at ring position `end`) as fan-out `stamp`'s, in entry
+/// `gate`, before the ring is published. End first: a reader that sees a newer stamp in the
+/// entry sees its newer end, and a newer end means the entry's previous copy was committed.
+#[inline]
+pub fn gate(gate: &Gate, end: u64, stamp: u64) {
+    gate.end.store(end, Ordering::Release);
+    gate.stamp.store(stamp, Ordering::Release);
+}
+
+/// Makes every copy of fan-out `stamp`, and of every fan-out before it, readable (after all
+/// their copies are published).
 #[inline]
 pub fn commit(commit_word: &AtomicU64, stamp: u64) {
     commit_word.store(stamp, Ordering::Release);
 }
 
 /// Whether the group copy whose record ends at `record_end` (seen published) is uncommitted:
-/// it is its slot's gated copy and its stamp is above the commit. A stamp newer than the
-/// record's comes with a newer end (stored before it, both with release), and a newer end
-/// means the record's own fan-out was committed before it.
+/// an entry names it with a stamp above the commit. Stamp before end in each entry: a stamp
+/// newer than the copy's comes with a newer end (stored before it, both with release).
 #[inline]
-pub fn pending(
-    end_word: &AtomicU64,
-    stamp_word: &AtomicU64,
-    commit_word: &AtomicU64,
-    record_end: u64,
-) -> bool {
-    let stamp = stamp_word.load(Ordering::Acquire);
-    let end = end_word.load(Ordering::Acquire);
-    end == record_end && stamp > commit_word.load(Ordering::Acquire)
+pub fn pending(gates: &[Gate], commit_word: &AtomicU64, record_end: u64) -> bool {
+    for g in gates {
+        let stamp = g.stamp.load(Ordering::Acquire);
+        let end = g.end.load(Ordering::Acquire);
+        if end == record_end {
+            return stamp > commit_word.load(Ordering::Acquire);
+        }
+    }
+    false
 }

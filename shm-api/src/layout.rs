@@ -16,8 +16,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 pub const SHM_MAGIC: u64 = u64::from_le_bytes(*b"RDSDSHM1");
 /// Version of this layout and of the control protocol (2: request ids in the control protocol,
 /// one doorbell socket per app instead of a shared eventfd; 5: group copies are gated by a
-/// commit, [`RX_FLAG_GROUP`]).
-pub const LAYOUT_VERSION: u32 = 5;
+/// commit, [`RX_FLAG_GROUP`]; 6: eight gates a slot, so fan-outs need not wait for the last
+/// one's commit, `crate::gate`).
+pub const LAYOUT_VERSION: u32 = 6;
 /// Largest RDS payload (`RDS_MAX_MSG_SIZE`).
 pub const MAX_MSG_SIZE: usize = 1 << 20;
 /// Default `SO_SNDBUF` / `SO_RCVBUF` (half of Linux's usual `wmem_default`, as RDS uses).
@@ -108,17 +109,15 @@ pub struct SlotControl {
     _pad_c: AtomicU32,
     /// Congestion-update mask for monitor mode (rdsd ORs bits in, the app takes them).
     pub cong_notify: AtomicU64,
-    /// Ring position just past the last group copy ([`RX_FLAG_GROUP`]) pushed into the rx
-    /// ring. Stored before [`Self::group_gate_stamp`].
-    pub group_gate_end: AtomicU64,
-    /// The fan-out that pushed that copy (compared with [`DaemonView::group_commit`]).
-    pub group_gate_stamp: AtomicU64,
-    _pad_d: [AtomicU64; 10],
+    /// The last group copies ([`RX_FLAG_GROUP`]) pushed into the rx ring and their fan-outs,
+    /// entries used in turn (`crate::gate`; compared with [`DaemonView::group_commit`]).
+    pub group_gates: [crate::gate::Gate; crate::gate::GATES],
+    _pad_d: [AtomicU64; 12],
 }
 
 /// Rx record flag: a multicast group copy. It may be read only once its fan-out is committed:
-/// unless it is the slot's last group copy ([`SlotControl::group_gate_end`]) with a stamp
-/// above [`DaemonView::group_commit`]. rdsd pushes and publishes the copy into every member's
+/// unless a gate of its slot ([`SlotControl::group_gates`]) names it with a stamp above
+/// [`DaemonView::group_commit`]. rdsd pushes and publishes the copy into every member's
 /// ring, then commits with one store; if it dies between the two, no member reads the
 /// message (all or none across a crash).
 pub const RX_FLAG_GROUP: u16 = 1;
@@ -127,18 +126,13 @@ pub const RX_FLAG_GROUP: u16 = 1;
 /// read yet; never, if rdsd died): [`crate::gate::pending`] on this slot's words.
 #[cfg(not(loom))]
 pub fn group_copy_pending(ctl: &SlotControl, daemon: &DaemonView, record_end: u64) -> bool {
-    crate::gate::pending(
-        &ctl.group_gate_end,
-        &ctl.group_gate_stamp,
-        daemon.group_commit(),
-        record_end,
-    )
+    crate::gate::pending(&ctl.group_gates, daemon.group_commit(), record_end)
 }
 
 #[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<SlotControl>() <= SLOT_CONTROL_LEN);
 #[cfg(not(loom))]
-const _: () = assert!(std::mem::size_of::<SlotControl>() == 256);
+const _: () = assert!(std::mem::size_of::<SlotControl>() == 384);
 
 /// Layout of one app region, derived from its header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -587,27 +587,30 @@ fn hostile_peer_scribbles_counters_at_producer_attach() {
     );
 }
 
-/// The words of `shm_api::gate` for two member slots and the daemon region.
+/// The words of `shm_api::gate` for two member slots (two gates each) and the daemon region.
 struct GateWords {
-    end: [AtomicU64; 2],
-    stamp: [AtomicU64; 2],
+    gates: [[shm_api::gate::Gate; 2]; 2],
     commit: AtomicU64,
 }
 
 /// (h) The commit point of a group fan-out (`shm_api::gate`): the writer (rdsd) pushes fan-out
-/// g's copy into two members' rings, gates it and publishes each ring, then commits; fan-outs
-/// 1 and 2. Member 0 reads what `gate::pending` lets it, at every interleaving. Whenever it
-/// reads copy g, fan-out g is committed and member 1's copy of g is published: stopping the
-/// writer at any point (rdsd dying) never leaves a message read by one member that another
-/// cannot read. And a copy seen committed stays so (member 0 never skips one).
+/// g's copy into two members' rings, gates it in each slot's next gate and publishes each
+/// ring; fan-outs 1 and 2 are both uncommitted before they commit, in order (a window of two,
+/// as when the first waits for copies on another poll thread). Member 0 reads what
+/// `gate::pending` lets it, at every interleaving. Whenever it reads copy g, fan-out g is
+/// committed and member 1's copy of g is published: stopping the writer at any point (rdsd
+/// dying) never leaves a message read by one member that another cannot read. And a copy
+/// seen committed stays so (member 0 never skips one).
 #[test]
 fn group_gate_reads_only_committed_copies() {
     check("group_gate_reads_only_committed_copies", Some(3), || {
-        use shm_api::gate::{commit, gate, pending};
+        use shm_api::gate::{commit, gate, pending, Gate};
         let rings = [LoomMemory::new(), LoomMemory::new()];
         let w = Arc::new(GateWords {
-            end: [AtomicU64::new(0), AtomicU64::new(0)],
-            stamp: [AtomicU64::new(0), AtomicU64::new(0)],
+            gates: [
+                [Gate::default(), Gate::default()],
+                [Gate::default(), Gate::default()],
+            ],
             commit: AtomicU64::new(0),
         });
         let writer = {
@@ -618,20 +621,22 @@ fn group_gate_reads_only_committed_copies() {
                     for (m, p) in p.iter_mut().enumerate() {
                         let (h, payload) = rec(g, 8);
                         p.push(h, &payload).expect("room for two copies");
-                        gate(&w.end[m], &w.stamp[m], p.position(), u64::from(g));
+                        let next = &w.gates[m][g as usize - 1];
+                        gate(next, p.position(), u64::from(g));
                     }
                     for p in p.iter_mut() {
                         p.publish();
                     }
-                    commit(&w.commit, u64::from(g));
                 }
+                commit(&w.commit, 1);
+                commit(&w.commit, 2);
             })
         };
         let mut c = Consumer::new(rings[0].clone());
         let mut next = 1u64;
         for _ in 0..3 {
             if let Some(r) = c.peek().expect("valid ring") {
-                if !pending(&w.end[0], &w.stamp[0], &w.commit, r.end()) {
+                if !pending(&w.gates[0], &w.commit, r.end()) {
                     let g = u64::from(r.header.port - 1000);
                     assert_eq!(g, next, "copies are read in order, none skipped");
                     assert!(

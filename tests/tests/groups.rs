@@ -825,7 +825,9 @@ fn read_until_gone(m: &Socket, sender: SocketAddrV4) -> Vec<u64> {
 /// dying right after thread 1 published the first copy of message 19 (the fault build counts,
 /// on thread 1, the group copies it publishes: the 39th) leaves message 19 read by nobody,
 /// although that member has it in its ring. Without the wait the far members read 19 (and
-/// later ones) that the near member never gets.
+/// later ones) that the near member never gets. Up to `GATES` fan-outs may be uncommitted at
+/// once (commits go in order), so the messages just before 19 may be lost too, for every
+/// member alike: all three read the same run 0..k, with k at most 19 and at least 19 - GATES.
 #[test]
 fn a_crash_while_copies_cross_poll_threads_delivers_the_message_to_nobody() {
     let mut d = Daemon::start_with_faults(
@@ -855,13 +857,21 @@ fn a_crash_while_copies_cross_poll_threads_delivers_the_message_to_nobody() {
         LIMIT,
         "rdsd to die at the 39th copy on poll thread 1",
     );
-    for (k, m) in members.iter().enumerate() {
-        assert_eq!(
-            read_until_gone(m, lo(9611)),
-            (0..19).collect::<Vec<u64>>(),
-            "member {k}"
-        );
-    }
+    let read: Vec<Vec<u64>> = members
+        .iter()
+        .map(|m| read_until_gone(m, lo(9611)))
+        .collect();
+    let k = read[0].len() as u64;
+    assert_eq!(
+        read[0],
+        (0..k).collect::<Vec<u64>>(),
+        "a run from 0, in order"
+    );
+    assert!(
+        (19 - shm_api::gate::GATES as u64..=19).contains(&k),
+        "{k} read: message 19 by nobody, at most GATES uncommitted lost"
+    );
+    assert!(read.iter().all(|r| *r == read[0]), "all or none: {read:?}");
 }
 
 /// A fan-out held open between its first publish and its commit (the fault build's

@@ -28,6 +28,7 @@ use crate::stats::Stats;
 use rustc_hash::{FxHashMap, FxHashSet};
 use shm_api::ctrl::{FilterMode, FilterStep};
 use shm_api::layout::cong_monitor_bit;
+use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 use std::sync::atomic::Ordering;
 
@@ -98,11 +99,12 @@ pub(super) struct Groups {
     /// Fan-outs made so far: the stamp of the last one, which the daemon region's
     /// `group_commit` reaches once its copies are all published.
     fanouts: u64,
-    /// Shard 0: the fan-out whose copies on other poll threads are not all published yet; no
-    /// other fan-out starts before it commits (see `shm_api::gate`).
-    awaiting: Option<Awaiting>,
-    /// Shard 0: the local members of the awaiting fan-out, woken at its commit.
-    commit_wait: Vec<SockRef>,
+    /// Shard 0: the fan-outs not committed yet, oldest first: each waits for its copies on
+    /// other poll threads, or for an earlier one (commits go in order). At most
+    /// `shm_api::gate::GATES`, so a slot's gate is taken again only after its copy's commit.
+    window: VecDeque<Awaiting>,
+    /// Emptied vectors of members to wake, kept for their capacity.
+    spare: Vec<Vec<SockRef>>,
     /// Another shard: the members it published copies for, with their fan-out's stamp, until
     /// shard 0 says that fan-out is committed (then they are woken).
     published: Vec<(SockRef, u64)>,
@@ -111,8 +113,8 @@ pub(super) struct Groups {
     short: Vec<SockRef>,
 }
 
-/// A fan-out of shard 0 waiting for its copies on other poll threads.
-#[derive(Clone, Copy, Debug)]
+/// A fan-out of shard 0 not committed yet.
+#[derive(Debug)]
 struct Awaiting {
     stamp: u64,
     /// Copies not yet reported published.
@@ -122,6 +124,8 @@ struct Awaiting {
     /// A copy waits for a full member (`Note::GroupCopyWaiting`): group messages meanwhile
     /// are `Blocked` (parked, when from another shard), not `Busy`.
     stuck: bool,
+    /// Its members on this thread, woken at its commit.
+    local: Vec<SockRef>,
 }
 
 impl Groups {
@@ -135,7 +139,7 @@ impl Groups {
             assert!(self.full.is_empty() && self.staging.is_empty());
             assert!(self.remote.is_empty() && self.remote_by_addr.is_empty());
             assert!(self.meta.is_empty() && self.per_app.is_empty() && self.addrs.is_empty());
-            assert!(self.awaiting.is_none() && self.published.is_empty());
+            assert!(self.window.is_empty() && self.published.is_empty());
         }
     }
 
@@ -152,8 +156,8 @@ impl Groups {
             per_app: FxHashMap::default(),
             addrs: FxHashMap::default(),
             fanouts: 0,
-            awaiting: None,
-            commit_wait: Vec::new(),
+            window: VecDeque::new(),
+            spare: Vec::new(),
             published: Vec::new(),
             short: Vec::new(),
         }
@@ -410,34 +414,51 @@ impl SocketTable {
     }
 
     /// Shard 0: one copy of fan-out `stamp` on another poll thread is published (or its member
-    /// is gone). The last one commits the fan-out: every copy readable at once, the local
-    /// members woken, the other shards told to wake theirs.
+    /// is gone). Fan-outs whose copies are all published commit in order: every copy readable
+    /// at once, the local members woken, the other shards told to wake theirs.
     pub(in crate::poll) fn group_copy_published(&mut self, stamp: u64) {
-        let Some(a) = self.groups.awaiting.as_mut() else {
+        let Some(a) = self.groups.window.iter_mut().find(|a| a.stamp == stamp) else {
             debug_assert!(false, "a copy of fan-out {stamp} that nobody awaits");
             return;
         };
-        debug_assert_eq!(a.stamp, stamp);
         a.copies_left -= 1;
-        if a.copies_left > 0 {
-            return;
+        self.commit_ready();
+    }
+
+    /// Shard 0: commits the fan-outs at the front of the window whose copies are all
+    /// published (one store for all: the last one's stamp).
+    fn commit_ready(&mut self) {
+        let mut last = None;
+        let mut shards = 0u64;
+        let mut woken = std::mem::take(&mut self.groups.targets);
+        woken.clear();
+        while self
+            .groups
+            .window
+            .front()
+            .is_some_and(|a| a.copies_left == 0)
+        {
+            let mut a = self.groups.window.pop_front().expect("a front");
+            last = Some(a.stamp);
+            shards |= a.shards;
+            woken.append(&mut a.local);
+            self.groups.spare.push(a.local);
         }
-        let shards = a.shards;
-        self.groups.awaiting = None;
-        shm_api::gate::commit(self.dview.group_commit(), stamp);
-        let mut local = std::mem::take(&mut self.groups.commit_wait);
-        self.wake_group_members(local.iter().copied());
-        local.clear();
-        self.groups.commit_wait = local;
-        let link = self.link.as_mut().expect("copies on other shards");
-        for k in (1..64).filter(|k| shards & (1 << k) != 0) {
-            link.note(k, Note::GroupCommitted { stamp });
+        if let Some(stamp) = last {
+            shm_api::gate::commit(self.dview.group_commit(), stamp);
+            self.wake_group_members(woken.iter().copied());
+            let link = self.link.as_mut().expect("copies on other shards");
+            for k in (1..64).filter(|k| shards & (1 << k) != 0) {
+                link.note(k, Note::GroupCommitted { stamp });
+            }
         }
+        woken.clear();
+        self.groups.targets = woken;
     }
 
     /// Shard 0: a copy of fan-out `stamp` waits for a full member on another shard.
     pub(in crate::poll) fn group_copy_waiting(&mut self, stamp: u64) {
-        if let Some(a) = self.groups.awaiting.as_mut().filter(|a| a.stamp == stamp) {
+        if let Some(a) = self.groups.window.iter_mut().find(|a| a.stamp == stamp) {
             a.stuck = true;
         }
     }
@@ -879,14 +900,16 @@ impl SocketTable {
             self.queue_to_host(owner, src.0, head, Some(payload));
             return GroupSent::Done;
         }
-        if let Some(a) = &self.groups.awaiting {
-            // The last fan-out waits for its copies on other poll threads (a thread round
-            // trip, or a full member's reads): it must commit before another starts.
-            return if a.stuck {
-                GroupSent::Blocked
-            } else {
-                GroupSent::Busy
-            };
+        if !self.groups.window.is_empty() {
+            // Fan-outs wait for their copies on other poll threads (a thread round trip, or a
+            // full member's reads). One that may wait long blocks the groups; otherwise up to
+            // `GATES` may be uncommitted at once, each taking one gate of its members' slots.
+            if self.groups.window.iter().any(|a| a.stuck) {
+                return GroupSent::Blocked;
+            }
+            if self.groups.window.len() >= shm_api::gate::GATES {
+                return GroupSent::Busy;
+            }
         }
         let len = payload.len();
         let sender = Sender {
@@ -954,6 +977,7 @@ impl SocketTable {
             copies_left: 0,
             shards: 0,
             stuck: false,
+            local: Vec::new(),
         };
         if self.host_links() > 0 && targets.iter().any(|&t| member_host(t).is_some()) {
             targets.retain(|&to| {
@@ -1003,15 +1027,15 @@ impl SocketTable {
             self.groups.short = short;
         }
         // Every target said it fits, and nothing ran on this thread since: every push
-        // succeeds.
-        let commit = away.copies_left == 0;
+        // succeeds. Committed now if nothing else waits for a commit; else in order, once the
+        // other shards report its copies and the earlier fan-outs' published
+        // (`group_copy_published`), and its local members woken then.
+        let commit = away.copies_left == 0 && self.groups.window.is_empty();
         self.fan_out_copies(&mut targets, src.0, src.1, payload, stamp, copies, commit);
         if !commit {
-            // Committed (and the local members woken) once the other shards report their
-            // copies published (`group_copy_published`).
-            self.groups.awaiting = Some(away);
-            debug_assert!(self.groups.commit_wait.is_empty());
-            std::mem::swap(&mut self.groups.commit_wait, &mut targets);
+            away.local = self.groups.spare.pop().unwrap_or_default();
+            std::mem::swap(&mut away.local, &mut targets);
+            self.groups.window.push_back(away);
         }
         self.groups.targets = targets;
         GroupSent::Done

@@ -122,6 +122,8 @@ pub(super) struct Sock {
     pub group_reserved: u64,
     /// Shard 0's ask for more (at least, at most) not answered yet: the ring had too little.
     pub credit_ask: Option<(u64, u64)>,
+    /// The gate (of the slot's `shm_api::gate::GATES`) its next group copy takes.
+    pub next_gate: usize,
 }
 
 /// One attached process.
@@ -525,6 +527,7 @@ impl SocketTable {
             backed_up: None,
             group_reserved: 0,
             credit_ask: None,
+            next_gate: 0,
         });
         let tx = &a.socks[slot as usize].as_ref().expect("just opened").tx;
         self.open_socks.push(OpenSock {
@@ -1455,12 +1458,11 @@ impl SocketTable {
             return false;
         }
         let ctl = app.region.slot_control(to.slot);
-        shm_api::gate::gate(
-            &ctl.group_gate_end,
-            &ctl.group_gate_stamp,
-            sock.rx.position(),
-            stamp,
-        );
+        // The slot's gates in turn: at most `GATES` fan-outs are uncommitted (`groups.rs`), so
+        // the copy this one's gate named before is committed.
+        let gate = &ctl.group_gates[sock.next_gate % shm_api::gate::GATES];
+        sock.next_gate = sock.next_gate.wrapping_add(1);
+        shm_api::gate::gate(gate, sock.rx.position(), stamp);
         sock.rx.publish();
         sock.rx_produced += len as u64;
         ctl.rx_produced_bytes
