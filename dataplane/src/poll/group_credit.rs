@@ -8,6 +8,8 @@
 //! that member read. Now the member's shard keeps part of its ring for shard 0's copies and
 //! tells shard 0 how much (`Note::GroupCredit`):
 //!
+//! - a join takes credit along (`group_credit_with_join`, in its `Note::GroupOp`; shard 0
+//!   gives it back if the join fails);
 //! - shard 0 counts a remote member as having room only while its credit covers the copy
 //!   (`charge`); it takes the charge from the credit when it sends the copy, and asks for
 //!   more (`Note::GroupCreditAsk`) when the credit runs low or a message was blocked by it;
@@ -20,8 +22,9 @@
 //!
 //! So a member that stops reading blocks its own groups' sends on shard 0, exactly as a full
 //! member of shard 0 does, and every other group goes on. A message too large to be charged
-//! (`charge` above `CREDIT_CHUNK`) keeps the old rule: sent while the member is not
-//! congested, its copy waiting on the member's shard if the ring is full.
+//! (`charge` above `CREDIT_CHUNK`), and a copy for a member that has had no credit yet (its
+//! ring was full when it joined), keep the old rule: sent while the member is not congested,
+//! its copy waiting on the member's shard if the ring is full.
 
 use super::{sock_of_token, token_of, Note, SockRef, SocketTable};
 use crate::stats::Stats;
@@ -173,6 +176,21 @@ impl SocketTable {
                 i += 1;
             }
         }
+    }
+
+    /// Member's shard: `r` asks to join a group: the credit its join takes along to shard 0,
+    /// kept now (none if shard 0 holds credit for it already, from another of its groups).
+    pub(in crate::poll) fn group_credit_with_join(&mut self, r: SockRef) -> u64 {
+        let Some(s) = self.sock(r).filter(|s| s.group_reserved == 0) else {
+            return 0;
+        };
+        let free = s.rx.free_bytes() as u64;
+        let grant = CREDIT_CHUNK.min(free);
+        s.group_reserved = grant;
+        if grant > 0 {
+            Stats::bump(&self.stats.group_credit_grants);
+        }
+        grant
     }
 
     /// Member's shard: shard 0 gives back `bytes` it kept in member `token`'s ring.

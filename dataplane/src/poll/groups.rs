@@ -315,31 +315,37 @@ impl SocketTable {
             } => self.group_filter(r, addr, port, step),
             _ => Err(libc::EINVAL),
         };
-        if let (Ok(()), Some(mut x)) = (res, remote) {
-            if !self.groups.table.groups_of(r).is_empty() {
-                if let Some(old) = self.groups.remote.get(&r) {
-                    if (old.shard, old.gen) == (x.shard, x.gen) {
-                        // Known already (another group, new flags): its credit stays.
-                        x.credit = old.credit;
-                        x.congested = old.congested;
-                    }
+        let registered = res.is_ok() && !self.groups.table.groups_of(r).is_empty();
+        if let (false, Some(x)) = (registered, remote) {
+            // The credit a failed join took along goes back.
+            self.group_credit_return(r, x.shard, x.gen, x.credit);
+        }
+        if let (true, Some(mut x)) = (registered, remote) {
+            if let Some(old) = self.groups.remote.get(&r) {
+                if (old.shard, old.gen) == (x.shard, x.gen) {
+                    // Known already (another group, new flags): its credit stays, with
+                    // what this request brought.
+                    x.credit.bytes += old.credit.bytes;
+                    x.credit.asking = old.credit.asking;
+                    x.credit.granted |= old.credit.granted;
+                    x.congested = old.congested;
                 }
-                if let Some(old) = self.groups.remote.insert(r, x) {
-                    if (old.shard, old.gen) != (x.shard, x.gen) {
-                        self.group_credit_return(r, old.shard, old.gen, old.credit);
-                    }
-                }
-                if let Some(b) = x.bound {
-                    self.groups.remote_by_addr.insert(b, r);
-                }
-                if matches!(req, Request::GroupJoin { .. }) {
-                    // A member: room in its ring for the copies to come (a creator that is no
-                    // member gets none, and keeps its whole ring).
-                    self.group_credit_top_up(r, 0);
-                }
-                // A member that joined congested makes the group full at once.
-                self.groups_member_congestion(r);
             }
+            if let Some(old) = self.groups.remote.insert(r, x) {
+                if (old.shard, old.gen) != (x.shard, x.gen) {
+                    self.group_credit_return(r, old.shard, old.gen, old.credit);
+                }
+            }
+            if let Some(b) = x.bound {
+                self.groups.remote_by_addr.insert(b, r);
+            }
+            if matches!(req, Request::GroupJoin { .. }) {
+                // A member: room in its ring for the copies to come (a creator that is no
+                // member gets none, and keeps its whole ring).
+                self.group_credit_top_up(r, 0);
+            }
+            // A member that joined congested makes the group full at once.
+            self.groups_member_congestion(r);
         }
         res
     }

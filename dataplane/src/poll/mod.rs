@@ -444,13 +444,18 @@ impl PollCore {
                 gen,
                 bound,
                 req,
+                credit,
             } => {
                 let remote = table::Remote {
                     shard: from,
                     gen,
                     bound,
                     congested: false,
-                    credit: Default::default(),
+                    credit: table::Credit {
+                        bytes: credit,
+                        asking: false,
+                        granted: credit > 0,
+                    },
                 };
                 let res = self.table.group_op(member, Some((remote, uid)), req);
                 self.reply(
@@ -1152,6 +1157,12 @@ impl PollCore {
         };
         s.grouped = true;
         let (gen, bound, congested) = (s.gen, s.bound, s.congested);
+        // A join takes its credit along (given back by shard 0 if the join fails).
+        let credit = if matches!(req, Request::GroupJoin { .. }) {
+            self.table.group_credit_with_join(member)
+        } else {
+            0
+        };
         let uid = self.table.app_uid(app);
         let note = shard::Note::GroupOp {
             seq,
@@ -1161,6 +1172,7 @@ impl PollCore {
             gen,
             bound,
             req,
+            credit,
         };
         let (addr_port, link) = (bound, self.table.link_mut().expect("several shards"));
         link.note(0, note);

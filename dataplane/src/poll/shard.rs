@@ -97,6 +97,9 @@ pub(super) enum Note {
         gen: u32,
         bound: Option<(u32, u16)>,
         req: shm_api::ctrl::Request,
+        /// A join's credit, granted with it (`group_credit.rs`): room kept in the member's rx
+        /// ring for shard 0's copies, so that its first copies are charged too.
+        credit: u64,
     },
     /// A socket of another shard that made group requests closed: it leaves its groups.
     GroupSockClosed { member: super::SockRef, gen: u32 },

@@ -981,6 +981,12 @@ fn a_member_of_another_thread_keeps_room_for_the_groups_copies() {
     };
     let reserved = |rig: &mut Rig| rig.cores[1].table.sock(m_ref).unwrap().group_reserved;
     assert_eq!(reserved(&mut rig), CREDIT_CHUNK, "room kept at the join");
+    let asks = rig.cores[0].table.stats().group_credit_asks.load(Relaxed);
+    assert_eq!(asks, 0, "the join brought its credit along");
+    assert_eq!(
+        rig.cores[0].table.group_remote_credit(m_ref),
+        Some(CREDIT_CHUNK)
+    );
     // T fills M's ring with unicast (8 KiB each) until T is held.
     const LEN: usize = 8 << 10;
     let mut t = Producer::new(t_ring);

@@ -48,6 +48,7 @@ mod group_hosts;
 #[path = "group_credit.rs"]
 mod group_credit;
 use crate::group::wire::GROUP_PORT;
+pub(super) use group_credit::Credit;
 #[cfg(test)]
 pub(super) use group_credit::CREDIT_CHUNK;
 pub(in crate::poll) use group_hosts::member_host;
