@@ -104,7 +104,9 @@ first RDS/TCP figures) are in [RESULTS-history.md](RESULTS-history.md).
 $(rustc --version | cut -d' ' -f1-2)) that other engineers' builds and tests use at the same time
 (load average $LOAD0 at the start; each table gives it before and after). Each rdsd figure is compared with kernel baselines
 measured in the same invocation, a few seconds apart, under the same conditions; the
-absolute numbers move by a factor of two or more from run to run on this machine. The one
+absolute numbers move by a factor of two or more from run to run on this machine. Every
+target of issues 17 and 18 with its latest figure: "Targets at a glance" below
+(\`bench/results/targets-section.md\`). The one
 section measured elsewhere, the pinned many-core comparison, is kept as written in
 \`bench/results/pinned-section.md\` (it comes from \`bench/pinned-bench.sh\`); the poll-thread
 instruction counts in \`bench/results/shards-section.md\` (\`bench/shards-callgrind.sh\`); the wake-up
@@ -118,6 +120,8 @@ batching (sendmmsg, rx publishes per burst) in \`bench/results/batch-section.md\
 are regenerated.
 
 EOF
+    cat bench/results/targets-section.md
+    echo
     cat bench/results/pinned-section.md
     cat bench/results/shards-section.md
     cat bench/results/wakeup-section.md
