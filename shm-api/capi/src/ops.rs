@@ -321,6 +321,26 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Result<usi
     })
 }
 
+/// The first `vlen` mmsghdrs at `msgvec`, at most 1024 (UIO_MAXIOV, as Linux); none for a
+/// `vlen` of 0, EFAULT for a null vector.
+///
+/// # Safety
+/// `msgvec` points to `vlen` valid mmsghdrs that nothing else uses during the borrow.
+unsafe fn mmsg_vec<'a>(
+    msgvec: *mut libc::mmsghdr,
+    vlen: libc::c_uint,
+) -> Result<&'a mut [libc::mmsghdr], i32> {
+    let n = (vlen as usize).min(1024);
+    if n == 0 {
+        return Ok(&mut []);
+    }
+    if msgvec.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: the caller's contract.
+    Ok(unsafe { std::slice::from_raw_parts_mut(msgvec, n) })
+}
+
 /// sendmmsg(2): the messages go to rdsd as one batch (`Socket::send_batch`: one release of
 /// the tx ring and at most one doorbell). Each `msg_len` is set for the messages sent; the
 /// count is returned, or the first message's error if none was sent. At most 1024 messages
@@ -335,15 +355,12 @@ pub unsafe fn sendmmsg(
     if flags & !(libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC | libc::MSG_ZEROCOPY) != 0 {
         return Err(libc::EOPNOTSUPP);
     }
-    let n = (vlen as usize).min(1024);
+    // SAFETY: forwarded contract.
+    let msgs = unsafe { mmsg_vec(msgvec, vlen) }?;
+    let n = msgs.len();
     if n == 0 {
         return Ok(0);
     }
-    if msgvec.is_null() {
-        return Err(libc::EFAULT);
-    }
-    // SAFETY: the caller gives `vlen` valid mmsghdrs.
-    let msgs = unsafe { std::slice::from_raw_parts_mut(msgvec, n) };
     // Payloads: single iovecs in place; gathered ones copied into one buffer first.
     enum Payload<'a> {
         InPlace(&'a [u8]),
@@ -580,15 +597,12 @@ pub unsafe fn recvmmsg(
         }
         Some(Instant::now() + Duration::new(t.tv_sec as u64, t.tv_nsec as u32))
     };
-    let n = (vlen as usize).min(1024);
+    // SAFETY: forwarded contract.
+    let msgs = unsafe { mmsg_vec(msgvec, vlen) }?;
+    let n = msgs.len();
     if n == 0 {
         return Ok(0);
     }
-    if msgvec.is_null() {
-        return Err(libc::EFAULT);
-    }
-    // SAFETY: the caller gives `vlen` valid mmsghdrs.
-    let msgs = unsafe { std::slice::from_raw_parts_mut(msgvec, n) };
     let mut got = 0;
     let mut flags = flags;
     // With a timeout, one message at a time: Linux looks at the clock after each.
