@@ -1402,6 +1402,7 @@ impl SocketTable {
     /// leave their groups at once, so this is only a guard). `copies` counts the fan-out's
     /// copies on every thread (for the test-only fault hooks).
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(super) fn fan_out_copies(
         &mut self,
         targets: &mut Vec<SockRef>,
