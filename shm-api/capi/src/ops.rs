@@ -645,10 +645,12 @@ unsafe fn recv_batch_into(
 ) -> Result<usize, i32> {
     let sock = e.socket()?;
     let rflags = recv_flags(flags);
-    // SAFETY: forwarded contract.
     let iovs: Vec<&[libc::iovec]> = msgs
         .iter()
-        .map(|m| unsafe { iovecs(m.msg_hdr.msg_iov, m.msg_hdr.msg_iovlen) })
+        .map(|m| {
+            // SAFETY: forwarded contract (each mmsghdr's iovec array).
+            unsafe { iovecs(m.msg_hdr.msg_iov, m.msg_hdr.msg_iovlen) }
+        })
         .collect();
     // A payload lands in its single iovec directly, unless that iovec overlaps another's
     // (apps may give every message the same buffer: two `&mut` over one byte must not
