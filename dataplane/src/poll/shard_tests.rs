@@ -265,6 +265,18 @@ impl Rig {
     }
 }
 
+/// Pushes `payload` to `LOCAL:port` onto tx ring `p` until it is full, then publishes:
+/// how many went.
+fn fill_tx_ring(p: &mut Producer<RawRing>, port: u16, payload: &[u8]) -> u64 {
+    let header = RecordHeader::data(payload.len() as u32, u32::from(LOCAL), port);
+    let mut n = 0;
+    while p.push(header, payload).is_ok() {
+        n += 1;
+    }
+    p.publish();
+    n
+}
+
 /// RDS_CANCEL_SENT_TO on a socket whose connection another poll thread owns: the messages it
 /// sent before the cancel are already on their way to the owner (in the pair ring between the
 /// two threads) when the cancel request comes. The cancel must reach the owner's transport
@@ -432,20 +444,7 @@ fn a_crossing_message_is_its_senders_until_the_other_thread_takes_it() {
             .load(Acquire)
     };
     let mut s = Producer::new(s_ring);
-    let push_all = |s: &mut Producer<RawRing>| {
-        let mut n = 0u64;
-        while s
-            .push(
-                RecordHeader::data(LEN as u32, u32::from(LOCAL), 4100),
-                &[7u8; LEN],
-            )
-            .is_ok()
-        {
-            n += 1;
-        }
-        s.publish();
-        n
-    };
+    let push_all = |s: &mut Producer<RawRing>| fill_tx_ring(s, 4100, &[7u8; LEN]);
     // Only the sender's thread runs: everything it took waits in the pair ring, still the
     // sender's.
     let first = push_all(&mut s);
@@ -992,16 +991,7 @@ fn a_member_of_another_thread_keeps_room_for_the_groups_copies() {
     let mut t = Producer::new(t_ring);
     let mut unicast = 0u32;
     for _ in 0..400 {
-        while t
-            .push(
-                RecordHeader::data(LEN as u32, u32::from(LOCAL), 4100),
-                &[1u8; LEN],
-            )
-            .is_ok()
-        {
-            unicast += 1;
-        }
-        t.publish();
+        unicast += fill_tx_ring(&mut t, 4100, &[1u8; LEN]) as u32;
         rig.cores[1].run_once();
         rig.cores[0].run_once();
     }
