@@ -113,6 +113,10 @@ counters! {
     /// deliveries taken off one sender's tx ring in one burst, which publish each receiver's
     /// ring once per burst.
     rx_publishes,
+    /// Reads of a receiving app's consumed count (on the line the app writes at every
+    /// receive) to check its queue against SO_RCVBUF: only when the count last read says the
+    /// queue may be over it, not after every publish.
+    rx_consumed_reads,
     /// Times a network path stopped reading because a receiver's rx ring was full (the message
     /// waits in rdsd and TCP's window pushes back on the sender; nothing is dropped).
     rx_paused,

@@ -17,8 +17,9 @@ pub const SHM_MAGIC: u64 = u64::from_le_bytes(*b"RDSDSHM1");
 /// Version of this layout and of the control protocol (2: request ids in the control protocol,
 /// one doorbell socket per app instead of a shared eventfd; 5: group copies are gated by a
 /// commit, [`RX_FLAG_GROUP`]; 6: eight gates a slot, so fan-outs need not wait for the last
-/// one's commit, `crate::gate`).
-pub const LAYOUT_VERSION: u32 = 6;
+/// one's commit, `crate::gate`; 7: `waiters` off the app's hot line, which rdsd reads only
+/// when its cached copy says the receive buffer may be full).
+pub const LAYOUT_VERSION: u32 = 7;
 /// Largest RDS payload (`RDS_MAX_MSG_SIZE`).
 pub const MAX_MSG_SIZE: usize = 1 << 20;
 /// Default `SO_SNDBUF` / `SO_RCVBUF` (half of Linux's usual `wmem_default`, as RDS uses).
@@ -64,11 +65,6 @@ pub const SLOTS_OFFSET: usize = 4096;
 /// Bytes of the control block at the start of each slot.
 pub const SLOT_CONTROL_LEN: usize = 512;
 
-/// Per-socket control block. Each group of fields has one writer.
-///
-/// Every byte of it, padding included, is an atomic: the app can write any of them at any time,
-/// so rdsd may hold a `&SlotControl` (all of it interior-mutable) but must never see a plain
-/// field here.
 /// What one thread blocked in a receive adds to [`SlotControl::waiters`].
 pub const RECV_WAITER: u32 = 1;
 /// What one thread blocked in a send (for room or for un-congestion) adds to
@@ -79,14 +75,27 @@ pub const RECV_WAITERS: u32 = SEND_WAITER - 1;
 /// The bits of [`SlotControl::waiters`] that count senders.
 pub const SEND_WAITERS: u32 = !RECV_WAITERS;
 
+/// Per-socket control block. Each group of fields has one writer.
+///
+/// Each side reads the other's hot line only when it must: the app writes its first line on
+/// every send or receive, and rdsd reads it only when a cached copy says the receive buffer
+/// may be over `SO_RCVBUF`; the words rdsd checks after every publish (`waiters`) sit on the
+/// app's second line, written only around a sleep. Likewise the library reads
+/// `tx_released_bytes` only when the value it last saw leaves no send-buffer room (v7).
+///
+/// Every byte of it, padding included, is an atomic: the app can write any of them at any time,
+/// so rdsd may hold a `&SlotControl` (all of it interior-mutable) but must never see a plain
+/// field here.
 #[cfg(not(loom))]
 #[repr(C, align(128))]
 pub struct SlotControl {
-    // -- written by the app --
+    // -- written by the app on every send or receive (its hot line) --
     /// Payload bytes the app has queued on the tx ring, ever.
     pub tx_sent_bytes: AtomicU64,
     /// Payload bytes the app has taken off the rx ring, ever.
     pub rx_consumed_bytes: AtomicU64,
+    _pad_a: [AtomicU64; 6],
+    // -- written by the app rarely: around a sleep, on a full ring, on ENOBUFS --
     /// App threads blocked on `wake_seq`: [`RECV_WAITER`] per receiver, [`SEND_WAITER`] per
     /// sender, so rdsd wakes only those its change concerns (v4: a release of send-buffer
     /// bytes no longer wakes a thread that waits to receive).
@@ -98,7 +107,7 @@ pub struct SlotControl {
     pub tx_ring_want: AtomicU32,
     /// Ports (bit = port % 64) whose un-congestion the app wants reported (set on ENOBUFS).
     pub cong_interest: AtomicU64,
-    _pad_b: [AtomicU64; 12],
+    _pad_b: [AtomicU64; 6],
     // -- written by rdsd --
     /// Payload bytes rdsd has released from the send buffer (delivered, acked, cancelled, dropped).
     pub tx_released_bytes: AtomicU64,
@@ -133,6 +142,11 @@ pub fn group_copy_pending(ctl: &SlotControl, daemon: &DaemonView, record_end: u6
 const _: () = assert!(std::mem::size_of::<SlotControl>() <= SLOT_CONTROL_LEN);
 #[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<SlotControl>() == 384);
+// The app's hot line, its rare line and rdsd's line each start a cache line.
+#[cfg(not(loom))]
+const _: () = assert!(std::mem::offset_of!(SlotControl, waiters) == 64);
+#[cfg(not(loom))]
+const _: () = assert!(std::mem::offset_of!(SlotControl, tx_released_bytes) == 128);
 
 /// Layout of one app region, derived from its header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -483,6 +483,8 @@ impl Rdsd {
                 ring_want: false,
                 producer: Producer::new(tx),
                 sent: ctl.tx_sent_bytes.load(Ordering::Relaxed),
+                released_seen: ctl.tx_released_bytes.load(Ordering::Acquire),
+                room_reads: 0,
                 cong_hint: usize::MAX,
             }),
             rx: Mutex::new(RxSide {
@@ -638,9 +640,29 @@ fn version_mismatch(daemon: u32) -> io::Error {
 struct TxSide {
     producer: Producer<RawRing>,
     sent: u64,
+    /// `SlotControl::tx_released_bytes` as last read: never ahead of rdsd's (it only grows),
+    /// so `sent - released_seen` overstates what is queued and room it shows is really there.
+    released_seen: u64,
+    /// Times `released_seen` was read again (`Socket::send_room_reads`).
+    room_reads: u64,
     cong_hint: usize,
     /// `SlotControl::tx_ring_want` is nonzero (a send found the ring full).
     ring_want: bool,
+}
+
+impl TxSide {
+    /// Whether what is queued (`sent` less what rdsd released) is below `sndbuf`. rdsd's count
+    /// is read only when the one last seen says no: it is on rdsd's cache line, which the poll
+    /// thread writes after every burst it takes from this ring.
+    #[inline]
+    fn sndbuf_room(&mut self, ctl: &SlotControl, sndbuf: usize) -> bool {
+        if (self.sent.wrapping_sub(self.released_seen) as usize) < sndbuf {
+            return true;
+        }
+        self.room_reads += 1;
+        self.released_seen = ctl.tx_released_bytes.load(Ordering::Acquire);
+        (self.sent.wrapping_sub(self.released_seen) as usize) < sndbuf
+    }
 }
 
 /// True if `m` took a record off the rx ring (not a peek, not a congestion notification).
@@ -777,6 +799,14 @@ impl Socket {
         unpack(self.peer.load(Ordering::Acquire)).ok_or_else(|| errno(libc::ENOTCONN))
     }
 
+    /// How many times this socket's sends read rdsd's count of released send-buffer bytes. A
+    /// send reads it only when the count it last saw leaves no `SO_SNDBUF` room: it sits on the
+    /// line rdsd writes after every burst it takes from this socket, so a sender that read it
+    /// on every message would pull that line across cores each time. A count for tests.
+    pub fn send_room_reads(&self) -> u64 {
+        lock(&self.tx).room_reads
+    }
+
     /// Sends one message to `dest`; returns its length.
     pub fn send_to(&self, buf: &[u8], dest: SocketAddrV4) -> io::Result<usize> {
         self.send_inner(buf, Some(dest), false)
@@ -906,10 +936,7 @@ impl Socket {
                 })?;
                 continue;
             }
-            let queued = tx
-                .sent
-                .wrapping_sub(ctl.tx_released_bytes.load(Ordering::Acquire));
-            let room = (queued as usize) < sndbuf;
+            let room = tx.sndbuf_room(ctl, sndbuf);
             let pushed = if room {
                 tx.producer
                     .push(RecordHeader::data(0, dest_ip, dest.port()), buf)

@@ -457,10 +457,14 @@ impl SocketTable {
 
     /// Marks `to` congested if its ring and backlog hold more than its SO_RCVBUF.
     fn mark_if_over(&mut self, to: SockRef) {
-        let consumed = self.ctl(to).rx_consumed_bytes.load(Ordering::Acquire);
-        let Some(s) = self.sock(to) else { return };
-        let queued = s.queued(consumed);
-        if queued > u64::from(s.rcvbuf) && !s.congested {
+        let Some(app) = self.apps.get_mut(to.app).and_then(|a| a.as_mut()) else {
+            return;
+        };
+        let Some(s) = app.socks[to.slot as usize].as_mut() else {
+            return;
+        };
+        let ctl = app.region.slot_control(to.slot);
+        if !s.congested && s.over_rcvbuf(ctl, &self.stats.rx_consumed_reads) {
             self.mark_congested(to);
         }
     }
@@ -472,6 +476,25 @@ impl Sock {
     #[inline]
     fn past_share(&self, total: usize, share: u64) -> bool {
         !self.backlog.is_empty() && (total >= BACKED_UP_TOTAL_BYTES || self.backlog_bytes >= share)
+    }
+
+    /// Whether more than SO_RCVBUF is queued for the app (ring and backlog). The app's
+    /// consumed count is read (and `reads` bumped) only when the count last read says so: it
+    /// sits on the line the app writes at every receive, and an honest app's only grows, so
+    /// the old count can only overstate the queue.
+    #[inline]
+    pub(in crate::poll) fn over_rcvbuf(
+        &mut self,
+        ctl: &SlotControl,
+        reads: &std::sync::atomic::AtomicU64,
+    ) -> bool {
+        let limit = u64::from(self.rcvbuf);
+        if self.queued(self.consumed_seen) <= limit {
+            return false;
+        }
+        Stats::bump(reads);
+        self.consumed_seen = ctl.rx_consumed_bytes.load(Ordering::Acquire);
+        self.queued(self.consumed_seen) > limit
     }
 
     /// Bytes queued for the app, `consumed` being what it says it has read: the rx ring's

@@ -98,6 +98,8 @@ pub(super) struct Sock {
     /// Bytes taken off the tx ring (`taken - released`: what the transports still hold).
     pub taken: u64,
     pub rx_produced: u64,
+    /// The app's `rx_consumed_bytes` as last read (`Sock::over_rcvbuf`).
+    pub consumed_seen: u64,
     pub congested: bool,
     pub cancels: [Cancel; MAX_CANCELS],
     pub ncancels: usize,
@@ -511,6 +513,7 @@ impl SocketTable {
             released: 0,
             taken: 0,
             rx_produced: 0,
+            consumed_seen: 0,
             congested: false,
             cancels: [Cancel {
                 dest: None,
@@ -781,16 +784,15 @@ impl SocketTable {
         let mut i = 0;
         while i < self.congested.len() {
             let r = self.congested[i];
-            let below = match self
-                .apps
-                .get(r.app)
-                .and_then(|a| a.as_ref())
-                .and_then(|a| a.socks[r.slot as usize].as_ref())
-            {
-                Some(s) => {
-                    let consumed = self.ctl(r).rx_consumed_bytes.load(Ordering::Acquire);
-                    s.queued(consumed) < (s.rcvbuf / 2) as u64
-                }
+            let below = match self.apps.get_mut(r.app).and_then(|a| a.as_mut()) {
+                Some(a) => match a.socks[r.slot as usize].as_mut() {
+                    Some(s) => {
+                        let ctl = a.region.slot_control(r.slot);
+                        s.consumed_seen = ctl.rx_consumed_bytes.load(Ordering::Acquire);
+                        s.queued(s.consumed_seen) < (s.rcvbuf / 2) as u64
+                    }
+                    None => true,
+                },
                 None => true,
             };
             if below {
@@ -1375,9 +1377,7 @@ impl SocketTable {
         let ctl = app.region.slot_control(to.slot);
         ctl.rx_produced_bytes
             .store(sock.rx_produced, Ordering::Release);
-        let consumed = ctl.rx_consumed_bytes.load(Ordering::Acquire);
-        let queued = sock.queued(consumed);
-        if queued > u64::from(sock.rcvbuf) && !sock.congested {
+        if !sock.congested && sock.over_rcvbuf(ctl, &self.stats.rx_consumed_reads) {
             self.mark_congested(to);
         }
         true
@@ -1488,9 +1488,7 @@ impl SocketTable {
             if wake_slot_after_fence(ctl, RECV_WAITERS) {
                 Stats::bump(&self.stats.app_wakeups);
             }
-            let consumed = ctl.rx_consumed_bytes.load(Ordering::Acquire);
-            let queued = sock.queued(consumed);
-            if queued > u64::from(sock.rcvbuf) && !sock.congested {
+            if !sock.congested && sock.over_rcvbuf(ctl, &self.stats.rx_consumed_reads) {
                 self.mark_congested(to);
             }
         }
