@@ -1,6 +1,7 @@
 /* fd-level behaviour of AF_RDS sockets under rdsd-run (tests/tests/preload.rs): flags from
  * socket(), fcntl O_NONBLOCK, connect + write/read, writev/readv, FIONREAD, MSG_TRUNC, dup and
- * dup2 and close, SO_RCVTIMEO, a receiver blocked in another thread, epoll on a mixed set,
+ * dup2 and close, SO_RCVTIMEO, a receiver blocked in another thread, epoll on a mixed set
+ * (and no stale EPOLLIN right after a receive),
  * sendmmsg (one batch for rdsd), recvmmsg (Linux's rules), close_range and closefrom (the
  * sockets among the fds forgotten and released), and exec closing FD_CLOEXEC sockets only.
  * Plain socket API; prints "FDOPS OK". */
@@ -290,6 +291,42 @@ int main(void)
 	}
 	CHECK(seen_ev && seen_d);
 	CHECK(recv(d, buf, sizeof buf, 0) == 5);
+
+	/* Right after a receive drained the socket, epoll reports no stale EPOLLIN for it (rdsd
+	 * updates the readiness fd on its next pass): level-triggered, through epoll_wait,
+	 * epoll_pwait and epoll_pwait2, and one-shot, which the library arms again when it
+	 * drops the only event (else the next message would never be reported). */
+	{
+		struct epoll_event out[4];
+		uint64_t v;
+		struct timespec ms20 = { 0, 20000000 };
+		CHECK(read(ev, &v, 8) == 8); /* the eventfd goes quiet */
+		for (int k = 0; k < 30; k++) {
+			CHECK(send(a, "again", 5, 0) == 5);
+			CHECK(epoll_wait(ep, out, 4, 10000) == 1 && out[0].data.fd == d);
+			CHECK(out[0].events & EPOLLIN);
+			CHECK(recv(d, buf, sizeof buf, 0) == 5);
+			int n = k % 3 == 0   ? epoll_wait(ep, out, 4, 20)
+				: k % 3 == 1 ? epoll_pwait(ep, out, 4, 20, NULL)
+					     : epoll_pwait2(ep, out, 4, &ms20, NULL);
+			CHECK(n == 0);
+		}
+		e.events = EPOLLIN | EPOLLONESHOT;
+		e.data.fd = d;
+		for (int k = 0; k < 10; k++) {
+			CHECK(epoll_ctl(ep, EPOLL_CTL_MOD, d, &e) == 0);
+			CHECK(send(a, "once", 4, 0) == 4);
+			CHECK(epoll_wait(ep, out, 4, 10000) == 1 && out[0].data.fd == d);
+			CHECK(recv(d, buf, sizeof buf, 0) == 4);
+			CHECK(epoll_ctl(ep, EPOLL_CTL_MOD, d, &e) == 0);
+			CHECK(epoll_wait(ep, out, 4, 20) == 0);
+			CHECK(send(a, "armed", 5, 0) == 5);
+			CHECK(epoll_wait(ep, out, 4, 10000) == 1 && out[0].data.fd == d);
+			CHECK(recv(d, buf, sizeof buf, 0) == 5);
+		}
+		CHECK(epoll_ctl(ep, EPOLL_CTL_DEL, d, NULL) == 0);
+		CHECK(close(ep) == 0 && close(ev) == 0);
+	}
 
 	/* exec: the FD_CLOEXEC socket is gone in the new image, the other one stays */
 	CHECK(!fd_in_exec_child(a));

@@ -5,13 +5,16 @@
 //! nothing at all before the first AF_RDS socket) and either serves it through librdsd or
 //! passes it untouched to the next definition (libc), found with `dlsym(RTLD_NEXT)`.
 //! poll/select/epoll_ctl pass through too, after turning readiness on for the rdsd fds they
-//! name, so mixed sets of rdsd and kernel fds are waited on by the kernel itself.
+//! name, so mixed sets of rdsd and kernel fds are waited on by the kernel itself; poll,
+//! select and epoll_wait then confirm an rdsd fd's POLLIN against its ring (`epoll.rs`).
 //!
 //! fcntl and ioctl are variadic in C; they are defined here with one word-sized third
 //! argument, which is how the x86-64 and AArch64 Linux ABIs pass an int or pointer variadic
 //! argument.
 
 #![allow(clippy::missing_safety_doc)] // each function has the contract of its libc namesake
+
+mod epoll;
 
 use libc::{
     c_int, c_ulong, c_void, epoll_event, fd_set, msghdr, nfds_t, pollfd, sigset_t, size_t,
@@ -479,6 +482,9 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     let e = table::remove(fd);
     // SAFETY: libc's close.
     let r = unsafe { next!(close: fn(c_int) -> c_int)(fd) };
+    if r == 0 {
+        epoll::note_close(fd);
+    }
     if let Some(e) = e {
         table::release(e);
     }
@@ -515,6 +521,7 @@ pub unsafe extern "C" fn closefrom(low: c_int) {
 
 /// Forgets the rdsd sockets numbered `first..=last` after the kernel closed those fds.
 fn forget_range(first: libc::c_uint, last: libc::c_uint) {
+    epoll::note_close_range(first, last);
     if !table::any() {
         return;
     }
@@ -878,7 +885,97 @@ pub unsafe extern "C" fn epoll_ctl(
         }
     }
     // SAFETY: libc's epoll_ctl.
-    unsafe {
+    let r = unsafe {
         next!(epoll_ctl: fn(c_int, c_int, c_int, *mut epoll_event) -> c_int)(epfd, op, fd, ev)
+    };
+    if r == 0 {
+        // SAFETY: epoll_ctl's contract: a valid event for ADD and MOD (ignored for DEL).
+        let e = (op != libc::EPOLL_CTL_DEL && !ev.is_null()).then(|| unsafe { *ev });
+        epoll::note_ctl(epfd, op, fd, e);
+    }
+    r
+}
+
+/// epoll_wait and its kin: `real(remaining)` retried while only stale EPOLLINs of rdsd
+/// sockets came back (see `epoll`).
+unsafe fn epoll_confirmed(
+    epfd: c_int,
+    events: *mut epoll_event,
+    timeout: Option<Duration>,
+    real: impl FnMut(Option<Duration>) -> c_int,
+) -> c_int {
+    wait_confirmed(
+        timeout,
+        real,
+        // SAFETY: epoll_wait filled the first `r` events.
+        |r| unsafe { epoll::confirm(epfd, events, r) },
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
+    let real = next!(epoll_wait: fn(c_int, *mut epoll_event, c_int, c_int) -> c_int);
+    if !epoll::may_confirm(epfd) {
+        // SAFETY: libc's epoll_wait.
+        return unsafe { real(epfd, events, max, timeout) };
+    }
+    // SAFETY: epoll_wait's contract; libc's epoll_wait on the caller's array.
+    unsafe {
+        epoll_confirmed(epfd, events, ms_timeout(timeout), |left| {
+            real(epfd, events, max, to_ms(left))
+        })
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+    sig: *const sigset_t,
+) -> c_int {
+    let real =
+        next!(epoll_pwait: fn(c_int, *mut epoll_event, c_int, c_int, *const sigset_t) -> c_int);
+    if !epoll::may_confirm(epfd) {
+        // SAFETY: libc's epoll_pwait.
+        return unsafe { real(epfd, events, max, timeout, sig) };
+    }
+    // SAFETY: epoll_pwait's contract; libc's epoll_pwait on the caller's array and mask.
+    unsafe {
+        epoll_confirmed(epfd, events, ms_timeout(timeout), |left| {
+            real(epfd, events, max, to_ms(left), sig)
+        })
+    }
+}
+
+/// epoll_pwait2 (glibc 2.35): a timespec timeout, NULL for none.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait2(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    ts: *const timespec,
+    sig: *const sigset_t,
+) -> c_int {
+    let real = next!(epoll_pwait2: fn(c_int, *mut epoll_event, c_int, *const timespec, *const sigset_t) -> c_int);
+    if !epoll::may_confirm(epfd) {
+        // SAFETY: libc's epoll_pwait2.
+        return unsafe { real(epfd, events, max, ts, sig) };
+    }
+    // SAFETY: epoll_pwait2's contract; libc's epoll_pwait2 on the caller's array and mask.
+    unsafe {
+        epoll_confirmed(epfd, events, ts_timeout(ts), |left| {
+            let t = left.map(to_ts);
+            let tp = t
+                .as_ref()
+                .map_or(std::ptr::null(), |t| t as *const timespec);
+            real(epfd, events, max, tp, sig)
+        })
     }
 }
