@@ -117,6 +117,9 @@ counters! {
     /// receive) to check its queue against SO_RCVBUF: only when the count last read says the
     /// queue may be over it, not after every publish.
     rx_consumed_reads,
+    /// SeqCst fences made before reading blocked threads' `waiters`: one for all the wake
+    /// checks of a pass (and one after each network read that delivered), not one per publish.
+    wake_fences,
     /// Times a network path stopped reading because a receiver's rx ring was full (the message
     /// waits in rdsd and TCP's window pushes back on the sender; nothing is dropped).
     rx_paused,

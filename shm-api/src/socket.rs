@@ -36,6 +36,9 @@ static RECV_SLEEPS: [std::sync::atomic::AtomicU64; 2] = [
     std::sync::atomic::AtomicU64::new(0),
     std::sync::atomic::AtomicU64::new(0),
 ];
+/// Sleeps (receives and sends) that lasted their whole liveness slice although what they
+/// waited for had happened by its end: see [`RecvWakeups::missed`].
+static MISSED_WAKEUPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// How this process's blocking receives ended their sleeps, since it started: a count that
 /// tests and benchmarks read (not a clock).
@@ -46,6 +49,11 @@ pub struct RecvWakeups {
     /// Woken by a sender of the same poll thread while that thread was parked: the
     /// receiver then waits for the delivery spinning, one kernel wake-up instead of two.
     pub by_sender: u64,
+    /// Sleeps of blocking receives and sends that ran out their whole liveness slice (100 ms)
+    /// although what they waited for was there at its end: a wake-up that never came (the
+    /// app and rdsd pair a fence each around `waiters`; 0 unless that pairing is broken or
+    /// the event landed in the slice's last instant).
+    pub missed: u64,
 }
 
 /// This process's [`RecvWakeups`] so far.
@@ -53,6 +61,7 @@ pub fn recv_wakeups() -> RecvWakeups {
     RecvWakeups {
         by_rdsd_or_timeout: RECV_SLEEPS[0].load(Ordering::Relaxed),
         by_sender: RECV_SLEEPS[1].load(Ordering::Relaxed),
+        missed: MISSED_WAKEUPS.load(Ordering::Relaxed),
     }
 }
 
@@ -1208,6 +1217,9 @@ impl Socket {
                         }
                     }
                     if ctl.wake_seq.load(Ordering::Acquire) == seq {
+                        if now.elapsed() >= slice && ready() {
+                            MISSED_WAKEUPS.fetch_add(1, Ordering::Relaxed);
+                        }
                         c.check_alive()
                     } else {
                         Ok(())

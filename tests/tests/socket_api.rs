@@ -540,7 +540,9 @@ fn send_batch_sends_in_order_and_counts_what_went() {
 /// rdsd moves a burst off one tx ring and publishes each local receiver's rx ring once at its
 /// end (issue 18, item 2), counted, not timed: 64 messages sent as one batch to one receiver
 /// cost 1 rx publish; 64 alternating between two receivers cost 2; everything arrives, in
-/// order. (One publish per message before: 64 and 64.)
+/// order. (One publish per message before: 64 and 64.) And one SeqCst fence before the wake
+/// checks of the receivers and the sender (`wake_fences`): there was one per publish and one
+/// for the sender's release, 2 and 3.
 #[test]
 fn a_burst_publishes_each_receivers_ring_once() {
     let d = Daemon::start(&[]);
@@ -553,7 +555,11 @@ fn a_burst_publishes_each_receivers_ring_once() {
     let payloads: Vec<Vec<u8>> = (0..64).map(|i| seq_payload(i, 64)).collect();
     let mut buf = vec![0u8; 256];
     for (receivers, want) in [(&[lo(7812)][..], 1), (&[lo(7812), lo(7813)][..], 2)] {
-        let before = (d.exact_stat("rx_publishes"), d.exact_stat("loop_delivered"));
+        let before = (
+            d.exact_stat("rx_publishes"),
+            d.exact_stat("loop_delivered"),
+            d.exact_stat("wake_fences"),
+        );
         let batch: Vec<(&[u8], Option<SocketAddrV4>)> = payloads
             .iter()
             .enumerate()
@@ -575,6 +581,12 @@ fn a_burst_publishes_each_receivers_ring_once() {
             publishes,
             want,
             "rx publishes for one burst of 64 to {} receiver(s)",
+            receivers.len()
+        );
+        assert_eq!(
+            d.exact_stat("wake_fences") - before.2,
+            1,
+            "fences before the wake checks of one burst to {} receiver(s)",
             receivers.len()
         );
     }

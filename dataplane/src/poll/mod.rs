@@ -352,10 +352,24 @@ impl PollCore {
             self.publish_counters();
         }
         self.table.sync_readiness();
-        if let Some(l) = self.table.link_mut().filter(|l| l.has_output()) {
-            l.flush_stash();
-            l.flush_kept();
-            l.publish();
+        let rings = match self.table.link_mut().filter(|l| l.has_output()) {
+            Some(l) => {
+                l.flush_stash();
+                l.flush_kept();
+                l.publish_rings()
+            }
+            None => false,
+        };
+        if rings || self.table.has_pending_wakes() {
+            // One fence for the pass: every ring it published is visible before it reads who
+            // sleeps (apps' `waiters`, other poll threads' sleep flags).
+            std::sync::atomic::fence(Ordering::SeqCst);
+            self.table.wake_pending_after_fence();
+            if rings {
+                if let Some(l) = self.table.link_mut() {
+                    l.ring_sleepers_after_fence();
+                }
+            }
         }
         work
     }

@@ -33,7 +33,7 @@ use shm_api::layout::DaemonView;
 use shm_api::ring::{Consumer, HeapRing, Producer, PushError, RawRing, Record, RecordHeader};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Data bytes of each pair ring: one 1 MiB message and its envelope always fit.
@@ -790,20 +790,25 @@ impl ShardLink {
         self.dirty != 0 || !self.stash.is_empty() || !self.kept.is_empty()
     }
 
-    /// End of a pass: publishes what this pass queued and wakes the shards that sleep.
-    #[inline(never)]
-    pub(super) fn publish(&mut self) {
+    /// End of a pass, first half: the pair rings this pass wrote to become visible (stores);
+    /// true if there was one. The caller then makes a SeqCst fence, which pairs with the one a
+    /// parking shard makes between raising its flag and its last look at its inputs (the
+    /// same protocol as an app's doorbell), and calls [`Self::ring_sleepers_after_fence`].
+    pub(super) fn publish_rings(&mut self) -> bool {
         if self.dirty == 0 {
-            return;
+            return false;
         }
         for to in 0..self.fabric.n {
             if self.dirty & (1 << to) != 0 {
                 self.out[to].publish();
             }
         }
-        // Pairs with the fence a parking shard makes between raising its flag and its last
-        // look at its inputs (the same protocol as an app's doorbell).
-        fence(Ordering::SeqCst);
+        true
+    }
+
+    /// End of a pass, second half (after the fence): rings the doorbell of each shard written
+    /// to that sleeps.
+    pub(super) fn ring_sleepers_after_fence(&mut self) {
         for to in 0..self.fabric.n {
             if self.dirty & (1 << to) != 0
                 && self.fabric.dview.sleeping(to).load(Ordering::Relaxed) != 0

@@ -156,6 +156,9 @@ struct App {
 /// Receivers one burst of local deliveries remembers before it publishes early (a burst
 /// moves at most `TX_BATCH` messages, so this is never reached in steady state).
 const RX_BURST_TARGETS: usize = super::TX_BATCH;
+/// Wake checks a pass gathers before it makes them (`SocketTable::wakes`); past this many it
+/// fences and checks early rather than grow.
+const WAKES_CAP: usize = 4 * RX_BURST_TARGETS;
 
 /// The sockets of one poll core. It keeps its invariants itself (its fields are private):
 /// - `open_socks` lists every open socket, `readiness_socks` those with readiness on and
@@ -245,9 +248,14 @@ pub struct SocketTable {
     rx_burst_on: bool,
     /// The receivers that burst pushed into, and the bytes each got (published at its end).
     rx_burst: Vec<(SockRef, usize)>,
-    /// Receivers whose rings `Upcalls::publish_deliveries` published and who are not yet woken
-    /// (`Upcalls::wake_receivers`): the transport records the deliveries in between.
-    rx_unwoken: Vec<SockRef>,
+    /// Sockets whose rings this pass published or released, with the kinds of blocked threads
+    /// (`RECV_WAITERS`, `SEND_WAITERS`) that may now go on: their `waiters` are read after one
+    /// SeqCst fence for all of them, at the end of the pass (`PollCore::pass`) or after a
+    /// network read is recorded (`Upcalls::wake_receivers`), not after a fence each. A fence
+    /// waits for the pass's stores to reach the other cores (the receiver polls the line its
+    /// ring's producer position is on), so one per publish made the poll thread wait out a
+    /// cross-core round trip per burst and per sender.
+    wakes: Vec<(SockRef, u32)>,
 }
 
 impl SocketTable {
@@ -312,7 +320,7 @@ impl SocketTable {
             test_stall_in_fanout: crate::fault::stall_in_fanout(),
             rx_burst_on: false,
             rx_burst: Vec::with_capacity(RX_BURST_TARGETS),
-            rx_unwoken: Vec::with_capacity(2 * RX_BURST_TARGETS),
+            wakes: Vec::with_capacity(WAKES_CAP),
         }
     }
 
@@ -711,9 +719,60 @@ impl SocketTable {
         let released = s.released;
         let ctl = self.ctl(r);
         ctl.tx_released_bytes.store(released, Ordering::Release);
-        if wake_slot(ctl, SEND_WAITERS) {
-            Stats::bump(&self.stats.app_wakeups);
+        self.want_wake(r, SEND_WAITERS);
+    }
+
+    /// `r`'s blocked threads of kind `whom` may go on: checked with the pass's other wake-ups
+    /// (see `wakes`).
+    #[inline]
+    pub(super) fn want_wake(&mut self, r: SockRef, whom: u32) {
+        // A pass reaches a few sockets, often the same one twice (its ring published, then
+        // its sender's bytes released): look at the newest entries, not a map.
+        if let Some(e) = self.wakes.iter_mut().rev().take(4).find(|(w, _)| *w == r) {
+            e.1 |= whom;
+            return;
         }
+        if self.wakes.len() == WAKES_CAP {
+            self.wake_pending();
+        }
+        self.wakes.push((r, whom));
+    }
+
+    /// Whether wake checks are waiting for the end of the pass.
+    #[inline]
+    pub(super) fn has_pending_wakes(&self) -> bool {
+        !self.wakes.is_empty()
+    }
+
+    /// Makes the gathered wake checks: one fence, then each socket's `waiters` (a futex wake
+    /// where a thread of that kind sleeps).
+    pub(super) fn wake_pending(&mut self) {
+        if self.wakes.is_empty() {
+            return;
+        }
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.wake_pending_after_fence();
+    }
+
+    /// [`Self::wake_pending`] for a caller that made the fence (the end of a pass, which
+    /// shares it with the other poll threads' doorbells).
+    pub(super) fn wake_pending_after_fence(&mut self) {
+        if self.wakes.is_empty() {
+            return;
+        }
+        Stats::bump(&self.stats.wake_fences);
+        for i in 0..self.wakes.len() {
+            let (r, whom) = self.wakes[i];
+            let Some(app) = self.apps.get(r.app).and_then(|a| a.as_ref()) else {
+                continue;
+            };
+            if app.socks[r.slot as usize].is_some()
+                && wake_slot_after_fence(app.region.slot_control(r.slot), whom)
+            {
+                Stats::bump(&self.stats.app_wakeups);
+            }
+        }
+        self.wakes.clear();
     }
 
     /// `to`'s queue went above SO_RCVBUF: mark its port congested (and its groups full).
@@ -1105,9 +1164,7 @@ impl SocketTable {
         let released = s.released;
         let ctl = app.region.slot_control(r.slot);
         ctl.tx_released_bytes.store(released, Ordering::Release);
-        if wake_slot(ctl, SEND_WAITERS) {
-            Stats::bump(&self.stats.app_wakeups);
-        }
+        self.want_wake(r, SEND_WAITERS);
     }
 
     /// References `addr`'s congestion map in the daemon region (this shard's count; the
@@ -1254,16 +1311,13 @@ impl SocketTable {
         self.rx_burst_on = true;
     }
 
-    /// Publishes every ring the burst pushed into (each wakes its receivers), and wakes the
-    /// receivers of any publish a transport left unwoken.
+    /// Publishes every ring the burst pushed into (their receivers are woken with the pass's
+    /// other wake-ups, `wakes`).
     #[inline]
     pub(super) fn end_rx_burst(&mut self) {
         self.rx_burst_on = false;
         if !self.rx_burst.is_empty() {
             self.flush_rx_burst();
-        }
-        if !self.rx_unwoken.is_empty() {
-            self.wake_unwoken();
         }
     }
 
@@ -1292,25 +1346,15 @@ impl SocketTable {
     }
 
     /// The first half of [`Upcalls::publish_deliveries`]: every ring of the burst so far
-    /// becomes readable (plain stores, no syscall); its receivers wait in `rx_unwoken`.
+    /// becomes readable (plain stores, no syscall); its receivers wait in `wakes`.
     fn publish_rx_burst_unwoken(&mut self) {
         for i in 0..self.rx_burst.len() {
             let (to, len) = self.rx_burst[i];
             if self.publish_rx_quiet(to, len) {
-                // No duplicate check: the burst merged this receiver's entries, and one that
-                // recurs in a later burst of the same read costs a second wake check. A read
-                // reaching more receivers than the capacity grows the vector once (kept).
-                self.rx_unwoken.push(to);
+                self.want_wake(to, RECV_WAITERS);
             }
         }
         self.rx_burst.clear();
-    }
-
-    fn wake_unwoken(&mut self) {
-        for i in 0..self.rx_unwoken.len() {
-            self.wake_rx(self.rx_unwoken[i]);
-        }
-        self.rx_unwoken.clear();
     }
 
     /// The first half of [`Self::deliver_to`]: the record is in `to`'s rx ring but not
@@ -1383,15 +1427,11 @@ impl SocketTable {
         true
     }
 
-    /// After a publish into `to`'s ring: wakes its blocked receivers (a futex syscall).
+    /// After a publish into `to`'s ring: its blocked receivers are woken with the pass's
+    /// other wake-ups (`wakes`).
     #[inline]
     fn wake_rx(&mut self, to: SockRef) {
-        let Some(app) = self.apps.get(to.app).and_then(|a| a.as_ref()) else {
-            return;
-        };
-        if wake_slot(app.region.slot_control(to.slot), RECV_WAITERS) {
-            Stats::bump(&self.stats.app_wakeups);
-        }
+        self.want_wake(to, RECV_WAITERS);
     }
 
     /// A multicast fan-out's copies into this thread's `targets` (each checked to have room
@@ -1596,9 +1636,9 @@ impl Upcalls for SocketTable {
 
     #[inline]
     fn wake_receivers(&mut self) {
-        if !self.rx_unwoken.is_empty() {
-            self.wake_unwoken();
-        }
+        // Right after the transport recorded the read (see "Restart policy"), not at the end
+        // of the pass: the other transports may take a while.
+        self.wake_pending();
     }
 
     fn release(&mut self, token: u64, len: u64) {
@@ -1625,9 +1665,7 @@ impl Upcalls for SocketTable {
         let released = s.released;
         let ctl = self.ctl(r);
         ctl.tx_released_bytes.store(released, Ordering::Release);
-        if wake_slot(ctl, SEND_WAITERS) {
-            Stats::bump(&self.stats.app_wakeups);
-        }
+        self.want_wake(r, SEND_WAITERS);
     }
 
     fn local_map(&self, addr: u32) -> &CongMap {
