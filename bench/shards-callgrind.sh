@@ -6,9 +6,11 @@
 #
 # Counted: instructions executed inside PollCore::drain_tx (taking messages off tx rings and
 # routing them: loopback delivery, or forwarding into a pair ring), PollCore::drain_fabric
-# (taking forwarded messages and notes from other threads) and ShardLink::publish (publishing
-# pair rings, waking a parked thread), inclusive, summed over all poll threads, divided by
-# COUNT. Idle passes that find nothing add a few instructions per open socket; the apps'
+# (taking forwarded messages and notes from other threads) and the end of a pass (column
+# "publish": publishing pair rings and waking a parked thread, ShardLink::publish_rings and
+# ShardLink::ring_sleepers_after_fence, ShardLink::publish before 2026-12-06; and, since then,
+# the wake checks of the apps' blocked threads, SocketTable::wake_pending_after_fence, which
+# drain_tx made itself before), inclusive, summed over all poll threads, divided by COUNT. Idle passes that find nothing add a few instructions per open socket; the apps'
 # own instructions are not counted (they run outside rdsd).
 #
 # usage: bench/shards-callgrind.sh [COUNT] [LEN]   (release build: cargo build --release)
@@ -45,7 +47,10 @@ run() {
              /PollCore::drain_tx( |$)/ {if (v > tx) tx = v}
              /PollCore::drain_fabric( |$)/ {if (v > fab) fab = v}
              /ShardLink::publish( |$)/ {if (v > pub) pub = v}
-             END {printf "%d %d %d\n", tx, fab, pub}')
+             /ShardLink::publish_rings( |$)/ {if (v > rings) rings = v}
+             /ShardLink::ring_sleepers_after_fence( |$)/ {if (v > sl) sl = v}
+             /SocketTable::wake_pending_after_fence( |$)/ {if (v > wk) wk = v}
+             END {printf "%d %d %d\n", tx, fab, pub + rings + sl + wk}')
     read -r tx fab pub <<< "$ir"
     ir=$((tx + fab + pub))
     printf '| %d | %d | %d B | %d | %d | %d | %d |\n' "$threads" "$count" "$len" \

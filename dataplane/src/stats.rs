@@ -120,6 +120,14 @@ counters! {
     /// SeqCst fences made before reading blocked threads' `waiters`: one for all the wake
     /// checks of a pass (and one after each network read that delivered), not one per publish.
     wake_fences,
+    /// Parks given up because the membarrier before them failed (apps' doorbell checks rely
+    /// on it, `DaemonHeader::park_barrier`): the poll thread stayed awake instead.
+    park_barrier_failures,
+    /// Parks that ran out their safety timeout (`park_timeout_ms`) with no doorbell, after
+    /// which the next pass took messages off a tx ring: an app published without ringing
+    /// the doorbell of a parked poll thread (0 unless the doorbell protocol is broken, or an
+    /// app writes its ring by hand; rarely, a send that landed as the timeout ran out).
+    parks_doorbell_missed,
     /// Times a network path stopped reading because a receiver's rx ring was full (the message
     /// waits in rdsd and TCP's window pushes back on the sender; nothing is dropped).
     rx_paused,

@@ -18,7 +18,7 @@ pub const SHM_MAGIC: u64 = u64::from_le_bytes(*b"RDSDSHM1");
 /// one doorbell socket per app instead of a shared eventfd; 5: group copies are gated by a
 /// commit, [`RX_FLAG_GROUP`]; 6: eight gates a slot, so fan-outs need not wait for the last
 /// one's commit, `crate::gate`; 7: `waiters` off the app's hot line, which rdsd reads only
-/// when its cached copy says the receive buffer may be full).
+/// when its cached copy says the receive buffer may be full, and `DaemonHeader::park_barrier`).
 pub const LAYOUT_VERSION: u32 = 7;
 /// Largest RDS payload (`RDS_MAX_MSG_SIZE`).
 pub const MAX_MSG_SIZE: usize = 1 << 20;
@@ -217,8 +217,13 @@ pub struct DaemonHeader {
     pub version: u32,
     /// Non-zero when the poll core may park: apps then ring the doorbell after queueing work.
     pub may_sleep: AtomicU32,
-    /// Unused since layout 3 (each poll thread has its own flag, [`DaemonView::sleeping`]).
-    pub reserved: AtomicU32,
+    /// Non-zero when every poll thread, between raising its sleep flag and its last look at
+    /// its inputs before it parks, makes `membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)` (v7;
+    /// unused from layout 3 to 6). A process registered for those barriers
+    /// ([`crate::sys::membarrier_register`]) may then read a sleep flag after publishing with
+    /// no fence of its own: the barrier orders its publish against the flag for it, so only
+    /// a parking poll thread pays, not every send.
+    pub park_barrier: AtomicU32,
     /// Bumped on every congestion-map change.
     pub cong_seq: AtomicU32,
     _pad: [u8; 104],

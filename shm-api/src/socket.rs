@@ -119,6 +119,10 @@ struct Client {
     doorbell: OwnedFd,
     dead: AtomicBool,
     hugetlb: bool,
+    /// rdsd makes a global membarrier before a poll thread parks and this process registered
+    /// for it (`DaemonHeader::park_barrier`): the doorbell check after a publish needs no
+    /// fence of its own.
+    light_doorbell: bool,
     /// When `check_alive` last made its poll(2), in ns since `epoch` (0 = never).
     last_alive_check: AtomicU64,
     epoch: Instant,
@@ -207,8 +211,15 @@ impl Client {
         if h.may_sleep.load(Ordering::Relaxed) == 0 {
             return;
         }
-        // Pairs with the poll core's fence between raising its sleep flag and its last scan.
-        fence(Ordering::SeqCst);
+        // Pairs with the poll core's fence between raising its sleep flag and its last scan:
+        // our publish must be visible to that scan, or the flag to this load. With the light
+        // doorbell the poll core's membarrier makes that fence for us (on this thread, if it
+        // runs; a thread off its CPU is ordered by the switch), so a send pays no fence.
+        if self.light_doorbell {
+            std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        } else {
+            fence(Ordering::SeqCst);
+        }
         let sleeping = self.daemon_view.sleeping(self.poll_shard);
         if sleeping.load(Ordering::Relaxed) != 0 {
             // EAGAIN means a ring is already queued: rdsd wakes either way.
@@ -433,6 +444,8 @@ impl Rdsd {
         // SAFETY: a read-only mapping of DAEMON_REGION_LEN bytes that the Client owns; the
         // library only reads through the view.
         let daemon_view = unsafe { DaemonView::new(daemon.as_ptr()) };
+        let light_doorbell = daemon_view.header().park_barrier.load(Ordering::Acquire) != 0
+            && sys::membarrier_register().is_ok();
         let ctrl_fd = ctrl.as_raw_fd();
         let client = Arc::new(Client {
             ctrl: Mutex::new(Ctrl {
@@ -448,6 +461,7 @@ impl Rdsd {
             doorbell,
             dead: AtomicBool::new(false),
             hugetlb: info.hugetlb != 0,
+            light_doorbell,
             last_alive_check: AtomicU64::new(0),
             epoch: Instant::now(),
         });
@@ -532,6 +546,13 @@ impl Rdsd {
     /// True if this process's region is backed by hugetlbfs pages.
     pub fn uses_hugepages(&self) -> bool {
         self.client.hugetlb
+    }
+
+    /// True if a send checks whether its poll thread parked with no fence of its own: rdsd
+    /// makes a global membarrier before a poll thread parks, and this process registered for
+    /// it (`layout::DaemonHeader::park_barrier`). False in spin mode, where nobody parks.
+    pub fn light_doorbell(&self) -> bool {
+        self.client.light_doorbell
     }
 
     /// True unless rdsd has been seen to go away.

@@ -49,6 +49,89 @@ fn blocked_receivers_wake_up_once_and_early() {
     tune_library();
     a_sender_wakes_a_sleeping_receiver_alongside_its_parked_poll_thread();
     a_blocking_request_and_reply_costs_one_wake_up_per_message();
+    a_send_with_no_fence_still_wakes_a_parked_poll_thread();
+    sends_around_the_park_decision_are_never_missed();
+}
+
+/// The window the light doorbell leaves to the membarrier: a send published while the poll
+/// thread decides to park. rdsd parks after 0.5 ms of idle here; 400 sends come 0 to 1.5 ms
+/// apart (a fixed pseudo-random sequence), to a receiver that polls without sleeping. A
+/// doorbell missed there would leave the poll thread parked until its 100 ms safety timeout,
+/// and the pass after it would find the message: `parks_doorbell_missed` counts exactly that.
+fn sends_around_the_park_decision_are_never_missed() {
+    let cfg = rdsd_tests::config_file("spin_us = 2\nyield_us = 500\n");
+    let d = Daemon::start(&["--config", cfg.to_str().unwrap()]);
+    let app = d.attach();
+    assert!(app.light_doorbell());
+    let rx = app.socket().unwrap();
+    rx.bind(lo(9331)).unwrap();
+    let tx = app.socket().unwrap();
+    tx.bind(lo(9332)).unwrap();
+    let polling = shm_api::RecvFlags {
+        dontwait: true,
+        ..Default::default()
+    };
+    let parks = d.exact_stat("poll_parks");
+    let mut buf = [0u8; 64];
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for k in 0u64..400 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        std::thread::sleep(Duration::from_micros(x % 1500));
+        tx.send_to(&k.to_le_bytes(), lo(9331)).unwrap();
+        while rx.recv_msg(&mut buf, polling).is_err() {
+            std::thread::yield_now();
+        }
+        assert_eq!(&buf[..8], &k.to_le_bytes());
+    }
+    let parked = d.exact_stat("poll_parks") - parks;
+    let missed = d.exact_stat("parks_doorbell_missed");
+    eprintln!("400 sends around the park decision: {parked} parks, {missed} doorbells missed");
+    assert!(parked > 0, "the poll thread parked between sends");
+    assert_eq!(
+        missed, 0,
+        "a parked poll thread found a message nobody rang for"
+    );
+}
+
+/// A send checks its poll thread's sleep flag with no fence of its own (the poll thread makes
+/// a global membarrier between raising the flag and its last look, `park_barrier`), and a
+/// parked poll thread is still woken by every send: 40 rounds of "all poll threads parked,
+/// one message sent, received by a receiver that never sleeps in rdsd's library (it polls
+/// with MSG_DONTWAIT), so only the sender's doorbell can wake the poll thread". A doorbell the
+/// sender failed to ring leaves the poll thread parked with no timeout: the round never ends.
+fn a_send_with_no_fence_still_wakes_a_parked_poll_thread() {
+    let d = Daemon::start(&[]);
+    let app = d.attach();
+    assert!(
+        app.light_doorbell(),
+        "rdsd in backoff mode and a kernel with membarrier: sends skip the fence"
+    );
+    let rx = app.socket().unwrap();
+    rx.bind(lo(9321)).unwrap();
+    let tx = app.socket().unwrap();
+    tx.bind(lo(9322)).unwrap();
+    let polling = shm_api::RecvFlags {
+        dontwait: true,
+        ..Default::default()
+    };
+    let mut buf = [0u8; 64];
+    for k in 0u64..40 {
+        wait_for(
+            || all_poll_threads_parked(&d),
+            Duration::from_secs(60),
+            "poll threads parked",
+        );
+        tx.send_to(&k.to_le_bytes(), lo(9321)).unwrap();
+        wait_for(
+            || rx.recv_msg(&mut buf, polling).is_ok(),
+            Duration::from_secs(20),
+            "the message, delivered by a poll thread the send woke",
+        );
+        assert_eq!(&buf[..8], &k.to_le_bytes());
+    }
+    assert_eq!(d.exact_stat("park_barrier_failures"), 0);
 }
 
 fn a_sender_wakes_a_sleeping_receiver_alongside_its_parked_poll_thread() {

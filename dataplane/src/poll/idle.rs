@@ -76,7 +76,14 @@ impl Idle {
 
     /// Sleeps until the doorbell rings, one of `extra` (app doorbells, transport sockets) is
     /// ready, `timeout` (a transport timer) or the park timeout passes.
-    pub fn park(&mut self, extra: &mut Vec<libc::pollfd>, timeout: Option<std::time::Duration>) {
+    ///
+    /// True if nothing woke it before its safety timeout (`park_timeout_ms`; `timeout` was
+    /// `None`): whatever it finds next should have rung a doorbell.
+    pub fn park(
+        &mut self,
+        extra: &mut Vec<libc::pollfd>,
+        timeout: Option<std::time::Duration>,
+    ) -> bool {
         let fd = self.doorbell.as_raw_fd();
         extra.push(libc::pollfd {
             fd,
@@ -87,8 +94,9 @@ impl Idle {
             (t.as_millis() as i32).clamp(0, self.park_timeout_ms)
         });
         // SAFETY: `extra` is a valid array of pollfd for the call.
-        unsafe { libc::poll(extra.as_mut_ptr(), extra.len() as libc::nfds_t, ms) };
+        let ready = unsafe { libc::poll(extra.as_mut_ptr(), extra.len() as libc::nfds_t, ms) };
         shm_api::sys::eventfd_drain(fd);
+        ready == 0 && timeout.is_none()
     }
 
     /// Starts the backoff over.

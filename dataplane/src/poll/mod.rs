@@ -177,6 +177,9 @@ pub struct PollCore {
     tx_visits: u64,
     /// `drain_fabric` calls, published as `fabric_drains`.
     fabric_drains: u64,
+    /// The last park ran out its safety timeout with no doorbell: a tx ring found published
+    /// in the next pass is a doorbell its app did not ring (`parks_doorbell_missed`).
+    silent_park: bool,
     /// The time of the last pass, if it read the clock (for the idle strategy).
     pass_time: Option<rds_proto::Instant>,
     /// TEST ONLY: `crate::fault::poll_stall` (`None` without the `fault-injection` feature).
@@ -252,6 +255,7 @@ impl PollCore {
             passes: 0,
             tx_visits: 0,
             fabric_drains: 0,
+            silent_park: false,
             pass_time: None,
             test_stall: crate::fault::poll_stall(),
         }
@@ -310,6 +314,7 @@ impl PollCore {
         // Only open sockets whose app published: a pass costs a load per open socket, not a
         // scan of every slot of every app.
         let mut i = 0;
+        let before_tx = work;
         while let Some((at, r)) = self.table.next_published(i) {
             i = at;
             if !self.table.is_evicted(r.app) {
@@ -321,7 +326,13 @@ impl PollCore {
                 i += 1;
             }
         }
+        if std::mem::take(&mut self.silent_park) && work > before_tx {
+            Stats::bump(&self.table.stats().parks_doorbell_missed);
+        }
         work += self.table.check_congested();
+        // The local deliveries' receivers and senders: woken before the transports run, with
+        // one fence for every burst above.
+        self.table.wake_pending();
         // Group messages for other hosts: those of this pass's sends before the transports
         // run (they go out in this pass), those their deliveries made after.
         if self.table.group_out_pending() {
@@ -1333,6 +1344,16 @@ pub fn run(mut core: PollCore, mut idle: idle::Idle, shutdown: Arc<AtomicBool>) 
             let sleeping = dview.sleeping(core.table.shard());
             sleeping.store(1, Ordering::Relaxed);
             std::sync::atomic::fence(Ordering::SeqCst);
+            // Apps check the flag after a publish with no fence of their own
+            // (`DaemonHeader::park_barrier`): this barrier orders their publishes against it.
+            // Without it a send just before could go unseen, so stay awake.
+            if dview.header().park_barrier.load(Ordering::Relaxed) != 0
+                && shm_api::sys::membarrier_global().is_err()
+            {
+                sleeping.store(0, Ordering::Relaxed);
+                Stats::bump(&core.table.stats().park_barrier_failures);
+                continue;
+            }
             let work = core.run_once();
             if work == 0 {
                 Stats::bump(&core.table.stats().poll_parks);
@@ -1353,7 +1374,7 @@ pub fn run(mut core: PollCore, mut idle: idle::Idle, shutdown: Arc<AtomicBool>) 
                         (a, b) => a.or(b),
                     };
                 }
-                idle.park(&mut fds, timeout);
+                core.silent_park = idle.park(&mut fds, timeout);
                 core.table.drain_doorbells(&fds[..napps]);
             } else {
                 idle.reset();

@@ -794,6 +794,7 @@ impl ShardLink {
     /// true if there was one. The caller then makes a SeqCst fence, which pairs with the one a
     /// parking shard makes between raising its flag and its last look at its inputs (the
     /// same protocol as an app's doorbell), and calls [`Self::ring_sleepers_after_fence`].
+    #[inline(never)]
     pub(super) fn publish_rings(&mut self) -> bool {
         if self.dirty == 0 {
             return false;
@@ -808,6 +809,7 @@ impl ShardLink {
 
     /// End of a pass, second half (after the fence): rings the doorbell of each shard written
     /// to that sleeps.
+    #[inline(never)]
     pub(super) fn ring_sleepers_after_fence(&mut self) {
         for to in 0..self.fabric.n {
             if self.dirty & (1 << to) != 0

@@ -746,6 +746,7 @@ impl SocketTable {
 
     /// Makes the gathered wake checks: one fence, then each socket's `waiters` (a futex wake
     /// where a thread of that kind sleeps).
+    #[inline]
     pub(super) fn wake_pending(&mut self) {
         if self.wakes.is_empty() {
             return;
@@ -755,7 +756,9 @@ impl SocketTable {
     }
 
     /// [`Self::wake_pending`] for a caller that made the fence (the end of a pass, which
-    /// shares it with the other poll threads' doorbells).
+    /// shares it with the other poll threads' doorbells). Never inlined: a symbol of its own
+    /// for `bench/shards-callgrind.sh`.
+    #[inline(never)]
     pub(super) fn wake_pending_after_fence(&mut self) {
         if self.wakes.is_empty() {
             return;

@@ -317,10 +317,17 @@ impl DaemonRegion {
             std::ptr::addr_of_mut!((*h).magic).write(SHM_MAGIC);
             std::ptr::addr_of_mut!((*h).version).write(LAYOUT_VERSION);
         }
-        r.view()
-            .header()
+        let view = r.view();
+        let header = view.header();
+        header
             .may_sleep
             .store(may_sleep as u32, std::sync::atomic::Ordering::Release);
+        // Poll threads that park make a global membarrier before their last look, so apps'
+        // doorbell checks need no fence (`DaemonHeader::park_barrier`).
+        let barrier = may_sleep && shm_api::sys::membarrier_global_supported();
+        header
+            .park_barrier
+            .store(barrier as u32, std::sync::atomic::Ordering::Release);
         Ok(r)
     }
 
