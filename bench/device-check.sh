@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every timed figure issues 17 and 18 ask for, in one call sized for a lent many-core host
-# (about 7 minutes on 16 CPUs with the defaults; the step limits add up to 575 s, under a
+# (about 7 minutes on 16 CPUs with the defaults; the step limits add up to 590 s, under a
 # device call's 600), from bench/bundle.sh's folder, as root:
 #
 #     rdsd-bundle/device-check.sh OUTDIR
@@ -17,6 +17,10 @@
 #             side against AF_UNIX (issue 18's table), one attachment per task.
 #   socket    the same with PLACEMENT=socket (one attachment per side) for 8 and 16 threads.
 #   wakeup    rds-bench blocking: a receiver woken after 60 ms of idle, p50/p99 (issue 18).
+#   tput      rds-bench tput: one app one way, 64 B, one message a call and batches of 32,
+#             rdsd spinning and in its default idle mode (backoff, where sends check the
+#             sleep flag with no fence: the light doorbell), msgs/s (issue 18: >= 10 M).
+#             Sender on APP_CPU (default 5), receiver on RX_CPU (7), poll thread on POLL_CPU.
 # Output, two files (a device call brings back at most 8): OUTDIR/summary.txt (every table,
 # with the host and the commands) and OUTDIR/raw.tar.gz (JSON per run, logs).
 # Environment: SECS (per transport, default 2), STEPS, and the placement knobs of the two
@@ -30,7 +34,7 @@ out="$(cd "$out" && pwd)"
 scripts="$here"
 : "${BIN:?BIN: the folder with rdsd, rds-bench and rdsctl, set by the bundle wrapper}"
 SECS="${SECS:-2}"
-STEPS="${STEPS:-pinned sourceport scaling socket wakeup}"
+STEPS="${STEPS:-pinned sourceport scaling socket wakeup tput}"
 summary="$out/summary.txt"
 : >"$summary"
 log() { echo "$*" | tee -a "$summary"; }
@@ -52,7 +56,7 @@ run() {
     local rc=$?
     # The tables (the lines that start with | or #), not the per-run chatter; all of a short
     # step's output.
-    if [[ "$name" == wakeup ]]; then
+    if [[ "$name" == wakeup || "$name" == tput ]]; then
         cat "$out/raw/$name.out" >>"$summary"
     else
         grep -E '^(\||#)' "$out/raw/$name.out" >>"$summary"
@@ -66,7 +70,7 @@ for s in $STEPS; do
         pinned)
             run pinned 290 OUTDIR="$out/raw/pinned" -- bash "$scripts/pinned-bench.sh" -T "$SECS" ;;
         sourceport)
-            run sourceport 60 OUTDIR="$out/raw/sourceport" WORKLOADS=rtt64 PATHS_LIST=8 \
+            run sourceport 55 OUTDIR="$out/raw/sourceport" WORKLOADS=rtt64 PATHS_LIST=8 \
                 TRANSPORTS="memif dpdk tcp" \
                 RDSD_ARGS="--path-choice source-port" \
                 -- bash "$scripts/pinned-bench.sh" -T "$SECS" ;;
@@ -79,6 +83,13 @@ for s in $STEPS; do
             # The poll thread and the app on CPUs of their own (POLL_CPU, default 3).
             run wakeup 45 -- "$BIN/rds-bench" blocking --spawn-rdsd "$BIN/rdsd" --count 20000 \
                 --wake-samples 100 --poll-core "${POLL_CPU:-3}" ;;
+        tput)
+            run tput 20 -- bash -c 'for idle in spin backoff; do for b in 1 32; do
+                "$0" tput --spawn-rdsd "$1" --poll-core "${POLL_CPU:-3}" \
+                    --app-core "${APP_CPU:-5}" --receiver-core "${RX_CPU:-7}" --idle "$idle" \
+                    --count 3000000 --size 64 --batch "$b" --baseline none |
+                    grep -E "^RESULT tput impl=rdsd" | sed "s/^/idle=$idle batch=$b /"
+                done; done' "$BIN/rds-bench" "$BIN/rdsd" ;;
         *) log "device-check.sh: unknown step $s" ;;
     esac
 done
