@@ -7,7 +7,7 @@ use super::shard::{self, Envelope, Fabric, Note, ShardLink};
 use super::{Channels, Cmd};
 use crate::config::Config;
 use crate::seam::{Delivered, Incoming, MsgBytes, Upcalls};
-use crate::shm::region::{wake_slot, wake_slot_after_fence, AppRegion, DaemonRegion};
+use crate::shm::region::{wake_slot_after_fence, AppRegion, DaemonRegion};
 use crate::stats::Stats;
 use rds_proto::wire::CongMap;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -888,7 +888,9 @@ impl SocketTable {
         }
     }
 
-    /// Wakes every blocked app thread and posts `bit` to monitors that asked for it.
+    /// Wakes every blocked app thread and posts `bit` to monitors that asked for it: the
+    /// notifications first, then one fence, then every socket's wake check (a fence per socket
+    /// made an un-congestion cost a cross-core round trip per open socket of the thread).
     pub(super) fn notify_uncongested(&mut self, bit: u64) {
         self.for_each_sock(|_, s, ctl| {
             if s.monitor {
@@ -899,7 +901,10 @@ impl SocketTable {
                     Stats::bump(&self.stats.cong_notifications);
                 }
             }
-            if wake_slot(ctl, RECV_WAITERS | SEND_WAITERS) {
+        });
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.for_each_sock(|_, _, ctl| {
+            if wake_slot_after_fence(ctl, RECV_WAITERS | SEND_WAITERS) {
                 Stats::bump(&self.stats.app_wakeups);
             }
         });

@@ -367,15 +367,11 @@ impl DaemonRegion {
 
 /// Wakes the app threads blocked on this slot if any of those that `whom` selects
 /// ([`shm_api::layout::RECV_WAITERS`], [`shm_api::layout::SEND_WAITERS`] or both) announced
-/// itself. One fence, and a syscall only when such a thread waits; true if it made one.
+/// itself; a syscall only when such a thread waits; true if it made one. The caller changed
+/// the slot's state (published, released) and then made a SeqCst fence, once for every slot
+/// it checks (`SocketTable::wake_pending`, a group fan-out): it pairs with the fence a thread
+/// makes after adding itself to `waiters`.
 #[must_use = "count the wake-up (Stats::app_wakeups)"]
-pub fn wake_slot(ctl: &SlotControl, whom: u32) -> bool {
-    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-    wake_slot_after_fence(ctl, whom)
-}
-
-/// [`wake_slot`] for a caller that changed several slots' state and then made the SeqCst fence
-/// once for all of them (a group fan-out).
 pub fn wake_slot_after_fence(ctl: &SlotControl, whom: u32) -> bool {
     use std::sync::atomic::Ordering;
     if ctl.waiters.load(Ordering::Relaxed) & whom != 0 {
