@@ -205,7 +205,10 @@ int rdsd_set_nonblocking(int fd, int on);
 
 // Makes `fd` pollable (POLLIN: a message or notification is queued; POLLOUT: send-buffer
 // room) and returns it. Costs rdsd a syscall per readiness change from then on, so it is
-// opt-in.
+// opt-in. rdsd brings the fd up to date on its next pass after a receive, so a POLLIN seen
+// right after one may be stale: receive with MSG_DONTWAIT (or `rdsd_set_nonblocking`) after
+// poll or epoll and wait again on EAGAIN. (The preload library's poll, select and
+// epoll_wait confirm each POLLIN against the ring themselves.)
 int rdsd_poll_fd(int fd);
 
 // Closes the socket: its port, queued messages and fd are released.
