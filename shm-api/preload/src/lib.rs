@@ -562,6 +562,10 @@ fn adopt(fd: c_int, newfd: c_int) -> c_int {
 pub unsafe extern "C" fn dup2(fd: c_int, newfd: c_int) -> c_int {
     // SAFETY: libc's dup2.
     let r = unsafe { next!(dup2: fn(c_int, c_int) -> c_int)(fd, newfd) };
+    if r >= 0 && r != fd {
+        // The kernel closed whatever newfd was, an epoll fd perhaps.
+        epoll::note_close(r);
+    }
     adopt(fd, r)
 }
 
@@ -569,6 +573,9 @@ pub unsafe extern "C" fn dup2(fd: c_int, newfd: c_int) -> c_int {
 pub unsafe extern "C" fn dup3(fd: c_int, newfd: c_int, flags: c_int) -> c_int {
     // SAFETY: libc's dup3.
     let r = unsafe { next!(dup3: fn(c_int, c_int, c_int) -> c_int)(fd, newfd, flags) };
+    if r >= 0 {
+        epoll::note_close(r);
+    }
     adopt(fd, r)
 }
 
