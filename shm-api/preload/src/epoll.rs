@@ -23,7 +23,7 @@
 use libc::{c_int, epoll_event};
 use rdsd::{ops, table};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 const IN: u32 = (libc::EPOLLIN | libc::EPOLLRDNORM) as u32;
@@ -68,8 +68,28 @@ impl Epoll {
 
 /// Every epoll fd's registrations; `None` until the first registration.
 static EPOLLS: Mutex<Option<HashMap<c_int, Epoll>>> = Mutex::new(None);
-/// An rdsd socket was registered with some epoll fd: epoll_wait has something to confirm.
-static ANY_OURS: AtomicBool = AtomicBool::new(false);
+/// Bit `epfd`: an rdsd socket was registered with that epoll fd (until it is closed), so its
+/// epoll_wait has something to confirm. A bit test, so that a busy epoll loop of a program
+/// takes no lock for epoll fds without rdsd sockets.
+static HAS_OURS: [AtomicU64; table::MAX_FD / 64] =
+    [const { AtomicU64::new(0) }; table::MAX_FD / 64];
+
+fn has_ours(epfd: c_int) -> bool {
+    (0..table::MAX_FD as c_int).contains(&epfd)
+        && HAS_OURS[epfd as usize / 64].load(Ordering::Acquire) & (1 << (epfd % 64)) != 0
+}
+
+fn set_has_ours(epfd: c_int, on: bool) {
+    if (0..table::MAX_FD as c_int).contains(&epfd) {
+        let bit = 1u64 << (epfd % 64);
+        let word = &HAS_OURS[epfd as usize / 64];
+        if on {
+            word.fetch_or(bit, Ordering::Release);
+        } else {
+            word.fetch_and(!bit, Ordering::Release);
+        }
+    }
+}
 /// Some epoll fd is known (`close` then forgets it).
 static ANY_EPOLL: AtomicBool = AtomicBool::new(false);
 
@@ -88,7 +108,7 @@ pub(crate) fn note_ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event
             let (data, events) = (e.u64, e.events);
             ep.insert(fd, data, events);
             if table::is_ours(fd) {
-                ANY_OURS.store(true, Ordering::Release);
+                set_has_ours(epfd, true);
             }
         }
         _ => ep.remove(fd),
@@ -101,6 +121,7 @@ pub(crate) fn note_close(fd: c_int) {
         if let Some(map) = epolls().as_mut() {
             map.remove(&fd);
         }
+        set_has_ours(fd, false);
     }
 }
 
@@ -108,17 +129,20 @@ pub(crate) fn note_close(fd: c_int) {
 pub(crate) fn note_close_range(first: libc::c_uint, last: libc::c_uint) {
     if ANY_EPOLL.load(Ordering::Relaxed) {
         if let Some(map) = epolls().as_mut() {
-            map.retain(|&fd, _| !(fd >= 0 && (first..=last).contains(&(fd as libc::c_uint))));
+            map.retain(|&fd, _| {
+                let closed = fd >= 0 && (first..=last).contains(&(fd as libc::c_uint));
+                if closed {
+                    set_has_ours(fd, false);
+                }
+                !closed
+            });
         }
     }
 }
 
 /// Whether `epoll_wait` on `epfd` may report an rdsd socket's EPOLLIN that needs confirming.
 pub(crate) fn may_confirm(epfd: c_int) -> bool {
-    ANY_OURS.load(Ordering::Acquire)
-        && epolls()
-            .as_ref()
-            .is_some_and(|m| m.get(&epfd).is_some_and(|ep| !ep.by_fd.is_empty()))
+    has_ours(epfd)
 }
 
 /// Drops the stale EPOLLIN of rdsd sockets from the first `n` of `events` (the module's rules),
@@ -129,14 +153,23 @@ pub(crate) fn may_confirm(epfd: c_int) -> bool {
 pub(crate) unsafe fn confirm(epfd: c_int, events: *mut epoll_event, n: c_int) -> c_int {
     // SAFETY: the caller's contract.
     let evs = unsafe { std::slice::from_raw_parts_mut(events, n.max(0) as usize) };
+    // Which registration each EPOLLIN event is, under one lock; the rings are looked at after.
+    let mut regs = [None; 64];
+    {
+        let g = epolls();
+        let ep = g.as_ref().and_then(|m| m.get(&epfd));
+        for (i, e) in evs.iter().enumerate().take(regs.len()) {
+            if e.events & IN != 0 {
+                regs[i] = ep.and_then(|ep| ep.only(e.u64));
+            }
+        }
+    }
     let mut kept = 0;
     for i in 0..evs.len() {
         let (mut bits, data) = (evs[i].events, evs[i].u64);
         if bits & IN != 0 {
-            let reg = epolls()
-                .as_ref()
-                .and_then(|m| m.get(&epfd))
-                .and_then(|ep| ep.only(data));
+            // Past the first 64 events of one call, nothing is confirmed (kept as reported).
+            let reg = regs.get(i).copied().flatten();
             if let Some((fd, registered)) = reg {
                 if registered & ET == 0 && table::is_ours(fd) && !ops::has_input(fd) {
                     bits &= !IN;
