@@ -79,7 +79,7 @@ const OTHERS: &[(&str, Table)] = &[
         ],
     ),
     ("shm-api/capi/src", &[("ops", &["table"]), ("table", &[])]),
-    ("shm-api/preload/src", &[]),
+    ("shm-api/preload/src", &[("epoll", &[])]),
     (
         "hugepage-setup/src",
         &[
