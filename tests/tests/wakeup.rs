@@ -61,16 +61,7 @@ fn blocked_receivers_wake_up_once_and_early() {
 fn sends_around_the_park_decision_are_never_missed() {
     let cfg = rdsd_tests::config_file("spin_us = 2\nyield_us = 500\n");
     let d = Daemon::start(&["--config", cfg.to_str().unwrap()]);
-    let app = d.attach();
-    assert!(app.light_doorbell());
-    let rx = app.socket().unwrap();
-    rx.bind(lo(9331)).unwrap();
-    let tx = app.socket().unwrap();
-    tx.bind(lo(9332)).unwrap();
-    let polling = shm_api::RecvFlags {
-        dontwait: true,
-        ..Default::default()
-    };
+    let (_app, rx, tx) = light_doorbell_app(&d, 9331);
     let parks = d.exact_stat("poll_parks");
     let mut buf = [0u8; 64];
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -80,7 +71,7 @@ fn sends_around_the_park_decision_are_never_missed() {
         x ^= x << 17;
         std::thread::sleep(Duration::from_micros(x % 1500));
         tx.send_to(&k.to_le_bytes(), lo(9331)).unwrap();
-        while rx.recv_msg(&mut buf, polling).is_err() {
+        while rx.recv_msg(&mut buf, POLLING).is_err() {
             std::thread::yield_now();
         }
         assert_eq!(&buf[..8], &k.to_le_bytes());
@@ -95,6 +86,28 @@ fn sends_around_the_park_decision_are_never_missed() {
     );
 }
 
+/// A receive that never sleeps in the library (and so never rings a doorbell itself).
+const POLLING: shm_api::RecvFlags = shm_api::RecvFlags {
+    peek: false,
+    trunc: false,
+    dontwait: true,
+};
+
+/// An app of `d` whose sends check the sleep flag with no fence (rdsd in backoff mode, a
+/// kernel with membarrier), with a receiver bound to `port` and a sender to `port + 1`.
+fn light_doorbell_app(d: &Daemon, port: u16) -> (shm_api::Rdsd, shm_api::Socket, shm_api::Socket) {
+    let app = d.attach();
+    assert!(
+        app.light_doorbell(),
+        "rdsd in backoff mode and a kernel with membarrier: sends skip the fence"
+    );
+    let rx = app.socket().unwrap();
+    rx.bind(lo(port)).unwrap();
+    let tx = app.socket().unwrap();
+    tx.bind(lo(port + 1)).unwrap();
+    (app, rx, tx)
+}
+
 /// A send checks its poll thread's sleep flag with no fence of its own (the poll thread makes
 /// a global membarrier between raising the flag and its last look, `park_barrier`), and a
 /// parked poll thread is still woken by every send: 40 rounds of "all poll threads parked,
@@ -103,19 +116,7 @@ fn sends_around_the_park_decision_are_never_missed() {
 /// sender failed to ring leaves the poll thread parked with no timeout: the round never ends.
 fn a_send_with_no_fence_still_wakes_a_parked_poll_thread() {
     let d = Daemon::start(&[]);
-    let app = d.attach();
-    assert!(
-        app.light_doorbell(),
-        "rdsd in backoff mode and a kernel with membarrier: sends skip the fence"
-    );
-    let rx = app.socket().unwrap();
-    rx.bind(lo(9321)).unwrap();
-    let tx = app.socket().unwrap();
-    tx.bind(lo(9322)).unwrap();
-    let polling = shm_api::RecvFlags {
-        dontwait: true,
-        ..Default::default()
-    };
+    let (_app, rx, tx) = light_doorbell_app(&d, 9321);
     let mut buf = [0u8; 64];
     for k in 0u64..40 {
         wait_for(
@@ -125,7 +126,7 @@ fn a_send_with_no_fence_still_wakes_a_parked_poll_thread() {
         );
         tx.send_to(&k.to_le_bytes(), lo(9321)).unwrap();
         wait_for(
-            || rx.recv_msg(&mut buf, polling).is_ok(),
+            || rx.recv_msg(&mut buf, POLLING).is_ok(),
             Duration::from_secs(20),
             "the message, delivered by a poll thread the send woke",
         );
