@@ -492,7 +492,7 @@ impl Sock {
         if self.queued(self.consumed_seen) <= limit {
             return false;
         }
-        Stats::bump(reads);
+        Stats::bump_mine(reads);
         self.consumed_seen = ctl.rx_consumed_bytes.load(Ordering::Acquire);
         self.queued(self.consumed_seen) > limit
     }

@@ -30,7 +30,6 @@ use shm_api::ctrl::{FilterMode, FilterStep};
 use shm_api::layout::cong_monitor_bit;
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
-use std::sync::atomic::Ordering;
 
 /// A filter arriving one rule per request (`FilterStep`).
 struct Staging {
@@ -958,13 +957,10 @@ impl SocketTable {
             Ok(SendDecision::Deliver(d)) => {
                 seq = d.seq;
                 let st = &self.stats;
-                Stats::bump(&st.group_sends);
-                st.group_deliveries
-                    .fetch_add(d.targets.len() as u64, Ordering::Relaxed);
-                st.group_drops_full
-                    .fetch_add(d.skipped_full.into(), Ordering::Relaxed);
-                st.group_filtered
-                    .fetch_add(d.filtered.into(), Ordering::Relaxed);
+                Stats::bump_mine(&st.group_sends);
+                Stats::add_mine(&st.group_deliveries, d.targets.len() as u64);
+                Stats::add_mine(&st.group_drops_full, d.skipped_full.into());
+                Stats::add_mine(&st.group_filtered, d.filtered.into());
             }
         }
         // The decision's targets are ours now (no copy); the table keeps our spare vector.

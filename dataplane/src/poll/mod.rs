@@ -555,11 +555,8 @@ impl PollCore {
                 match self.table.deliver_forwarded(m, from, token) {
                     crate::seam::Delivered::Full => return false,
                     crate::seam::Delivered::Yes => {
-                        Stats::bump(&self.table.stats().loop_delivered);
-                        self.table
-                            .stats()
-                            .loop_bytes
-                            .fetch_add(len, Ordering::Relaxed);
+                        Stats::bump_mine(&self.table.stats().loop_delivered);
+                        Stats::add_mine(&self.table.stats().loop_bytes, len);
                     }
                     crate::seam::Delivered::NoSocket => {}
                 }
@@ -1013,7 +1010,7 @@ impl PollCore {
                 return match link.forward_ref(to, env) {
                     Ok(()) => {
                         self.table.place_hold(hold);
-                        Stats::bump(&self.table.stats().tx_in_place_crossed);
+                        Stats::bump_mine(&self.table.stats().tx_in_place_crossed);
                         Outcome::Queued
                     }
                     Err(()) => {

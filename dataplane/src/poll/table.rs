@@ -726,9 +726,9 @@ impl SocketTable {
     /// (see `wakes`).
     #[inline]
     pub(super) fn want_wake(&mut self, r: SockRef, whom: u32) {
-        // A pass reaches a few sockets, often the same one twice (its ring published, then
-        // its sender's bytes released): look at the newest entries, not a map.
-        if let Some(e) = self.wakes.iter_mut().rev().take(4).find(|(w, _)| *w == r) {
+        // Only the newest entry is merged (one socket's ring published twice in a row): a
+        // duplicate further back costs one more load of `waiters`, less than a search.
+        if let Some(e) = self.wakes.last_mut().filter(|(w, _)| *w == r) {
             e.1 |= whom;
             return;
         }
@@ -763,7 +763,7 @@ impl SocketTable {
         if self.wakes.is_empty() {
             return;
         }
-        Stats::bump(&self.stats.wake_fences);
+        Stats::bump_mine(&self.stats.wake_fences);
         for i in 0..self.wakes.len() {
             let (r, whom) = self.wakes[i];
             let Some(app) = self.apps.get(r.app).and_then(|a| a.as_ref()) else {
@@ -772,7 +772,7 @@ impl SocketTable {
             if app.socks[r.slot as usize].is_some()
                 && wake_slot_after_fence(app.region.slot_control(r.slot), whom)
             {
-                Stats::bump(&self.stats.app_wakeups);
+                Stats::bump_mine(&self.stats.app_wakeups);
             }
         }
         self.wakes.clear();
@@ -905,7 +905,7 @@ impl SocketTable {
         std::sync::atomic::fence(Ordering::SeqCst);
         self.for_each_sock(|_, _, ctl| {
             if wake_slot_after_fence(ctl, RECV_WAITERS | SEND_WAITERS) {
-                Stats::bump(&self.stats.app_wakeups);
+                Stats::bump_mine(&self.stats.app_wakeups);
             }
         });
     }
@@ -1098,7 +1098,7 @@ impl SocketTable {
             s.tx.hold_from(Some(pos));
         }
         s.holds.push_back(h);
-        Stats::bump(&self.stats.tx_in_place);
+        Stats::bump_mine(&self.stats.tx_in_place);
     }
 
     /// The offered hold was not used (delivered, dropped or blocked): forget it.
@@ -1424,7 +1424,7 @@ impl SocketTable {
             return false;
         };
         sock.rx.publish();
-        Stats::bump(&self.stats.rx_publishes);
+        Stats::bump_mine(&self.stats.rx_publishes);
         sock.rx_produced += len as u64;
         let ctl = app.region.slot_control(to.slot);
         ctl.rx_produced_bytes
@@ -1534,7 +1534,7 @@ impl SocketTable {
             };
             let ctl = app.region.slot_control(to.slot);
             if wake_slot_after_fence(ctl, RECV_WAITERS) {
-                Stats::bump(&self.stats.app_wakeups);
+                Stats::bump_mine(&self.stats.app_wakeups);
             }
             if !sock.congested && sock.over_rcvbuf(ctl, &self.stats.rx_consumed_reads) {
                 self.mark_congested(to);

@@ -1016,7 +1016,7 @@ fn feed<P: AsRef<[u8]>>(
                 record_delivered(up, persist, cx.path, newest);
                 return (off, ack_required);
             }
-            Stats::bump(&cx.net.delivered);
+            Stats::bump_mine(&cx.net.delivered);
             newest = Some((d.peer_generation, d.sequence));
         }
         if engine.path_state(cx.path) != PathState::Up {

@@ -5,7 +5,6 @@ use crate::prefix::Prefix;
 use crate::seam::{Delivered, Incoming, OutMsg, SendOutcome, Transport, Upcalls};
 use crate::stats::Stats;
 use std::net::Ipv4Addr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Delivers to local addresses.
@@ -46,7 +45,7 @@ impl Loopback {
             payload: crate::seam::MsgBytes::from_slice(&[]),
         }) {
             Delivered::Yes => {
-                Stats::bump(&self.stats.loop_pings);
+                Stats::bump_mine(&self.stats.loop_pings);
                 SendOutcome::Delivered
             }
             Delivered::Full => SendOutcome::Blocked,
@@ -78,8 +77,8 @@ impl Transport for Loopback {
             payload: m.payload,
         }) {
             Delivered::Yes => {
-                Stats::bump(&self.stats.loop_delivered);
-                self.stats.loop_bytes.fetch_add(len, Ordering::Relaxed);
+                Stats::bump_mine(&self.stats.loop_delivered);
+                Stats::add_mine(&self.stats.loop_bytes, len);
                 SendOutcome::Delivered
             }
             Delivered::Full => SendOutcome::Blocked,
