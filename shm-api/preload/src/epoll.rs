@@ -90,6 +90,7 @@ fn set_has_ours(epfd: c_int, on: bool) {
         }
     }
 }
+
 /// Some epoll fd is known (`close` then forgets it).
 static ANY_EPOLL: AtomicBool = AtomicBool::new(false);
 
