@@ -583,12 +583,26 @@ fn a_burst_publishes_each_receivers_ring_once() {
             "rx publishes for one burst of 64 to {} receiver(s)",
             receivers.len()
         );
-        assert_eq!(
-            d.exact_stat("wake_fences") - before.2,
-            1,
-            "fences before the wake checks of one burst to {} receiver(s)",
-            receivers.len()
-        );
+        let fences = d.exact_stat("wake_fences") - before.2;
+        if r.attachments() == 1 {
+            // All three sockets on one poll thread: the pass that takes the burst.
+            assert_eq!(
+                fences,
+                1,
+                "fences before the wake checks of one burst to {} receiver(s)",
+                receivers.len()
+            );
+        } else {
+            // Placed per socket over several poll threads: one on the sender's thread when
+            // the receivers' threads give its bytes back, one on each receiver's thread,
+            // and a pass or two more as the notes arrive; never one a message.
+            assert!(
+                fences <= 6,
+                "{fences} fences before the wake checks of one burst to {} receiver(s) \
+                 across poll threads",
+                receivers.len()
+            );
+        }
     }
 }
 
