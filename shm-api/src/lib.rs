@@ -25,6 +25,8 @@
 //! The modules below `socket` are the contract between this library and rdsd (layout, ring,
 //! control protocol); rdsd links them too.
 
+#[cfg(not(loom))]
+pub mod bias_lock;
 pub mod ctrl;
 pub mod gate;
 pub mod hoptrace;
@@ -39,6 +41,7 @@ pub mod sys;
 
 #[cfg(not(loom))]
 pub use socket::{
-    daemon_gone, explain, info_at, info_body, is_daemon_gone, is_group, recv_wakeups, stats_at,
-    GroupFilter, GroupFlags, Rdsd, RecvFlags, RecvMsg, RecvWakeups, Socket, DEFAULT_CONTROL_SOCKET,
+    daemon_gone, explain, info_at, info_body, is_daemon_gone, is_group, recv_wakeups,
+    set_before_block, stats_at, GroupFilter, GroupFlags, Rdsd, RecvFlags, RecvMsg, RecvWakeups,
+    Socket, DEFAULT_CONTROL_SOCKET,
 };

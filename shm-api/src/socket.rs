@@ -2,6 +2,7 @@
 //! with the semantics of rds(7)). Data moves through the app's shared region with no syscall;
 //! only bind/options/close and blocking waits talk to the kernel.
 
+use crate::bias_lock::{BiasedMutex, LockCounts};
 use crate::ctrl::{self, HelloInfo, Reply, Request, MAX_DATAGRAM, REQUEST_LEN};
 use crate::layout::{
     cong_monitor_bit, group_copy_pending, AppRegionHeader, DaemonView, RegionGeometry, SlotControl,
@@ -23,6 +24,24 @@ use std::time::{Duration, Instant};
 #[path = "socket/group.rs"]
 mod group;
 pub use group::{is_group, GroupFilter, GroupFlags};
+
+/// What a call runs before it may sleep: set once by a library built on this one (the C ABI
+/// ends its lock-free read of the fd table there, so that closing an fd never waits for a
+/// sleeping call).
+static BEFORE_BLOCK: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Sets the function every call runs before it may sleep (in a blocking wait, or a request
+/// to rdsd over the control socket). The first setting stays.
+pub fn set_before_block(f: fn()) {
+    let _ = BEFORE_BLOCK.set(f);
+}
+
+#[inline]
+fn before_block() {
+    if let Some(f) = BEFORE_BLOCK.get() {
+        f();
+    }
+}
 
 /// Default control socket path (override with `RDSD_SOCKET`).
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/rdsd/rdsd.sock";
@@ -133,6 +152,7 @@ impl Client {
         if self.dead.load(Ordering::Relaxed) {
             return Err(daemon_gone());
         }
+        before_block();
         let mut ctrl = self.ctrl.lock().unwrap_or_else(|p| p.into_inner());
         let fail = |e: io::Error| {
             if matches!(
@@ -502,7 +522,7 @@ impl Rdsd {
             sndbuf: AtomicU32::new(DEFAULT_BUF),
             rcvbuf: AtomicU32::new(DEFAULT_BUF),
             timeouts: Mutex::new((None, None)),
-            tx: Mutex::new(TxSide {
+            tx: BiasedMutex::new(TxSide {
                 ring_want: false,
                 producer: Producer::new(tx),
                 sent: ctl.tx_sent_bytes.load(Ordering::Relaxed),
@@ -510,7 +530,7 @@ impl Rdsd {
                 room_reads: 0,
                 cong_hint: usize::MAX,
             }),
-            rx: Mutex::new(RxSide {
+            rx: BiasedMutex::new(RxSide {
                 consumer: Consumer::new(rx),
                 consumed: ctl.rx_consumed_bytes.load(Ordering::Relaxed),
             }),
@@ -759,8 +779,10 @@ pub struct Socket {
     sndbuf: AtomicU32,
     rcvbuf: AtomicU32,
     timeouts: Mutex<(Option<Duration>, Option<Duration>)>,
-    tx: Mutex<TxSide>,
-    rx: Mutex<RxSide>,
+    /// Biased to the thread that sends (module `bias_lock`): no locked instruction per send.
+    tx: BiasedMutex<TxSide>,
+    /// Biased to the thread that receives.
+    rx: BiasedMutex<RxSide>,
 }
 
 const PRESENT: u64 = 1 << 48;
@@ -834,7 +856,14 @@ impl Socket {
     /// line rdsd writes after every burst it takes from this socket, so a sender that read it
     /// on every message would pull that line across cores each time. A count for tests.
     pub fn send_room_reads(&self) -> u64 {
-        lock(&self.tx).room_reads
+        self.tx.lock().room_reads
+    }
+
+    /// How this socket's send side and receive side were locked so far: a send or receive by
+    /// the thread the side is biased to takes no locked instruction (`bias_lock`). Counts for
+    /// tests.
+    pub fn lock_counts(&self) -> (LockCounts, LockCounts) {
+        (self.tx.counts(), self.rx.counts())
     }
 
     /// Sends one message to `dest`; returns its length.
@@ -868,7 +897,7 @@ impl Socket {
         msgs: &[(&[u8], Option<SocketAddrV4>)],
         dontwait: bool,
     ) -> io::Result<usize> {
-        let mut tx = lock(&self.tx);
+        let mut tx = self.tx.lock();
         let mut pending = false;
         let mut sent = 0;
         for &(buf, dest) in msgs {
@@ -888,7 +917,7 @@ impl Socket {
         dest: Option<SocketAddrV4>,
         dontwait: bool,
     ) -> io::Result<usize> {
-        let mut tx = lock(&self.tx);
+        let mut tx = self.tx.lock();
         let mut pending = false;
         let r = self.push_one(&mut tx, buf, dest, dontwait, &mut pending);
         self.flush_tx(&mut tx, &mut pending);
@@ -1031,7 +1060,7 @@ impl Socket {
     /// `recvmsg` with MSG_PEEK / MSG_TRUNC / MSG_DONTWAIT. In monitor mode a pending
     /// congestion update comes first, as a 0-byte message with `cong_update` set.
     pub fn recv_msg(&self, buf: &mut [u8], flags: RecvFlags) -> io::Result<RecvMsg> {
-        let mut rx = lock(&self.rx);
+        let mut rx = self.rx.lock();
         let m = self.recv_first(&mut rx, buf, flags)?;
         if took_record(&m, flags) {
             self.release_rx(&mut rx);
@@ -1056,7 +1085,7 @@ impl Socket {
         if n == 0 {
             return Ok(0);
         }
-        let mut rx = lock(&self.rx);
+        let mut rx = self.rx.lock();
         out[0] = self.recv_first(&mut rx, bufs[0], flags)?;
         if !took_record(&out[0], flags) {
             return Ok(1);
@@ -1188,6 +1217,7 @@ impl Socket {
         sending: bool,
         mut ready: impl FnMut() -> bool,
     ) -> io::Result<()> {
+        before_block();
         let c = &*self.client;
         let ctl = c.slot_control(self.slot);
         let dl = *deadline.get_or_insert_with(|| {

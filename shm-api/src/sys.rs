@@ -231,6 +231,8 @@ pub fn futex_wait_either(
 const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
 const MEMBARRIER_CMD_GLOBAL_EXPEDITED: libc::c_int = 1 << 1;
 const MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED: libc::c_int = 1 << 2;
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
 
 fn membarrier(cmd: libc::c_int) -> io::Result<libc::c_long> {
     // SAFETY: membarrier takes two integers and touches no memory of ours.
@@ -257,6 +259,17 @@ pub fn membarrier_register() -> io::Result<()> {
 /// A full memory barrier on every running thread of every registered process, and this one.
 pub fn membarrier_global() -> io::Result<()> {
     membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED).map(|_| ())
+}
+
+/// Registers this process for [`membarrier_private`] (Linux 4.14).
+pub fn membarrier_private_register() -> io::Result<()> {
+    membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED).map(|_| ())
+}
+
+/// A full memory barrier on every running thread of this process (an interrupt to each CPU
+/// that runs one), and this one. Needs [`membarrier_private_register`] first.
+pub fn membarrier_private() -> io::Result<()> {
+    membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED).map(|_| ())
 }
 
 /// Wakes every thread, in any process, waiting on `word`.

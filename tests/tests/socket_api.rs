@@ -653,6 +653,96 @@ fn a_stream_reads_the_other_sides_counts_only_near_the_buffer_limits() {
     assert_eq!(d.exact_stat("cong_marked"), 0, "never congested");
 }
 
+/// A thread that sends and a thread that receives take their socket's side with plain loads and
+/// stores (`shm_api::bias_lock`): a locked instruction after the send's publish would wait out
+/// the store to the line rdsd's poll core reads, a cross-core round trip a message. Counted:
+/// 10 000 sends and receives, each side taken once through the mutex (the take that set the
+/// bias). A second sending thread then revokes the bias once, and both threads' messages
+/// arrive whole and each thread's in order.
+#[test]
+fn a_sending_thread_and_a_receiving_thread_take_their_sides_without_a_locked_instruction() {
+    let d = Daemon::start(&[]);
+    let r = d.attach();
+    let (a, b) = (r.socket().unwrap(), r.socket().unwrap());
+    a.bind(lo(7831)).unwrap();
+    b.bind(lo(7832)).unwrap();
+    const N: u64 = 10_000;
+    let a = std::sync::Arc::new(a);
+    let recv_all = |b: Socket, n: u64| {
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 256];
+            let mut got = Vec::new();
+            for _ in 0..n {
+                let (len, _) = recv_within(&b, &mut buf);
+                let seq = payload_seq(&buf[..len]);
+                assert_eq!(
+                    &buf[..len],
+                    &seq_payload(seq, 64)[..],
+                    "message {seq} whole"
+                );
+                got.push(seq);
+            }
+            (b, got)
+        })
+    };
+    let receiver = recv_all(b, N);
+    let sender = {
+        let a = a.clone();
+        std::thread::spawn(move || {
+            for i in 0..N {
+                a.send_to(&seq_payload(i, 64), lo(7832)).unwrap();
+            }
+        })
+    };
+    sender.join().unwrap();
+    let (b, got) = receiver.join().unwrap();
+    assert_eq!(got, (0..N).collect::<Vec<_>>());
+    let (tx, _) = a.lock_counts();
+    let (_, rx) = b.lock_counts();
+    eprintln!("send side {tx:?}, receive side {rx:?}");
+    // Each side: its thread's first take went through the mutex and set the bias, its other
+    // N - 1 were fast; reading the counts here, on another thread, took the mutex and
+    // revoked the bias.
+    for (side, c) in [("send", tx), ("receive", rx)] {
+        assert_eq!(
+            (c.fast, c.slow, c.revocations),
+            (N - 1, 2, 1),
+            "{side} side {c:?} (no bias: membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) \
+             refused?)"
+        );
+    }
+
+    // Two threads on one socket: the bias is revoked, nothing is lost or torn.
+    let receiver = recv_all(b, 2 * N);
+    let senders: Vec<_> = (0..2u64)
+        .map(|t| {
+            let a = a.clone();
+            std::thread::spawn(move || {
+                for i in 0..N {
+                    a.send_to(&seq_payload(t << 32 | i, 64), lo(7832)).unwrap();
+                }
+            })
+        })
+        .collect();
+    for s in senders {
+        s.join().unwrap();
+    }
+    let (_, got) = receiver.join().unwrap();
+    for t in 0..2u64 {
+        let mine: Vec<u64> = got
+            .iter()
+            .filter(|v| *v >> 32 == t)
+            .map(|v| v & 0xffff_ffff)
+            .collect();
+        assert_eq!(mine, (0..N).collect::<Vec<_>>(), "thread {t}'s messages");
+    }
+    let (tx2, _) = a.lock_counts();
+    assert!(
+        (1..=shm_api::bias_lock::EPOCHS as u64).contains(&(tx2.revocations - tx.revocations)),
+        "{tx2:?}"
+    );
+}
+
 /// A send that returned success is delivered even if its sender closes right after, also when
 /// the receiver's ring is full then: what is still on the closing sender's tx ring waits in the
 /// receiver's backlog in rdsd (it used to die with the sender, counted as
