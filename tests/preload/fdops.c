@@ -56,6 +56,14 @@ static void *blocked_recv(void *arg)
 	return (void *)(long)(n == 6 && memcmp(buf, "thread", 6) == 0);
 }
 
+static void *blocked_recv_closed(void *arg)
+{
+	int fd = *(int *)arg;
+	char buf[64];
+	ssize_t n = recv(fd, buf, sizeof buf, 0);
+	return (void *)(long)(n == 6 && memcmp(buf, "closed", 6) == 0);
+}
+
 static int fd_in_exec_child(int fd)
 {
 	char cmd[128];
@@ -267,6 +275,23 @@ int main(void)
 	CHECK(send(a, "thread", 6, 0) == 6);
 	void *ok;
 	CHECK(pthread_join(t, &ok) == 0 && ok);
+
+	/* closing the fd of a receiver blocked in another thread: close returns without waiting
+	 * for that receive (the send below comes after it), the receive still gets its message
+	 * (as on Linux the socket lives until the call returns), then its port is free */
+	{
+		int c = socket(AF_RDS, SOCK_SEQPACKET, 0);
+		CHECK(c >= 0);
+		struct sockaddr_in ca = bound(c);
+		CHECK(pthread_create(&t, NULL, blocked_recv_closed, &c) == 0);
+		usleep(100000);
+		CHECK(close(c) == 0);
+		CHECK(sendto(a, "closed", 6, 0, (struct sockaddr *)&ca, sizeof ca) == 6);
+		CHECK(pthread_join(t, &ok) == 0 && ok);
+		int c2 = socket(AF_RDS, SOCK_SEQPACKET, 0);
+		CHECK(c2 >= 0 && bind(c2, (struct sockaddr *)&ca, sizeof ca) == 0);
+		CHECK(close(c2) == 0);
+	}
 
 	/* epoll on a mixed set: an eventfd and the rdsd socket */
 	int ep = epoll_create1(0), ev = eventfd(0, 0);

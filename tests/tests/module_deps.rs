@@ -67,7 +67,8 @@ const OTHERS: &[(&str, Table)] = &[
     (
         "shm-api/src",
         &[
-            ("socket", &["ctrl", "layout", "ring", "sys"]),
+            ("socket", &["bias_lock", "ctrl", "layout", "ring", "sys"]),
+            ("bias_lock", &["sys"]),
             ("layout", &["gate", "ring"]),
             ("gate", &["sync"]),
             ("ring", &["sync"]),
@@ -78,7 +79,15 @@ const OTHERS: &[(&str, Table)] = &[
             ("sys", &[]),
         ],
     ),
-    ("shm-api/capi/src", &[("ops", &["table"]), ("table", &[])]),
+    (
+        "shm-api/capi/src",
+        &[
+            ("ops", &["table"]),
+            ("table", &["fork", "slots"]),
+            ("slots", &["fork"]),
+            ("fork", &[]),
+        ],
+    ),
     ("shm-api/preload/src", &[("epoll", &[])]),
     (
         "hugepage-setup/src",
