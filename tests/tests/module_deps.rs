@@ -79,15 +79,7 @@ const OTHERS: &[(&str, Table)] = &[
             ("sys", &[]),
         ],
     ),
-    (
-        "shm-api/capi/src",
-        &[
-            ("ops", &["table"]),
-            ("table", &["fork", "slots"]),
-            ("slots", &["fork"]),
-            ("fork", &[]),
-        ],
-    ),
+    ("shm-api/capi/src", &[("ops", &["table"]), ("table", &[])]),
     ("shm-api/preload/src", &[("epoll", &[])]),
     (
         "hugepage-setup/src",

@@ -45,9 +45,8 @@ fn os(e: io::Error) -> i32 {
     e.raw_os_error().unwrap_or(libc::EIO)
 }
 
-/// The socket behind `fd` for this call (read in place, no lock: `slots`).
-fn entry(fd: c_int) -> Result<table::Ref<Entry>, i32> {
-    table::read(fd).ok_or(libc::EBADF)
+fn entry(fd: c_int) -> Result<Arc<Entry>, i32> {
+    table::get(fd).ok_or(libc::EBADF)
 }
 
 /// Opens a socket; see `rdsd_socket`.
