@@ -9,7 +9,8 @@
 #     rdsd-bundle/device-check.sh OUTDIR                     # = bench/device-check.sh: all
 #                                                            #   of it in one call (~7 min)
 #
-# Layout: bin/ (rdsd, rds-bench, rdsctl: release builds; ip and strace from this machine),
+# Layout: bin/ (rdsd, rds-bench, rdsctl: release builds; capi-calls and capi-pingpong, C
+# programs on librdsd; ip and strace from this machine),
 # lib/ (every shared library those and the PMDs need, except glibc's own, which the target
 # host has in a newer version), pmds/ (DPDK 22.11 drivers: memif, af_packet, af_xdp, tap, the ring
 # mempool), bench/ (the scripts), env.sh (LD_LIBRARY_PATH, BIN, IP, EAL_ARGS="-d pmds").
@@ -22,13 +23,14 @@
 # * On a host that has this DPDK installed, EAL also loads the host's driver directory by
 #   itself (its compiled-in RTE_EAL_PMD_PATH), so the buses would load twice: env.sh then
 #   uses the host's DPDK instead of lib/ and pmds/.
-# Environment: BIN (folder with rdsd, rds-bench, rdsctl already built: skips the build).
+# Environment: BIN (folder with rdsd, rds-bench, rdsctl and librdsd.so already built: skips
+# the build).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 OUT="${1:-$ROOT/target/rdsd-bundle}"
 if [[ -z "${BIN:-}" ]]; then
-    cargo build --release -q -p rdsd -p rds-bench -p rdsctl
+    cargo build --release -q -p rdsd -p rds-bench -p rdsctl -p rdsd-capi
     BIN="$ROOT/target/release"
 fi
 PMD_SRC=$(pkg-config --variable=pmdsdir libdpdk 2>/dev/null || true)
@@ -36,8 +38,15 @@ PMD_SRC=$(pkg-config --variable=pmdsdir libdpdk 2>/dev/null || true)
 rm -rf "$OUT"
 mkdir -p "$OUT"/{bin,lib,pmds,bench}
 cp "$BIN"/rdsd "$BIN"/rds-bench "$BIN"/rdsctl "$OUT/bin/"
+# The C ABI (librdsd) and two C programs on it (bench/preload/: calls, pingpong), found by
+# their rpath in lib/ under the soname.
+cp "$BIN/librdsd.so" "$OUT/lib/librdsd.so.0"
+for prog in calls pingpong; do
+    cc -O2 -pthread -DUSE_CAPI -I shm-api/capi/include -o "$OUT/bin/capi-$prog" \
+        "bench/preload/$prog.c" "$OUT/lib/librdsd.so.0" -Wl,-rpath,'$ORIGIN/../lib'
+done
 # Debug info off (symbols stay, for perf): the bundle must travel light.
-strip --strip-debug "$OUT"/bin/rdsd "$OUT"/bin/rds-bench "$OUT"/bin/rdsctl
+strip --strip-debug "$OUT"/bin/rdsd "$OUT"/bin/rds-bench "$OUT"/bin/rdsctl "$OUT/lib/librdsd.so.0"
 tools=(ip strace)
 # PERF=1: perf(1) too, for profiling the poll thread (pinned-bench.sh PROFILE=1); +30 MB.
 [[ -z "${PERF:-}" ]] || tools+=(perf)

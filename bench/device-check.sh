@@ -21,6 +21,11 @@
 #             rdsd spinning and in its default idle mode (backoff, where sends check the
 #             sleep flag with no fence: the light doorbell), msgs/s (issue 18: >= 10 M).
 #             Sender on APP_CPU (default 5), receiver on RX_CPU (7), poll thread on POLL_CPU.
+#   capi      the C ABI: bench/preload/calls.c (non-blocking receives on empty sockets, one
+#             socket per thread, 1 2 4 8 threads, against the same on AF_UNIX: what one call
+#             costs and what the fd table's lock costs threads) and bench/preload/pingpong.c
+#             (64 B round trip through librdsd, spin and block), app on APP_CPU, next to
+#             rds-bench rtt (the Rust API) on the same rdsd.
 # Output, two files (a device call brings back at most 8): OUTDIR/summary.txt (every table,
 # with the host and the commands) and OUTDIR/raw.tar.gz (JSON per run, logs).
 # Environment: SECS (per transport, default 2), STEPS, and the placement knobs of the two
@@ -34,7 +39,7 @@ out="$(cd "$out" && pwd)"
 scripts="$here"
 : "${BIN:?BIN: the folder with rdsd, rds-bench and rdsctl, set by the bundle wrapper}"
 SECS="${SECS:-2}"
-STEPS="${STEPS:-pinned sourceport scaling socket wakeup tput}"
+STEPS="${STEPS:-pinned sourceport scaling socket wakeup tput capi}"
 summary="$out/summary.txt"
 : >"$summary"
 log() { echo "$*" | tee -a "$summary"; }
@@ -56,7 +61,7 @@ run() {
     local rc=$?
     # The tables (the lines that start with | or #), not the per-run chatter; all of a short
     # step's output.
-    if [[ "$name" == wakeup || "$name" == tput ]]; then
+    if [[ "$name" == wakeup || "$name" == tput || "$name" == capi ]]; then
         cat "$out/raw/$name.out" >>"$summary"
     else
         grep -E '^(\||#)' "$out/raw/$name.out" >>"$summary"
@@ -70,7 +75,7 @@ for s in $STEPS; do
         pinned)
             run pinned 290 OUTDIR="$out/raw/pinned" -- bash "$scripts/pinned-bench.sh" -T "$SECS" ;;
         sourceport)
-            run sourceport 55 OUTDIR="$out/raw/sourceport" WORKLOADS=rtt64 PATHS_LIST=8 \
+            run sourceport 45 OUTDIR="$out/raw/sourceport" WORKLOADS=rtt64 PATHS_LIST=8 \
                 TRANSPORTS="memif dpdk tcp" \
                 RDSD_ARGS="--path-choice source-port" \
                 -- bash "$scripts/pinned-bench.sh" -T "$SECS" ;;
@@ -90,6 +95,19 @@ for s in $STEPS; do
                     --count 3000000 --size 64 --batch "$b" --baseline none |
                     grep -E "^RESULT tput impl=rdsd" | sed "s/^/idle=$idle batch=$b /"
                 done; done' "$BIN/rds-bench" "$BIN/rdsd" ;;
+        capi)
+            run capi 10 -- bash -c 'sock=$(mktemp -u /tmp/rdsd-capi.XXXXXX)
+                "$1/rdsd" --control-socket "$sock" --idle spin --poll-core "${POLL_CPU:-3}" \
+                    --control-core -2 --log warn --state-file "$sock.state" & pid=$!
+                trap "kill $pid 2>/dev/null; rm -f $sock.state*" EXIT
+                for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+                export RDSD_SOCKET="$sock"
+                for t in 1 2 4 8; do for impl in rds unix; do
+                    "$1/capi-calls" "$impl" "$t" 2000000; done; done
+                for mode in spin block; do
+                    taskset -c "${APP_CPU:-5}" "$1/capi-pingpong" "$mode" 100000 10000 64; done
+                "$1/rds-bench" rtt --socket "$sock" --count 100000 --warmup 10000 --size 64 \
+                    --app-core "${APP_CPU:-5}" --baseline none | grep "^RESULT rtt"' _ "$BIN" ;;
         *) log "device-check.sh: unknown step $s" ;;
     esac
 done
