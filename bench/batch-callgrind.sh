@@ -12,6 +12,7 @@
 # usage: bench/batch-callgrind.sh [COUNT] [BATCH...]   (release build: cargo build --release)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/callgrind-per.sh
 count=${1:-200000}
 shift || true
 batches=${*:-"1 8 32"}
@@ -36,13 +37,8 @@ for b in $batches; do
         "$bin/rds-bench" tput --socket "$sock" --count "$count" --size 64 --batch "$b" \
         > "$out/tput-$b.log"
     annotated=$(callgrind_annotate --inclusive=yes --threshold=100 "$out/callgrind.$b".* 2>/dev/null)
-    per() {
-        awk -v c="$count" -v re="$1" '{v = $1; gsub(",", "", v); v += 0}
-             $0 ~ re {if (v > m) m = v}
-             END {printf "%d", m / c}' <<<"$annotated"
-    }
-    send=$(per 'shm_api::socket::Socket::send_(inner|batch)( |$)')
-    recv=$(per 'shm_api::socket::Socket::recv_(msg|batch)( |$)')
+    send=$(inclusive_per "$annotated" "$count" 'shm_api::socket::Socket::send_(inner|batch)( |$)')
+    recv=$(inclusive_per "$annotated" "$count" 'shm_api::socket::Socket::recv_(msg|batch)( |$)')
     base=${base:-$send}
     rbase=${rbase:-$recv}
     awk -v b="$b" -v p="$send" -v base="$base" -v r="$recv" -v rbase="$rbase" \

@@ -10,6 +10,7 @@
 #   BIN=<dir with rdsd, librdsd.so> (default target/release, built here)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. bench/callgrind-per.sh
 count="${1:-20000}"
 warmup=$((count / 10))
 bin="${BIN:-target/release}"
@@ -29,11 +30,6 @@ RDSD_SOCKET="$sock" valgrind --tool=callgrind --callgrind-out-file="$tmp/cg.out"
     "$tmp/pp-capi" spin "$count" "$warmup" 64
 annotated=$(callgrind_annotate --inclusive=yes --threshold=100 "$tmp/cg.out" 2>/dev/null); [ -z "${KEEP:-}" ] || cp "$tmp/cg.out" "$KEEP"
 calls=$((2 * (count + warmup)))
-per() {
-    awk -v c="$calls" -v re="$1" '{v = $1; gsub(",", "", v); v += 0}
-         $0 ~ re {if (v > m) m = v}
-         END {printf "%d", m / c}' <<<"$annotated"
-}
-capi=$(per ':rdsd_sendto( |$)')
-inner=$(per ':shm_api::socket::Socket::send_msg( |$)')
+capi=$(inclusive_per "$annotated" "$calls" ':rdsd_sendto( |$)')
+inner=$(inclusive_per "$annotated" "$calls" ':shm_api::socket::Socket::send_msg( |$)')
 echo "RESULT capi_send instructions_per_call=$capi shm_api_send_msg=$inner wrapper=$((capi - inner)) calls=$calls"
