@@ -21,9 +21,10 @@
 #             rdsd spinning and in its default idle mode (backoff, where sends check the
 #             sleep flag with no fence: the light doorbell), msgs/s (issue 18: >= 10 M).
 #             Sender on APP_CPU (default 5), receiver on RX_CPU (7), poll thread on POLL_CPU.
-#   capi      the C ABI: bench/preload/calls.c (non-blocking receives on empty sockets, one
-#             socket per thread, 1 2 4 8 threads, against the same on AF_UNIX: what one call
-#             costs and what the fd table's lock costs threads) and bench/preload/pingpong.c
+#   capi      the C ABI: bench/preload/calls.c (non-blocking receives on empty sockets, then
+#             getsockname, one socket per thread, 1 2 4 8 threads, against the same on
+#             AF_UNIX: what one call costs and whether threads' calls cost each other; the fd
+#             lookup takes no lock) and bench/preload/pingpong.c
 #             (64 B round trip through librdsd, spin and block), app on APP_CPU, next to
 #             rds-bench rtt (the Rust API) on the same rdsd.
 # Output, two files (a device call brings back at most 8): OUTDIR/summary.txt (every table,
@@ -102,8 +103,8 @@ for s in $STEPS; do
                 trap "kill $pid 2>/dev/null; rm -f $sock.state*" EXIT
                 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
                 export RDSD_SOCKET="$sock"
-                for t in 1 2 4 8; do for impl in rds unix; do
-                    "$1/capi-calls" "$impl" "$t" 2000000; done; done
+                for call in recv name; do for t in 1 2 4 8; do for impl in rds unix; do
+                    "$1/capi-calls" "$impl" "$t" 1000000 "$call"; done; done; done
                 for mode in spin block; do
                     taskset -c "${APP_CPU:-5}" "$1/capi-pingpong" "$mode" 100000 10000 64; done
                 "$1/rds-bench" rtt --socket "$sock" --count 100000 --warmup 10000 --size 64 \

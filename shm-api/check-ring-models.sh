@@ -4,7 +4,7 @@
 #      ring byte, hostile counters, a side dying mid-operation; the commit point of a group
 #      fan-out, src/gate.rs).
 #   2. Miri: the ring unit tests (undefined behaviour, provenance, data races), and the
-#      threaded tests of src/bias_lock.rs.
+#      threaded tests of src/bias_lock.rs and capi/src/slots.rs.
 # Exits non-zero if either fails. Miri (nightly, with rust-src) is installed when missing; if
 # that fails, CI (CI set) fails, and elsewhere the Miri part prints "SKIP: miri unavailable".
 #
@@ -30,7 +30,7 @@ else
     status=1
 fi
 
-echo "== miri: ring and bias_lock unit tests"
+echo "== miri: ring, bias_lock and capi slots unit tests"
 miri_ok=1
 if ! cargo +nightly miri --version >/dev/null 2>&1 \
     || ! rustup +nightly component list --installed 2>/dev/null | grep -q '^rust-src'; then
@@ -52,9 +52,10 @@ elif [ "$miri_ok" = 0 ]; then
     echo "SKIP: miri unavailable (rustup +nightly component add miri rust-src)"
 else
     start=$SECONDS
-    # The ring and the socket's biased lock (with threads: a broken protocol is a data race
-    # Miri reports).
-    if CARGO_TARGET_DIR="$MIRI_TARGET_DIR" cargo +nightly miri test -p shm-api --lib -- ring:: bias_lock::; then
+    # The ring, the socket's biased lock and the C ABI's lock-free fd slots (both with
+    # threads; a broken protocol is a data race or a use after free Miri reports).
+    if CARGO_TARGET_DIR="$MIRI_TARGET_DIR" cargo +nightly miri test -p shm-api --lib -- ring:: bias_lock:: \
+        && CARGO_TARGET_DIR="$MIRI_TARGET_DIR" cargo +nightly miri test -p rdsd-capi --lib slots::; then
         echo "== miri: OK ($((SECONDS - start)) s)"
     else
         echo "== miri: FAILED ($((SECONDS - start)) s)"

@@ -6,6 +6,7 @@
 # interleaved. Prints each RESULT line and, per thread count, the medians and
 # "RATIO calls threads=T rds_per_unix=X" (calls per second, rdsd over AF_UNIX).
 #   bash bench/preload/calls.sh [COUNT] [ROUNDS] [THREADS...]   (defaults 2000000, 3, "1 2")
+#   CALL=name: getsockname instead of the empty receive (the fd lookup alone).
 #   BIN=<dir with rdsd and librdsd.so> (default target/release, built here)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,15 +31,15 @@ export RDSD_SOCKET="$sock"
 out="$tmp/results"
 for _ in $(seq "$rounds"); do
     for t in $threads; do
-        "$tmp/calls" rds "$t" "$count" | tee -a "$out"
-        "$tmp/calls" unix "$t" "$count" | tee -a "$out"
+        "$tmp/calls" rds "$t" "$count" "${CALL:-recv}" | tee -a "$out"
+        "$tmp/calls" unix "$t" "$count" "${CALL:-recv}" | tee -a "$out"
     done
 done
 python3 - "$out" <<'PY'
 import re, statistics, sys
 runs = {}
 for line in open(sys.argv[1]):
-    m = re.search(r"impl=(\w+) threads=(\d+) .*calls_per_s=(\d+)", line)
+    m = re.search(r"impl=(\w+) call=\w+ threads=(\d+) .*calls_per_s=(\d+)", line)
     if m:
         runs.setdefault((int(m.group(2)), m.group(1)), []).append(int(m.group(3)))
 for t in sorted({k[0] for k in runs}):

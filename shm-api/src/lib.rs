@@ -41,6 +41,7 @@ pub mod sys;
 
 #[cfg(not(loom))]
 pub use socket::{
-    daemon_gone, explain, info_at, info_body, is_daemon_gone, is_group, recv_wakeups, stats_at,
-    GroupFilter, GroupFlags, Rdsd, RecvFlags, RecvMsg, RecvWakeups, Socket, DEFAULT_CONTROL_SOCKET,
+    daemon_gone, explain, info_at, info_body, is_daemon_gone, is_group, recv_wakeups,
+    set_before_block, stats_at, GroupFilter, GroupFlags, Rdsd, RecvFlags, RecvMsg, RecvWakeups,
+    Socket, DEFAULT_CONTROL_SOCKET,
 };

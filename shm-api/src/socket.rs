@@ -25,6 +25,24 @@ use std::time::{Duration, Instant};
 mod group;
 pub use group::{is_group, GroupFilter, GroupFlags};
 
+/// What a call runs before it may sleep: set once by a library built on this one (the C ABI
+/// ends its lock-free read of the fd table there, so that closing an fd never waits for a
+/// sleeping call).
+static BEFORE_BLOCK: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Sets the function every call runs before it may sleep (in a blocking wait, or a request
+/// to rdsd over the control socket). The first setting stays.
+pub fn set_before_block(f: fn()) {
+    let _ = BEFORE_BLOCK.set(f);
+}
+
+#[inline]
+fn before_block() {
+    if let Some(f) = BEFORE_BLOCK.get() {
+        f();
+    }
+}
+
 /// Default control socket path (override with `RDSD_SOCKET`).
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/rdsd/rdsd.sock";
 
@@ -134,6 +152,7 @@ impl Client {
         if self.dead.load(Ordering::Relaxed) {
             return Err(daemon_gone());
         }
+        before_block();
         let mut ctrl = self.ctrl.lock().unwrap_or_else(|p| p.into_inner());
         let fail = |e: io::Error| {
             if matches!(
@@ -1198,6 +1217,7 @@ impl Socket {
         sending: bool,
         mut ready: impl FnMut() -> bool,
     ) -> io::Result<()> {
+        before_block();
         let c = &*self.client;
         let ctl = c.slot_control(self.slot);
         let dl = *deadline.get_or_insert_with(|| {

@@ -79,7 +79,15 @@ const OTHERS: &[(&str, Table)] = &[
             ("sys", &[]),
         ],
     ),
-    ("shm-api/capi/src", &[("ops", &["table"]), ("table", &[])]),
+    (
+        "shm-api/capi/src",
+        &[
+            ("ops", &["table"]),
+            ("table", &["fork", "slots"]),
+            ("slots", &["fork"]),
+            ("fork", &[]),
+        ],
+    ),
     ("shm-api/preload/src", &[("epoll", &[])]),
     (
         "hugepage-setup/src",

@@ -17,7 +17,9 @@
 
 #![allow(clippy::missing_safety_doc)] // each C function documents its pointer contract
 
+mod fork;
 pub mod ops;
+mod slots;
 pub mod table;
 
 use libc::{

@@ -45,8 +45,9 @@ fn os(e: io::Error) -> i32 {
     e.raw_os_error().unwrap_or(libc::EIO)
 }
 
-fn entry(fd: c_int) -> Result<Arc<Entry>, i32> {
-    table::get(fd).ok_or(libc::EBADF)
+/// The socket behind `fd` for this call (read in place, no lock: `slots`).
+fn entry(fd: c_int) -> Result<table::Ref<Entry>, i32> {
+    table::read(fd).ok_or(libc::EBADF)
 }
 
 /// Opens a socket; see `rdsd_socket`.
@@ -433,10 +434,25 @@ fn recv_flags(flags: c_int) -> RecvFlags {
     }
 }
 
+/// The errno of a receive that failed; an empty non-blocking one (EAGAIN) first waits one
+/// `pause`. Programs written for the kernel poll in a bare loop (`while (recv(..,
+/// MSG_DONTWAIT) < 0)`), since there a call is a syscall; here an empty call is ~50 ns of
+/// loads, and such a loop reads the ring's producer line so often that rdsd's poll core,
+/// which writes it, waits for it: the C round trip was ~5% slower with a call this fast than
+/// with the one that had four locked instructions (bench/preload/alternate.sh), and the pause
+/// gives that back (`rds-bench` pauses in its own loop).
+fn recv_error(err: io::Error) -> i32 {
+    let e = timeout_is_eagain(os(err));
+    if e == libc::EAGAIN {
+        std::hint::spin_loop();
+    }
+    e
+}
+
 fn recv_bytes(e: &Entry, buf: &mut [u8], flags: c_int) -> Result<RecvMsg, i32> {
     e.socket()?
         .recv_msg(buf, recv_flags(flags))
-        .map_err(|err| timeout_is_eagain(os(err)))
+        .map_err(recv_error)
 }
 
 /// recvfrom(2) (recv(2) with null address pointers). A congestion notification sets
@@ -694,7 +710,7 @@ unsafe fn recv_batch_into(
     let mut out = vec![RecvMsg::default(); msgs.len()];
     let k = sock
         .recv_batch(&mut bufs, &mut out, rflags)
-        .map_err(|err| timeout_is_eagain(os(err)))?;
+        .map_err(recv_error)?;
     drop(bufs);
     for (i, (m, got)) in msgs.iter_mut().zip(&out).take(k).enumerate() {
         if !direct[i] {

@@ -3,13 +3,17 @@
 //! Every socket is reached through an fd the app owns: a dup of the socket's pollable fd (one
 //! end of the readiness socketpair rdsd keeps in step). `Socket` keeps its own copy, private
 //! and close-on-exec, so the app closing, dup2-ing over or reusing its numbers never touches
-//! it. Lookups cost one atomic load for an fd that is not ours (a bitmap), and a read lock plus
-//! an `Arc` clone for one that is; nothing is looked up at all until the first RDS socket.
+//! it. Lookups cost one atomic load for an fd that is not ours (a bitmap), and for one that is
+//! a load of its slot between two plain stores to the calling thread's own record (`slots`:
+//! no lock, no reference count, nothing written that another thread reads in its calls);
+//! nothing is looked up at all until the first RDS socket.
 
+pub use crate::slots::Ref;
+use crate::slots::Slots;
 use shm_api::{Rdsd, Socket};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 /// fds at or above this are never RDS sockets (socket() fails with EMFILE instead).
 pub const MAX_FD: usize = 1 << 16;
@@ -42,13 +46,10 @@ impl Entry {
 
 static ANY: AtomicBool = AtomicBool::new(false);
 static BITS: [AtomicU64; MAX_FD / 64] = [const { AtomicU64::new(0) }; MAX_FD / 64];
-static TABLE: RwLock<Vec<Option<Arc<Entry>>>> = RwLock::new(Vec::new());
-static FORK_GEN: AtomicU64 = AtomicU64::new(0);
-
-/// Bumped in the child of every fork.
-pub fn fork_generation() -> u64 {
-    FORK_GEN.load(Ordering::Relaxed)
-}
+/// Every fd's slot, read without a lock (`slots`: 512 KiB of zeroed address space; only the
+/// pages of fds in use are touched).
+static SLOTS: Slots<Entry, MAX_FD> = Slots::new();
+pub use crate::fork::fork_generation;
 
 /// True once this process has opened an RDS socket (before that nothing is ever looked up).
 #[inline]
@@ -66,45 +67,45 @@ pub fn is_ours(fd: RawFd) -> bool {
     BITS[i / 64].load(Ordering::Acquire) & (1 << (i % 64)) != 0
 }
 
-/// The entry behind `fd`, if it is one of ours.
+/// The entry behind `fd`, if it is one of ours, for the duration of a call: read in place,
+/// without a lock (see `slots`).
 #[inline]
+pub fn read(fd: RawFd) -> Option<Ref<Entry>> {
+    if !is_ours(fd) {
+        return None;
+    }
+    SLOTS.read(fd as usize)
+}
+
+/// The entry behind `fd`, if it is one of ours, as a counted reference (to keep).
 pub fn get(fd: RawFd) -> Option<Arc<Entry>> {
     if !is_ours(fd) {
         return None;
     }
-    let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
-    t.get(fd as usize).and_then(|e| e.clone())
+    SLOTS.get(fd as usize)
 }
 
 /// Makes `fd` stand for `entry`. EMFILE past [`MAX_FD`]. An entry `fd` stood for before (a
-/// dup2 target) is returned for [`release`].
+/// dup2 target) is returned for [`release`], once no call uses it in place.
 pub fn insert(fd: RawFd, entry: Arc<Entry>) -> Result<Option<Arc<Entry>>, i32> {
     if fd < 0 || fd as usize >= MAX_FD {
         return Err(libc::EMFILE);
     }
     let i = fd as usize;
     ANY.store(true, Ordering::Relaxed);
-    let old = {
-        let mut t = TABLE.write().unwrap_or_else(|p| p.into_inner());
-        if t.len() <= i {
-            t.resize(i + 1, None);
-        }
-        let old = t[i].replace(entry);
-        BITS[i / 64].fetch_or(1 << (i % 64), Ordering::Release);
-        old
-    };
+    let old = SLOTS.replace(i, Some(entry));
+    BITS[i / 64].fetch_or(1 << (i % 64), Ordering::Release);
     Ok(old)
 }
 
-/// Forgets `fd`; returns what it stood for (to [`release`] once the lock is gone).
+/// Forgets `fd`; returns what it stood for (to [`release`]), once no call uses it in place.
 pub fn remove(fd: RawFd) -> Option<Arc<Entry>> {
     if !is_ours(fd) {
         return None;
     }
     let i = fd as usize;
-    let mut t = TABLE.write().unwrap_or_else(|p| p.into_inner());
     BITS[i / 64].fetch_and(!(1 << (i % 64)), Ordering::Release);
-    t.get_mut(i).and_then(Option::take)
+    SLOTS.replace(i, None)
 }
 
 /// Drops one fd's reference. The last one closes the socket in rdsd, except for a socket
@@ -127,19 +128,11 @@ pub fn control_path() -> std::path::PathBuf {
 static ATTACHMENT: Mutex<Option<(u64, Rdsd)>> = Mutex::new(None);
 static WARNED: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn after_fork_in_child() {
-    FORK_GEN.fetch_add(1, Ordering::Relaxed);
-}
-
 /// This process's attachment to rdsd, made on first use (and again in a forked child, which
 /// must not share its parent's control connection). If rdsd can't be reached, says so on
 /// stderr once and answers EAFNOSUPPORT, the errno of a kernel without RDS.
 pub fn rdsd() -> Result<Rdsd, i32> {
-    static ATFORK: std::sync::Once = std::sync::Once::new();
-    ATFORK.call_once(|| {
-        // SAFETY: registers a handler that only bumps an atomic (async-signal-safe).
-        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
-    });
+    crate::fork::watch();
     let mut a = ATTACHMENT.lock().unwrap_or_else(|p| p.into_inner());
     let generation = fork_generation();
     if let Some((g, r)) = a.as_ref() {
