@@ -330,35 +330,15 @@ impl<T: Send + Sync + 'static, const N: usize> Slots<T, N> {
 
     /// Inside a section: count a reference to what `slot` holds.
     fn counted(&self, slot: &AtomicPtr<T>) -> Option<Ref<T>> {
-        let p = slot.load(Ordering::Acquire);
-        let entry = NonNull::new(p)?;
         // SAFETY: loaded inside the section, so no writer has dropped the table's reference.
-        let arc = unsafe {
-            Arc::increment_strong_count(p);
-            Arc::from_raw(p)
-        };
-        Some(Ref {
-            entry,
-            counted: Some(arc),
-            state: std::ptr::null(),
-        })
+        unsafe { count_ref(slot) }
     }
 
     /// Without the thread's record (it is exiting): count a reference under the writers' lock.
     fn counted_locked(&self, slot: &AtomicPtr<T>) -> Option<Ref<T>> {
         let _w = self.writers.lock().unwrap_or_else(|p| p.into_inner());
-        let p = slot.load(Ordering::Acquire);
-        let entry = NonNull::new(p)?;
         // SAFETY: writers drop a table reference only under this lock.
-        let arc = unsafe {
-            Arc::increment_strong_count(p);
-            Arc::from_raw(p)
-        };
-        Some(Ref {
-            entry,
-            counted: Some(arc),
-            state: std::ptr::null(),
-        })
+        unsafe { count_ref(slot) }
     }
 
     /// Puts `new` in slot `i`; returns what it held once no reader still uses it in place.
@@ -380,6 +360,26 @@ impl<T: Send + Sync + 'static, const N: usize> Slots<T, N> {
         // it in place any more.
         Some(unsafe { Arc::from_raw(old) })
     }
+}
+
+/// A counted reference to what `slot` holds.
+///
+/// # Safety
+/// The table's reference in `slot` must stay alive meanwhile (a read section, or the writers'
+/// lock).
+unsafe fn count_ref<T>(slot: &AtomicPtr<T>) -> Option<Ref<T>> {
+    let p = slot.load(Ordering::Acquire);
+    let entry = NonNull::new(p)?;
+    // SAFETY: `p` came from `Arc::into_raw` and is alive (the caller's contract).
+    let arc = unsafe {
+        Arc::increment_strong_count(p);
+        Arc::from_raw(p)
+    };
+    Some(Ref {
+        entry,
+        counted: Some(arc),
+        state: std::ptr::null(),
+    })
 }
 
 /// Waits until every reader that may have loaded a slot before the caller's swap has left
