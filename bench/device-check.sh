@@ -16,7 +16,8 @@
 #   scaling   bench/scaling-bench.sh: 1, 2, 4 poll threads x 1, 2, 4, 8, 16 app threads per
 #             side against AF_UNIX (issue 18's table), one attachment per task.
 #   socket    the same with PLACEMENT=socket (one attachment per side) for 8 and 16 threads.
-#   wakeup    rds-bench blocking: a receiver woken after 60 ms of idle, p50/p99 (issue 18).
+#   wakeup    rds-bench blocking: a receiver woken after 60 ms of idle, p50/p99 (issue 18),
+#             with idle = backoff and idle = watch.
 #   tput      rds-bench tput: one app one way, 64 B, one message a call and batches of 32,
 #             rdsd spinning and in its default idle mode (backoff, where sends check the
 #             sleep flag with no fence: the light doorbell), msgs/s (issue 18: >= 10 M).
@@ -87,8 +88,11 @@ for s in $STEPS; do
                 -- bash "$scripts/scaling-bench.sh" -T "$SECS" ;;
         wakeup)
             # The poll thread and the app on CPUs of their own (POLL_CPU, default 3).
-            run wakeup 45 -- "$BIN/rds-bench" blocking --spawn-rdsd "$BIN/rdsd" --count 20000 \
-                --wake-samples 100 --poll-core "${POLL_CPU:-3}" ;;
+            # Both idle modes that park: backoff (two wake-ups after a park) and watch (no
+            # park while a receiver sleeps).
+            run wakeup 45 -- bash -c 'for idle in backoff watch; do
+                "$0" blocking --spawn-rdsd "$1" --idle "$idle" --count 10000 --idle-secs 1 \
+                    --wake-samples 100 --poll-core "${POLL_CPU:-3}"; done' "$BIN/rds-bench" "$BIN/rdsd" ;;
         tput)
             run tput 20 -- bash -c 'for idle in spin backoff; do for b in 1 32; do
                 "$0" tput --spawn-rdsd "$1" --poll-core "${POLL_CPU:-3}" \

@@ -1,6 +1,6 @@
 //! `rds-bench blocking`: what an application that sleeps in `recv` sees, with rdsd on its
-//! default (backoff) idle strategy, next to AF_UNIX SOCK_SEQPACKET between two processes in
-//! the same run:
+//! default (backoff) idle strategy (or `--idle watch`), next to AF_UNIX SOCK_SEQPACKET between
+//! two processes in the same run:
 //!
 //! 1. the 64 B round trip between two processes that block in recv;
 //! 2. the wake-up latency of a blocked receiver after rdsd has been idle (parked): the sender
@@ -115,7 +115,8 @@ fn wake_latency(
 }
 
 /// The same wake-up measurement over an AF_UNIX SOCK_SEQPACKET pair: a receiver thread blocked
-/// in recv, one kernel wake-up per sample (rdsd's path has two: the poll core's and the app's).
+/// in recv, one kernel wake-up per sample (rdsd's path has two, the poll core's and the app's,
+/// where the poll core parked; with `--idle watch` it does not park while the receiver sleeps).
 fn unix_wake_latency(samples: u32, gap: Duration) -> Result<Latency> {
     let (a, b) = unix::seqpacket_pair()?;
     let receiver = std::thread::spawn(move || -> Result<()> {
@@ -261,7 +262,7 @@ pub fn cmd(mut a: BlockingArgs) -> Result<()> {
         fmt_ns(w.max as f64)
     );
     println!(
-        "  AF_UNIX: p50 {}  p99 {}  max {}  (one kernel wake-up; rdsd's path has two)",
+        "  AF_UNIX: p50 {}  p99 {}  max {}  (one kernel wake-up; rdsd's path has two where its poll thread parked)",
         fmt_ns(uw.p50 as f64),
         fmt_ns(uw.p99 as f64),
         fmt_ns(uw.max as f64)

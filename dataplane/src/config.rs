@@ -27,6 +27,11 @@ pub enum IdleMode {
     Backoff,
     /// Busy-poll forever: lowest latency, one full core.
     Spin,
+    /// Backoff, except that no poll thread parks while an app thread sleeps in a receive on
+    /// any of rdsd's sockets (they yield instead): such a thread is then woken by one kernel
+    /// wake-up, not two (the poll thread's and its own), at the cost of the poll cores' CPU
+    /// while it waits.
+    Watch,
 }
 
 /// Whether app regions use hugetlbfs pages.

@@ -58,7 +58,7 @@ pub fn run(cfg: Config, shutdown: Arc<AtomicBool>) -> Result<()> {
     let cfg = Arc::new(cfg);
     let stats = Arc::new(stats::Stats::default());
     let daemon = Arc::new(
-        shm::region::DaemonRegion::create(cfg.idle == config::IdleMode::Backoff)
+        shm::region::DaemonRegion::create(cfg.idle != config::IdleMode::Spin)
             .context("creating the daemon region")?,
     );
     let shards = cfg.poll_cores.len();

@@ -97,6 +97,10 @@ counters! {
     cong_notifications,
     /// Times the poll core parked.
     poll_parks,
+    /// `idle = "watch"`: times an idle poll core did not park because an app thread slept in
+    /// a receive (on its sockets or another poll core's); it yielded and looked again 1 ms
+    /// later.
+    parks_withheld,
     /// Passes of the poll core (summed lazily, like the transports' counters).
     poll_passes,
     /// Tx rings a pass looked into because their app published on them (an idle socket costs

@@ -51,6 +51,89 @@ fn blocked_receivers_wake_up_once_and_early() {
     a_blocking_request_and_reply_costs_one_wake_up_per_message();
     a_send_with_no_fence_still_wakes_a_parked_poll_thread();
     sends_around_the_park_decision_are_never_missed();
+    a_watching_poll_thread_stays_awake_while_a_receiver_sleeps();
+}
+
+/// `idle = "watch"`: no poll thread parks while an app thread sleeps in a receive, so a message
+/// for it needs one wake-up (the poll thread's futex wake of the receiver), not two. Five
+/// rounds of "receiver asleep, every poll thread has withheld its park since (counted), then
+/// withholds again in a window where no park is counted; one message sent": no sender found a
+/// poll thread parked (`by_sender`, the parallel wake-up, stays 0) and no sleep ran out its
+/// slice. Once nobody sleeps in a receive, the poll threads park again.
+fn a_watching_poll_thread_stays_awake_while_a_receiver_sleeps() {
+    let cfg = rdsd_tests::config_file("idle = \"watch\"\nspin_us = 2\nyield_us = 500\n");
+    let d = Daemon::start(&["--config", cfg.to_str().unwrap()]);
+    let app = d.attach();
+    let rx = app.socket().unwrap();
+    rx.bind(lo(9341)).unwrap();
+    // A failed round must not leave the receiver asleep for ever (the scope waits for it).
+    rx.set_recv_timeout(Some(Duration::from_secs(120))).unwrap();
+    let tx = app.socket().unwrap();
+    tx.bind(lo(9342)).unwrap();
+    const ROUNDS: u64 = 5;
+    let threads = poll_threads() as u64;
+    let withheld_by = |n: u64, what: &str| {
+        let w = d.exact_stat("parks_withheld");
+        wait_for(
+            || d.exact_stat("parks_withheld") >= w + n,
+            Duration::from_secs(60),
+            what,
+        );
+    };
+    let before = shm_api::recv_wakeups();
+    let received = AtomicU64::new(0);
+    let mut parked_while_asleep = 0;
+    std::thread::scope(|s| {
+        let (tid_tx, tid_rx) = mpsc::channel();
+        let received = &received;
+        let rx = &rx;
+        s.spawn(move || {
+            tid_tx.send(gettid()).unwrap();
+            let mut buf = [0u8; 64];
+            for k in 0..ROUNDS {
+                let (n, from) = rx.recv_from(&mut buf).unwrap();
+                assert_eq!((&buf[..n], from), (&k.to_le_bytes()[..], lo(9342)));
+                received.store(k + 1, Ordering::Release);
+            }
+        });
+        let tid = tid_rx.recv().unwrap();
+        let me = std::process::id();
+        for k in 0..ROUNDS {
+            wait_for(
+                || wait_channel(me, tid).contains("futex"),
+                Duration::from_secs(60),
+                "receiver asleep",
+            );
+            // A poll thread that looked before the receiver slept may have parked; each
+            // counter read wakes them all, and from the first withheld park on, none parks.
+            withheld_by(2 * threads, "parks withheld for the sleeping receiver");
+            let parks = d.exact_stat("poll_parks");
+            withheld_by(2 * threads, "parks withheld again");
+            parked_while_asleep += d.exact_stat("poll_parks") - parks;
+            tx.send_to(&k.to_le_bytes(), lo(9341)).unwrap();
+            wait_for(
+                || received.load(Ordering::Acquire) > k,
+                Duration::from_secs(60),
+                "the message to arrive",
+            );
+        }
+    });
+    let after = shm_api::recv_wakeups();
+    assert_eq!(
+        parked_while_asleep, 0,
+        "a poll thread parked while the receiver slept"
+    );
+    assert_eq!(
+        after.by_sender - before.by_sender,
+        0,
+        "a sender found a poll thread parked ({after:?})"
+    );
+    assert_eq!(after.missed - before.missed, 0, "a sleep ran out its slice");
+    wait_for(
+        || all_poll_threads_parked(&d),
+        Duration::from_secs(60),
+        "poll threads parked once nobody sleeps in a receive",
+    );
 }
 
 /// The window the light doorbell leaves to the membarrier: a send published while the poll

@@ -21,8 +21,15 @@ pub struct Idle {
     yield_for: Duration,
     park_timeout_ms: i32,
     idle_since: Option<Instant>,
+    /// `Watch`: a park was withheld for a sleeping app thread; yield until then before
+    /// looking again.
+    awake_until: Option<Instant>,
     doorbell: Arc<OwnedFd>,
 }
+
+/// `Watch`: how long a poll thread that found an app thread asleep in a receive yields before
+/// it looks again (the look reads every socket's `waiters`).
+const WATCH_RECHECK: Duration = Duration::from_millis(1);
 
 impl Idle {
     /// `doorbell` is the control thread's eventfd for waking a parked core. It is rdsd's own
@@ -41,16 +48,19 @@ impl Idle {
             yield_for,
             park_timeout_ms: park_timeout_ms.min(i32::MAX as u64) as i32,
             idle_since: None,
+            awake_until: None,
             doorbell,
         }
     }
 
     /// Called after every pass, with the pass's time if it read the clock (one reading per
-    /// pass). Returns true when the core should park now.
+    /// pass). Returns true when the core should park now (with `Watch`, unless
+    /// [`Idle::stay_awake`] says otherwise).
     #[inline]
     pub fn idle(&mut self, work: usize, pass_time: Option<Instant>) -> bool {
         if work > 0 {
             self.idle_since = None;
+            self.awake_until = None;
             return false;
         }
         match self.mode {
@@ -58,13 +68,15 @@ impl Idle {
                 std::hint::spin_loop();
                 false
             }
-            IdleMode::Backoff => {
+            IdleMode::Backoff | IdleMode::Watch => {
                 let now = pass_time.unwrap_or_else(|| MonotonicClock::new().now());
                 let idle = now.saturating_duration_since(*self.idle_since.get_or_insert(now));
                 if idle < self.spin {
                     std::hint::spin_loop();
                     false
-                } else if idle < self.spin + self.yield_for {
+                } else if idle < self.spin + self.yield_for
+                    || self.awake_until.is_some_and(|t| now < t)
+                {
                     std::thread::yield_now();
                     false
                 } else {
@@ -72,6 +84,18 @@ impl Idle {
                 }
             }
         }
+    }
+
+    /// True if a park is withheld while an app thread sleeps in a receive (`Watch`).
+    pub fn watches(&self) -> bool {
+        self.mode == IdleMode::Watch
+    }
+
+    /// `Watch`: an app thread sleeps in a receive; yield instead of parking, and look again
+    /// in [`WATCH_RECHECK`].
+    pub fn stay_awake(&mut self) {
+        self.awake_until = Some(MonotonicClock::new().now() + WATCH_RECHECK);
+        std::thread::yield_now();
     }
 
     /// Sleeps until the doorbell rings, one of `extra` (app doorbells, transport sockets) is
@@ -102,6 +126,7 @@ impl Idle {
     /// Starts the backoff over.
     pub fn reset(&mut self) {
         self.idle_since = None;
+        self.awake_until = None;
     }
 }
 
@@ -128,6 +153,20 @@ mod tests {
         let mut i = Idle::new(IdleMode::Backoff, Duration::ZERO, Duration::ZERO, 5_000, fd);
         i.park(&mut Vec::new(), None);
         assert!(t.elapsed() < std::time::Duration::from_secs(1));
+    }
+
+    #[test]
+    fn watch_yields_until_it_looks_again() {
+        let fd = Arc::new(shm_api::sys::eventfd().unwrap());
+        let mut i = Idle::new(IdleMode::Watch, Duration::ZERO, Duration::ZERO, 1, fd);
+        assert!(i.idle(0, None), "past spin and yield: time to look");
+        let t = std::time::Instant::now();
+        i.stay_awake();
+        while !i.idle(0, None) {}
+        assert!(t.elapsed() >= WATCH_RECHECK, "yielded until the next look");
+        i.stay_awake();
+        assert!(!i.idle(1, None), "work resets it");
+        assert!(i.idle(0, None), "and the next idle pass looks at once");
     }
 
     #[test]

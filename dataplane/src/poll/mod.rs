@@ -717,6 +717,16 @@ impl PollCore {
         work
     }
 
+    /// `idle = "watch"`: an app thread sleeps in a receive on this thread's sockets or,
+    /// with several poll threads, on another's as last looked (`ShardLink::watching`).
+    fn receivers_waiting(&self) -> bool {
+        let mine = self.table.receivers_waiting();
+        match self.table.link() {
+            Some(l) => l.watching(mine),
+            None => mine,
+        }
+    }
+
     fn publish_counters(&self) {
         for t in &self.transports {
             t.publish_counters();
@@ -1336,6 +1346,11 @@ pub fn run(mut core: PollCore, mut idle: idle::Idle, shutdown: Arc<AtomicBool>) 
     while !shutdown.load(Ordering::Relaxed) {
         let work = core.run_once();
         if idle.idle(work, core.pass_time()) {
+            if idle.watches() && core.receivers_waiting() {
+                Stats::bump(&core.table.stats().parks_withheld);
+                idle.stay_awake();
+                continue;
+            }
             // About to park: announce it, then look once more so no doorbell is missed.
             let dview = core.dview();
             let sleeping = dview.sleeping(core.table.shard());

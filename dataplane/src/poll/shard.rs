@@ -445,6 +445,9 @@ pub struct Fabric {
     dview: DaemonView,
     dir: Mutex<Directory>,
     dir_version: AtomicU64,
+    /// `idle = "watch"`: bit per shard that last found an app thread asleep in a receive on
+    /// its sockets (written by that shard's idle look only, at most once a millisecond).
+    watching: AtomicU64,
 }
 
 impl Fabric {
@@ -470,6 +473,7 @@ impl Fabric {
                 ..Directory::default()
             }),
             dir_version: AtomicU64::new(0),
+            watching: AtomicU64::new(0),
         }
     }
 
@@ -558,6 +562,20 @@ impl ShardLink {
     /// Number of shards.
     pub fn shards(&self) -> usize {
         self.fabric.n
+    }
+
+    /// `idle = "watch"`: records whether this shard has an app thread asleep in a receive
+    /// (`mine`); true if this or another shard has one, so that none parks while a sender's
+    /// message for it may have to cross a parked thread first.
+    pub(super) fn watching(&self, mine: bool) -> bool {
+        let bit = 1u64 << self.shard;
+        let all = self.fabric.watching.load(Ordering::Relaxed);
+        let all = match (all & bit != 0, mine) {
+            (false, true) => self.fabric.watching.fetch_or(bit, Ordering::Relaxed) | bit,
+            (true, false) => self.fabric.watching.fetch_and(!bit, Ordering::Relaxed) & !bit,
+            _ => all,
+        };
+        all != 0
     }
 
     /// Refreshes the replica of the bindings if the directory changed. `force`: even if the

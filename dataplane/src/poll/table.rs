@@ -620,6 +620,17 @@ impl SocketTable {
 
     /// Calls `f` for every socket of every app not evicted, with its slot's control block
     /// (off the message path: snapshots, wake-ups after congestion).
+    /// True if an app thread sleeps in a receive on one of this thread's sockets (its
+    /// `waiters`, which the app writes: a hint, which at worst keeps a `Watch` poll thread
+    /// awake).
+    pub(super) fn receivers_waiting(&self) -> bool {
+        let mut any = false;
+        self.for_each_sock(|_, _, ctl| {
+            any |= ctl.waiters.load(Ordering::Relaxed) & RECV_WAITERS != 0;
+        });
+        any
+    }
+
     pub(super) fn for_each_sock(&self, mut f: impl FnMut(SockRef, &Sock, &SlotControl)) {
         for (app, a) in self.apps.iter().enumerate() {
             let Some(a) = a.as_ref().filter(|a| !a.evicted) else {
