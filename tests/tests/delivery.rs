@@ -657,7 +657,7 @@ fn receiver_restart_after_lost_acks_no_duplicates() {
 /// deliveries after the restart before them, while the sender still resends (RETRANSMITTED)
 /// what the earlier incarnations delivered and is still connecting paths > 0 (their SYN-ACKs
 /// are lost with the ACKs). Before host 0 handled a connect that the restarted rdsd answers
-/// first (it takes it for its path 0; ARCHITECTURE.md, "Restart policy"), 3 runs in 56 on a
+/// first (it takes it for its path 0; dataplane/docs/protocol.md, "Restart policy"), 3 runs in 56 on a
 /// loaded 2-core VM delivered 122–162 duplicates.
 #[test]
 fn receiver_restart_soon_after_restart_no_duplicates() {

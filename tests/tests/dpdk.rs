@@ -470,7 +470,7 @@ fn kernel_tcp_rdsd_and_dpdk_in_jumbo_frames() {
 }
 
 /// Host 0 streams to host 1 (both DPDK) while host `victim`'s rdsd is SIGKILLed and restarted:
-/// no duplicate, no reordering, at most one gap (ARCHITECTURE.md, "Restart policy": a killed
+/// no duplicate, no reordering, at most one gap (dataplane/docs/protocol.md, "Restart policy": a killed
 /// receiver loses what was in its rings, a killed sender what it had not yet had acknowledged).
 fn restart_mid_stream(victim: usize) {
     restart_mid_stream_on(victim, false)

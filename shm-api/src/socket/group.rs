@@ -4,7 +4,7 @@
 //! with [`GroupFlags::DROP_WHEN_FULL`]. A group is an address in 224.0.0.0/4 plus a port;
 //! `send_to(group)` sends to it and members receive with `recv_from`, the source being the
 //! sender's socket. rdsd's poll thread, the only writer of every member's receive ring, is
-//! the group's sequencer (ARCHITECTURE.md, "Multicast groups").
+//! the group's sequencer (dataplane/docs/groups.md, "Multicast groups").
 
 use super::{errno, Socket};
 use crate::ctrl::{

@@ -42,7 +42,7 @@
 //! `PathFlow`, without I/O; this module is the shell that calls rdma_cm and verbs, reads the
 //! clock and feeds it.
 //!
-//! Not done (documented in ARCHITECTURE.md): SRQ, RDMA WRITE, inline sends, IPv6, the 4.x
+//! Not done (documented in dataplane/docs/transports.md): SRQ, RDMA WRITE, inline sends, IPv6, the 4.x
 //! version negotiation, and a sender-side ack_seq in the private data (0 is sent: the engine's
 //! duplicate rule covers retransmissions).
 
