@@ -129,19 +129,22 @@ pub struct rdsd_group_filter {
     pub rules: [rdsd_group_rule; RDSD_GROUP_FILTER_MAX_RULES],
 }
 
-fn set_errno(e: i32) {
+/// Sets this thread's errno (the preload library's wrappers use these three too).
+pub fn set_errno(e: i32) {
     // SAFETY: __errno_location returns this thread's errno slot, always valid.
     unsafe { *libc::__errno_location() = e };
 }
 
-fn ret_int(r: Result<c_int, i32>) -> c_int {
+/// An int-returning call's result: the value, or -1 with errno set.
+pub fn ret_int(r: Result<c_int, i32>) -> c_int {
     r.unwrap_or_else(|e| {
         set_errno(e);
         -1
     })
 }
 
-fn ret_len(r: Result<usize, i32>) -> ssize_t {
+/// A length-returning call's result: the length, or -1 with errno set.
+pub fn ret_len(r: Result<usize, i32>) -> ssize_t {
     match r {
         Ok(n) => n as ssize_t,
         Err(e) => {

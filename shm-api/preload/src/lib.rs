@@ -20,7 +20,7 @@ use libc::{
     c_int, c_ulong, c_void, epoll_event, fd_set, msghdr, nfds_t, pollfd, sigset_t, size_t,
     sockaddr, socklen_t, ssize_t, timespec, timeval,
 };
-use rdsd::{ops, table};
+use rdsd::{ops, ret_int as int, ret_len as len, set_errno, table};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -54,28 +54,6 @@ fn resolve(name: &'static str) -> usize {
         }
     }
     p as usize
-}
-
-fn set_errno(e: i32) {
-    // SAFETY: this thread's errno slot.
-    unsafe { *libc::__errno_location() = e };
-}
-
-fn int(r: Result<c_int, i32>) -> c_int {
-    r.unwrap_or_else(|e| {
-        set_errno(e);
-        -1
-    })
-}
-
-fn len(r: Result<usize, i32>) -> ssize_t {
-    match r {
-        Ok(n) => n as ssize_t,
-        Err(e) => {
-            set_errno(e);
-            -1
-        }
-    }
 }
 
 #[no_mangle]
