@@ -34,6 +34,38 @@ fn gettid() -> u32 {
     unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
 
+/// Spawns a thread in `s` that receives `rounds` messages on `rx` (message `k` is `k`'s bytes,
+/// from port `from`), counting them in `received`; returns its thread id.
+fn spawn_receiver<'s>(
+    s: &'s std::thread::Scope<'s, '_>,
+    rx: &'s shm_api::Socket,
+    from: u16,
+    rounds: u64,
+    received: &'s AtomicU64,
+) -> u32 {
+    let (tid_tx, tid_rx) = mpsc::channel();
+    s.spawn(move || {
+        tid_tx.send(gettid()).unwrap();
+        let mut buf = [0u8; 64];
+        for k in 0..rounds {
+            let (n, src) = rx.recv_from(&mut buf).unwrap();
+            assert_eq!((&buf[..n], src), (&k.to_le_bytes()[..], lo(from)));
+            received.store(k + 1, Ordering::Release);
+        }
+    });
+    tid_rx.recv().unwrap()
+}
+
+/// Sends message `k` to port `to` and waits until the receiver of [`spawn_receiver`] has it.
+fn send_and_wait(tx: &shm_api::Socket, k: u64, to: u16, received: &AtomicU64) {
+    tx.send_to(&k.to_le_bytes(), lo(to)).unwrap();
+    wait_for(
+        || received.load(Ordering::Acquire) > k,
+        Duration::from_secs(60),
+        "the message to arrive",
+    );
+}
+
 /// The library's wake-up tuning for this process, set before any thread reads it.
 fn tune_library() {
     // Called first in the only test of this binary, before it starts a thread or reads the
@@ -84,19 +116,7 @@ fn a_watching_poll_thread_stays_awake_while_a_receiver_sleeps() {
     let received = AtomicU64::new(0);
     let mut parked_while_asleep = 0;
     std::thread::scope(|s| {
-        let (tid_tx, tid_rx) = mpsc::channel();
-        let received = &received;
-        let rx = &rx;
-        s.spawn(move || {
-            tid_tx.send(gettid()).unwrap();
-            let mut buf = [0u8; 64];
-            for k in 0..ROUNDS {
-                let (n, from) = rx.recv_from(&mut buf).unwrap();
-                assert_eq!((&buf[..n], from), (&k.to_le_bytes()[..], lo(9342)));
-                received.store(k + 1, Ordering::Release);
-            }
-        });
-        let tid = tid_rx.recv().unwrap();
+        let tid = spawn_receiver(s, &rx, 9342, ROUNDS, &received);
         let me = std::process::id();
         for k in 0..ROUNDS {
             wait_for(
@@ -110,12 +130,7 @@ fn a_watching_poll_thread_stays_awake_while_a_receiver_sleeps() {
             let parks = d.exact_stat("poll_parks");
             withheld_by(2 * threads, "parks withheld again");
             parked_while_asleep += d.exact_stat("poll_parks") - parks;
-            tx.send_to(&k.to_le_bytes(), lo(9341)).unwrap();
-            wait_for(
-                || received.load(Ordering::Acquire) > k,
-                Duration::from_secs(60),
-                "the message to arrive",
-            );
+            send_and_wait(&tx, k, 9341, &received);
         }
     });
     let after = shm_api::recv_wakeups();
@@ -229,18 +244,7 @@ fn a_sender_wakes_a_sleeping_receiver_alongside_its_parked_poll_thread() {
     let before = shm_api::recv_wakeups();
     let received = AtomicU64::new(0);
     std::thread::scope(|s| {
-        let (tid_tx, tid_rx) = mpsc::channel();
-        let received = &received;
-        let receiver = s.spawn(move || {
-            tid_tx.send(gettid()).unwrap();
-            let mut buf = [0u8; 64];
-            for k in 0..ROUNDS {
-                let (n, from) = rx.recv_from(&mut buf).unwrap();
-                assert_eq!((&buf[..n], from), (&k.to_le_bytes()[..], lo(9302)));
-                received.store(k + 1, Ordering::Release);
-            }
-        });
-        let tid = tid_rx.recv().unwrap();
+        let tid = spawn_receiver(s, &rx, 9302, ROUNDS, &received);
         let me = std::process::id();
         for k in 0..ROUNDS {
             // Both asleep: the receiver on its futexes, every poll thread in poll(2).
@@ -249,15 +253,9 @@ fn a_sender_wakes_a_sleeping_receiver_alongside_its_parked_poll_thread() {
                 Duration::from_secs(60),
                 "receiver asleep and poll threads parked",
             );
-            tx.send_to(&k.to_le_bytes(), lo(9301)).unwrap();
             // The next round starts from a sleeping receiver again.
-            wait_for(
-                || received.load(Ordering::Acquire) > k,
-                Duration::from_secs(60),
-                "the message to arrive",
-            );
+            send_and_wait(&tx, k, 9301, &received);
         }
-        receiver.join().unwrap();
     });
     let after = shm_api::recv_wakeups();
     let by_sender = after.by_sender - before.by_sender;
