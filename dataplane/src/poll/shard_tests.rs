@@ -327,6 +327,41 @@ fn a_cancel_reaches_the_connection_owner_after_the_messages_sent_before_it() {
     );
 }
 
+/// `idle = "watch"`: a thread that finds a receiver asleep on its sockets tells the others
+/// through the fabric, so that none parks while it sleeps (a message for it may have to cross
+/// from another thread); the bit is cleared by that thread's next look once nobody waits.
+#[test]
+fn a_receiver_asleep_on_one_thread_keeps_every_thread_watching() {
+    use shm_api::layout::RECV_WAITER;
+    let mut rig = Rig::new();
+    rig.app_with_socket(1, 0, 4000);
+    let sleep = |core: &PollCore, asleep: bool| {
+        core.table.for_each_sock(|_, _, ctl| {
+            if asleep {
+                ctl.waiters.fetch_add(RECV_WAITER, Ordering::SeqCst);
+            } else {
+                ctl.waiters.fetch_sub(RECV_WAITER, Ordering::SeqCst);
+            }
+        })
+    };
+    assert!(!rig.cores[0].receivers_waiting());
+    assert!(!rig.cores[1].receivers_waiting());
+    sleep(&rig.cores[1], true);
+    assert!(
+        !rig.cores[0].receivers_waiting(),
+        "thread 1 has not looked yet"
+    );
+    assert!(rig.cores[1].receivers_waiting(), "its own receiver");
+    assert!(rig.cores[0].receivers_waiting(), "thread 1's bit");
+    sleep(&rig.cores[1], false);
+    assert!(
+        rig.cores[0].receivers_waiting(),
+        "the bit stays until thread 1 looks again"
+    );
+    assert!(!rig.cores[1].receivers_waiting());
+    assert!(!rig.cores[0].receivers_waiting());
+}
+
 /// A receiver H on thread 1 that reads nothing, fed by sender S on thread 0 with messages that
 /// cross by copy: past H's ring its backlog grows to its share (64 KiB in unit tests), then H's
 /// flag holds S's later messages on S's own tx ring, and the pair ring goes on (sender T's
