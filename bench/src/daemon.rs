@@ -20,7 +20,7 @@ pub struct DaemonArgs {
     /// at the end.
     #[arg(long, conflicts_with = "socket", value_name = "PATH_TO_RDSD")]
     pub spawn_rdsd: Option<PathBuf>,
-    /// Poll-thread CPU of a spawned rdsd (-1 = last CPU, -2 = don't pin).
+    /// Poll-thread CPU of a spawned rdsd (-1 = the last CPU this process may use, -2 = don't pin).
     #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
     pub poll_core: i64,
     /// Log filter of a spawned rdsd.

@@ -519,6 +519,7 @@ fn cmd_tput(a: TputArgs) -> Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    util::process_cpus();
     let Some(cmd) = cli.cmd else {
         return exit(stress::main(cli.stress));
     };

@@ -16,34 +16,35 @@ pub fn mono_ns() -> u64 {
     shm_api::hoptrace::now_ns()
 }
 
-/// Online CPUs on the machine (not just the ones this thread may use).
-pub fn online_cpus() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    if n < 1 {
-        1
-    } else {
-        n as usize
-    }
+/// The CPUs this process may run on, read once, by `main` before any thread pins itself (a
+/// thread's own mask narrows once it is pinned): the set rdsd resolves its `-1` against too.
+pub fn process_cpus() -> &'static [usize] {
+    static CPUS: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+    CPUS.get_or_init(shm_api::sys::affinity_cpus)
 }
 
-/// rdsd's core numbering: -1 = the last CPU, -2 (or any other negative) = don't pin.
+/// rdsd's core numbering: -1 = the last CPU of the process's set, -3 = the first, -2 (or any
+/// other negative) = don't pin.
 pub fn resolve_core(n: i64) -> Option<usize> {
     match n {
-        -1 => Some(online_cpus() - 1),
+        -1 => process_cpus().last().copied(),
+        -3 => process_cpus().first().copied(),
         n if n < 0 => None,
         n => Some(n as usize),
     }
 }
 
-/// Checks that `core` exists before any thread tries to pin to it.
+/// Checks that `core` is one this process may run on before any thread tries to pin to it.
 pub fn check_core(what: &str, core: Option<usize>) -> Result<()> {
     if let Some(c) = core {
-        let n = online_cpus();
-        if c >= n {
+        let cpus = process_cpus();
+        if !cpus.contains(&c) {
             bail!(
-                "{what} CPU {c} does not exist: this machine has {n} online CPUs (0..{})",
-                n - 1
+                "{what} CPU {c} is not one this process may run on (its CPUs: {})",
+                cpus.iter()
+                    .map(|c| c.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
             );
         }
     }
@@ -65,12 +66,15 @@ pub fn pin(core: Option<usize>) {
     }
 }
 
-/// Lets the calling thread run on every online CPU (undoes an affinity inherited from a pinned
-/// parent thread or process).
+/// Lets the calling thread run on every CPU of the process's set (undoes an affinity inherited
+/// from a pinned parent thread).
 fn unpin() {
     // SAFETY: cpu_set_t is a plain bit array; all-zero is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for i in 0..online_cpus().min(libc::CPU_SETSIZE as usize) {
+    for &i in process_cpus()
+        .iter()
+        .filter(|&&i| i < libc::CPU_SETSIZE as usize)
+    {
         // SAFETY: `i` is below CPU_SETSIZE, so the bit lies inside `set`.
         unsafe { libc::CPU_SET(i, &mut set) };
     }
@@ -234,10 +238,12 @@ mod tests {
     #[test]
     fn cores_and_formatting() {
         assert_eq!(resolve_core(-2), None);
-        assert_eq!(resolve_core(-1), Some(online_cpus() - 1));
+        let cpus = process_cpus();
+        assert_eq!(resolve_core(-1), cpus.last().copied());
+        assert_eq!(resolve_core(-3), cpus.first().copied());
         assert_eq!(resolve_core(3), Some(3));
-        assert!(check_core("x", Some(online_cpus())).is_err());
-        assert!(check_core("x", Some(0)).is_ok());
+        assert!(check_core("x", Some(cpus[cpus.len() - 1] + 1)).is_err());
+        assert!(check_core("x", Some(cpus[0])).is_ok());
         assert_eq!(fmt_ns(1234.0), "1.23 µs");
         assert_eq!(fmt_ns(45_600.0), "45.6 µs");
         assert_eq!(fmt_ns(7_890_000.0), "7.89 ms");

@@ -264,10 +264,12 @@ pub struct Overrides {
     /// Local address prefix (repeatable; replaces the configured list).
     #[arg(long = "local-addr")]
     pub local_addrs: Vec<String>,
-    /// Poll-thread CPU (repeatable; -1 = last CPU, "none" is spelled -2 = don't pin).
+    /// Poll-thread CPU (repeatable; -1 = the last CPU this process may use, -3 = the first,
+    /// -2 = don't pin).
     #[arg(long = "poll-core", allow_hyphen_values = true)]
     pub poll_cores: Vec<i64>,
-    /// Control-thread CPU (-2 = don't pin).
+    /// Control-thread CPU (-1 = the last CPU this process may use, -3 = the first, -2 = don't
+    /// pin).
     #[arg(long, allow_hyphen_values = true)]
     pub control_core: Option<i64>,
     /// How apps' sockets are placed on the poll threads: by app, or each process's sockets
@@ -349,13 +351,72 @@ fn parse_group_owner(e: &str) -> Result<(Prefix, Ipv4Addr)> {
     Ok((prefix, owner))
 }
 
-fn core(n: i64, ncpu: usize) -> Result<Option<usize>> {
+/// `allowed` as a CPU list in taskset's notation ("0-3,8,10-11").
+fn cpu_list(allowed: &[usize]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < allowed.len() {
+        let mut j = i;
+        while j + 1 < allowed.len() && allowed[j + 1] == allowed[j] + 1 {
+            j += 1;
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        if j == i {
+            out += &allowed[i].to_string();
+        } else {
+            out += &format!("{}-{}", allowed[i], allowed[j]);
+        }
+        i = j + 1;
+    }
+    out
+}
+
+/// One CPU setting: a CPU of `allowed` (the process's CPU set), -1 (the last of them), -3 (the
+/// first) or -2 (not pinned). Checked against the set, so rdsd never pins a thread where its
+/// operator did not let it run.
+fn core(n: i64, allowed: &[usize]) -> Result<Option<usize>> {
     match n {
         -2 => Ok(None),
-        -1 => Ok(Some(ncpu.saturating_sub(1))),
-        n if n >= 0 && (n as usize) < ncpu.max(1) => Ok(Some(n as usize)),
-        n => bail!("cpu {n} does not exist (this machine has {ncpu})"),
+        -1 => Ok(allowed.last().copied()),
+        -3 => Ok(allowed.first().copied()),
+        n if n >= 0 && allowed.contains(&(n as usize)) => Ok(Some(n as usize)),
+        n if n >= 0 => bail!(
+            "cpu {n} is not one this process may run on (its CPUs: {}; taskset, a cgroup \
+             cpuset or systemd's CPUAffinity= set them)",
+            cpu_list(allowed)
+        ),
+        n => bail!("cpu {n}: a CPU number, -1 (the last CPU), -3 (the first) or -2 (not pinned)"),
     }
+}
+
+/// The poll threads' CPUs: one each, so that no two spinning threads take turns on one CPU (a
+/// scheduler slice at a time). Unpinned threads (`None`) may be any number.
+fn poll_cpus(polls: &[i64], allowed: &[usize]) -> Result<Vec<Option<usize>>> {
+    let cores = polls
+        .iter()
+        .map(|&n| core(n, allowed))
+        .collect::<Result<Vec<_>>>()
+        .context("poll_cores")?;
+    if cores.is_empty() || cores.len() > shm_api::layout::MAX_POLL_THREADS {
+        bail!(
+            "poll_cores must name 1..={} poll threads (it has {})",
+            shm_api::layout::MAX_POLL_THREADS,
+            cores.len()
+        );
+    }
+    for (k, c) in cores.iter().enumerate() {
+        if let Some(j) = c.and_then(|c| cores[..k].iter().position(|&o| o == Some(c))) {
+            bail!(
+                "poll_cores pins poll threads {j} and {k} both to cpu {}: a poll thread keeps \
+                 its CPU busy, so two on one would take turns a scheduler slice at a time; give \
+                 each a CPU of its own, or -2 to leave them unpinned",
+                c.unwrap_or_default()
+            );
+        }
+    }
+    Ok(cores)
 }
 
 impl Config {
@@ -377,9 +438,8 @@ impl Config {
     }
 
     fn from_raw(raw: RawConfig, sections: Sections, over: &Overrides) -> Result<Config> {
-        let ncpu = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
+        // Read before any thread pins itself: the process's own CPU set.
+        let cpus = shm_api::sys::affinity_cpus();
         let addrs = if over.local_addrs.is_empty() {
             raw.local_addrs
         } else {
@@ -397,22 +457,13 @@ impl Config {
         } else {
             over.poll_cores.clone()
         };
-        let poll_cores = polls
-            .iter()
-            .map(|&n| core(n, ncpu))
-            .collect::<Result<Vec<_>>>()?;
-        if poll_cores.is_empty() || poll_cores.len() > shm_api::layout::MAX_POLL_THREADS {
-            bail!(
-                "poll_cores must name 1..={} poll threads (it has {})",
-                shm_api::layout::MAX_POLL_THREADS,
-                poll_cores.len()
-            );
-        }
+        let poll_cores = poll_cpus(&polls, &cpus)?;
         let cfg = Config {
             control_socket: over.control_socket.clone().unwrap_or(raw.control_socket),
             control_group: (!raw.control_group.is_empty()).then_some(raw.control_group),
             local_addrs,
-            control_core: core(over.control_core.unwrap_or(raw.control_core), ncpu)?,
+            control_core: core(over.control_core.unwrap_or(raw.control_core), &cpus)
+                .context("control_core")?,
             poll_cores,
             placement: over.placement.unwrap_or(raw.placement),
             idle: over.idle.unwrap_or(raw.idle),
@@ -598,6 +649,40 @@ mod tests {
         c.local_addrs
             .retain(|p| p.addr != Ipv4Addr::new(10, 9, 0, 1));
         assert_eq!(c.net_shards(), 1, "loopback only: no network");
+    }
+
+    #[test]
+    fn cpus_come_from_the_process_cpu_set() {
+        // A process confined to CPUs 8-11 and 14 (taskset -c 8-11,14).
+        let set = [8, 9, 10, 11, 14];
+        assert_eq!(cpu_list(&set), "8-11,14");
+        assert_eq!(core(-1, &set).unwrap(), Some(14), "-1: the set's last CPU");
+        assert_eq!(core(-3, &set).unwrap(), Some(8), "-3: the set's first CPU");
+        assert_eq!(core(-2, &set).unwrap(), None);
+        assert_eq!(core(10, &set).unwrap(), Some(10));
+        for outside in [0, 12, 15, 999] {
+            let e = core(outside, &set).unwrap_err().to_string();
+            assert!(e.contains(&format!("cpu {outside} is not")), "{e}");
+            assert!(e.contains("8-11,14"), "names the set: {e}");
+        }
+        assert!(core(-4, &set).is_err());
+        assert_eq!(
+            poll_cpus(&[8, -1, -2, -2, 10], &set).unwrap(),
+            vec![Some(8), Some(14), None, None, Some(10)]
+        );
+        // Two poll threads on one CPU, however it is spelled, are refused.
+        for twice in [[9, 9], [14, -1], [-3, 8]] {
+            let e = poll_cpus(&twice, &set).unwrap_err().to_string();
+            assert!(e.contains("poll threads 0 and 1"), "{twice:?}: {e}");
+        }
+        let e = format!("{:#}", poll_cpus(&[12], &set).unwrap_err());
+        assert!(e.contains("poll_cores") && e.contains("cpu 12"), "{e}");
+        assert!(poll_cpus(&[], &set).is_err());
+        // The embedded default pins inside whatever set this test runs in.
+        let here = shm_api::sys::affinity_cpus();
+        let c = Config::load(None, &Overrides::default()).unwrap();
+        assert_eq!(c.control_core, here.first().copied());
+        assert_eq!(c.poll_cores, vec![here.last().copied()]);
     }
 
     #[test]

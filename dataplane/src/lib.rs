@@ -137,6 +137,17 @@ pub fn run(cfg: Config, shutdown: Arc<AtomicBool>) -> Result<()> {
         );
     }
 
+    if let Some(k) = cfg
+        .control_core
+        .and_then(|c| cfg.poll_cores.iter().position(|&p| p == Some(c)))
+    {
+        // Allowed (a host or CPU set of one CPU has no other choice), but the control thread
+        // then waits for poll thread k's slices: attaches and connects slow down.
+        tracing::warn!(
+            cpu = cfg.control_core,
+            "the control thread shares its CPU with poll thread {k}"
+        );
+    }
     pin(cfg.control_core, "control thread");
     let mut ctl = control::Control::new(
         cfg.clone(),

@@ -227,6 +227,32 @@ pub fn futex_wait_either(
     }
 }
 
+/// The CPUs the calling thread may run on, ascending: its affinity mask, which taskset, a
+/// cgroup cpuset (Slurm, containers) or systemd's `CPUAffinity=` narrow. rdsd resolves its CPU
+/// settings against it, and rds-bench against the same set, so the two agree on what `-1`
+/// names. Every online CPU if the mask cannot be read.
+pub fn affinity_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is a plain bit array; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is the calling thread.
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    let cpus: Vec<usize> = if rc == 0 {
+        (0..libc::CPU_SETSIZE as usize)
+            // SAFETY: `i` is below CPU_SETSIZE, so the bit lies inside `set`.
+            .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if cpus.is_empty() {
+        // SAFETY: sysconf has no preconditions.
+        let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize;
+        return (0..n).collect();
+    }
+    cpus
+}
+
 /// membarrier(2) commands used here (linux/membarrier.h).
 const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
 const MEMBARRIER_CMD_GLOBAL_EXPEDITED: libc::c_int = 1 << 1;

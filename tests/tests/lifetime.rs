@@ -218,3 +218,138 @@ fn messages_for_a_port_bound_before_a_restart_wait_for_its_app() {
         }
     }
 }
+
+/// This test process's CPUs (`Cpus_allowed_list` of /proc/self/status), ascending.
+fn own_cpus() -> Vec<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .expect("Cpus_allowed_list")
+        .trim();
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        cpus.extend(a.parse::<usize>().unwrap()..=b.parse::<usize>().unwrap());
+    }
+    cpus
+}
+
+/// The CPUs thread `tid` of `pid` may run on, as the kernel lists them.
+fn thread_cpus(pid: u32, tid: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// Confined to one CPU other than CPU 0 (as taskset, a cgroup cpuset or systemd's
+/// `CPUAffinity=` confine a daemon), rdsd on its embedded default pins its control and poll
+/// threads inside that set (with a warning that they share it), and refuses a CPU outside it;
+/// two poll threads on one CPU are refused however they are spelled.
+#[test]
+fn threads_are_pinned_inside_the_cpu_set_rdsd_is_given() {
+    let cpus = own_cpus();
+    assert!(
+        cpus.len() >= 2,
+        "this test confines rdsd to a CPU other than the first: it needs 2 CPUs, has {cpus:?}"
+    );
+    let last = cpus[cpus.len() - 1].to_string();
+    let sock = std::env::temp_dir().join(format!("rdsd-cpuset-{}.sock", std::process::id()));
+    let mut child = std::process::Command::new("taskset")
+        .args(["-c", &last])
+        .arg(rdsd_bin())
+        .args(["--hugepages", "off", "--log", "info", "--control-socket"])
+        .arg(&sock)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("taskset (util-linux) runs rdsd");
+    // taskset execs rdsd: the child's pid is rdsd's.
+    let pid = child.id();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let mut log = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(log
+        .iter()
+        .any(|l: &String| l.contains("poll thread 0 pinned"))
+        && log.iter().any(|l| l.contains("control thread pinned")))
+    {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) => log.push(l),
+            Err(_) => panic!("rdsd did not pin its threads: {log:#?}"),
+        }
+    }
+    let shared = log
+        .iter()
+        .any(|l| l.contains("shares its CPU with poll thread 0"));
+    let pinned_at = |what: &str| {
+        log.iter()
+            .find(|l| l.contains(what))
+            .is_some_and(|l| l.ends_with(&format!("cpu={last}")))
+    };
+    let mut seen = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let tid = t.unwrap().file_name().into_string().unwrap();
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap();
+        seen.push((comm.trim().to_string(), thread_cpus(pid, &tid)));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&sock);
+    assert!(pinned_at("poll thread 0 pinned"), "{log:#?}");
+    assert!(pinned_at("control thread pinned"), "{log:#?}");
+    assert!(shared, "the shared CPU is named: {log:#?}");
+    assert!(
+        seen.iter().all(|(_, c)| *c == last),
+        "every thread on cpu {last}: {seen:?}"
+    );
+
+    let refused = |pre: &[&str], args: &[&str]| {
+        let mut cmd = if pre.is_empty() {
+            std::process::Command::new(rdsd_bin())
+        } else {
+            let mut c = std::process::Command::new("taskset");
+            c.args(pre).arg(rdsd_bin());
+            c
+        };
+        let out = cmd
+            .args(["--hugepages", "off", "--control-socket"])
+            .arg(&sock)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} started");
+        assert!(!sock.exists(), "{args:?}: nothing served");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = refused(&["-c", &last], &["--poll-core", "0"]);
+    assert!(
+        e.contains("cpu 0 is not one this process may run on") && e.contains(&last),
+        "{e}"
+    );
+    let e = refused(&["-c", &last], &["--control-core", "0"]);
+    assert!(
+        e.contains("control_core") && e.contains("cpu 0 is not"),
+        "{e}"
+    );
+    let e = refused(&[], &["--poll-core", &last, "--poll-core", "-1"]);
+    assert!(
+        e.contains("poll threads 0 and 1 both to cpu") && e.contains(&last),
+        "{e}"
+    );
+}

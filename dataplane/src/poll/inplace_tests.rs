@@ -123,7 +123,7 @@ pub(super) fn test_config(tag: &str, poll_threads: usize) -> (Arc<Config>, std::
         local_addrs: vec!["10.0.0.1/32".into()],
         hugepages: Some(HugepageMode::Off),
         max_sockets_per_app: Some(4),
-        poll_cores: vec![-1; poll_threads],
+        poll_cores: vec![-2; poll_threads],
         // Small, so that the model of `shard_tests` meets it often.
         backlog_share: Some(64 << 10),
         ..Default::default()

@@ -63,8 +63,11 @@ fn d_queues() -> u16 {
 /// Most queue pairs `dpdk.queues` accepts (DPDK's af_packet driver takes 16).
 pub const MAX_QUEUES: u16 = 16;
 
+/// EAL refuses a main lcore outside the process's CPU set (a cgroup cpuset): the first CPU of it.
 fn d_lcores() -> String {
-    "0".into()
+    shm_api::sys::affinity_cpus()
+        .first()
+        .map_or_else(|| "0".into(), |c| c.to_string())
 }
 fn d_memory_mb() -> u32 {
     256
