@@ -47,6 +47,8 @@ summary="$out/summary.txt"
 log() { echo "$*" | tee -a "$summary"; }
 
 log "# device-check $(date -u +%Y-%m-%dT%H:%M:%SZ): $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(uname -r)"
+# The CPU knobs name CPU ids; rdsd refuses one outside its CPU set (a container's cpuset).
+log "# CPU set: $(awk '/^Cpus_allowed_list/ {print $2}' /proc/self/status)"
 log "# SECS=$SECS STEPS=\"$STEPS\""
 
 # run NAME LIMIT_S ENV... -- COMMAND...: one step, its output into the summary.
