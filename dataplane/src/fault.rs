@@ -1,96 +1,100 @@
-//! Test-only fault hooks, armed through `RDSD_TEST_*` environment variables in an rdsd built
+//! Test-only fault hooks, armed with `--fault NAME=VALUE` on the command line of an rdsd built
 //! with the `fault-injection` cargo feature (the integration tests build one into
 //! `target/fault-injection/`, see `rdsd_tests::rdsd_fault_bin`). Without the feature, the
-//! default and release builds, every hook is `None` and no variable is read.
+//! default and release builds, the flag does not exist and every hook is `None`.
+//!
+//! The hooks:
+//! - `stall-poll-ms=N`: a `SetRcvBuf` of exactly `shm_api::ctrl::TEST_STALL_RCVBUF` bytes makes
+//!   the poll core sleep N ms before answering (a slow poll core, on demand).
+//! - `rdma-qp-error-every=N` (N > 0): every N-th new frame the RDMA link writes moves its path's
+//!   QP to the error state, mid-stream.
+//! - `die-in-fanout=N` (N > 0): a crash in the middle of a fan-out. Counted per poll thread:
+//!   shard 0 kills rdsd (SIGKILL) at the N-th fan-out of two or more copies, right after
+//!   publishing its first local copy; another poll thread at the N-th group copy it publishes
+//!   for shard 0, right after that publish.
+//! - `stall-in-fanout=PATH`: while the file PATH exists, a multicast fan-out of two or more
+//!   copies stops right after publishing the first (on shard 0; on another poll thread after
+//!   each group copy it publishes; the poll thread sleeps in 1 ms steps): a fan-out held open
+//!   between publish and commit for as long as a test needs.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-/// `RDSD_TEST_STALL_POLL_MS=N`: a `SetRcvBuf` of exactly `shm_api::ctrl::TEST_STALL_RCVBUF`
-/// bytes makes the poll core sleep N ms before answering (a slow poll core, on demand).
+/// The armed hooks (all `None` unless `--fault` armed them).
+#[derive(Debug, Default)]
+#[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
+struct Faults {
+    stall_poll: Option<Duration>,
+    rdma_qp_error_every: Option<u64>,
+    die_in_fanout: Option<u64>,
+    stall_in_fanout: Option<PathBuf>,
+}
+
 #[cfg(feature = "fault-injection")]
+static FAULTS: std::sync::OnceLock<Faults> = std::sync::OnceLock::new();
+
+/// Arms the hooks `specs` name (`NAME=VALUE` each), once, before `run`.
+#[cfg(feature = "fault-injection")]
+pub fn arm(specs: &[String]) -> anyhow::Result<()> {
+    use anyhow::{anyhow, bail, Context};
+    let count = |v: &str| -> anyhow::Result<u64> {
+        v.parse::<u64>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| anyhow!("{v:?} is not a count above 0"))
+    };
+    let mut f = Faults::default();
+    for spec in specs {
+        let (name, value) = spec
+            .split_once('=')
+            .ok_or_else(|| anyhow!("--fault {spec:?}: NAME=VALUE"))?;
+        let r: anyhow::Result<()> = (|| {
+            match name {
+                "stall-poll-ms" => f.stall_poll = Some(Duration::from_millis(value.parse()?)),
+                "rdma-qp-error-every" => f.rdma_qp_error_every = Some(count(value)?),
+                "die-in-fanout" => f.die_in_fanout = Some(count(value)?),
+                "stall-in-fanout" => f.stall_in_fanout = Some(value.into()),
+                _ => bail!(
+                    "unknown hook (stall-poll-ms, rdma-qp-error-every, die-in-fanout, \
+                     stall-in-fanout)"
+                ),
+            }
+            Ok(())
+        })();
+        r.with_context(|| format!("--fault {spec:?}"))?;
+        tracing::warn!(hook = %spec, "test-only fault hook armed");
+    }
+    FAULTS
+        .set(f)
+        .map_err(|_| anyhow!("fault hooks are armed once"))
+}
+
+/// The armed hooks; none in a build without the feature.
+fn faults() -> Option<&'static Faults> {
+    #[cfg(feature = "fault-injection")]
+    return FAULTS.get();
+    #[cfg(not(feature = "fault-injection"))]
+    None
+}
+
+/// `stall-poll-ms`.
 pub fn poll_stall() -> Option<Duration> {
-    let ms: u64 = std::env::var("RDSD_TEST_STALL_POLL_MS")
-        .ok()?
-        .parse()
-        .ok()?;
-    tracing::warn!(
-        ms,
-        "RDSD_TEST_STALL_POLL_MS is set: test-only stall hook armed"
-    );
-    Some(Duration::from_millis(ms))
+    faults()?.stall_poll
 }
 
-/// Without the `fault-injection` feature: never armed.
-#[cfg(not(feature = "fault-injection"))]
-pub fn poll_stall() -> Option<Duration> {
-    None
-}
-
-/// `RDSD_TEST_RDMA_QP_ERROR_EVERY=N` (N > 0): every N-th new frame the RDMA link writes moves
-/// its path's QP to the error state, mid-stream.
-#[cfg(feature = "fault-injection")]
+/// `rdma-qp-error-every`.
 pub fn rdma_qp_error_every() -> Option<u64> {
-    let n: u64 = std::env::var("RDSD_TEST_RDMA_QP_ERROR_EVERY")
-        .ok()?
-        .parse()
-        .ok()
-        .filter(|&n| n > 0)?;
-    tracing::warn!(
-        every = n,
-        "RDSD_TEST_RDMA_QP_ERROR_EVERY is set: test-only QP error injection armed"
-    );
-    Some(n)
+    faults()?.rdma_qp_error_every
 }
 
-/// Without the `fault-injection` feature: never armed.
-#[cfg(not(feature = "fault-injection"))]
-pub fn rdma_qp_error_every() -> Option<u64> {
-    None
-}
-
-/// `RDSD_TEST_DIE_IN_FANOUT=N` (N > 0): a crash in the middle of a fan-out, on demand. Counted
-/// per poll thread: shard 0 kills rdsd (SIGKILL) at the N-th fan-out of two or more copies,
-/// right after publishing its first local copy; another poll thread at the N-th group copy it
-/// publishes for shard 0, right after that publish.
-#[cfg(feature = "fault-injection")]
+/// `die-in-fanout`.
 pub fn die_in_fanout() -> Option<u64> {
-    let n: u64 = std::env::var("RDSD_TEST_DIE_IN_FANOUT")
-        .ok()?
-        .parse()
-        .ok()
-        .filter(|&n| n > 0)?;
-    tracing::warn!(
-        fanout = n,
-        "RDSD_TEST_DIE_IN_FANOUT is set: test-only crash in a fan-out armed"
-    );
-    Some(n)
+    faults()?.die_in_fanout
 }
 
-/// Without the `fault-injection` feature: never armed.
-#[cfg(not(feature = "fault-injection"))]
-pub fn die_in_fanout() -> Option<u64> {
-    None
-}
-
-/// `RDSD_TEST_STALL_IN_FANOUT=PATH`: while the file PATH exists, a multicast fan-out of two
-/// or more copies stops right after publishing the first (on shard 0; on another poll thread
-/// after each group copy it publishes)
-/// (the poll thread sleeps in 1 ms steps): a fan-out held open between publish and commit
-/// for as long as a test needs.
-#[cfg(feature = "fault-injection")]
-pub fn stall_in_fanout() -> Option<std::path::PathBuf> {
-    let p = std::env::var_os("RDSD_TEST_STALL_IN_FANOUT")?;
-    tracing::warn!(
-        path = ?p,
-        "RDSD_TEST_STALL_IN_FANOUT is set: test-only fan-out stall armed"
-    );
-    Some(p.into())
-}
-
-/// Without the `fault-injection` feature: never armed.
-#[cfg(not(feature = "fault-injection"))]
-pub fn stall_in_fanout() -> Option<std::path::PathBuf> {
-    None
+/// `stall-in-fanout`.
+pub fn stall_in_fanout() -> Option<PathBuf> {
+    faults()?.stall_in_fanout.clone()
 }
 
 /// Kills this process as a crash would: no destructor, no flush, nothing after.

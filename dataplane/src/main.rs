@@ -21,6 +21,11 @@ struct Cli {
     log: String,
     #[command(flatten)]
     over: Overrides,
+    /// Test-only fault hook, NAME=VALUE (repeatable; `src/fault.rs`). Only in a build with the
+    /// `fault-injection` feature.
+    #[cfg(feature = "fault-injection")]
+    #[arg(long = "fault", value_name = "NAME=VALUE")]
+    faults: Vec<String>,
 }
 
 fn main() {
@@ -42,6 +47,11 @@ fn main() {
         fmt.without_time().init();
     } else {
         fmt.init();
+    }
+    #[cfg(feature = "fault-injection")]
+    if let Err(e) = rdsd::fault::arm(&cli.faults) {
+        eprintln!("rdsd: {e:#}");
+        std::process::exit(2);
     }
     let cfg = match rdsd::load_config(cli.config.as_deref(), &cli.over) {
         Ok(c) => c,

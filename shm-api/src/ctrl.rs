@@ -31,10 +31,9 @@ pub const LEGACY_REPLY_HEADER_LEN: usize = 16;
 pub const MAX_DATAGRAM: usize = 64 * 1024;
 
 /// TEST ONLY. A `SetRcvBuf` with exactly this many bytes makes the poll core sleep for
-/// `RDSD_TEST_STALL_POLL_MS` milliseconds before answering, when rdsd was built with its
-/// `fault-injection` feature and started with that environment variable set (never in
-/// production: a default build reads no such variable and the value is an ordinary buffer
-/// size). Used by `tests/tests/hostile.rs` to stall the poll core on demand.
+/// N milliseconds before answering, when rdsd was built with its `fault-injection` feature and
+/// started with `--fault stall-poll-ms=N` (never in production: a default build has no such
+/// flag and the value is an ordinary buffer size). Used by `tests/tests/hostile.rs` to stall the poll core on demand.
 #[doc(hidden)]
 pub const TEST_STALL_RCVBUF: u32 = 0x05a1_1ed0;
 

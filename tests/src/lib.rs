@@ -37,7 +37,7 @@ pub fn rdsd_bin() -> PathBuf {
     workspace_bin("rdsd")
 }
 
-/// rdsd built with its `fault-injection` feature (the test-only `RDSD_TEST_*` hooks of
+/// rdsd built with its `fault-injection` feature (the test-only `--fault` hooks of
 /// `dataplane/src/fault.rs`), for the tests that stall the poll core or error RDMA QPs.
 ///
 /// It is built into its own target directory, `target/fault-injection/`, by `cargo build
@@ -118,10 +118,16 @@ impl Daemon {
         Daemon::start_full(None, env, extra)
     }
 
-    /// Starts the fault-injection build of rdsd ([`rdsd_fault_bin`]) with `hooks`, its
-    /// `RDSD_TEST_*` variables, and `extra` flags.
+    /// Starts the fault-injection build of rdsd ([`rdsd_fault_bin`]) with `hooks` armed (each
+    /// `(name, value)` a `--fault name=value`, `dataplane/src/fault.rs`) and `extra` flags.
     pub fn start_with_faults(hooks: &[(&str, &str)], extra: &[&str]) -> Daemon {
-        Daemon::start_bin(rdsd_fault_bin(), None, hooks, extra)
+        let flags: Vec<String> = hooks
+            .iter()
+            .flat_map(|(k, v)| ["--fault".to_string(), format!("{k}={v}")])
+            .chain(extra.iter().map(|s| s.to_string()))
+            .collect();
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        Daemon::start_bin(rdsd_fault_bin(), None, &[], &flags)
     }
 
     fn start_full(netns: Option<&str>, env: &[(&str, &str)], extra: &[&str]) -> Daemon {
@@ -298,7 +304,7 @@ impl Daemon {
     }
 
     /// True while the poll thread sleeps in `nanosleep`: it does so only in the test-only stall
-    /// hook (`RDSD_TEST_STALL_POLL_MS`; idling yields and parks in `poll`).
+    /// hook (`--fault stall-poll-ms`; idling yields and parks in `poll`).
     pub fn poll_core_stalled(&self) -> bool {
         wait_channel(self.pid(), self.poll_thread()).contains("nanosleep")
     }

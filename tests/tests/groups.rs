@@ -764,8 +764,7 @@ fn churn_run(seed: u64) {
 fn a_crash_in_the_middle_of_a_fanout_delivers_the_message_to_nobody() {
     // One poll thread, whatever RDSD_TESTS_POLL_THREADS says: the hook fires in a fan-out to
     // two or more members of the thread that orders the group.
-    let mut d =
-        Daemon::start_with_faults(&[("RDSD_TEST_DIE_IN_FANOUT", "40")], &["--poll-core", "-2"]);
+    let mut d = Daemon::start_with_faults(&[("die-in-fanout", "40")], &["--poll-core", "-2"]);
     let (a1, a2) = (d.attach(), d.attach());
     let g = group(5100);
     let sender = bound(&a1, 9601);
@@ -831,7 +830,7 @@ fn read_until_gone(m: &Socket, sender: SocketAddrV4) -> Vec<u64> {
 #[test]
 fn a_crash_while_copies_cross_poll_threads_delivers_the_message_to_nobody() {
     let mut d = Daemon::start_with_faults(
-        &[("RDSD_TEST_DIE_IN_FANOUT", "39")],
+        &[("die-in-fanout", "39")],
         &["--poll-core", "-2", "--poll-core", "-2"],
     );
     let mut apps = [d.attach(), d.attach()];
@@ -875,7 +874,7 @@ fn a_crash_while_copies_cross_poll_threads_delivers_the_message_to_nobody() {
 }
 
 /// A fan-out held open between its first publish and its commit (the fault build's
-/// `RDSD_TEST_STALL_IN_FANOUT`, released when the test removes a file): no member can read
+/// `--fault stall-in-fanout`, released when the test removes a file): no member can read
 /// the message, although one copy may already be published; a non-blocking receive says
 /// EAGAIN, a blocking one with SO_RCVTIMEO gives up, and blocking receivers wait until the
 /// commit wakes them, then all three have it.
@@ -891,7 +890,7 @@ fn an_uncommitted_copy_is_read_by_nobody_until_the_commit() {
     let hold = Hold(std::env::temp_dir().join(format!("rdsd-fanout-hold-{}", std::process::id())));
     std::fs::write(&hold.0, b"").unwrap();
     let d = Daemon::start_with_faults(
-        &[("RDSD_TEST_STALL_IN_FANOUT", hold.0.to_str().unwrap())],
+        &[("stall-in-fanout", hold.0.to_str().unwrap())],
         &["--poll-core", "-2"],
     );
     let app = d.attach();

@@ -51,7 +51,7 @@ fn stalled_poll_core_keeps_replies_in_step() {
     let cfg = config_file("control_timeout_ms = 1000\n");
     let stall = Duration::from_millis(3000);
     let mut d = Daemon::start_with_faults(
-        &[("RDSD_TEST_STALL_POLL_MS", &stall.as_millis().to_string())],
+        &[("stall-poll-ms", &stall.as_millis().to_string())],
         // One poll thread, whatever RDSD_TESTS_POLL_THREADS says: with two, the attach below
         // goes to the thread that is not stalled and (rightly) succeeds.
         &["-c", cfg.to_str().unwrap(), "--poll-core", "-2"],

@@ -446,7 +446,8 @@ if [ -n "$LAB_PINGPONG" ] || grep -q lab.pingpong /proc/cmdline; then
 fi
 case "$LAB_MODE" in cut|restart|qperr|flap) export RDSD_LOG=info,rdsd::transport::rdma=debug;; esac
 # Test-only fault injection in the sender's rdsd: every N-th frame moves its QP to error.
-if [ "$LAB_MODE" = qperr ] && [ "$LAB_ROLE" = send ]; then export RDSD_TEST_RDMA_QP_ERROR_EVERY=150; fi
+FAULTS=""
+if [ "$LAB_MODE" = qperr ] && [ "$LAB_ROLE" = send ]; then FAULTS="--fault rdma-qp-error-every=150"; fi
 if [ "$LAB_MODE" = lat ]; then
     # perftest next to rdsd, same guests (TCG: functional figures only).
     for t in ib_send_lat ib_send_bw; do
@@ -470,7 +471,7 @@ fi
 [ "$LAB_MODE" = slow ] && printf 'backlog_share = 0\n' >> /tmp/rdsd.toml
 printf '[rdma]\n' >> /tmp/rdsd.toml
 start_rdsd() {
-/bin/rdsd --config /tmp/rdsd.toml --control-socket /run/rdsd/rdsd.sock --local-addr $LAB_ADDR/32 --paths $LAB_PATHS --hugepages off >> /tmp/rdsd.log 2>&1 &
+/bin/rdsd --config /tmp/rdsd.toml --control-socket /run/rdsd/rdsd.sock --local-addr $LAB_ADDR/32 --paths $LAB_PATHS --hugepages off $FAULTS >> /tmp/rdsd.log 2>&1 &
 RDSD_PID=$!
 for i in $(seq 1 120); do [ -S /run/rdsd/rdsd.sock ] && /bin/rdsctl --socket /run/rdsd/rdsd.sock status >/dev/null 2>&1 && break; kill -0 $RDSD_PID 2>/dev/null || break; sleep 0.5; done
 if [ -S /run/rdsd/rdsd.sock ]; then echo "LAB rdsd up"; else
@@ -563,7 +564,7 @@ fn is_root() -> bool {
 
 fn build_initrd(dir: &Path, k: &vmlab::Kernel) -> PathBuf {
     let me = std::env::current_exe().unwrap();
-    // The qperr mode needs RDSD_TEST_RDMA_QP_ERROR_EVERY: the fault-injection build.
+    // The qperr mode needs `--fault rdma-qp-error-every`: the fault-injection build.
     let rdsd = rdsd_tests::rdsd_fault_bin();
     assert!(
         rdsd.exists(),
@@ -1106,7 +1107,7 @@ fn rdma_link_cut_mid_stream_loses_nothing() {
     }
 }
 
-/// The test hook `RDSD_TEST_RDMA_QP_ERROR_EVERY=150` in the sender's rdsd moves the path's QP
+/// The test hook `--fault rdma-qp-error-every=150` in the sender's rdsd moves the path's QP
 /// into the error state every 150th frame written, mid-stream (`lab.mode=qperr`): the path
 /// goes down, reconnects and retransmits; every message arrives exactly once, in order.
 fn qp_forced_into_error(paths: u8) {

@@ -1268,10 +1268,7 @@ fn info_waits_for_a_stalled_poll_core_but_counters_do_not() {
     // connection waiting for a snapshot must not trip) on a SetRcvBuf of TEST_STALL_RCVBUF.
     // One poll thread whatever RDSD_TESTS_POLL_THREADS says: the stall is observed on
     // rdsd-poll-0, and with two the app may sit on the other one.
-    let d = Daemon::start_with_faults(
-        &[("RDSD_TEST_STALL_POLL_MS", "1500")],
-        &["--poll-core", "-2"],
-    );
+    let d = Daemon::start_with_faults(&[("stall-poll-ms", "1500")], &["--poll-core", "-2"]);
     let r = d.attach();
     let s = r.socket().unwrap();
     s.bind(lo(4400)).unwrap();
