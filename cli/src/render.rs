@@ -414,12 +414,29 @@ pub fn identity(doc: &Value) -> String {
         .filter_map(Value::as_str)
         .collect::<Vec<_>>()
         .join(", ");
+    let cpu = |v: &Value| {
+        v.as_u64()
+            .map_or("unpinned".to_string(), |c| format!("cpu {c}"))
+    };
+    // An rdsd older than these fields sends none.
+    let threads = match list(&r, "poll_cpus") {
+        [] => String::new(),
+        polls => format!(
+            ", {} poll thread{} ({}; idle {}), control thread {}",
+            polls.len(),
+            if polls.len() == 1 { "" } else { "s" },
+            polls.iter().map(cpu).collect::<Vec<_>>().join(", "),
+            field(&r, "idle"),
+            cpu(r.get("control_cpu").unwrap_or(&Value::Null)),
+        ),
+    };
     format!(
-        "pid {}, version {}, up {} s, local addresses {}{}",
+        "pid {}, version {}, up {} s, local addresses {}{}{}",
         field(&r, "pid"),
         field(&r, "version"),
         field(&r, "uptime_s"),
         if addrs.is_empty() { "-" } else { &addrs },
+        threads,
         match r.get("metrics_listen").and_then(Value::as_str) {
             Some(m) => format!(", metrics at http://{m}/metrics"),
             None => String::new(),
@@ -615,6 +632,16 @@ mod tests {
         assert_eq!(
             i,
             "pid 42, version 0.1.0, up 1.5 s, local addresses 10.0.0.1/32, 127.0.0.0/8"
+        );
+        // Where the threads run, when rdsd says.
+        let mut d = d;
+        d["rdsd"]["poll_cpus"] = json!([3, null]);
+        d["rdsd"]["control_cpu"] = json!(0);
+        d["rdsd"]["idle"] = json!("spin");
+        assert_eq!(
+            identity(&d),
+            "pid 42, version 0.1.0, up 1.5 s, local addresses 10.0.0.1/32, 127.0.0.0/8, \
+             2 poll threads (cpu 3, unpinned; idle spin), control thread cpu 0"
         );
     }
 

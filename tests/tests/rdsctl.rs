@@ -97,6 +97,14 @@ fn status_and_stats_text_and_json() {
         "{first}"
     );
     assert!(first.contains("local addresses 127.0.0.0/8"), "{first}");
+    // The test daemons' poll threads are unpinned (`--poll-core -2`), as is their control thread.
+    let n = rdsd_tests::poll_threads();
+    let polls = vec!["unpinned"; n].join(", ");
+    let threads = format!(
+        "{n} poll thread{} ({polls}; idle backoff), control thread unpinned",
+        if n == 1 { "" } else { "s" }
+    );
+    assert!(first.contains(&threads), "{first}");
     // No subcommand = status.
     let again = rdsctl(&d.socket, &[]).ok().stdout;
     let upto = |l: &str| l.split(", up ").next().unwrap().to_string();

@@ -787,6 +787,13 @@ fn info_gathers_a_snapshot_from_every_poll_thread_in_turn() {
         );
     }
     assert_eq!(doc["rdsd"]["transports"], serde_json::json!(["loopback"]));
+    // One entry per configured poll thread, its CPU or null where it is not pinned.
+    let cpus = doc["rdsd"]["poll_cpus"].as_array().expect("poll_cpus");
+    assert!(
+        !cpus.is_empty() && cpus.iter().all(|c| c.is_u64() || c.is_null()),
+        "{cpus:?}"
+    );
+    assert_eq!(doc["rdsd"]["idle"], "backoff");
     assert_eq!(
         doc["rdsd"]["uptime_s"].as_f64().map(|u| u >= 5.0),
         Some(true)

@@ -5,7 +5,8 @@
 //! ```text
 //! { "schema": 1,
 //!   "rdsd": { "version", "pid", "uptime_s", "start_time_unix", "control_socket",
-//!             "local_addrs": ["127.0.0.0/8", ...], "metrics_listen", "transports" },
+//!             "local_addrs": ["127.0.0.0/8", ...], "metrics_listen", "transports",
+//!             "poll_cpus": [cpu | null, ...], "control_cpu": cpu | null, "idle" },
 //!   "counters": { name: value, ... }, "counter_help": { name: text, ... },      (-c)
 //!   "sockets": [ SockSnapshot ... ], "sockets_truncated": n,                    (-k)
 //!   "connections": [ ConnSnapshot ... ], "connections_truncated": n,            (-n, -p)
@@ -137,6 +138,10 @@ pub(super) fn document(
                 .map(|p| format!("{}/{}", p.addr, p.len)).collect::<Vec<_>>(),
             "metrics_listen": cfg.metrics_listen.map(|a| a.to_string()),
             "transports": transports,
+            // Where the threads run (null: not pinned) and how the poll threads wait.
+            "poll_cpus": cfg.poll_cores,
+            "control_cpu": cfg.control_core,
+            "idle": clap::ValueEnum::to_possible_value(&cfg.idle).map(|v| v.get_name().to_string()),
         }),
     );
     if sections & ctrl::INFO_COUNTERS != 0 {
