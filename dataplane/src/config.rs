@@ -373,6 +373,13 @@ fn cpu_list(allowed: &[usize]) -> String {
     out
 }
 
+/// Addresses that `local_addrs` may not hold, and what they are.
+const NOT_HOST_ADDRS: [(&str, &str); 3] = [
+    ("0.0.0.0/8", "\"this network\" and bind()'s wildcard"),
+    ("224.0.0.0/4", "multicast (group) addresses"),
+    ("255.255.255.255/32", "the broadcast address"),
+];
+
 /// One CPU setting: a CPU of `allowed` (the process's CPU set), -1 (the last of them), -3 (the
 /// first) or -2 (not pinned). Checked against the set, so rdsd never pins a thread where its
 /// operator did not let it run.
@@ -451,6 +458,22 @@ impl Config {
             .collect::<Result<Vec<Prefix>>>()?;
         if local_addrs.is_empty() {
             bail!("local_addrs is empty: rdsd needs at least one local address");
+        }
+        // Host addresses only: 0.0.0.0 is bind()'s wildcard, multicast addresses name groups
+        // (and `group_owners`), 255.255.255.255 is no host's.
+        for p in &local_addrs {
+            for (bad, what) in NOT_HOST_ADDRS {
+                let bad: Prefix = bad.parse().expect("a valid prefix");
+                if p.overlaps(&bad) {
+                    bail!(
+                        "local_addrs {}/{}: holds {what} ({}/{}), which no host owns",
+                        p.addr,
+                        p.len,
+                        bad.addr,
+                        bad.len
+                    );
+                }
+            }
         }
         let polls = if over.poll_cores.is_empty() {
             raw.poll_cores
@@ -683,6 +706,37 @@ mod tests {
         let c = Config::load(None, &Overrides::default()).unwrap();
         assert_eq!(c.control_core, here.first().copied());
         assert_eq!(c.poll_cores, vec![here.last().copied()]);
+    }
+
+    #[test]
+    fn local_addrs_are_host_addresses() {
+        let with = |a: &str| {
+            Config::load(
+                None,
+                &Overrides {
+                    local_addrs: vec![a.into()],
+                    ..Default::default()
+                },
+            )
+        };
+        for ok in [
+            "10.0.0.1/32",
+            "192.168.0.0/16",
+            "127.0.0.0/8",
+            "223.255.255.255/32",
+        ] {
+            assert!(with(ok).is_ok(), "{ok}");
+        }
+        for (bad, says) in [
+            ("0.0.0.0/0", "this network"),
+            ("0.0.0.0/32", "wildcard"),
+            ("239.1.2.3/32", "multicast"),
+            ("192.0.0.0/2", "multicast"),
+            ("255.255.255.255/32", "broadcast"),
+        ] {
+            let e = format!("{:#}", with(bad).unwrap_err());
+            assert!(e.contains("local_addrs") && e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -23,6 +23,13 @@ impl Prefix {
         };
         u32::from(ip) & mask == u32::from(self.addr) & mask
     }
+
+    /// True if the two prefixes share an address (one holds the other's network).
+    pub fn overlaps(&self, other: &Prefix) -> bool {
+        let shorter = if self.len <= other.len { self } else { other };
+        let longer = if self.len <= other.len { other } else { self };
+        shorter.contains(longer.addr)
+    }
 }
 
 impl std::str::FromStr for Prefix {
@@ -54,5 +61,17 @@ mod tests {
         assert!("1.2.3.4/33".parse::<Prefix>().is_err());
         let all: Prefix = "0.0.0.0/0".parse().unwrap();
         assert!(all.contains("8.8.8.8".parse().unwrap()));
+        let mcast: Prefix = "224.0.0.0/4".parse().unwrap();
+        for (p, hit) in [
+            ("0.0.0.0/0", true),
+            ("239.1.2.3/32", true),
+            ("224.0.0.0/3", true),
+            ("192.168.0.0/16", false),
+            ("240.0.0.0/4", false),
+        ] {
+            let p: Prefix = p.parse().unwrap();
+            assert_eq!(p.overlaps(&mcast), hit, "{p:?}");
+            assert_eq!(mcast.overlaps(&p), hit, "symmetric: {p:?}");
+        }
     }
 }
