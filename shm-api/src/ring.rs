@@ -229,6 +229,10 @@ impl<M: RingMemory> Producer<M> {
     /// consumer until [`publish`](Self::publish). A `Full` answer publishes everything pushed
     /// before it: a producer that is full is about to wait, and the consumer must see the batch
     /// (and any pad written to make room) to free space.
+    ///
+    /// Inlined into the poll loop: the common case (the record fits before the end of the lap,
+    /// in space already known free) is a few instructions; the rest is [`Self::make_room`].
+    #[inline]
     pub fn push_with(
         &mut self,
         header: RecordHeader,
@@ -236,6 +240,23 @@ impl<M: RingMemory> Producer<M> {
     ) -> Result<(), PushError> {
         let cap = self.mem.capacity();
         let total = record_size(header.len as usize);
+        let idx = (self.head as usize) & (cap - 1);
+        if total > cap - idx || self.free() < total {
+            self.make_room(total)?;
+        }
+        let idx = (self.head as usize) & (cap - 1);
+        self.mem.write(idx, &header.to_bytes());
+        fill(&self.mem, idx + RECORD_HEADER_LEN);
+        self.head = self.head.wrapping_add(total as u64);
+        Ok(())
+    }
+
+    /// [`Self::push_with`]'s slow path: pads to the end of the lap and refreshes the
+    /// consumer's position until `total` bytes fit at the head.
+    #[cold]
+    #[inline(never)]
+    fn make_room(&mut self, total: usize) -> Result<(), PushError> {
+        let cap = self.mem.capacity();
         if total > cap {
             return Err(PushError::TooLarge);
         }
@@ -272,10 +293,6 @@ impl<M: RingMemory> Producer<M> {
                 return Err(PushError::Full);
             }
         }
-        let idx = (self.head as usize) & (cap - 1);
-        self.mem.write(idx, &header.to_bytes());
-        fill(&self.mem, idx + RECORD_HEADER_LEN);
-        self.head = self.head.wrapping_add(total as u64);
         Ok(())
     }
 
@@ -413,7 +430,38 @@ impl<M: RingMemory> Consumer<M> {
     /// Bounded work whatever the peer does: the published position is read at most once per
     /// call, so a producer that keeps publishing PAD records (each skips to the end of a lap)
     /// can't keep this loop spinning; what it published meanwhile is seen by the next call.
+    ///
+    /// Inlined into the poll loop: a data record already known published is a few checks; an
+    /// empty view, a pad or a bad record is [`Self::peek_slow`].
+    #[inline]
     pub fn peek(&mut self) -> Result<Option<Record>, RingCorrupt> {
+        if self.cached_head != self.tail {
+            let cap = self.mem.capacity();
+            let avail = self.cached_head.wrapping_sub(self.tail) as usize;
+            let idx = (self.tail as usize) & (cap - 1);
+            let mut raw = [0u8; RECORD_HEADER_LEN];
+            self.mem.read(idx, &mut raw);
+            let header = RecordHeader::from_bytes(&raw);
+            let total = record_size(header.len as usize);
+            if header.kind == KIND_DATA
+                && header.len as usize <= cap
+                && total <= cap - idx
+                && total <= avail
+            {
+                return Ok(Some(Record {
+                    header,
+                    payload_offset: idx + RECORD_HEADER_LEN,
+                    next: self.tail.wrapping_add(total as u64),
+                }));
+            }
+        }
+        self.peek_slow()
+    }
+
+    /// [`Self::peek`] in full: refreshes the published position, skips pads, validates. Not
+    /// cold: every burst ends here, with a look at the producer's position.
+    #[inline(never)]
+    fn peek_slow(&mut self) -> Result<Option<Record>, RingCorrupt> {
         let cap = self.mem.capacity();
         let mut refreshed = false;
         loop {
