@@ -297,6 +297,7 @@ impl<M: RingMemory> Producer<M> {
     }
 
     /// Appends a record carrying `payload` (`header.len` is set from it).
+    #[inline]
     pub fn push(&mut self, mut header: RecordHeader, payload: &[u8]) -> Result<(), PushError> {
         header.len = u32::try_from(payload.len()).map_err(|_| PushError::TooLarge)?;
         self.push_with(header, |mem, off| mem.write(off, payload))
