@@ -91,14 +91,23 @@ pub fn recv_wakeups() -> RecvWakeups {
 /// takes the CPU the poll thread needs to deliver (bench/RESULTS.md, "Wake-up after idle").
 fn woken_spin() -> Option<Duration> {
     static SPIN: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
-    *SPIN.get_or_init(|| match std::env::var("RDS_WOKEN_SPIN_US") {
-        Ok(v) if v.trim() == "off" => None,
-        Ok(v) => v.trim().parse().ok().map(Duration::from_micros),
-        Err(_) => {
-            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-            (cpus >= 4).then(|| Duration::from_micros(200))
-        }
+    *SPIN.get_or_init(|| {
+        woken_spin_from(
+            std::env::var("RDS_WOKEN_SPIN_US").ok().as_deref(),
+            sys::online_cpus(),
+        )
     })
+}
+
+/// [`woken_spin`] from the variable and the host's online CPUs: the host's, not this
+/// process's CPU set, since an MPI rank bound to one core spins on that core, not on the
+/// poll thread's.
+fn woken_spin_from(var: Option<&str>, online_cpus: usize) -> Option<Duration> {
+    match var.map(str::trim) {
+        Some("off") => None,
+        Some(v) => v.parse().ok().map(Duration::from_micros),
+        None => (online_cpus >= 4).then(|| Duration::from_micros(200)),
+    }
 }
 
 fn errno(e: i32) -> io::Error {
@@ -1450,5 +1459,25 @@ fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
             return false;
         }
         std::thread::yield_now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_woken_spin_follows_the_hosts_cpus_and_the_variable() {
+        let on = Some(Duration::from_micros(200));
+        // By the host's CPU count: a rank bound to one core of a 64-CPU host still spins.
+        assert_eq!(woken_spin_from(None, 64), on);
+        assert_eq!(woken_spin_from(None, 4), on);
+        assert_eq!(woken_spin_from(None, 2), None);
+        assert_eq!(woken_spin_from(Some("off"), 64), None);
+        assert_eq!(
+            woken_spin_from(Some(" 50 "), 2),
+            Some(Duration::from_micros(50))
+        );
+        assert_eq!(woken_spin_from(Some("soon"), 64), None, "unparsable: off");
     }
 }

@@ -246,11 +246,15 @@ pub fn affinity_cpus() -> Vec<usize> {
         Vec::new()
     };
     if cpus.is_empty() {
-        // SAFETY: sysconf has no preconditions.
-        let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize;
-        return (0..n).collect();
+        return (0..online_cpus()).collect();
     }
     cpus
+}
+
+/// CPUs online on the host, whatever this process's CPU set.
+pub fn online_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize
 }
 
 /// membarrier(2) commands used here (linux/membarrier.h).
