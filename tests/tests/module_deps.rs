@@ -18,7 +18,9 @@ type Table = &'static [(&'static str, &'static [&'static str])];
 /// rdsd (`dataplane/src`), top to bottom. ARCHITECTURE.md's "Module dependencies" says the same.
 const RDSD: Table = &[
     ("control", &["config", "poll", "shm", "stats"]),
-    // poll → transport: only the fuzzing harness (`poll/fuzzing.rs`) builds a Loopback.
+    // poll → transport: the fuzzing harness (`poll/fuzzing.rs`) builds a Loopback, and a
+    // poll thread delivers its own sockets' messages to its own sockets with
+    // `transport::loopback::deliver` (no dynamic call); nothing else.
     (
         "poll",
         &[

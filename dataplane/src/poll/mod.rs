@@ -169,6 +169,9 @@ impl Channels {
 /// The poll core's state: its socket table and its transports.
 pub struct PollCore {
     table: SocketTable,
+    /// The table's counters too (a second handle: the loopback delivery counts beside a
+    /// mutable borrow of the table).
+    stats: Arc<Stats>,
     transports: Vec<Box<dyn Transport>>,
     /// Which of `transports` carries each recent destination.
     routes: routes::RouteCache,
@@ -249,7 +252,16 @@ impl PollCore {
             tracing::info!(transport = t.name(), shard, "transport ready");
         }
         PollCore {
-            table: SocketTable::new(cfg, stats, daemon, chans, control_wake, fabric, shard),
+            table: SocketTable::new(
+                cfg,
+                stats.clone(),
+                daemon,
+                chans,
+                control_wake,
+                fabric,
+                shard,
+            ),
+            stats,
             transports,
             routes: routes::RouteCache::new(),
             passes: 0,
@@ -861,6 +873,31 @@ impl PollCore {
                     return self.forward_send(owner, from, src, rec, ack_required);
                 }
             }
+        }
+        if route.local && rec.header.port != 0 {
+            // A socket of this host on this thread (or none bound): the loopback transport's
+            // delivery, called directly rather than through `dyn Transport` and back through
+            // `dyn Upcalls` (a crossing message is delivered directly on its receiver's thread
+            // too, `drain_fabric`). Port 0 (a ping) goes to the transport.
+            // SAFETY: as below: peeked, not consumed, its app in the table for this call.
+            let sent = unsafe { self.table.tx_record(from, rec) };
+            if self.table.cfg().trace_hops {
+                stamp_pickup(&sent.payload);
+            }
+            let msg = OutMsg {
+                laddr: src.0,
+                faddr: rec.header.addr,
+                sport: src.1,
+                dport: rec.header.port,
+                payload: sent.payload,
+                token: token_of(from, sent.gen),
+                in_place: None,
+                ack_required,
+            };
+            return match crate::transport::loopback::deliver(&mut self.table, &self.stats, msg) {
+                SendOutcome::Blocked => Outcome::Blocked,
+                _ => Outcome::Done,
+            };
         }
         let Some(t) = route.transport.map(|i| &mut self.transports[i]) else {
             if self.table.shard() != 0 && self.table.net_shards() == 1 {

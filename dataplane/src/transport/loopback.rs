@@ -68,21 +68,30 @@ impl Transport for Loopback {
         if m.dport == 0 {
             return self.pong(up, &m);
         }
-        let len = m.payload.len() as u64;
-        match up.deliver(Incoming {
-            laddr: m.faddr,
-            faddr: m.laddr,
-            sport: m.sport,
-            dport: m.dport,
-            payload: m.payload,
-        }) {
-            Delivered::Yes => {
-                Stats::bump_mine(&self.stats.loop_delivered);
-                Stats::add_mine(&self.stats.loop_bytes, len);
-                SendOutcome::Delivered
-            }
-            Delivered::Full => SendOutcome::Blocked,
-            Delivered::NoSocket => SendOutcome::Dropped,
+        deliver(up, &self.stats, m)
+    }
+}
+
+/// What [`Loopback`] does with a message to a bound port (not 0): delivered here, ring to
+/// ring. Generic over the table, so that the poll thread delivers its own sockets' messages to
+/// its own sockets with no dynamic call (`PollCore::route`), through the same code.
+#[inline]
+pub fn deliver<U: Upcalls + ?Sized>(up: &mut U, stats: &Stats, m: OutMsg<'_>) -> SendOutcome {
+    debug_assert_ne!(m.dport, 0, "port 0 is a ping: Loopback::send");
+    let len = m.payload.len() as u64;
+    match up.deliver(Incoming {
+        laddr: m.faddr,
+        faddr: m.laddr,
+        sport: m.sport,
+        dport: m.dport,
+        payload: m.payload,
+    }) {
+        Delivered::Yes => {
+            Stats::bump_mine(&stats.loop_delivered);
+            Stats::add_mine(&stats.loop_bytes, len);
+            SendOutcome::Delivered
         }
+        Delivered::Full => SendOutcome::Blocked,
+        Delivered::NoSocket => SendOutcome::Dropped,
     }
 }
