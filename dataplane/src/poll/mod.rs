@@ -884,16 +884,8 @@ impl PollCore {
             if self.table.cfg().trace_hops {
                 stamp_pickup(&sent.payload);
             }
-            let msg = OutMsg {
-                laddr: src.0,
-                faddr: rec.header.addr,
-                sport: src.1,
-                dport: rec.header.port,
-                payload: sent.payload,
-                token: token_of(from, sent.gen),
-                in_place: None,
-                ack_required,
-            };
+            let token = token_of(from, sent.gen);
+            let msg = out_msg(src, rec, sent.payload, token, None, ack_required);
             return match crate::transport::loopback::deliver(&mut self.table, &self.stats, msg) {
                 SendOutcome::Blocked => Outcome::Blocked,
                 _ => Outcome::Done,
@@ -918,16 +910,9 @@ impl PollCore {
         if self.table.cfg().trace_hops {
             stamp_pickup(&sent.payload);
         }
-        let msg = OutMsg {
-            laddr: src.0,
-            faddr: rec.header.addr,
-            sport: src.1,
-            dport: rec.header.port,
-            payload: sent.payload,
-            token: hold.unwrap_or_else(|| token_of(from, sent.gen)),
-            in_place: hold.map(|_| sent.region_id),
-            ack_required,
-        };
+        let token = hold.unwrap_or_else(|| token_of(from, sent.gen));
+        let in_place = hold.map(|_| sent.region_id);
+        let msg = out_msg(src, rec, sent.payload, token, in_place, ack_required);
         let outcome = t.send(&mut self.table, msg);
         match (outcome, hold) {
             // A copy made under an in-place token is released through the same token.
@@ -1348,6 +1333,29 @@ impl PollCore {
                 self.table.group_connect(r, addr, port).map(|()| 0)
             }
         }
+    }
+}
+
+/// The message a transport is handed for `rec`, taken off the tx ring of the socket bound at
+/// `src`.
+#[inline(always)]
+fn out_msg<'a>(
+    src: (u32, u16),
+    rec: &Record,
+    payload: MsgBytes<'a>,
+    token: u64,
+    in_place: Option<u64>,
+    ack_required: bool,
+) -> OutMsg<'a> {
+    OutMsg {
+        laddr: src.0,
+        faddr: rec.header.addr,
+        sport: src.1,
+        dport: rec.header.port,
+        payload,
+        token,
+        in_place,
+        ack_required,
     }
 }
 

@@ -73,8 +73,8 @@ impl Transport for Loopback {
 }
 
 /// What [`Loopback`] does with a message to a bound port (not 0): delivered here, ring to
-/// ring. Generic over the table, so that the poll thread delivers its own sockets' messages to
-/// its own sockets with no dynamic call (`PollCore::route`), through the same code.
+/// ring. Generic over the upcalls, so that a poll thread delivers a message between two of its
+/// own sockets with no dynamic call, through this same code.
 #[inline]
 pub fn deliver<U: Upcalls + ?Sized>(up: &mut U, stats: &Stats, m: OutMsg<'_>) -> SendOutcome {
     debug_assert_ne!(m.dport, 0, "port 0 is a ping: Loopback::send");
