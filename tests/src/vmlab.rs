@@ -782,6 +782,87 @@ impl VmLab {
         sh(&["ip", "netns", "exec", &self.ns, "nft", "flush", "ruleset"]);
     }
 
+    /// Both ends' state, for a test that timed out waiting for messages: rdsd's non-zero
+    /// counters and its connections, paths and queues (`rdsctl info`), the namespace's TCP
+    /// sockets (`ss -tni`), the guest kernel's RDS connections, TCP sockets and message
+    /// queues (`rdsguest info`, each queue's first and last messages) and non-zero RDS
+    /// counters, and the end of the guest's console. Each part is best effort and bounded
+    /// in time.
+    pub fn diagnose(&self) -> String {
+        let mut out = String::new();
+        if let Some(d) = &self.daemon {
+            let counters: Vec<String> = d
+                .stats()
+                .lines()
+                .filter(|l| !l.ends_with(" 0"))
+                .map(str::to_string)
+                .collect();
+            out += &format!("rdsd counters (non-zero): {}\n", counters.join(", "));
+            match Command::new(crate::bin_dir().join("rdsctl"))
+                .arg("-s")
+                .arg(&d.socket)
+                .args(["info", "-k", "-n", "-p", "-r", "-s", "-t"])
+                .output()
+            {
+                Ok(o) => {
+                    out += "rdsctl info:\n";
+                    out += &String::from_utf8_lossy(&o.stdout);
+                    out += &String::from_utf8_lossy(&o.stderr);
+                }
+                Err(e) => out += &format!("rdsctl info: {e}\n"),
+            }
+        }
+        if let Ok(o) = Command::new("ip")
+            .args(["netns", "exec", &self.ns, "ss", "-tni"])
+            .output()
+        {
+            out += "ss -tni (rdsd's namespace):\n";
+            out += &String::from_utf8_lossy(&o.stdout);
+        }
+        if self.qemu.is_some() {
+            let info = self
+                .guest("info")
+                .lines_until("info ", Duration::from_secs(30));
+            out += "guest kernel (rdsguest info):\n";
+            let mut kinds: Vec<(String, Vec<&String>)> = Vec::new();
+            for l in &info {
+                let kind = l
+                    .split_whitespace()
+                    .nth(1)
+                    .filter(|_| l.starts_with("msg "));
+                match kind {
+                    Some(k) => match kinds.iter_mut().find(|(n, _)| n == k) {
+                        Some((_, v)) => v.push(l),
+                        None => kinds.push((k.to_string(), vec![l])),
+                    },
+                    None => out += &format!("  {l}\n"),
+                }
+            }
+            for (k, v) in &kinds {
+                out += &format!(
+                    "  {} {k} messages; first {}, last {}\n",
+                    v.len(),
+                    v[0],
+                    v[v.len() - 1]
+                );
+            }
+            let counters = self
+                .guest("counters-all")
+                .lines_until("exit", Duration::from_secs(30));
+            let counters: Vec<&str> = counters
+                .iter()
+                .filter_map(|l| l.strip_prefix("counter "))
+                .collect();
+            out += &format!(
+                "guest kernel counters (non-zero): {}\n",
+                counters.join(", ")
+            );
+        }
+        out += "guest console (end):\n";
+        out += tail(&self.console(), 3000);
+        out
+    }
+
     /// Starts `tcpdump -w FILE` on the tap (needs tcpdump); stop it by dropping the child.
     pub fn capture(&self, file: &Path) -> Child {
         Command::new("ip")
@@ -874,6 +955,35 @@ impl Job {
     pub fn expect(&self, prefix: &str, limit: Duration) -> String {
         self.try_expect(prefix, limit)
             .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Every line of this job up to and including the first that starts with `prefix`, or
+    /// those that came within `limit` (a diagnosis must not hang on a stuck guest).
+    pub fn lines_until(&self, prefix: &str, limit: Duration) -> Vec<String> {
+        let deadline = Instant::now() + limit;
+        let (m, cv) = &*self.lines;
+        let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
+        let mut got = Vec::new();
+        loop {
+            while let Some(l) = g.by_tag.get_mut(&self.tag).and_then(|q| q.pop_front()) {
+                let last = l.starts_with(prefix);
+                if l == "started" {
+                    continue;
+                }
+                got.push(l);
+                if last {
+                    return got;
+                }
+            }
+            let now = Instant::now();
+            if g.eof || now >= deadline {
+                return got;
+            }
+            g = cv
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
     }
 
     /// `key=value` out of a result line.

@@ -49,8 +49,15 @@ fn host_socket(lab: &LabGuard, port: u16) -> (shm_api::Rdsd, Socket) {
 }
 
 /// Receives `count` messages on `s` within `limit`, checking order per source and, when
-/// `sizes` is given, the length of each (cycling). Returns the number of sources.
-fn host_recv(s: &Socket, count: usize, sizes: Option<&[usize]>, limit: Duration) -> usize {
+/// `sizes` is given, the length of each (cycling). Returns the number of sources. On a
+/// timeout it prints both ends' state ([`rdsd_tests::vmlab::VmLab::diagnose`]) first.
+fn host_recv(
+    lab: &LabGuard,
+    s: &Socket,
+    count: usize,
+    sizes: Option<&[usize]>,
+    limit: Duration,
+) -> usize {
     let mut buf = vec![0u8; MIB + 16];
     let mut next: HashMap<SocketAddrV4, u64> = HashMap::new();
     let deadline = Instant::now() + limit;
@@ -58,9 +65,14 @@ fn host_recv(s: &Socket, count: usize, sizes: Option<&[usize]>, limit: Duration)
         let left = deadline.saturating_duration_since(Instant::now());
         assert!(!left.is_zero(), "timed out after {i} of {count} messages");
         s.set_recv_timeout(Some(left)).unwrap();
-        let (n, from) = s
-            .recv_from(&mut buf)
-            .unwrap_or_else(|e| panic!("recv after {i} of {count}: {e}"));
+        let (n, from) = s.recv_from(&mut buf).unwrap_or_else(|e| {
+            let seen: Vec<String> = next.iter().map(|(a, n)| format!("{a}: {n}")).collect();
+            eprintln!(
+                "recv after {i} of {count} failed ({e}); next per source {seen:?}\n{}",
+                lab.diagnose()
+            );
+            panic!("recv after {i} of {count}: {e}")
+        });
         let want = next.entry(from).or_insert(0);
         if let Some(sz) = sizes {
             assert_eq!(n, sz[i % sz.len()], "length of message {i} from {from}");
@@ -111,7 +123,7 @@ fn both_ways(lab: &LabGuard, guest: Ipv4Addr, port: u16, warm: bool) {
     ));
     host_send(&s, at(guest, port), 1000, &[300]);
     assert_eq!(
-        host_recv(&s, 1000, Some(&[300]), Duration::from_secs(120)),
+        host_recv(lab, &s, 1000, Some(&[300]), Duration::from_secs(120)),
         1
     );
     let done = rx.expect("done", Duration::from_secs(120));
@@ -184,7 +196,7 @@ fn b1_sizes_both_ways() {
             port + 1,
             lab.host
         ));
-        host_recv(&s, 10, Some(&SIZES), Duration::from_secs(180));
+        host_recv(&lab, &s, 10, Some(&SIZES), Duration::from_secs(180));
         tx.expect("sent", Duration::from_secs(30));
     }
 }
@@ -416,7 +428,10 @@ fn e_mprds_eight_paths_and_thirty_two_sockets_each_way_from_the_start() {
             s.send_to(&payload(k, 200), at(g, 7400)).unwrap();
         }
     }
-    assert_eq!(host_recv(&sink, 6400, None, Duration::from_secs(300)), 32);
+    assert_eq!(
+        host_recv(&lab, &sink, 6400, None, Duration::from_secs(300)),
+        32
+    );
     let done = rx.expect("done", Duration::from_secs(300));
     assert_eq!(
         (
@@ -633,7 +648,7 @@ fn f2_link_cut_and_restored_mid_stream_loses_nothing() {
     rx.expect("bound", Duration::from_secs(30));
     let tx = lab.guest(&format!("send {g}:7611 {host}:7610 2000 500 linger=60"));
     let th = std::thread::scope(|sc| {
-        let h = sc.spawn(|| host_recv(&s, 2000, Some(&[500]), Duration::from_secs(240)));
+        let h = sc.spawn(|| host_recv(&lab, &s, 2000, Some(&[500]), Duration::from_secs(240)));
         for k in 0..2000u64 {
             if k == 600 {
                 lab.link(false);
@@ -692,7 +707,7 @@ fn f3_guest_vm_restarted() {
     assert!((100..=150).contains(&first), "{done}");
     assert_eq!((last, got), (199, 200 - first), "{done}");
     let back = lab.guest(&format!("send {g}:7621 {}:7620 50 100", lab.host));
-    host_recv(&s, 50, Some(&[100]), Duration::from_secs(120));
+    host_recv(&lab, &s, 50, Some(&[100]), Duration::from_secs(120));
     back.expect("sent", Duration::from_secs(30));
     // A guest that died without a FIN leaves rdsd's old connection to guest_low half open
     // (f4); start over so that later tests see a clean rdsd.
@@ -719,7 +734,7 @@ fn f4_rebooted_kernel_reconnects_to_rdsd_as_the_active_side() {
     // An established connection from the guest (it has the smaller address)...
     let (_r, s) = host_socket(&lab, 7640);
     let tx = lab.guest(&format!("send {low}:7641 {host}:7640 10 100"));
-    host_recv(&s, 10, Some(&[100]), Duration::from_secs(60));
+    host_recv(&lab, &s, 10, Some(&[100]), Duration::from_secs(60));
     tx.expect("sent", Duration::from_secs(30));
     // ... then the guest dies without closing it, and comes back. The new kernel's resets
     // for the old 4-tuples are dropped, so that only the liveness check can free them in time
@@ -748,7 +763,7 @@ fn f4_rebooted_kernel_reconnects_to_rdsd_as_the_active_side() {
     // The kernel's first connect waits, parked, until the liveness check has closed the old
     // paths (3 s), then takes path 0; keepalive alone would need about 30 s.
     let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        host_recv(&s, 100, Some(&[100]), Duration::from_secs(120))
+        host_recv(&lab, &s, 100, Some(&[100]), Duration::from_secs(120))
     }));
     let refused = lab.d().exact_stat("tcp_accepts_refused") - refused;
     let stale = lab.d().exact_stat("tcp_stale_paths_closed");
@@ -852,7 +867,7 @@ fn g_two_percent_loss_one_percent_duplication_ten_thousand_each_way() {
     lab.nft(FAULTS);
     let tx = lab.guest(&format!("send {g}:7701 {host}:7700 10000 200 linger=120"));
     std::thread::scope(|sc| {
-        let h = sc.spawn(|| host_recv(&s, 10000, Some(&[200]), Duration::from_secs(400)));
+        let h = sc.spawn(|| host_recv(&lab, &s, 10000, Some(&[200]), Duration::from_secs(400)));
         host_send(&out, at(g, 7700), 10000, &[200]);
         assert_eq!(h.join().unwrap(), 1);
     });
