@@ -298,6 +298,27 @@ done
 ip link set lo up
 ip link set eth0 up
 for a in $GUEST_ADDRS; do ip addr add $a/24 dev eth0; done
+# qemu 7.2 under TCG, with the host loaded, now and then stops taking frames off the NIC's
+# transmit ring: the guest logs "NETDEV WATCHDOG ... transmit queue 0 timed out" every 5 s and
+# sends nothing more, for good (the test in progress then times out, whatever rdsd does). A
+# reset of the device recovers it: rebind the driver, then put back the link and every address
+# (with their routes); TCP retransmits what was lost. Each reset is logged on the console.
+nic_watch() {
+    q=/sys/class/net/eth0/queues/tx-0/tx_timeout
+    last=$(cat $q 2>/dev/null || echo 0)
+    while sleep 1; do
+        now=$(cat $q 2>/dev/null) || continue
+        [ "$now" = "$last" ] && continue
+        addrs=$(ip -4 -o addr show dev eth0 | awk '{print $4}')
+        echo "vmlab: NIC reset (transmit timeouts: $now)" > /dev/console
+        echo virtio0 > /sys/bus/virtio/drivers/virtio_net/unbind
+        echo virtio0 > /sys/bus/virtio/drivers/virtio_net/bind
+        ip link set eth0 up
+        for a in $addrs; do ip addr add $a dev eth0; done
+        last=$(cat $q 2>/dev/null || echo 0)
+    done
+}
+nic_watch &
 stty -F /dev/ttyS1 raw -echo
 echo "RDSG init ready $(uname -r) $(cat /proc/uptime)" > /dev/ttyS1
 while read -r tag len cmd; do
@@ -759,6 +780,12 @@ impl VmLab {
         std::fs::read_to_string(self.dir.join("console.log")).unwrap_or_default()
     }
 
+    /// How many times the guest reset its NIC after qemu stopped taking its frames (`INIT`'s
+    /// `nic_watch`), as its console says.
+    pub fn nic_resets(&self) -> usize {
+        self.console().matches("vmlab: NIC reset").count()
+    }
+
     /// Takes the host side of the link down or up.
     pub fn link(&self, up: bool) {
         sh(&[
@@ -858,6 +885,10 @@ impl VmLab {
                 counters.join(", ")
             );
         }
+        out += &format!(
+            "guest NIC resets after qemu stopped transmitting: {}\n",
+            self.nic_resets()
+        );
         out += "guest console (end):\n";
         out += tail(&self.console(), 3000);
         out
@@ -893,6 +924,10 @@ fn qemu_bin() -> PathBuf {
 
 impl Drop for VmLab {
     fn drop(&mut self) {
+        let resets = self.nic_resets();
+        if resets > 0 {
+            eprintln!("vmlab: the guest reset its NIC {resets} time(s): qemu stopped transmitting");
+        }
         self.shutdown_vm();
         if let Some(mut c) = self.pcap.take() {
             // SAFETY: SIGTERM to our own child, so tcpdump flushes its file.
