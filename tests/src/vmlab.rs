@@ -846,6 +846,22 @@ impl VmLab {
             out += "ss -tni (rdsd's namespace):\n";
             out += &String::from_utf8_lossy(&o.stdout);
         }
+        // A guest whose control line fails makes `guest` panic: say so, keep the rest.
+        let guest =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.diagnose_guest()));
+        out += &guest.unwrap_or_else(|_| "guest kernel: no answer on the control line\n".into());
+        out += &format!(
+            "guest NIC resets after qemu stopped transmitting: {}\n",
+            self.nic_resets()
+        );
+        out += "guest console (end):\n";
+        out += tail(&self.console(), 3000);
+        out
+    }
+
+    /// The guest kernel's part of [`VmLab::diagnose`].
+    fn diagnose_guest(&self) -> String {
+        let mut out = String::new();
         if self.qemu.is_some() {
             let info = self
                 .guest("info")
@@ -885,12 +901,6 @@ impl VmLab {
                 counters.join(", ")
             );
         }
-        out += &format!(
-            "guest NIC resets after qemu stopped transmitting: {}\n",
-            self.nic_resets()
-        );
-        out += "guest console (end):\n";
-        out += tail(&self.console(), 3000);
         out
     }
 

@@ -67,10 +67,8 @@ fn host_recv(
         s.set_recv_timeout(Some(left)).unwrap();
         let (n, from) = s.recv_from(&mut buf).unwrap_or_else(|e| {
             let seen: Vec<String> = next.iter().map(|(a, n)| format!("{a}: {n}")).collect();
-            eprintln!(
-                "recv after {i} of {count} failed ({e}); next per source {seen:?}\n{}",
-                lab.diagnose()
-            );
+            eprintln!("recv after {i} of {count} failed ({e}); next per source {seen:?}");
+            eprintln!("{}", lab.diagnose());
             panic!("recv after {i} of {count}: {e}")
         });
         let want = next.entry(from).or_insert(0);
