@@ -458,6 +458,8 @@ pub struct VmLab {
     rdsd_extra: Vec<String>,
     pcap: Option<Child>,
     tap_offload: bool,
+    /// NIC resets of the guests before the last boot (each boot starts a new console log).
+    nic_resets_before: usize,
 }
 
 /// The install step for what the VM lab needs (qemu, busybox, the kernel package's tools).
@@ -557,6 +559,7 @@ impl VmLab {
             rdsd_extra: rdsd_extra.iter().map(|s| s.to_string()).collect(),
             pcap: None,
             tap_offload,
+            nic_resets_before: 0,
         };
         // RDSD_VMLAB_PCAP=FILE: capture the tap from the start (needs tcpdump).
         if let Some(f) = std::env::var_os("RDSD_VMLAB_PCAP") {
@@ -615,6 +618,7 @@ impl VmLab {
     /// Boots the guest (again) and waits for its control line.
     pub fn boot(&mut self) -> Result<(), QemuUnavailable> {
         self.shutdown_vm();
+        self.nic_resets_before = self.nic_resets();
         self.lines = Arc::default();
         let console = self.dir.join("console.log");
         let mut cmd = Command::new("ip");
@@ -780,10 +784,10 @@ impl VmLab {
         std::fs::read_to_string(self.dir.join("console.log")).unwrap_or_default()
     }
 
-    /// How many times the guest reset its NIC after qemu stopped taking its frames (`INIT`'s
-    /// `nic_watch`), as its console says.
+    /// How many times the guests of this lab (every boot) reset their NIC after qemu stopped
+    /// taking their frames (`INIT`'s `nic_watch`), as their consoles say.
     pub fn nic_resets(&self) -> usize {
-        self.console().matches("vmlab: NIC reset").count()
+        self.nic_resets_before + self.console().matches("vmlab: NIC reset").count()
     }
 
     /// Takes the host side of the link down or up.
