@@ -5,8 +5,9 @@
 //!   format (what rdsd serves on `metrics_listen`).
 //! * `info`: rds-info's sections: `-c` counters, `-k` sockets, `-n` connections, `-p` paths,
 //!   `-r`/`-s`/`-t` receive, send and retransmit queues, and rdsd's own `-g` multicast groups
-//!   (all of them without a flag).
+//!   and `-T` poll threads (all of them without a flag).
 //! * `ping ADDR`: rds-ping: empty messages to ADDR port 0, one line of µs per reply.
+//! * `threads [-i SECS]`: the poll threads, how busy each is and what it moves per second.
 //!
 //! `--json` (anywhere on the line) prints one JSON document instead. Exit status: 0 success,
 //! 1 failure (an error from rdsd, no ping reply), 2 bad usage, 3 rdsd not running, 4 not
@@ -58,6 +59,13 @@ enum Cmd {
     Info(InfoArgs),
     /// RDS ping: empty messages to ADDR port 0, one line per reply with the round trip in µs.
     Ping(PingCmd),
+    /// The poll threads: each one's CPU, apps, sockets, connections and groups, how busy it
+    /// is, and the messages it moves per second (local, network, across threads).
+    Threads {
+        /// Seconds to measure over (0: totals since rdsd started).
+        #[arg(short = 'i', long, default_value = "1", value_parser = secs)]
+        interval: Duration,
+    },
 }
 
 #[derive(Args, Debug, Default)]
@@ -91,6 +99,10 @@ struct InfoArgs {
     /// listings; not part of the default summary).
     #[arg(short = 'm', long = "messages")]
     messages: bool,
+    /// Poll threads: CPU, apps, sockets, connections, groups and counters since rdsd started
+    /// (`rdsctl threads` gives rates).
+    #[arg(short = 'T', long = "threads")]
+    threads: bool,
 }
 
 #[derive(Args, Debug)]
@@ -188,6 +200,7 @@ fn sections(a: &InfoArgs) -> u32 {
         (a.retrans, ctrl::INFO_RETRANS_QUEUE),
         (a.groups, ctrl::INFO_GROUPS),
         (a.messages, ctrl::INFO_MESSAGES),
+        (a.threads, ctrl::INFO_THREADS),
     ] {
         if on {
             s |= bit;
@@ -204,7 +217,7 @@ fn sections(a: &InfoArgs) -> u32 {
 fn info_text(doc: &Value, s: u32) -> String {
     let mut parts = Vec::new();
     type Render = fn(&Value) -> String;
-    let table: [(u32, Render); 9] = [
+    let table: [(u32, Render); 10] = [
         (ctrl::INFO_COUNTERS, render::counters),
         (ctrl::INFO_SOCKETS, render::sockets),
         (ctrl::INFO_CONNECTIONS, render::connections),
@@ -214,6 +227,10 @@ fn info_text(doc: &Value, s: u32) -> String {
         (ctrl::INFO_RETRANS_QUEUE, render::retransmit_queue),
         (ctrl::INFO_GROUPS, render::groups),
         (ctrl::INFO_MESSAGES, render::messages),
+        (ctrl::INFO_THREADS, |doc| {
+            let rows = render::thread_rows(None, doc).unwrap_or_default();
+            render::threads(&rows, 0.0)
+        }),
     ];
     for (bit, f) in table {
         if s & bit != 0 {
@@ -291,6 +308,27 @@ fn run(cli: Cli, path: &Path) -> Result<ExitCode, Failure> {
                 println!("{}", pretty(&doc));
             } else {
                 print!("{}", info_text(&doc, s));
+            }
+        }
+        Cmd::Threads { interval } => {
+            let s = ctrl::INFO_THREADS;
+            let first = client::info(path, s).map_err(fail)?;
+            let secs = interval.as_secs_f64();
+            let (before, after) = if secs > 0.0 {
+                std::thread::sleep(interval);
+                (Some(first), client::info(path, s).map_err(fail)?)
+            } else {
+                (None, first)
+            };
+            let Some(rows) = render::thread_rows(before.as_ref(), &after) else {
+                return Err(Failure::Other(
+                    "this rdsd does not report its poll threads (it is older than rdsctl)".into(),
+                ));
+            };
+            if json {
+                println!("{}", pretty(&json!({ "seconds": secs, "threads": rows })));
+            } else {
+                print!("{}", render::threads(&rows, secs));
             }
         }
         Cmd::Ping(p) => {

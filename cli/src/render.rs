@@ -403,7 +403,127 @@ pub fn prometheus(doc: &Value) -> String {
     let start = r
         .and_then(|r| r.get("start_time_unix"))
         .and_then(Value::as_f64);
-    shm_api::ctrl::prometheus_text(&counters, version.zip(start))
+    let mut text = shm_api::ctrl::prometheus_text(&counters, version.zip(start));
+    // Each poll thread's (an rdsd older than them sends none).
+    if let Some(per) = doc.get("thread_counters").and_then(Value::as_array) {
+        text.push_str(&shm_api::ctrl::prometheus_thread_text(
+            per.len(),
+            |k, name| per[k].get(name).and_then(Value::as_u64).unwrap_or(0),
+        ));
+    }
+    text
+}
+
+/// What `rdsctl threads` shows of each poll thread's counters: (column, counters summed).
+const THREAD_COLUMNS: [(&str, &[&str]); 7] = [
+    ("passes", &["poll_passes"]),
+    ("parks", &["poll_parks"]),
+    ("local", &["loop_delivered"]),
+    (
+        "net out",
+        &["tcp_tx_messages", "dpdk_tx_messages", "rdma_tx_messages"],
+    ),
+    (
+        "net in",
+        &["tcp_delivered", "dpdk_delivered", "rdma_delivered"],
+    ),
+    ("cross out", &["shard_records_out"]),
+    ("cross in", &["shard_records_in"]),
+];
+
+/// The poll threads of `after` (an Info document with the `threads` section), with their
+/// counters' growth since `before` (the same rdsd, earlier), or, without `before`, since
+/// rdsd started. `None`: the document has no such section (an rdsd
+/// older than it).
+pub fn thread_rows(before: Option<&Value>, after: &Value) -> Option<Vec<Value>> {
+    let now = after.get("threads")?.as_array()?;
+    let was = before
+        .and_then(|b| b.get("threads"))
+        .and_then(Value::as_array);
+    let counter = |t: Option<&Value>, k: &str| {
+        t.and_then(|t| t.pointer(&format!("/counters/{k}")))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    };
+    Some(
+        now.iter()
+            .enumerate()
+            .map(|(k, t)| {
+                let old = was.and_then(|w| w.get(k));
+                let mut grown = serde_json::Map::new();
+                for (name, v) in t.get("counters").and_then(Value::as_object).into_iter().flatten() {
+                    let d = v.as_u64().unwrap_or(0).saturating_sub(counter(old, name));
+                    if d > 0 {
+                        grown.insert(name.clone(), d.into());
+                    }
+                }
+                let grew = |k: &str| grown.get(k).and_then(Value::as_u64).unwrap_or(0);
+                let (busy, passes) = (grew("poll_busy_passes"), grew("poll_passes"));
+                serde_json::json!({
+                    "thread": t.get("thread"), "cpu": t.get("cpu"), "apps": t.get("apps"),
+                    "sockets": t.get("sockets"), "connections": t.get("connections"),
+                    "groups": t.get("groups"),
+                    "busy_percent": if passes > 0 { 100.0 * busy as f64 / passes as f64 } else { 0.0 },
+                    "counters": grown,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// `rdsctl threads`: a row per poll thread ([`thread_rows`]); rates per second over `secs`,
+/// or totals since rdsd started when `secs` is 0.
+pub fn threads(rows: &[Value], secs: f64) -> String {
+    let mut out = if secs > 0.0 {
+        format!("RDS poll threads (per second, over {secs:.2} s):\n")
+    } else {
+        String::from("RDS poll threads (totals since rdsd started):\n")
+    };
+    let _ = write!(
+        out,
+        "  {:>6} {:>4} {:>5} {:>7} {:>5} {:>6} {:>6}",
+        "Thread", "Cpu", "Apps", "Sockets", "Conns", "Groups", "Busy%"
+    );
+    for (name, _) in THREAD_COLUMNS {
+        let _ = write!(out, " {:>10}", name.replace(' ', ""));
+    }
+    out.push('\n');
+    for r in rows {
+        let _ = write!(
+            out,
+            "  {:>6} {:>4} {:>5} {:>7} {:>5} {:>6} {:>6.1}",
+            field(r, "thread"),
+            field(r, "cpu"),
+            field(r, "apps"),
+            field(r, "sockets"),
+            field(r, "connections"),
+            field(r, "groups"),
+            r.get("busy_percent").and_then(Value::as_f64).unwrap_or(0.0),
+        );
+        for (_, names) in THREAD_COLUMNS {
+            let n: u64 = names
+                .iter()
+                .map(|k| {
+                    r.pointer(&format!("/counters/{k}"))
+                        .and_then(Value::as_u64)
+                        .unwrap_or(0)
+                })
+                .sum();
+            let v = if secs > 0.0 {
+                (n as f64 / secs).round() as u64
+            } else {
+                n
+            };
+            let _ = write!(out, " {v:>10}");
+        }
+        out.push('\n');
+    }
+    out.push_str(
+        "  (Busy%: passes that found work; local: deliveries between sockets of this host; net \
+         out/in: messages written to / delivered from the network; cross out/in: records put \
+         into / taken from other poll threads' pair rings.)\n",
+    );
+    out
 }
 
 /// The one-line identity of rdsd for `status`.

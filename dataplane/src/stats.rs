@@ -110,6 +110,14 @@ counters! {
     /// pass with several poll threads takes none and checks each other thread with three
     /// loads).
     fabric_drains,
+    /// Passes that found work (the rest found nothing): with `poll_passes`, how busy a poll
+    /// thread is (`rdsctl threads`).
+    poll_busy_passes,
+    /// Records this poll thread put into other poll threads' pair rings: messages for their
+    /// sockets or connections, group copies, cancels (`rdsctl threads`: crossings out).
+    shard_records_out,
+    /// Records this poll thread took from other poll threads' pair rings (crossings in).
+    shard_records_in,
     /// Futex wake-ups of app threads blocked in a send or a receive (one per change that a
     /// blocked thread waits for: a delivery wakes receivers, a release wakes senders).
     app_wakeups,
@@ -374,20 +382,36 @@ impl std::ops::Deref for Stats {
 }
 
 impl Stats {
-    /// `(name, value)` for every counter, in a stable order.
+    /// `(name, value)` for every counter, in a stable order: the sums over the poll threads.
     pub fn snapshot(&self) -> Vec<(String, u64)> {
-        let mut out = Vec::with_capacity(64);
+        let mut out = self.own_snapshot();
+        for o in self.others.get().into_iter().flatten() {
+            for (sum, (_, v)) in out.iter_mut().zip(o.own_snapshot()) {
+                sum.1 += v;
+            }
+        }
+        out
+    }
+
+    /// This poll thread's own counters (shard 0's include the control thread's), in the
+    /// order of [`Stats::snapshot`].
+    fn own_snapshot(&self) -> Vec<(String, u64)> {
+        let mut out = Vec::with_capacity(160);
         self.base.each("", &mut out);
         self.tcp.each("tcp_", &mut out);
         self.dpdk.each("dpdk_", &mut out);
         self.dpdk_port.each("dpdk_", &mut out);
         self.rdma.each("rdma_", &mut out);
-        for o in self.others.get().into_iter().flatten() {
-            for (sum, (_, v)) in out.iter_mut().zip(o.snapshot()) {
-                sum.1 += v;
-            }
-        }
         out
+    }
+
+    /// Each poll thread's own counters, thread 0 (this one) first: what
+    /// [`Stats::snapshot`] sums (`rdsctl threads`).
+    pub fn per_thread(&self) -> Vec<Vec<(String, u64)>> {
+        std::iter::once(self)
+            .chain(self.others.get().into_iter().flatten().map(|o| &**o))
+            .map(Stats::own_snapshot)
+            .collect()
     }
 
     /// Counts `others` (the other poll threads' counters) in this one's snapshot. Once.
@@ -461,6 +485,28 @@ mod tests {
         assert!(text.contains("drop_cancelled 1\n"));
         assert!(s.render().contains("tcp_doorbells 1\n"));
         assert!(text.lines().count() >= 39);
+    }
+
+    #[test]
+    fn per_thread_counters_sum_to_the_snapshot() {
+        let s = Stats::default();
+        let others: Vec<_> = (0..2)
+            .map(|_| std::sync::Arc::new(Stats::default()))
+            .collect();
+        s.count_others(others.clone());
+        Stats::bump(&s.loop_delivered);
+        Stats::add_mine(&others[1].loop_delivered, 5);
+        Stats::bump(&others[0].tcp.tx_messages);
+        let per = s.per_thread();
+        let get = |v: &[(String, u64)], k: &str| v.iter().find(|(n, _)| n == k).unwrap().1;
+        assert_eq!(per.len(), 3);
+        let names: Vec<_> = s.snapshot().into_iter().map(|(n, _)| n).collect();
+        assert!(per
+            .iter()
+            .all(|t| t.iter().map(|(n, _)| n).eq(names.iter())));
+        assert_eq!([0, 1, 2].map(|k| get(&per[k], "loop_delivered")), [1, 0, 5]);
+        assert_eq!(get(&per[1], "tcp_tx_messages"), 1);
+        assert_eq!(get(&s.snapshot(), "loop_delivered"), 6);
     }
 
     #[test]

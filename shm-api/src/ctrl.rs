@@ -237,8 +237,11 @@ pub const INFO_GROUPS: u32 = 1 << 7;
 /// `Info` section: every message on the send, retransmit and receive queues (the records
 /// of `RDS_INFO_{SEND,RETRANS,RECV}_MESSAGES`). Not in [`INFO_ALL`]: a listing, not a summary.
 pub const INFO_MESSAGES: u32 = 1 << 8;
+/// `Info` section: the poll threads, each with its CPU, the apps, sockets, connections and
+/// groups it serves and its own counters (`rdsctl threads`). An older rdsd ignores the bit.
+pub const INFO_THREADS: u32 = 1 << 10;
 /// Every summary `Info` section.
-pub const INFO_ALL: u32 = 0xff;
+pub const INFO_ALL: u32 = 0xff | INFO_THREADS;
 /// Not a section: the client takes a document longer than one datagram whole, in a sealed
 /// memory file attached to the reply (SCM_RIGHTS; the reply's value is its length in bytes,
 /// its body empty), up to [`MAX_INFO_DOCUMENT`]. Without it (or from an older rdsd, which
@@ -632,9 +635,68 @@ pub fn prometheus_text(counters: &[(&str, u64, &str)], info: Option<(&str, f64)>
     out
 }
 
+/// The counters exposed per poll thread as well (`rdsd_thread_<name>_total{thread="k"}`):
+/// enough to see which thread is loaded and with what, without a series per counter and
+/// thread.
+pub const THREAD_METRICS: [(&str, &str); 8] = [
+    ("poll_passes", "Passes of this poll thread."),
+    (
+        "poll_busy_passes",
+        "Passes of this poll thread that found work.",
+    ),
+    ("poll_parks", "Times this poll thread parked."),
+    (
+        "loop_delivered",
+        "Messages this poll thread delivered between sockets of this host.",
+    ),
+    (
+        "shard_records_out",
+        "Records this poll thread put into other poll threads' pair rings.",
+    ),
+    (
+        "shard_records_in",
+        "Records this poll thread took from other poll threads' pair rings.",
+    ),
+    (
+        "tcp_tx_messages",
+        "Messages this poll thread wrote on kernel TCP paths.",
+    ),
+    (
+        "tcp_delivered",
+        "Messages from kernel TCP paths this poll thread delivered.",
+    ),
+];
+
+/// The per-thread series of [`THREAD_METRICS`] for `threads` poll threads, `value(k, name)`
+/// giving thread `k`'s counter `name`; appended to [`prometheus_text`]'s output.
+pub fn prometheus_thread_text(threads: usize, value: impl Fn(usize, &str) -> u64) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    for (name, help) in THREAD_METRICS {
+        let m = format!("rdsd_thread_{name}_total");
+        let _ = writeln!(out, "# HELP {m} {help}");
+        let _ = writeln!(out, "# TYPE {m} counter");
+        for k in 0..threads {
+            let _ = writeln!(out, "{m}{{thread=\"{k}\"}} {}", value(k, name));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prometheus_thread_text_shape() {
+        let t =
+            prometheus_thread_text(2, |k, n| if n == "poll_passes" { 10 + k as u64 } else { 0 });
+        assert!(t.contains("# TYPE rdsd_thread_poll_passes_total counter\n"));
+        assert!(t.contains("rdsd_thread_poll_passes_total{thread=\"0\"} 10\n"));
+        assert!(t.contains("rdsd_thread_poll_passes_total{thread=\"1\"} 11\n"));
+        assert!(t.contains("rdsd_thread_shard_records_in_total{thread=\"1\"} 0\n"));
+        assert_eq!(t.lines().count(), THREAD_METRICS.len() * 4);
+    }
 
     #[test]
     fn prometheus_text_shape() {

@@ -595,6 +595,110 @@ fn info_lists_the_groups_ordered_by_shard_0_with_senders_on_every_poll_thread() 
     assert_eq!(d.stat("groups_created"), 2);
 }
 
+/// The counter `k` of row `thread` of `rdsctl threads --json`.
+fn thread_counter(doc: &Value, thread: usize, k: &str) -> u64 {
+    doc["threads"][thread]["counters"][k].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn threads_show_what_each_poll_thread_serves_and_moves() {
+    let d = Daemon::start(&["--poll-core", "-2", "--poll-core", "-2"]);
+    let mut apps: Vec<_> = (0..2).map(|_| d.attach()).collect();
+    apps.sort_by_key(|a| a.poll_thread());
+    assert_eq!(
+        apps.iter().map(|a| a.poll_thread()).collect::<Vec<_>>(),
+        [0, 1]
+    );
+    let (a, b) = (apps[0].socket().unwrap(), apps[1].socket().unwrap());
+    let a2 = apps[0].socket().unwrap();
+    a.bind(lo(4500)).unwrap();
+    b.bind(lo(4501)).unwrap();
+    a2.bind(lo(4502)).unwrap();
+    // 100 messages from thread 0 to thread 1, 30 back, 50 within thread 0.
+    let mut buf = [0u8; 16];
+    for (from, to, to_addr, n) in [
+        (&a, &b, lo(4501), 100),
+        (&b, &a, lo(4500), 30),
+        (&a, &a2, lo(4502), 50),
+    ] {
+        for _ in 0..n {
+            from.send_to(b"m", to_addr).unwrap();
+            to.recv_from(&mut buf).unwrap();
+        }
+    }
+    // A poll thread publishes its pass counters every 256 passes and when it parks.
+    let mut doc = Value::Null;
+    wait_for(
+        || {
+            doc = rdsctl(&d.socket, &["--json", "threads", "-i", "0"])
+                .ok()
+                .json();
+            thread_counter(&doc, 0, "shard_records_out") == 100
+                && thread_counter(&doc, 1, "shard_records_in") == 100
+                && thread_counter(&doc, 1, "shard_records_out") == 30
+                && thread_counter(&doc, 0, "shard_records_in") == 30
+                && (0..2).all(|k| thread_counter(&doc, k, "poll_busy_passes") > 0)
+        },
+        Duration::from_secs(10),
+        "the crossings counted on each poll thread",
+    );
+    let rows = doc["threads"].as_array().expect("threads");
+    assert_eq!(rows.len(), 2, "{doc}");
+    for (k, (apps, socks)) in [(1, 2), (1, 1)].into_iter().enumerate() {
+        assert_eq!(rows[k]["thread"].as_u64(), Some(k as u64));
+        assert_eq!(rows[k]["apps"].as_u64(), Some(apps), "{doc}");
+        assert_eq!(rows[k]["sockets"].as_u64(), Some(socks), "{doc}");
+        let busy = rows[k]["busy_percent"].as_f64().expect("busy_percent");
+        assert!(busy > 0.0 && busy <= 100.0, "{doc}");
+        assert!(
+            thread_counter(&doc, k, "poll_passes") >= thread_counter(&doc, k, "poll_busy_passes")
+        );
+    }
+    // The thread rows add up to the daemon's counters.
+    for name in ["shard_records_out", "loop_delivered", "poll_passes"] {
+        let sum = thread_counter(&doc, 0, name) + thread_counter(&doc, 1, name);
+        assert!(
+            sum <= d.stat(name),
+            "{name}: threads {sum}, rdsd {}",
+            d.stat(name)
+        );
+    }
+    assert_eq!(d.stat("shard_records_out"), 130);
+    // Text: rates over an interval, and totals in `info -T`.
+    let text = rdsctl(&d.socket, &["threads", "-i", "0.2"]).ok().stdout;
+    assert!(
+        text.starts_with("RDS poll threads (per second, over 0.20 s):"),
+        "{text}"
+    );
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.trim_start().starts_with(char::is_numeric))
+            .count(),
+        2,
+        "{text}"
+    );
+    let text = rdsctl(&d.socket, &["info", "-T"]).ok().stdout;
+    assert!(
+        text.contains("RDS poll threads (totals since rdsd started):"),
+        "{text}"
+    );
+    assert!(text.contains("crossout"), "{text}");
+    // One poll thread: one row, nothing crosses.
+    let one = Daemon::start(&["--poll-core", "-2"]);
+    let app = one.attach();
+    let (x, y) = (app.socket().unwrap(), app.socket().unwrap());
+    x.bind(lo(4503)).unwrap();
+    y.bind(lo(4504)).unwrap();
+    x.send_to(b"m", lo(4504)).unwrap();
+    y.recv_from(&mut buf).unwrap();
+    let doc = rdsctl(&one.socket, &["--json", "threads", "-i", "0"])
+        .ok()
+        .json();
+    assert_eq!(doc["threads"].as_array().map(Vec::len), Some(1), "{doc}");
+    assert_eq!(doc["threads"][0]["sockets"].as_u64(), Some(2), "{doc}");
+    assert_eq!(thread_counter(&doc, 0, "shard_records_out"), 0);
+}
+
 #[test]
 fn ping_a_local_address_is_answered_by_loopback() {
     let d = Daemon::start(&[]);
@@ -1012,12 +1116,27 @@ fn check_exposition(text: &str, plain: &str) {
     );
     assert_eq!(samples[&version].as_f64(), Some(1.0), "{samples:?}");
     assert!(samples["rdsd_start_time_seconds"].as_f64().unwrap() > 1.6e9);
+    // Each poll thread's series of the few counters kept per thread.
+    let threads = poll_threads();
+    for (name, _) in shm_api::ctrl::THREAD_METRICS {
+        let m = format!("rdsd_thread_{name}_total");
+        assert_eq!(
+            types[&format!("rdsd_thread_{name}")].as_str(),
+            Some("counter"),
+            "{name}"
+        );
+        for k in 0..threads {
+            let key = format!("{m}{{\"thread\": \"{k}\"}}");
+            assert!(samples.contains_key(&key), "no {key} in the parsed text");
+        }
+        assert!(!samples.contains_key(&format!("{m}{{\"thread\": \"{threads}\"}}")));
+    }
     // Every line is a HELP, a TYPE, or a sample; every counter has both.
     assert_eq!(
         text.lines()
             .filter(|l| l.starts_with("# HELP rdsd_"))
             .count(),
-        n + 3
+        n + 3 + shm_api::ctrl::THREAD_METRICS.len()
     );
 }
 

@@ -641,6 +641,12 @@ impl<H: Host> Engine<H> {
     /// The poll thread for a new app: the one serving the fewest apps (ties: the lowest), so
     /// that one rank per core spreads over the poll threads.
     fn pick_shard(&self) -> usize {
+        let load = self.apps_per_shard();
+        (0..load.len()).min_by_key(|&k| load[k]).unwrap_or(0)
+    }
+
+    /// Apps each poll thread serves (those leaving count until their region is back).
+    fn apps_per_shard(&self) -> Vec<u32> {
         let mut load = vec![0u32; self.shards];
         for (i, s) in self.slots.iter().enumerate() {
             let counts = match s {
@@ -652,7 +658,7 @@ impl<H: Host> Engine<H> {
                 load[self.app_shard[i]] += 1;
             }
         }
-        (0..load.len()).min_by_key(|&k| load[k]).unwrap_or(0)
+        load
     }
 
     fn next_seq(&mut self) -> u64 {
@@ -820,6 +826,10 @@ impl<H: Host> Engine<H> {
         } else {
             info::MAX_BODY
         };
+        let snap = snap.map(|mut s| {
+            s.apps_per_shard = self.apps_per_shard();
+            s
+        });
         let doc = info::document(
             &self.cfg,
             &self.stats,

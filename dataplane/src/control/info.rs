@@ -8,13 +8,19 @@
 //!             "local_addrs": ["127.0.0.0/8", ...], "metrics_listen", "transports",
 //!             "poll_cpus": [cpu | null, ...], "control_cpu": cpu | null, "idle" },
 //!   "counters": { name: value, ... }, "counter_help": { name: text, ... },      (-c)
+//!   "thread_counters": [ { name: value (non-zero), ... } per poll thread ],      (-c)
 //!   "sockets": [ SockSnapshot ... ], "sockets_truncated": n,                    (-k)
 //!   "connections": [ ConnSnapshot ... ], "connections_truncated": n,            (-n, -p)
 //!   "recv_queue": { "sockets", "bytes", "entries": [...] },                     (-r)
 //!   "send_queue": { "sockets", "socket_bytes", "paths", "msgs", "entries" },    (-s)
 //!   "retransmit_queue": { "paths", "msgs", "bytes", "entries": [...] },         (-t)
-//!   "groups": [ GroupSnapshot ... ], "groups_truncated": n }                    (-g)
+//!   "groups": [ GroupSnapshot ... ], "groups_truncated": n,                     (-g)
+//!   "threads": [ { "thread", "cpu", "apps", "sockets", "connections", "groups",
+//!                  "counters": { name: value, ... } } ... ] }                   (threads)
 //! ```
+//!
+//! A thread's `counters` are its own, non-zero ones (thread 0's include the control
+//! thread's); `counters` above are their sums.
 //!
 //! A group is `{ "shard", "addr", "port", "epoch", "creator": {app, slot, pid, addr, port} |
 //! null, "members": [ {app, slot, pid, addr, port, flags, loopback, drop_when_full, filter} ],
@@ -154,6 +160,14 @@ pub(super) fn document(
         }
         doc.insert("counters".into(), Value::Object(values));
         doc.insert("counter_help".into(), Value::Object(help));
+        // Each poll thread's own, non-zero (`rdsctl stats --prometheus`'s per-thread series;
+        // no poll thread is asked, as for the sums).
+        let per: Vec<Value> = stats
+            .per_thread()
+            .into_iter()
+            .map(|t| nonzero(t).into())
+            .collect();
+        doc.insert("thread_counters".into(), Value::Array(per));
     }
     if let Some(mut snap) = snap {
         for s in &mut snap.sockets {
@@ -173,9 +187,47 @@ pub(super) fn document(
                 }
             }
         }
+        if sections & ctrl::INFO_THREADS != 0 {
+            doc.insert("threads".into(), threads(cfg, stats, &snap));
+        }
         add_sections(&mut doc, sections, snap);
     }
     doc
+}
+
+/// The `threads` section: per poll thread, where it runs, what it serves (counted before any
+/// list is cut to fit) and its own non-zero counters.
+/// The non-zero counters of a list, as a JSON object.
+fn nonzero(counters: Vec<(String, u64)>) -> Map<String, Value> {
+    counters
+        .into_iter()
+        .filter(|&(_, v)| v != 0)
+        .map(|(n, v)| (n, json!(v)))
+        .collect()
+}
+
+fn threads(cfg: &Config, stats: &Stats, snap: &PollSnapshot) -> Value {
+    let apps = &snap.apps_per_shard;
+    let per = stats.per_thread();
+    let count =
+        |k: usize, shards: &mut dyn Iterator<Item = usize>| shards.filter(|&s| s == k).count();
+    Value::Array(
+        per.into_iter()
+            .enumerate()
+            .map(|(k, counters)| {
+                let counters = nonzero(counters);
+                json!({
+                    "thread": k,
+                    "cpu": cfg.poll_cores.get(k).copied().flatten(),
+                    "apps": apps.get(k).copied().unwrap_or(0),
+                    "sockets": count(k, &mut snap.sockets.iter().map(|s| s.shard)),
+                    "connections": count(k, &mut snap.connections.iter().map(|c| c.shard)),
+                    "groups": count(k, &mut snap.groups.iter().map(|g| g.shard)),
+                    "counters": counters,
+                })
+            })
+            .collect(),
+    )
 }
 
 fn add_sections(doc: &mut Map<String, Value>, sections: u32, snap: PollSnapshot) {

@@ -20,7 +20,19 @@ const MAX_REQUEST: usize = 8 * 1024;
 pub fn render(stats: &Stats, start_unix: f64) -> String {
     let d = stats.described();
     let list: Vec<(&str, u64, &str)> = d.iter().map(|(k, v, h)| (k.as_str(), *v, *h)).collect();
-    shm_api::ctrl::prometheus_text(&list, Some((env!("CARGO_PKG_VERSION"), start_unix)))
+    let mut text =
+        shm_api::ctrl::prometheus_text(&list, Some((env!("CARGO_PKG_VERSION"), start_unix)));
+    let per = stats.per_thread();
+    text.push_str(&shm_api::ctrl::prometheus_thread_text(
+        per.len(),
+        |k, name| {
+            per[k]
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(0, |&(_, v)| v)
+        },
+    ));
+    text
 }
 
 /// Binds `addr` (so a bad address fails rdsd's start) and serves it on a new thread until

@@ -180,6 +180,8 @@ pub struct PollCore {
     tx_visits: u64,
     /// `drain_fabric` calls, published as `fabric_drains`.
     fabric_drains: u64,
+    /// Passes that found work (`poll_busy_passes`).
+    busy_passes: u64,
     /// The last park ran out its safety timeout with no doorbell: a tx ring found published
     /// in the next pass is a doorbell its app did not ring (`parks_doorbell_missed`).
     silent_park: bool,
@@ -267,6 +269,7 @@ impl PollCore {
             passes: 0,
             tx_visits: 0,
             fabric_drains: 0,
+            busy_passes: 0,
             silent_park: false,
             pass_time: None,
             test_stall: crate::fault::poll_stall(),
@@ -283,6 +286,7 @@ impl PollCore {
         // One clock reading serves the whole pass (the endpoints, smoltcp).
         let pass = crate::clock::PassTime::begin();
         let work = self.pass();
+        self.busy_passes += u64::from(work > 0);
         self.pass_time = pass.end();
         work
     }
@@ -424,6 +428,7 @@ impl PollCore {
         }
         let mut inp = std::mem::take(&mut self.table.link_mut().expect("link").inp);
         let mut stalled = 0u64;
+        let mut records = 0u64;
         for (from, ring) in inp.iter_mut().enumerate().filter(|&(f, _)| f != me) {
             // An idle pair ring costs one load: no burst bookkeeping, no validated peek.
             if ring.nothing_published() {
@@ -456,11 +461,13 @@ impl PollCore {
             if taken > 0 {
                 ring.release();
                 work += taken;
+                records += taken as u64;
             }
         }
         let link = self.table.link_mut().expect("link");
         link.inp = inp;
         link.stalled = stalled;
+        link.records_in += records;
         link.flush_release();
         work
     }
@@ -751,6 +758,17 @@ impl PollCore {
         stats
             .fabric_drains
             .store(self.fabric_drains, Ordering::Relaxed);
+        stats
+            .poll_busy_passes
+            .store(self.busy_passes, Ordering::Relaxed);
+        if let Some(l) = self.table.link() {
+            stats
+                .shard_records_out
+                .store(l.records_out, Ordering::Relaxed);
+            stats
+                .shard_records_in
+                .store(l.records_in, Ordering::Relaxed);
+        }
     }
 
     /// Moves up to TX_BATCH messages off one socket's tx ring, as one burst: each local

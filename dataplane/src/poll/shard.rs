@@ -522,6 +522,8 @@ impl Fabric {
             replica_version: u64::MAX,
             last_owner: None,
             waited_on_receiver: false,
+            records_out: 0,
+            records_in: 0,
             fabric: self.clone(),
         }
     }
@@ -558,6 +560,10 @@ pub struct ShardLink {
     /// A local send of this pass waited because its receiver is backed up (`Bound`): a parked
     /// thread looks again soon (the receiver's reads wake only the receiver's thread).
     pub(super) waited_on_receiver: bool,
+    /// Records pushed into the other shards' pair rings, and taken from theirs (the
+    /// `shard_records_out` and `_in` counters, published with the poll core's).
+    pub(super) records_out: u64,
+    pub(super) records_in: u64,
     pub(super) fabric: Arc<Fabric>,
 }
 
@@ -632,7 +638,9 @@ impl ShardLink {
     ) -> Result<(), ()> {
         self.dirty |= 1 << to;
         // Behind kept messages to the same shard: wait (order), or keep this one too.
-        if self.has_kept(to) || push(&mut self.out[to], env, payload).is_err() {
+        if !self.has_kept(to) && push(&mut self.out[to], env, payload).is_ok() {
+            self.records_out += 1;
+        } else {
             if !self.closing {
                 return Err(());
             }
@@ -666,7 +674,10 @@ impl ShardLink {
         match self.out[to].push_with(header, |mem, off| {
             shm_api::ring::RingMemory::write(mem, off, &head)
         }) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.records_out += 1;
+                Ok(())
+            }
             Err(PushError::Full) => Err(()),
             Err(PushError::TooLarge) => unreachable!("an envelope fits"),
         }
@@ -716,6 +727,7 @@ impl ShardLink {
             if blocked & (1 << to) == 0 {
                 let payload = crate::seam::MsgBytes::from_slice(bytes);
                 if push(&mut self.out[to], env, &payload).is_ok() {
+                    self.records_out += 1;
                     self.dirty |= 1 << to;
                     self.kept_bytes -= bytes.len();
                     self.kept.remove(i);

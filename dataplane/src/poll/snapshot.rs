@@ -22,6 +22,8 @@ use std::sync::atomic::Ordering;
 pub struct SockSnapshot {
     /// App index (the control connection's slot).
     pub app: usize,
+    /// The poll thread serving it.
+    pub shard: usize,
     /// Socket slot in the app's region.
     pub slot: u32,
     /// The app's pid (filled in by the control thread).
@@ -144,6 +146,8 @@ pub struct PollSnapshot {
     pub transports: Vec<&'static str>,
     /// Poll threads whose sockets are in `sockets` (the control thread asks each in turn).
     pub shards_seen: usize,
+    /// Apps each poll thread serves (filled in by the control thread, which places them).
+    pub apps_per_shard: Vec<u32>,
 }
 
 impl PollCore {
@@ -165,6 +169,7 @@ impl PollCore {
             let rx = s.rx.memory();
             out.sockets.push(SockSnapshot {
                 app: r.app,
+                shard: self.table.shard(),
                 slot: r.slot,
                 pid: 0,
                 uid: 0,
