@@ -539,19 +539,25 @@ fn info_and_stats_show_groups_members_and_their_counters() {
     assert_eq!(d.stat("group_members_closed"), 2);
 }
 
-#[test]
-fn info_lists_the_groups_ordered_by_shard_0_with_senders_on_every_poll_thread() {
-    use shm_api::GroupFlags;
-    use std::net::{Ipv4Addr, SocketAddrV4};
+/// rdsd on two poll threads, and an app on each (`apps[k]` on thread k).
+fn two_threads_an_app_each() -> (Daemon, Vec<shm_api::Rdsd>) {
     let d = Daemon::start(&["--poll-core", "-2", "--poll-core", "-2"]);
-    // One app per poll thread: shard 0's owns two groups with a member each, and each app
-    // sends one message to each group.
     let mut apps: Vec<_> = (0..2).map(|_| d.attach()).collect();
     apps.sort_by_key(|a| a.poll_thread());
     assert_eq!(
         apps.iter().map(|a| a.poll_thread()).collect::<Vec<_>>(),
         [0, 1]
     );
+    (d, apps)
+}
+
+#[test]
+fn info_lists_the_groups_ordered_by_shard_0_with_senders_on_every_poll_thread() {
+    use shm_api::GroupFlags;
+    use std::net::{Ipv4Addr, SocketAddrV4};
+    // One app per poll thread: shard 0's owns two groups with a member each, and each app
+    // sends one message to each group.
+    let (d, apps) = two_threads_an_app_each();
     let group = |i: u16| SocketAddrV4::new(Ipv4Addr::new(239, 9, 9, 1 + i as u8), 6000);
     let mut socks = Vec::new();
     for i in 0..2u16 {
@@ -602,13 +608,7 @@ fn thread_counter(doc: &Value, thread: usize, k: &str) -> u64 {
 
 #[test]
 fn threads_show_what_each_poll_thread_serves_and_moves() {
-    let d = Daemon::start(&["--poll-core", "-2", "--poll-core", "-2"]);
-    let mut apps: Vec<_> = (0..2).map(|_| d.attach()).collect();
-    apps.sort_by_key(|a| a.poll_thread());
-    assert_eq!(
-        apps.iter().map(|a| a.poll_thread()).collect::<Vec<_>>(),
-        [0, 1]
-    );
+    let (d, apps) = two_threads_an_app_each();
     let (a, b) = (apps[0].socket().unwrap(), apps[1].socket().unwrap());
     let a2 = apps[0].socket().unwrap();
     a.bind(lo(4500)).unwrap();

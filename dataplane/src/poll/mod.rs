@@ -751,23 +751,19 @@ impl PollCore {
             t.publish_counters();
         }
         let stats = self.table.stats();
-        stats.poll_passes.store(self.passes, Ordering::Relaxed);
-        stats
-            .tx_ring_visits
-            .store(self.tx_visits, Ordering::Relaxed);
-        stats
-            .fabric_drains
-            .store(self.fabric_drains, Ordering::Relaxed);
-        stats
-            .poll_busy_passes
-            .store(self.busy_passes, Ordering::Relaxed);
-        if let Some(l) = self.table.link() {
-            stats
-                .shard_records_out
-                .store(l.records_out, Ordering::Relaxed);
-            stats
-                .shard_records_in
-                .store(l.records_in, Ordering::Relaxed);
+        let (out, inp) = self
+            .table
+            .link()
+            .map_or((0, 0), |l| (l.records_out, l.records_in));
+        for (counter, value) in [
+            (&stats.poll_passes, self.passes),
+            (&stats.tx_ring_visits, self.tx_visits),
+            (&stats.fabric_drains, self.fabric_drains),
+            (&stats.poll_busy_passes, self.busy_passes),
+            (&stats.shard_records_out, out),
+            (&stats.shard_records_in, inp),
+        ] {
+            counter.store(value, Ordering::Relaxed);
         }
     }
 
