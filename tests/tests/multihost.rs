@@ -535,6 +535,24 @@ fn connections_are_spread_over_the_poll_threads_and_lose_nothing() {
             owners.push(shard);
         }
         assert_eq!(x.d().stat("tcp_delivered"), 4000);
+        // Each connection's paths are read and written by its thread alone: a thread delivers
+        // from the network the 2000 messages of each peer it owns, and writes only if it owns
+        // one (`rdsctl threads`' counters).
+        let threads = x.d().info_json(&["-T"])["threads"].clone();
+        for k in 0..2u64 {
+            let owned = conns
+                .iter()
+                .filter(|c| c["shard"].as_u64() == Some(k))
+                .count() as u64;
+            let c = &threads[k as usize]["counters"];
+            let of = |n: &str| c[n].as_u64().unwrap_or(0);
+            assert_eq!(of("tcp_delivered"), 2000 * owned, "thread {k}: {threads}");
+            assert_eq!(
+                of("tcp_tx_messages") > 0,
+                owned > 0,
+                "thread {k}: {threads}"
+            );
+        }
     }
     eprintln!("connection owners: {owners:?}");
     // Three address pairs, each one thread's at both ends (the hash is symmetric): on every
