@@ -24,6 +24,8 @@
 # IP: the ip(8) to use (a bundle ships its own for hosts without iproute2).
 # STATS="name,name": print those counters of both rdsd after the run (e.g. rx_publishes), and
 # the kernel TCP segments of each namespace (tcp_InSegs, tcp_OutSegs).
+# THREADS=1: print each rdsd's poll threads after the run (`rdsctl threads -i 0`: what each
+# served and moved; with RDSD_ARGS="--poll-core -2" each rdsd runs two poll threads).
 # RDSD_ARGS: extra arguments for both rdsd (e.g. "--path-choice source-port"). DPDK_EXTRA: lines
 # added to both rdsd's [dpdk] section (e.g. "ack_delay_us = 200"). AF_XDP_ARGS: appended to the
 # af_xdp vdev (e.g. ",busy_budget=64": the driver's preferred busy polling, which rdsd turns off).
@@ -139,5 +141,11 @@ if [[ -n "${STATS:-}" ]]; then
         "$IP" netns exec "$n" "$BIN/rdsctl" -s "/tmp/$n.sock" stats | grep -E "^(${STATS//,/|}) " || true
         # Kernel TCP segments of the namespace (both rdsd's connections and the baselines').
         "$IP" netns exec "$n" awk '/^Tcp:/ { if (!h) { split($0, k); h = 1 } else for (i = 2; i <= NF; i++) if (k[i] == "InSegs" || k[i] == "OutSegs") printf "tcp_%s %s\n", k[i], $i }' /proc/net/snmp
+    done
+fi
+if [[ -n "${THREADS:-}" ]]; then
+    for n in "$A" "$B"; do
+        echo "rdsd $([ "$n" = "$A" ] && echo active || echo passive):"
+        "$IP" netns exec "$n" "$BIN/rdsctl" -s "/tmp/$n.sock" threads -i 0 || true
     done
 fi

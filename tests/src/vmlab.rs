@@ -1092,6 +1092,43 @@ fn raise_fd_limit() {
 /// The shared lab, booted on first use; `None` (after `crate::skip_or_fail`: a failure in CI,
 /// a counted skip elsewhere) only when qemu cannot start at all. Torn down at process exit. Each caller holds it exclusively until the guard
 /// drops; a previous test's leftover guest jobs are killed first.
+/// How many times the shared lab's guests have reset their NIC so far (0 before it exists).
+pub fn shared_nic_resets() -> usize {
+    let g = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    match &*g {
+        Some(Ok(lab)) => lab.nic_resets(),
+        _ => 0,
+    }
+}
+
+/// Runs a test of the shared lab. If it fails and the guest reset its NIC while it ran (qemu
+/// had stopped taking its frames: the lab's fault, `tests/vmlab/README.md`), it says so, boots
+/// a fresh guest and a fresh rdsd, and runs the test once more; a second failure fails it.
+/// A failure without a NIC reset fails at once.
+pub fn retry_after_nic_reset(test: impl Fn()) {
+    let before = shared_nic_resets();
+    let Err(failure) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&test)) else {
+        return;
+    };
+    let after = shared_nic_resets();
+    if after == before {
+        std::panic::resume_unwind(failure);
+    }
+    eprintln!(
+        "vmlab: the test failed after the guest reset its NIC {} time(s) while it ran (qemu \
+         had stopped taking its frames); booting a fresh guest and rdsd and running it once more",
+        after - before
+    );
+    {
+        let mut g = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(Ok(lab)) = g.as_mut() {
+            lab.shutdown_vm();
+            lab.daemon = None;
+        }
+    }
+    test();
+}
+
 pub fn shared_lab() -> Option<LabGuard> {
     let mut g = SHARED.lock().unwrap_or_else(|e| e.into_inner());
     if g.is_none() {
