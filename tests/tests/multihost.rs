@@ -535,6 +535,9 @@ fn connections_are_spread_over_the_poll_threads_and_lose_nothing() {
             owners.push(shard);
         }
         assert_eq!(x.d().stat("tcp_delivered"), 4000);
+        // Counted once: a network message the connection's thread hands to the sink's thread is
+        // no local delivery there.
+        assert_eq!(x.d().stat("loop_delivered"), 0);
         // Each connection's paths are read and written by its thread alone: a thread delivers
         // from the network the 2000 messages of each peer it owns, and writes only if it owns
         // one (`rdsctl threads`' counters).

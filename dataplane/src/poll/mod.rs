@@ -573,10 +573,13 @@ impl PollCore {
                 // Releases `token` once delivered (into the ring or the backlog) or dropped.
                 match self.table.deliver_forwarded(m, from, token) {
                     crate::seam::Delivered::Full => return false,
-                    crate::seam::Delivered::Yes => {
+                    // A local sender's (token 0: from the network, which the connection's
+                    // owner counted as its transport's delivery when it forwarded it).
+                    crate::seam::Delivered::Yes if token != 0 => {
                         Stats::bump_mine(&self.table.stats().loop_delivered);
                         Stats::add_mine(&self.table.stats().loop_bytes, len);
                     }
+                    crate::seam::Delivered::Yes => {}
                     crate::seam::Delivered::NoSocket => {}
                 }
                 true
