@@ -638,7 +638,7 @@ pub fn prometheus_text(counters: &[(&str, u64, &str)], info: Option<(&str, f64)>
 /// The counters exposed per poll thread as well (`rdsd_thread_<name>_total{thread="k"}`):
 /// enough to see which thread is loaded and with what, without a series per counter and
 /// thread.
-pub const THREAD_METRICS: [(&str, &str); 8] = [
+pub const THREAD_METRICS: [(&str, &str); 12] = [
     ("poll_passes", "Passes of this poll thread."),
     (
         "poll_busy_passes",
@@ -664,6 +664,22 @@ pub const THREAD_METRICS: [(&str, &str); 8] = [
     (
         "tcp_delivered",
         "Messages from kernel TCP paths this poll thread delivered.",
+    ),
+    (
+        "dpdk_tx_messages",
+        "Messages this poll thread wrote on userspace-TCP (DPDK) paths.",
+    ),
+    (
+        "dpdk_delivered",
+        "Messages from userspace-TCP (DPDK) paths this poll thread delivered.",
+    ),
+    (
+        "rdma_tx_messages",
+        "Messages this poll thread wrote on RDMA paths.",
+    ),
+    (
+        "rdma_delivered",
+        "Messages from RDMA paths this poll thread delivered.",
     ),
 ];
 
