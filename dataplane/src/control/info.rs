@@ -61,10 +61,12 @@ impl Started {
 pub(super) const MAX_BODY: usize = MAX_DATAGRAM - REPLY_HEADER_LEN;
 
 /// Serialises `doc`, halving its longest list (`sockets`, `connections`, `groups`, a queue's
-/// `entries`, a group's `members`, a message listing) until it fits in `max` bytes; each cut list gets a
+/// `entries`, a group's `members`, a message listing, the poll threads) until it fits in `max` bytes; each cut list gets a
 /// `<list>_truncated` count (next to it, in the same object) of the entries left out.
 pub(super) fn fit(doc: Map<String, Value>, max: usize) -> Vec<u8> {
-    const LISTS: [&str; 9] = [
+    const LISTS: [&str; 11] = [
+        "/thread_counters",
+        "/threads",
         "/send_messages",
         "/retrans_messages",
         "/recv_messages",
@@ -383,6 +385,17 @@ mod tests {
         assert_eq!(kept as u64 + v["sockets_truncated"].as_u64().unwrap(), 4096);
         assert_eq!(v["connections"].as_array().unwrap().len(), 1);
         assert!(v.get("connections_truncated").is_none());
+        // So are the poll threads' own counters (a counters-only reply on a many-core host).
+        let mut doc = Map::new();
+        let one: Map<String, Value> = (0..100)
+            .map(|k| (format!("counter_{k}"), json!(u64::MAX)))
+            .collect();
+        doc.insert("thread_counters".into(), json!(vec![one; 256]));
+        let body = fit(doc, MAX_BODY);
+        assert!(body.len() <= MAX_BODY);
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        let kept = v["thread_counters"].as_array().unwrap().len() as u64;
+        assert!(kept > 0 && kept + v["thread_counters_truncated"].as_u64().unwrap() == 256);
         // Queue entries are cut too, next to their list.
         let mut doc = Map::new();
         let e = json!({"addr": "10.0.0.1", "port": 4000, "pid": 7, "bytes": 300});
