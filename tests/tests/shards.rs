@@ -855,3 +855,71 @@ fn on_0_and_elsewhere(apps: &[shm_api::Rdsd]) -> (&shm_api::Rdsd, &shm_api::Rdsd
     let elsewhere = apps.iter().find(|a| a.poll_thread() != 0).expect("one not");
     (on_0, elsewhere)
 }
+
+/// Steady pairs keep their order and lose nothing while, on the same poll threads, flooding
+/// apps are SIGKILLed mid-stream, the never-reading receivers they flood are SIGKILLed and come
+/// back, and apps break their own tx rings (and are evicted): rdsd stays up, and at the end
+/// every app is gone and every region freed. (Placement by app over three threads: the
+/// processes land on every thread, so each kind of trouble meets the others' crossings.)
+#[test]
+fn steady_pairs_survive_killed_floods_and_scribblers_on_every_thread() {
+    let d = daemon();
+    let count = 150_000u64.to_string();
+    let addr = |port: u16| lo(port).to_string();
+    let mut receivers: Vec<_> = (0..3)
+        .map(|i| d.app(&["recv", &addr(7101 + i), &count]))
+        .collect();
+    for r in &mut receivers {
+        r.expect("bound");
+    }
+    let senders: Vec<_> = (0..3u16)
+        .map(|i| {
+            let len = (16 + 300 * i).to_string();
+            d.app(&["send", &addr(7201 + i), &addr(7101 + i), &count, &len])
+        })
+        .collect();
+    let hold = |d: &Daemon| {
+        let mut h = d.app(&["hold", &addr(7400), "3"]);
+        h.expect("bound");
+        h
+    };
+    let mut sinks = hold(&d);
+    let modes = ["huge-index", "misaligned", "huge-len", "bad-kind", "random"];
+    for k in 0..25u16 {
+        if k % 8 == 7 {
+            sinks.kill();
+            sinks = hold(&d);
+        }
+        let mut flood = d.app(&["flood", &addr(7300 + k), &addr(7400 + k % 3)]);
+        flood.expect("flooding");
+        let mut scribbler = d.app(&["scribble", modes[usize::from(k) % 5], &addr(7500 + k)]);
+        scribbler.expect("scribbled");
+        std::thread::sleep(Duration::from_millis(20 + 40 * u64::from(k % 5)));
+        flood.kill();
+        scribbler.expect_within("evicted", Duration::from_secs(20));
+        assert!(d.running(), "rdsd died in round {k}");
+    }
+    sinks.kill();
+    for mut r in receivers {
+        assert_eq!(r.expect_within("received", Duration::from_secs(120)), count);
+    }
+    for s in senders {
+        assert_eq!(s.wait(), 0);
+    }
+    assert!(d.running());
+    wait_for(
+        || {
+            let s = d.exact_stats();
+            let at = |n: &str| rdsd_tests::stat_from(&s, n);
+            // `Daemon::start`'s probe attached once too.
+            at("apps_attached") == at("apps_detached") && at("regions_freed") == at("apps_detached")
+        },
+        Duration::from_secs(20),
+        "every app detached and every region freed",
+    );
+    assert_eq!(
+        d.stat("apps_evicted"),
+        25,
+        "every scribbler, and no one else"
+    );
+}
