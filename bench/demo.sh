@@ -131,6 +131,8 @@ ls "$OUT"/*/latency-cdf.svg "$OUT"/*/throughput.svg "$OUT"/*/results.json
 
 say "rdsctl status"
 "$BIN/rdsctl" -s "$SOCK" status
+say "rdsctl threads (what each poll thread served and moved)"
+"$BIN/rdsctl" -s "$SOCK" threads -i 0
 
 # --- 7. stop ----------------------------------------------------------------------------
 say "stopping rdsd"
