@@ -599,7 +599,7 @@ impl Config {
     }
 
     /// Poll threads that each drive the network transports for the connections
-    /// [`Config::conn_shard`] gives them: all of them when this host talks to the network over
+    /// `transport::ConnOwners` gives them: all of them when this host talks to the network over
     /// kernel TCP only; with a `[dpdk]` section, its `queues` (one queue pair of the port per
     /// thread; 1 by default); 1 (shard 0) with an `[rdma]` section, whose single context
     /// shard 0 drives.
@@ -615,16 +615,10 @@ impl Config {
             None => self.poll_cores.len(),
         }
     }
-
-    /// The poll thread that owns the RDS connection `(laddr, faddr)` and all its paths: a
-    /// hash of the address pair, so both the sender's shard and the accept thread find it
-    /// without asking anyone.
-    pub fn conn_shard(&self, laddr: u32, faddr: u32) -> usize {
-        conn_shard(self.net_shards(), laddr, faddr)
-    }
 }
 
-/// [`Config::conn_shard`] for `shards` network poll threads. Symmetric in the two addresses:
+/// The owner of connection `(laddr, faddr)` among `shards` network poll threads that drive a
+/// DPDK port's queue pairs (`transport::ConnOwners`). Symmetric in the two addresses:
 /// two hosts with as many threads pick the same one, so on a DPDK port with a queue pair per
 /// thread (memif: queue k to queue k) a connection's frames arrive on its owner's queue at
 /// both ends and need no steering.

@@ -78,10 +78,13 @@ pub fn run(cfg: Config, shutdown: Arc<AtomicBool>) -> Result<()> {
     tracing::info!(socket = %cfg.control_socket.display(), idle = ?cfg.idle, local = ?cfg.local_addrs, poll_threads = shards, "rdsd listening");
 
     let poll_alive = Arc::new(AtomicBool::new(true));
+    // Who owns each network connection: the kernel-TCP accept thread and every poll thread ask.
+    let owners = Arc::new(transport::ConnOwners::new(&cfg));
     let fabric = Arc::new(poll::shard::Fabric::new(
         doorbells.clone(),
         daemon.view(),
         poll::shard::open_rebind(&cfg),
+        owners.clone(),
     ));
     let shard_stats: Vec<Arc<stats::Stats>> = (0..shards)
         .map(|k| {
@@ -96,7 +99,7 @@ pub fn run(cfg: Config, shutdown: Arc<AtomicBool>) -> Result<()> {
     // Every shard delivers locally; each of `net_shards` drives kernel TCP for the
     // connections it owns; shard 0 drives the DPDK port or the RDMA context.
     let transports =
-        transport::build_shards(&cfg, &shard_stats).context("starting the transports")?;
+        transport::build_shards(&cfg, &shard_stats, &owners).context("starting the transports")?;
     let mut poll_threads = Vec::with_capacity(shards);
     for (k, (sstats, list)) in shard_stats.into_iter().zip(transports).enumerate() {
         let core = poll::PollCore::shard(

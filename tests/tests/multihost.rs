@@ -485,9 +485,9 @@ fn messages_read_together_are_published_together() {
 }
 
 /// Kernel TCP on two poll threads (issue 18): each connection, with every path of it, is
-/// owned by one thread (a hash of the address pair), both ends agree without asking, and
-/// messages cross between the apps' threads and the connections' threads in order, exactly
-/// once, both ways.
+/// owned by one thread (the one with the fewest connections when it was first seen: a host's
+/// two peers on its two threads), and messages cross between the apps' threads and the
+/// connections' threads in order, exactly once, both ways.
 #[test]
 fn connections_are_spread_over_the_poll_threads_and_lose_nothing() {
     let two = ["--poll-core", "-2", "--poll-core", "-2", "--paths", "2"];
@@ -514,7 +514,7 @@ fn connections_are_spread_over_the_poll_threads_and_lose_nothing() {
     for s in senders {
         assert_eq!(s.wait(), 0);
     }
-    let mut owners = Vec::new();
+    let mut owners: Vec<u64> = Vec::new();
     for x in h {
         let conns = x.d().info_json(&["-n"])["connections"]
             .as_array()
@@ -529,11 +529,15 @@ fn connections_are_spread_over_the_poll_threads_and_lose_nothing() {
             "one connection per peer, on one thread: {conns:?}"
         );
         assert_eq!(conns.len(), 2, "{conns:?}");
-        for c in &conns {
-            let shard = c["shard"].as_u64().expect("shard");
-            assert!(shard < 2, "{c}");
-            owners.push(shard);
-        }
+        let mut mine: Vec<u64> = conns
+            .iter()
+            .map(|c| c["shard"].as_u64().expect("shard"))
+            .collect();
+        owners.extend(&mine);
+        // Placed by load: a host's two peers on its two threads (a hash of the address pairs
+        // put both on one thread on two of these three hosts).
+        mine.sort();
+        assert_eq!(mine, [0, 1], "{conns:?}");
         assert_eq!(x.d().stat("tcp_delivered"), 4000);
         // Counted once: a network message the connection's thread hands to the sink's thread is
         // no local delivery there.
@@ -558,7 +562,4 @@ fn connections_are_spread_over_the_poll_threads_and_lose_nothing() {
         }
     }
     eprintln!("connection owners: {owners:?}");
-    // Three address pairs, each one thread's at both ends (the hash is symmetric): on every
-    // lab subnet (10.100-249.0.0/24) both threads own some.
-    assert!(owners.contains(&0) && owners.contains(&1), "{owners:?}");
 }

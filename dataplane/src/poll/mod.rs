@@ -224,6 +224,7 @@ impl PollCore {
             vec![Arc::new(shm_api::sys::eventfd().expect("eventfd"))],
             daemon.view(),
             shard::open_rebind(&cfg),
+            Arc::new(crate::transport::ConnOwners::with(1, true)),
         ));
         PollCore::shard(
             cfg,

@@ -451,6 +451,8 @@ pub struct Fabric {
     /// `idle = "watch"`: bit per shard that last found an app thread asleep in a receive on
     /// its sockets (written by that shard's idle look only, at most once a millisecond).
     watching: AtomicU64,
+    /// Which shard owns each network connection (shared with the kernel-TCP accept thread).
+    pub(super) owners: Arc<crate::transport::ConnOwners>,
 }
 
 impl Fabric {
@@ -459,6 +461,7 @@ impl Fabric {
         doorbells: Vec<Arc<OwnedFd>>,
         dview: DaemonView,
         rebind: Option<BoundPorts>,
+        owners: Arc<crate::transport::ConnOwners>,
     ) -> Fabric {
         let n = doorbells.len();
         let pairs = if n > 1 { n * n } else { 0 };
@@ -477,6 +480,7 @@ impl Fabric {
             }),
             dir_version: AtomicU64::new(0),
             watching: AtomicU64::new(0),
+            owners,
         }
     }
 

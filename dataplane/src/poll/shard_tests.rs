@@ -99,6 +99,8 @@ struct Rig {
     log: Arc<Mutex<Vec<(usize, Event)>>>,
     /// Messages from the peer, for the owner of the connection to it to take.
     arrivals: Arrivals,
+    /// The poll thread that owns the connection to the peer.
+    owner: usize,
     seq: u64,
     _dir: std::path::PathBuf,
 }
@@ -108,7 +110,7 @@ impl Rig {
         Rig::with_shards(2)
     }
 
-    /// `n` poll threads, each owning the kernel-TCP-like connections `conn_shard` gives it.
+    /// `n` poll threads, each owning the kernel-TCP-like connections the fabric's owners give it.
     fn with_shards(n: usize) -> Rig {
         let (cfg, dir) = super::inplace_tests::test_config("shards", n);
         assert_eq!(cfg.net_shards(), n, "every shard owns some connections");
@@ -117,11 +119,19 @@ impl Rig {
         let doorbells = (0..n)
             .map(|_| Arc::new(shm_api::sys::eventfd().unwrap()))
             .collect();
-        let fabric = Arc::new(shard::Fabric::new(doorbells, daemon.view(), None));
+        // Placed by the symmetric hash, as before owners were placed by load: the owner of the
+        // one peer's connection varies with `n` (balanced, it would always be thread 0).
+        let owners = Arc::new(crate::transport::ConnOwners::with(n, false));
+        let fabric = Arc::new(shard::Fabric::new(
+            doorbells,
+            daemon.view(),
+            None,
+            owners.clone(),
+        ));
         let wake = Arc::new(shm_api::sys::eventfd().unwrap());
         let log = Arc::new(Mutex::new(Vec::new()));
         let arrivals = Arc::new(Mutex::new(std::collections::VecDeque::new()));
-        let owner = crate::config::conn_shard(n, u32::from(LOCAL), u32::from(PEER));
+        let owner = owners.owner(u32::from(LOCAL), u32::from(PEER));
         let cores = (0..n)
             .map(|k| {
                 let stats = Arc::new(Stats::default());
@@ -149,6 +159,7 @@ impl Rig {
             chans,
             log,
             arrivals,
+            owner,
             seq: 0,
             _dir: dir,
         }
@@ -287,7 +298,7 @@ fn fill_tx_ring(p: &mut Producer<RawRing>, port: u16, payload: &[u8]) -> u64 {
 #[test]
 fn a_cancel_reaches_the_connection_owner_after_the_messages_sent_before_it() {
     let mut rig = Rig::new();
-    let owner = crate::config::conn_shard(2, u32::from(LOCAL), u32::from(PEER));
+    let owner = rig.owner;
     let app_shard = 1 - owner;
     let (slot, ring) = rig.app_with_socket(app_shard, 0, 4000);
     let mut p = Producer::new(ring);
@@ -714,7 +725,7 @@ fn cross_thread_order_and_cancels_hold_against_a_model() {
 
 fn run_model(ops: &[Op], shards: usize, hog: Option<Sock>) {
     let mut rig = Rig::with_shards(shards);
-    let owner = crate::config::conn_shard(shards, u32::from(LOCAL), u32::from(PEER));
+    let owner = rig.owner;
     let mut tx: Vec<Vec<(u32, Producer<RawRing>)>> = Vec::new();
     let mut rx: Vec<Vec<shm_api::ring::Consumer<RawRing>>> = Vec::new();
     for app in 0..APPS {

@@ -201,8 +201,12 @@ pub struct SocketTable {
     /// This shard's end of the fabric; `None` with one poll thread.
     link: Option<ShardLink>,
     /// Poll threads with a kernel-TCP transport, each owning the connections
-    /// `config::conn_shard` gives it (1: shard 0 drives every network transport).
+    /// `fabric.owners` gives it (1: shard 0 drives every network transport).
     net_shards: usize,
+    /// The owners this thread asked `fabric.owners` for (a connection never moves), and the
+    /// last one: a send to a remote host takes no lock, and mostly no lookup either.
+    owners_seen: FxHashMap<(u32, u32), u8>,
+    last_net_owner: ((u32, u32), usize),
     /// Set while delivering what another shard forwarded: never forwarded again.
     from_fabric: bool,
     /// Set while a closing socket's messages move (`set_closing_sender`): one that finds a
@@ -279,6 +283,9 @@ impl SocketTable {
         SocketTable {
             link: (fabric.shards() > 1).then(|| fabric.link(shard)),
             net_shards: cfg.net_shards().min(fabric.shards()),
+            owners_seen: FxHashMap::default(),
+            // (0, 0) is no connection: a first send always asks.
+            last_net_owner: ((0, 0), 0),
             fabric,
             shard,
             from_fabric: false,
@@ -352,8 +359,30 @@ impl SocketTable {
     }
 
     /// The poll thread whose transports carry messages from `laddr` to the remote `faddr`.
-    pub(super) fn net_owner(&self, laddr: u32, faddr: u32) -> usize {
-        crate::config::conn_shard(self.net_shards, laddr, faddr)
+    #[inline]
+    pub(super) fn net_owner(&mut self, laddr: u32, faddr: u32) -> usize {
+        if self.net_shards == 1 {
+            return 0;
+        }
+        if self.last_net_owner.0 == (laddr, faddr) {
+            return self.last_net_owner.1;
+        }
+        self.net_owner_slow(laddr, faddr)
+    }
+
+    #[cold]
+    fn net_owner_slow(&mut self, laddr: u32, faddr: u32) -> usize {
+        let k = match self.owners_seen.get(&(laddr, faddr)) {
+            Some(&k) => usize::from(k),
+            None => {
+                // Once per connection on this thread: the shared table, under its lock.
+                let k = self.fabric.owners.owner(laddr, faddr);
+                self.owners_seen.insert((laddr, faddr), k as u8);
+                k
+            }
+        };
+        self.last_net_owner = ((laddr, faddr), k);
+        k
     }
 
     /// This shard's end of the fabric; `None` with one poll thread.

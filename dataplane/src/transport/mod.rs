@@ -23,7 +23,76 @@ use crate::prefix::Prefix;
 use crate::seam::Transport;
 use crate::stats::Stats;
 use anyhow::{bail, Context, Result};
-use std::sync::Arc;
+use rustc_hash::FxHashMap;
+use std::sync::{Arc, Mutex};
+
+/// Which poll thread drives each RDS connection (an address pair) of the network transports
+/// that several threads share.
+/// * Kernel TCP alone: the thread with the fewest connections when the pair is first seen (by
+///   a send on any thread, or by the accept thread), kept for rdsd's life (connections are
+///   never removed), so that a host's few busy peers land on different threads; a hash put
+///   both of two peers on one thread half the time.
+/// * With a DPDK port's queue pairs: the symmetric hash [`crate::config::conn_shard`], so both
+///   ends pick the same queue (memif delivers on the queue the peer sent on).
+///
+/// A lock, taken once per connection and poll thread: each thread keeps what it learnt
+/// (`poll::table`), so a send takes no lock.
+#[derive(Debug)]
+pub struct ConnOwners {
+    shards: usize,
+    balanced: bool,
+    placed: Mutex<Placed>,
+}
+
+/// The pairs placed so far and their owners, and how many each thread owns.
+#[derive(Debug)]
+struct Placed {
+    owner: FxHashMap<(u32, u32), u8>,
+    load: Vec<u32>,
+}
+
+impl ConnOwners {
+    /// The owners for `cfg` ([`Config::net_shards`] threads; balanced unless a DPDK port).
+    pub fn new(cfg: &Config) -> ConnOwners {
+        ConnOwners::with(cfg.net_shards(), cfg.sections.get("dpdk").is_none())
+    }
+
+    /// `shards` threads, placed by load (`balanced`) or by the symmetric hash.
+    pub fn with(shards: usize, balanced: bool) -> ConnOwners {
+        ConnOwners {
+            shards: shards.max(1),
+            balanced,
+            placed: Mutex::new(Placed {
+                owner: FxHashMap::default(),
+                load: vec![0; shards.max(1)],
+            }),
+        }
+    }
+
+    /// Threads that drive network transports.
+    pub fn shards(&self) -> usize {
+        self.shards
+    }
+
+    /// The thread that owns the connection from `laddr` to `faddr` (placing it if new).
+    pub fn owner(&self, laddr: u32, faddr: u32) -> usize {
+        if self.shards == 1 {
+            return 0;
+        }
+        if !self.balanced {
+            return crate::config::conn_shard(self.shards, laddr, faddr);
+        }
+        // A thread that panicked holding it has taken rdsd down already.
+        let mut p = self.placed.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&k) = p.owner.get(&(laddr, faddr)) {
+            return usize::from(k);
+        }
+        let k = (0..self.shards).min_by_key(|&k| p.load[k]).unwrap_or(0);
+        p.load[k] += 1;
+        p.owner.insert((laddr, faddr), k as u8);
+        k
+    }
+}
 
 /// Every transport, in routing order (the first that routes a destination carries it), one
 /// line each. [`configure`] runs it to parse and check the config sections, [`build`] to
@@ -79,20 +148,26 @@ pub fn configure(cfg: &mut Config) -> Result<()> {
 /// The transports of this configuration (after [`configure`]) for one poll thread, in
 /// routing order.
 pub fn build(cfg: &Config, stats: &Arc<Stats>) -> Result<Vec<Box<dyn Transport>>> {
-    let mut lists = build_shards(cfg, std::slice::from_ref(stats))?;
+    let owners = Arc::new(ConnOwners::with(1, true));
+    let mut lists = build_shards(cfg, std::slice::from_ref(stats), &owners)?;
     Ok(lists.pop().expect("one list"))
 }
 
 /// The transports of each poll thread (`stats`: one per thread, in order), in routing order:
 /// loopback on every thread; kernel TCP on each of `Config::net_shards`; the transports of
 /// `[sections]` (one device or context each) on thread 0.
-pub fn build_shards(cfg: &Config, stats: &[Arc<Stats>]) -> Result<Vec<Vec<Box<dyn Transport>>>> {
+pub fn build_shards(
+    cfg: &Config,
+    stats: &[Arc<Stats>],
+    owners: &Arc<ConnOwners>,
+) -> Result<Vec<Vec<Box<dyn Transport>>>> {
     if !cfg.sections.configured() && cfg.sections.names().next().is_some() {
         bail!("the transports' sections were not checked (transport::configure)");
     }
     let mut r = Registry(Mode::Build {
         cfg,
         stats,
+        owners,
         lists: stats.iter().map(|_| Vec::new()).collect(),
     });
     register(&mut r)?;
@@ -102,8 +177,9 @@ pub fn build_shards(cfg: &Config, stats: &[Arc<Stats>]) -> Result<Vec<Vec<Box<dy
     }
 }
 
-/// Builds a transport for some poll threads, given each thread's counters (k-th for thread k).
-type ShardedBuild<T, E> = fn(&Config, &[Arc<Stats>]) -> Result<Vec<T>, E>;
+/// Builds a transport for some poll threads, given each thread's counters (k-th for thread k)
+/// and who owns each connection.
+type ShardedBuild<T, E> = fn(&Config, &[Arc<Stats>], &Arc<ConnOwners>) -> Result<Vec<T>, E>;
 
 /// What [`register`]'s lines do: check sections, or start transports.
 struct Registry<'a>(Mode<'a>);
@@ -117,6 +193,8 @@ enum Mode<'a> {
         cfg: &'a Config,
         /// One per poll thread.
         stats: &'a [Arc<Stats>],
+        /// Who owns each connection (shared with the poll threads).
+        owners: &'a Arc<ConnOwners>,
         /// Each poll thread's transports.
         lists: Vec<Vec<Box<dyn Transport>>>,
     },
@@ -133,7 +211,10 @@ impl Registry<'_> {
         T: Transport + 'static,
         E: Into<anyhow::Error>,
     {
-        if let Mode::Build { cfg, stats, lists } = &mut self.0 {
+        if let Mode::Build {
+            cfg, stats, lists, ..
+        } = &mut self.0
+        {
             for (list, stats) in lists.iter_mut().zip(stats.iter()) {
                 if let Some(t) = build(cfg, stats).map_err(Into::into)? {
                     list.push(Box::new(t));
@@ -150,8 +231,14 @@ impl Registry<'_> {
         T: Transport + 'static,
         E: Into<anyhow::Error>,
     {
-        if let Mode::Build { cfg, stats, lists } = &mut self.0 {
-            let built = build(cfg, stats).map_err(Into::into)?;
+        if let Mode::Build {
+            cfg,
+            stats,
+            owners,
+            lists,
+        } = &mut self.0
+        {
+            let built = build(cfg, stats, owners).map_err(Into::into)?;
             for (list, t) in lists.iter_mut().zip(built) {
                 list.push(Box::new(t));
             }
@@ -171,7 +258,10 @@ impl Registry<'_> {
         T: Transport + 'static,
         E: Into<anyhow::Error>,
     {
-        if let Mode::Build { cfg, stats, lists } = &mut self.0 {
+        if let Mode::Build {
+            cfg, stats, lists, ..
+        } = &mut self.0
+        {
             if let Some(t) = cfg.sections.get(name) {
                 let s = S::parse(t.clone()).with_context(|| format!("[{name}]"))?;
                 let built = build(cfg, &s, stats).map_err(Into::into)?;
@@ -288,6 +378,24 @@ mod tests {
     }
 
     #[test]
+    fn connections_go_to_the_least_loaded_thread_once_and_for_good() {
+        let o = ConnOwners::with(3, true);
+        assert_eq!(o.shards(), 3);
+        let owners: Vec<usize> = (1..=4).map(|p| o.owner(10, p)).collect();
+        assert_eq!(owners, [0, 1, 2, 0], "the fewest first, ties to the lowest");
+        assert_eq!(o.owner(10, 2), 1, "kept");
+        assert_eq!(o.owner(2, 10), 1, "the other direction is another pair");
+        assert_eq!(o.owner(10, 5), 2);
+        // One thread: always 0; a DPDK port's queues: the symmetric hash.
+        assert_eq!(ConnOwners::with(1, true).owner(10, 1), 0);
+        let h = ConnOwners::with(4, false);
+        for (a, b) in [(1, 2), (7, 3), (0x0a00_0001, 0x0a00_0002)] {
+            assert_eq!(h.owner(a, b), crate::config::conn_shard(4, a, b));
+            assert_eq!(h.owner(a, b), h.owner(b, a));
+        }
+    }
+
+    #[test]
     fn kernel_tcp_runs_on_every_poll_thread_unless_a_section_needs_thread_0() {
         let dir = std::env::temp_dir().join(format!("rdsd-shards-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -301,7 +409,7 @@ mod tests {
         cfg.poll_cores = vec![None; 3];
         configure(&mut cfg).unwrap();
         let stats: Vec<Arc<Stats>> = (0..3).map(|_| Arc::new(Stats::default())).collect();
-        let lists = build_shards(&cfg, &stats).unwrap();
+        let lists = build_shards(&cfg, &stats, &Arc::new(ConnOwners::new(&cfg))).unwrap();
         let names: Vec<Vec<&str>> = lists
             .iter()
             .map(|l| l.iter().map(|t| t.name()).collect())

@@ -52,16 +52,21 @@ const EVENTS: usize = 64;
 
 /// Builds the kernel-TCP transport when the configuration talks to the network: one endpoint
 /// per poll thread of `Config::net_shards` (`stats`: theirs, in order), each owning the
-/// connections `Config::conn_shard` gives it. They share the listener (its thread hands each
+/// connections `owners` gives it. They share the listener (its thread hands each
 /// accepted connection to its owner) and the receive-state file.
-pub fn build(cfg: &Config, stats: &[Arc<Stats>]) -> std::io::Result<Vec<Endpoint<TcpLink>>> {
+pub fn build(
+    cfg: &Config,
+    stats: &[Arc<Stats>],
+    owners: &Arc<crate::transport::ConnOwners>,
+) -> std::io::Result<Vec<Endpoint<TcpLink>>> {
     if !cfg.wants_network() {
         return Ok(Vec::new());
     }
-    let shards = cfg.net_shards().min(stats.len());
+    let shards = owners.shards().min(stats.len());
+    debug_assert_eq!(shards, owners.shards(), "a poll thread per owner");
     let links = TcpLink::listen_sharded(
         SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, cfg.tcp_port),
-        shards,
+        owners.clone(),
     )?;
     let state = RxStateFile::open_shared(&cfg.state_file)?;
     Ok(links
@@ -272,14 +277,20 @@ fn accept_one(l: &Socket) -> Option<Accepted<TcpPath>> {
 impl TcpLink {
     /// Listens on `addr` (port 16385 on every address in rdsd).
     pub fn listen(addr: SocketAddrV4) -> std::io::Result<TcpLink> {
-        let mut links = TcpLink::listen_sharded(addr, 1)?;
+        let mut links =
+            TcpLink::listen_sharded(addr, Arc::new(crate::transport::ConnOwners::with(1, true)))?;
         Ok(links.pop().expect("one link"))
     }
 
-    /// One link per poll thread (`shards` of them) behind one listener on `addr`: the accept
-    /// thread hands each connection to the link of the shard that owns its address pair
-    /// (`config::conn_shard`), so every socket of a connection is polled by its owner only.
-    pub fn listen_sharded(addr: SocketAddrV4, shards: usize) -> std::io::Result<Vec<TcpLink>> {
+    /// One link per poll thread that drives the network (`owners.shards()` of them) behind one
+    /// listener on `addr`: the accept thread hands each connection to the link of the shard
+    /// that owns its address pair (`owners`, which the senders' threads ask too), so every
+    /// socket of a connection is polled by its owner only.
+    pub fn listen_sharded(
+        addr: SocketAddrV4,
+        owners: Arc<crate::transport::ConnOwners>,
+    ) -> std::io::Result<Vec<TcpLink>> {
+        let shards = owners.shards();
         let l = Socket::new(Domain::IPV4, Type::STREAM.cloexec(), Some(Protocol::TCP))?;
         l.set_reuse_address(true)?;
         l.set_nonblocking(true)?;
@@ -292,7 +303,7 @@ impl TcpLink {
             "rdsd-tcp-accept",
             fd,
             shards,
-            move |a: &Accepted<TcpPath>| crate::config::conn_shard(shards, a.laddr, a.faddr),
+            move |a: &Accepted<TcpPath>| owners.owner(a.laddr, a.faddr),
             move |push| {
                 while let Some(a) = accept_one(&l) {
                     push(a);
