@@ -98,6 +98,42 @@ fn host_send(s: &Socket, dest: SocketAddrV4, count: u64, sizes: &[usize]) {
     }
 }
 
+/// 32 sockets bound at `base`.. on the host, 16 per attachment of `rs` (rdsd's
+/// `max_sockets_per_app`).
+fn thirty_two_senders(lab: &LabGuard, rs: &[shm_api::Rdsd], base: u16) -> Vec<Socket> {
+    (0..32)
+        .map(|i| {
+            let s = rs[i / 16].socket().unwrap();
+            s.set_send_timeout(Some(Duration::from_secs(120))).unwrap();
+            s.bind(at(lab.host, base + i as u16)).unwrap();
+            s
+        })
+        .collect()
+}
+
+/// 200 messages of 200 B (sequence-numbered) from each sender to `to`.
+fn send_200_each(senders: &[Socket], to: SocketAddrV4) {
+    for k in 0..200 {
+        for s in senders {
+            s.send_to(&payload(k, 200), to).unwrap();
+        }
+    }
+}
+
+/// The guest's receiver `rx` took all 6400 messages of 32 sources, each in order.
+fn expect_6400_from_32(rx: &Job) {
+    let done = rx.expect("done", Duration::from_secs(300));
+    assert_eq!(
+        (
+            field(&done, "got"),
+            field(&done, "sources"),
+            field(&done, "bad")
+        ),
+        (6400, 32, 0),
+        "{done}"
+    );
+}
+
 fn field(line: &str, key: &str) -> u64 {
     Job::field(line, key)
 }
@@ -426,39 +462,19 @@ fn e_mprds_eight_paths_and_thirty_two_sockets_each_way_from_the_start() {
         let rs: Vec<shm_api::Rdsd> = (0..3).map(|_| lab.d().attach()).collect();
         let sink = rs[2].socket().unwrap();
         sink.bind(at(lab.host, 7400)).unwrap();
-        let senders: Vec<Socket> = (0..32)
-            .map(|i| {
-                let s = rs[i / 16].socket().unwrap();
-                s.set_send_timeout(Some(Duration::from_secs(120))).unwrap();
-                s.bind(at(lab.host, 7500 + i as u16)).unwrap();
-                s
-            })
-            .collect();
+        let senders = thirty_two_senders(&lab, &rs, 7500);
         let rx = lab.guest(&format!("recv {g}:7400 6400 300000"));
         rx.expect("bound", Duration::from_secs(30));
         let tx = lab.guest(&format!(
             "send {g}:7500 {}:7400 200 200 nsock=32 linger=30",
             lab.host
         ));
-        for k in 0..200 {
-            for s in &senders {
-                s.send_to(&payload(k, 200), at(g, 7400)).unwrap();
-            }
-        }
+        send_200_each(&senders, at(g, 7400));
         assert_eq!(
             host_recv(&lab, &sink, 6400, None, Duration::from_secs(300)),
             32
         );
-        let done = rx.expect("done", Duration::from_secs(300));
-        assert_eq!(
-            (
-                field(&done, "got"),
-                field(&done, "sources"),
-                field(&done, "bad")
-            ),
-            (6400, 32, 0),
-            "{done}"
-        );
+        expect_6400_from_32(&rx);
         tx.expect("sent", Duration::from_secs(30));
         // The guest (smaller address) connected the 8 paths the kernel offers.
         assert_eq!(lab.d().stat("tcp_accepts") - before, 8);
@@ -481,31 +497,11 @@ fn e3_mprds_rdsd_connects_eight_paths_and_sends_from_the_start() {
         let connects = lab.d().stat("tcp_connects");
         let mismaps = lab.d().stat("tcp_path_mismaps");
         let rs: Vec<shm_api::Rdsd> = (0..2).map(|_| lab.d().attach()).collect();
-        let senders: Vec<Socket> = (0..32)
-            .map(|i| {
-                let s = rs[i / 16].socket().unwrap();
-                s.set_send_timeout(Some(Duration::from_secs(120))).unwrap();
-                s.bind(at(lab.host, 7800 + i as u16)).unwrap();
-                s
-            })
-            .collect();
+        let senders = thirty_two_senders(&lab, &rs, 7800);
         let rx = lab.guest(&format!("recv {g}:7790 6400 300000"));
         rx.expect("bound", Duration::from_secs(30));
-        for k in 0..200 {
-            for s in &senders {
-                s.send_to(&payload(k, 200), at(g, 7790)).unwrap();
-            }
-        }
-        let done = rx.expect("done", Duration::from_secs(300));
-        assert_eq!(
-            (
-                field(&done, "got"),
-                field(&done, "sources"),
-                field(&done, "bad")
-            ),
-            (6400, 32, 0),
-            "{done}"
-        );
+        send_200_each(&senders, at(g, 7790));
+        expect_6400_from_32(&rx);
         // rdsd (the smaller address) connected every path the kernel offers, none of them taken
         // for another path by the kernel.
         let connects = lab.d().stat("tcp_connects") - connects;
