@@ -197,8 +197,6 @@ pub(super) fn document(
     doc
 }
 
-/// The `threads` section: per poll thread, where it runs, what it serves (counted before any
-/// list is cut to fit) and its own non-zero counters.
 /// The non-zero counters of a list, as a JSON object.
 fn nonzero(counters: Vec<(String, u64)>) -> Map<String, Value> {
     counters
@@ -208,6 +206,8 @@ fn nonzero(counters: Vec<(String, u64)>) -> Map<String, Value> {
         .collect()
 }
 
+/// The `threads` section: per poll thread, where it runs, what it serves (counted before any
+/// list is cut to fit) and its own non-zero counters.
 fn threads(cfg: &Config, stats: &Stats, snap: &PollSnapshot) -> Value {
     let apps = &snap.apps_per_shard;
     let per = stats.per_thread();

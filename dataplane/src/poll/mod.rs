@@ -580,8 +580,7 @@ impl PollCore {
                         Stats::bump_mine(&self.table.stats().loop_delivered);
                         Stats::add_mine(&self.table.stats().loop_bytes, len);
                     }
-                    crate::seam::Delivered::Yes => {}
-                    crate::seam::Delivered::NoSocket => {}
+                    crate::seam::Delivered::Yes | crate::seam::Delivered::NoSocket => {}
                 }
                 true
             }

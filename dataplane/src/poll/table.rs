@@ -201,7 +201,8 @@ pub struct SocketTable {
     /// This shard's end of the fabric; `None` with one poll thread.
     link: Option<ShardLink>,
     /// Poll threads with a kernel-TCP transport, each owning the connections
-    /// `fabric.owners` gives it (1: shard 0 drives every network transport).
+    /// `fabric.owners` gives it (1: shard 0 drives every network transport): its count, kept
+    /// here for the send path.
     net_shards: usize,
     /// The owners this thread asked `fabric.owners` for (a connection never moves), and the
     /// last one: a send to a remote host takes no lock, and mostly no lookup either.
@@ -282,7 +283,10 @@ impl SocketTable {
         let hosts = GroupHosts::new(&cfg);
         SocketTable {
             link: (fabric.shards() > 1).then(|| fabric.link(shard)),
-            net_shards: cfg.net_shards().min(fabric.shards()),
+            net_shards: {
+                debug_assert!(fabric.owners.shards() <= fabric.shards());
+                fabric.owners.shards()
+            },
             owners_seen: FxHashMap::default(),
             // (0, 0) is no connection: a first send always asks.
             last_net_owner: ((0, 0), 0),
