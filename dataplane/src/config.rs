@@ -600,11 +600,11 @@ impl Config {
 
     /// Poll threads that each drive the network transports for the connections
     /// `transport::ConnOwners` gives them: all of them when this host talks to the network over
-    /// kernel TCP only; with a `[dpdk]` section, its `queues` (one queue pair of the port per
-    /// thread; 1 by default); 1 (shard 0) with an `[rdma]` section, whose single context
-    /// shard 0 drives.
+    /// kernel TCP and RDMA only (each thread its own QPs, PD and CQ on the shared device
+    /// context); with a `[dpdk]` section, its `queues` (one queue pair of the port per thread;
+    /// 1 by default), which the kernel-TCP and RDMA connections then share.
     pub fn net_shards(&self) -> usize {
-        if !self.wants_network() || self.sections.get("rdma").is_some() {
+        if !self.wants_network() {
             return 1;
         }
         match self.sections.get("dpdk") {
@@ -657,12 +657,16 @@ mod tests {
                 );
             }
         }
-        // Sharded only while the host talks to the network (a [dpdk] or [rdma] section keeps
-        // every connection on shard 0 too: `transport::tests`).
+        // Sharded only while the host talks to the network (a [dpdk] section's `queues` sets
+        // the count: `transport::tests`).
         let mut c = Config::load(None, &Overrides::default()).unwrap();
         c.poll_cores = vec![None, None];
         c.local_addrs.push("10.9.0.1/32".parse().unwrap());
         assert_eq!(c.net_shards(), 2);
+        // RDMA is sharded as kernel TCP is: each thread its own QPs.
+        c.sections = Sections::split_from(&mut "[rdma]\n".parse().unwrap(), &toml::Table::new());
+        assert_eq!(c.net_shards(), 2, "[rdma] shards too");
+        c.sections = Sections::default();
         c.local_addrs
             .retain(|p| p.addr != Ipv4Addr::new(10, 9, 0, 1));
         assert_eq!(c.net_shards(), 1, "loopback only: no network");

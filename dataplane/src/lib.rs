@@ -96,8 +96,8 @@ pub fn run(cfg: Config, shutdown: Arc<AtomicBool>) -> Result<()> {
         })
         .collect();
     stats.count_others(shard_stats[1..].to_vec());
-    // Every shard delivers locally; each of `net_shards` drives kernel TCP for the
-    // connections it owns; shard 0 drives the DPDK port or the RDMA context.
+    // Every shard delivers locally; each of `net_shards` drives kernel TCP and RDMA for the
+    // connections it owns, and a queue pair of the DPDK port.
     let transports =
         transport::build_shards(&cfg, &shard_stats, &owners).context("starting the transports")?;
     let mut poll_threads = Vec::with_capacity(shards);

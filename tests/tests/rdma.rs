@@ -115,6 +115,13 @@ fn guest_app() {
     let lat = std::env::var("LAB_MODE").is_ok_and(|m| m == "lat");
     let qperr = std::env::var("LAB_MODE").is_ok_and(|m| m == "qperr");
     let cancel = std::env::var("LAB_MODE").is_ok_and(|m| m == "cancel");
+    // With a second address (`lab.threads`), the odd sending sockets use it: two connections.
+    let second = |v: &str| std::env::var(v).ok().filter(|a| !a.is_empty());
+    let (me2, peer2) = (second("LAB_ADDR2"), second("LAB_PEER2"));
+    let addr_of = |k: u64, first: Ipv4Addr, other: &Option<String>| match other {
+        Some(a) if k % 2 == 1 => a.parse::<Ipv4Addr>().unwrap(),
+        _ => first,
+    };
     match role.as_str() {
         "recv" => {
             let s = rdsd.socket().unwrap();
@@ -157,11 +164,15 @@ fn guest_app() {
                         std::thread::sleep(Duration::from_secs(4));
                     }
                 }
-                assert_eq!(*from.ip(), peer, "message #{got} source");
                 let k = u64::from(from.port())
                     .checked_sub(5000)
                     .filter(|&k| k < socks)
                     .unwrap_or_else(|| panic!("message #{got} from unexpected port {from}"));
+                assert_eq!(
+                    *from.ip(),
+                    addr_of(k, peer, &peer2),
+                    "message #{got} source"
+                );
                 let i = next[k as usize];
                 assert_eq!(
                     n,
@@ -217,7 +228,8 @@ fn guest_app() {
                 .map(|k| {
                     let t = rdsd.socket().unwrap();
                     t.set_send_buffer_size(16 << 20).unwrap();
-                    t.bind(SocketAddrV4::new(me, 5000 + k as u16)).unwrap();
+                    t.bind(SocketAddrV4::new(addr_of(k, me, &me2), 5000 + k as u16))
+                        .unwrap();
                     t
                 })
                 .collect();
@@ -413,17 +425,28 @@ const INIT: &str = r#"for kv in $(cat /proc/cmdline); do
         lab.paths=*) LAB_PATHS=${kv#*=};;
         lab.socks=*) LAB_SOCKS=${kv#*=};;
         lab.mode=*) LAB_MODE=${kv#*=};;
+        lab.threads=*) LAB_THREADS=${kv#*=};;
     esac
 done
-export LAB_ROLE LAB_ADDR LAB_PEER LAB_PATHS LAB_SOCKS LAB_MODE
+# With several poll threads each guest has a second address (its first + 2), so that each
+# host has two RDS connections to spread over its threads.
+LAB_ADDR2= LAB_PEER2= POLL=
+if [ -n "$LAB_THREADS" ]; then
+    LAB_ADDR2=${LAB_ADDR%.*}.$(( ${LAB_ADDR##*.} + 2 ))
+    LAB_PEER2=${LAB_PEER%.*}.$(( ${LAB_PEER##*.} + 2 ))
+    for t in $(seq 1 $LAB_THREADS); do POLL="$POLL --poll-core -2"; done
+fi
+export LAB_ROLE LAB_ADDR LAB_PEER LAB_PATHS LAB_SOCKS LAB_MODE LAB_ADDR2 LAB_PEER2
 ip link set lo up
 ip link set eth0 up
 ip addr add $LAB_ADDR/24 dev eth0
+[ -n "$LAB_ADDR2" ] && ip addr add $LAB_ADDR2/24 dev eth0
 if /usr/bin/rdma link add rxe0 type rxe netdev eth0; then echo "LAB rxe up"; else echo "LAB rxe failed"; fi
 echo "LAB ibdevs $(ls /sys/class/infiniband/ 2>&1)"
 echo "LAB uverbs $(ls /dev/infiniband/ 2>&1)"
 # Wait for the peer (ARP) before anything connects.
 for i in $(seq 1 60); do ping -c 1 -W 1 $LAB_PEER >/dev/null 2>&1 && break; done
+[ -n "$LAB_PEER2" ] && for i in $(seq 1 60); do ping -c 1 -W 1 $LAB_PEER2 >/dev/null 2>&1 && break; done
 echo "LAB peer reachable"
 # Soft-RoCE's own counters, to compare before and after a fault.
 hwc() {
@@ -471,7 +494,9 @@ fi
 [ "$LAB_MODE" = slow ] && printf 'backlog_share = 0\n' >> /tmp/rdsd.toml
 printf '[rdma]\n' >> /tmp/rdsd.toml
 start_rdsd() {
-/bin/rdsd --config /tmp/rdsd.toml --control-socket /run/rdsd/rdsd.sock --local-addr $LAB_ADDR/32 --paths $LAB_PATHS --hugepages off $FAULTS >> /tmp/rdsd.log 2>&1 &
+LOCAL="--local-addr $LAB_ADDR/32"
+[ -n "$LAB_ADDR2" ] && LOCAL="$LOCAL --local-addr $LAB_ADDR2/32"
+/bin/rdsd --config /tmp/rdsd.toml --control-socket /run/rdsd/rdsd.sock $LOCAL $POLL --paths $LAB_PATHS --hugepages off $FAULTS >> /tmp/rdsd.log 2>&1 &
 RDSD_PID=$!
 for i in $(seq 1 120); do [ -S /run/rdsd/rdsd.sock ] && /bin/rdsctl --socket /run/rdsd/rdsd.sock status >/dev/null 2>&1 && break; kill -0 $RDSD_PID 2>/dev/null || break; sleep 0.5; done
 if [ -S /run/rdsd/rdsd.sock ]; then echo "LAB rdsd up"; else
@@ -549,6 +574,7 @@ if [ "$LAB_MODE" = restart ] || [ "$LAB_MODE" = cut ]; then
     dmesg | tail -n 20 | sed 's/^/LAB dmesg /'
 fi
 /bin/rdsctl --socket /run/rdsd/rdsd.sock info -p 2>&1 | sed 's/^/LAB paths /'
+[ -n "$LAB_THREADS" ] && echo "LAB threadsjson $(/bin/rdsctl --socket /run/rdsd/rdsd.sock --json threads -i 0 2>&1 | tr -d '\n')"
 /bin/rdsctl --socket /run/rdsd/rdsd.sock --json info -p 2>&1 | sed 's/^/LAB pathsjson /'
 [ "$LAB_MODE" = lat ] || stats stat
 grep -v 'rdma: path event.*PassivePending' /tmp/rdsd.log | sed 's/^/LAB rdsd /' | tail -n 60
@@ -1025,6 +1051,67 @@ fn rdma_exactly_once_two_guests_eight_paths() {
     }
 }
 
+/// Two poll threads in each guest, two RDS connections over RDMA (each guest has a second
+/// address; the odd sending sockets use it): each connection's QPs are one thread's, the
+/// threads own one connection each, and the stream arrives exactly once, in order (the
+/// receiver's socket is on one thread, so the other connection's messages cross to it).
+#[test]
+fn rdma_connections_spread_over_two_poll_threads() {
+    if let Some(Run { a, b, .. }) = check(2, 4, "lab.threads=2") {
+        for (side, out) in [("receiver", &a), ("sender", &b)] {
+            let doc = threads_json(out, side);
+            let rows = doc["threads"].as_array().expect("threads");
+            assert_eq!(rows.len(), 2, "{side}: {doc}");
+            let counter = |k: usize, name: &str| rows[k]["counters"][name].as_u64().unwrap_or(0);
+            // `rdsctl info -p`: each RDMA connection's owner (`shard`), one per thread.
+            let paths: String = out
+                .lines()
+                .filter_map(|l| l.strip_prefix("LAB pathsjson "))
+                .collect();
+            let paths: serde_json::Value = serde_json::from_str(&paths)
+                .unwrap_or_else(|e| panic!("{side}: info -p JSON: {e}: {paths}"));
+            let mut owners: Vec<(String, u64)> = paths["connections"]
+                .as_array()
+                .expect("connections")
+                .iter()
+                .filter(|c| c["transport"] == "rdma")
+                .map(|c| {
+                    (
+                        c["faddr"].as_str().unwrap_or_default().to_string(),
+                        c["shard"].as_u64().expect("shard"),
+                    )
+                })
+                .collect();
+            owners.sort_by_key(|o| o.1);
+            eprintln!("THREADS {side}: RDMA connections and their threads {owners:?}");
+            assert_eq!(owners.len(), 2, "{side}: two RDMA connections: {paths}");
+            assert_eq!(
+                (owners[0].1, owners[1].1),
+                (0, 1),
+                "{side}: one connection per poll thread: {owners:?}"
+            );
+            for k in 0..2 {
+                // Each thread's own QPs carried messages both ways (data one way, the
+                // control messages and acknowledgements the other).
+                assert!(
+                    counter(k, "rdma_tx_messages") > 0 && counter(k, "rdma_rx_messages") > 0,
+                    "{side}: thread {k} moved nothing over RDMA: {doc}"
+                );
+            }
+            let data = if side == "receiver" {
+                "rdma_delivered"
+            } else {
+                "rdma_tx_messages"
+            };
+            eprintln!(
+                "THREADS {side}: {data} {} on thread 0, {} on thread 1",
+                counter(0, data),
+                counter(1, data)
+            );
+        }
+    }
+}
+
 /// A receiver that sleeps 4 s after the first message while 3.4 MB are on their way: its rx
 /// ring fills, the path pauses (its rdsd runs with `backlog_share = 0`, so nothing waits in a
 /// backlog in rdsd) and stops re-posting receive buffers, so the sender runs out of credits
@@ -1046,29 +1133,62 @@ fn rdma_slow_receiver_exhausts_credits_and_recovers() {
 /// powered its guest off, so the restarted rdsd's ARP for it went unanswered.)
 #[test]
 fn rdma_peer_rdsd_killed_and_restarted() {
-    if let Some(Run { a, b, .. }) = check(1, 1, "lab.mode=restart") {
-        assert!(
-            a.contains("LAB rdsd restarted"),
-            "the receiver's rdsd was not restarted"
-        );
-        let second = |s: &str| -> String {
-            s.lines()
-                .filter(|l| l.starts_with("LAB app2 "))
-                .collect::<Vec<_>>()
-                .join("\n")
-        };
-        let (a2, b2) = (second(&a), second(&b));
-        assert!(
-            a2.contains("RESULT recv ok") && a2.contains("RESULT no-duplicates"),
-            "the second stream, to the restarted rdsd:\n{a2}"
-        );
-        assert!(b2.contains("RESULT send ok"), "the second sender:\n{b2}");
-        // The sender's rdsd saw its old path go (the peer's new QP replaced it).
-        assert!(
-            stat(&b, "rdma_path_down") >= 1,
-            "the sender never took the dead incarnation's path down"
-        );
+    peer_restart(1, 1, "");
+}
+
+/// The same with two poll threads at each end and two connections (one per thread, see
+/// `rdma_connections_spread_over_two_poll_threads`): the receive-state file the threads share
+/// keeps each connection's exactly-once across the restart, whichever thread owns it in the
+/// new incarnation, and each of the sender's threads takes its own connection's dead paths
+/// down.
+#[test]
+fn rdma_peer_rdsd_killed_and_restarted_on_two_poll_threads() {
+    let b = peer_restart(2, 4, "lab.threads=2");
+    if let Some(b) = b {
+        let doc = threads_json(&b, "sender");
+        for k in 0..2 {
+            assert!(
+                doc["threads"][k]["counters"]["rdma_path_down"].as_u64() >= Some(1),
+                "the sender's thread {k} never took its connection's dead paths down: {doc}"
+            );
+        }
     }
+}
+
+/// The restart run with `paths` paths and `socks` sending sockets; the sender's output.
+fn peer_restart(paths: u8, socks: u64, extra: &str) -> Option<String> {
+    let Run { a, b, .. } = check(paths, socks, &format!("lab.mode=restart {extra}"))?;
+    assert!(
+        a.contains("LAB rdsd restarted"),
+        "the receiver's rdsd was not restarted"
+    );
+    let second = |s: &str| -> String {
+        s.lines()
+            .filter(|l| l.starts_with("LAB app2 "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let (a2, b2) = (second(&a), second(&b));
+    assert!(
+        a2.contains("RESULT recv ok") && a2.contains("RESULT no-duplicates"),
+        "the second stream, to the restarted rdsd:\n{a2}"
+    );
+    assert!(b2.contains("RESULT send ok"), "the second sender:\n{b2}");
+    // The sender's rdsd saw its old path go (the peer's new QP replaced it).
+    assert!(
+        stat(&b, "rdma_path_down") >= 1,
+        "the sender never took the dead incarnation's path down"
+    );
+    Some(b)
+}
+
+/// `rdsctl --json threads` as a guest printed it (`lab.threads` only).
+fn threads_json(out: &str, side: &str) -> serde_json::Value {
+    let doc: String = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("LAB threadsjson "))
+        .collect();
+    serde_json::from_str(&doc).unwrap_or_else(|e| panic!("{side}: threads JSON: {e}: {doc}"))
 }
 
 /// The wire between the guests is cut for [`CUT`] (10 s) halfway through the stream: the

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 
 /// Which poll thread drives each RDS connection (an address pair) of the network transports
 /// that several threads share.
-/// * Kernel TCP alone: the thread with the fewest connections when the pair is first seen (by
+/// * Kernel TCP and RDMA: the thread with the fewest connections when the pair is first seen (by
 ///   a send on any thread, or by the accept thread), kept for rdsd's life (connections are
 ///   never removed), so that a host's few busy peers land on different threads; a hash put
 ///   both of two peers on one thread half the time.
@@ -100,9 +100,9 @@ impl ConnOwners {
 fn register(r: &mut Registry<'_>) -> Result<()> {
     r.every_shard(loopback::build)?;
     // Before kernel TCP: the DPDK port's routes win.
-    r.section_sharded("dpdk", dpdk::build)?;
+    r.section_sharded("dpdk", |cfg, d, stats, _| dpdk::build(cfg, d, stats))?;
     // Before kernel TCP: with an [rdma] section, its routes go over RDMA.
-    r.section("rdma", rdma::build)?;
+    r.section_sharded("rdma", rdma::build)?;
     r.sharded(tcp::build)?;
     Ok(())
 }
@@ -154,8 +154,8 @@ pub fn build(cfg: &Config, stats: &Arc<Stats>) -> Result<Vec<Box<dyn Transport>>
 }
 
 /// The transports of each poll thread (`stats`: one per thread, in order), in routing order:
-/// loopback on every thread; kernel TCP on each of `Config::net_shards`; the transports of
-/// `[sections]` (one device or context each) on thread 0.
+/// loopback on every thread; kernel TCP and RDMA on each of `Config::net_shards` (the
+/// connections `owners` gives each); DPDK on the first `[dpdk] queues` (a queue pair each).
 pub fn build_shards(
     cfg: &Config,
     stats: &[Arc<Stats>],
@@ -247,11 +247,12 @@ impl Registry<'_> {
     }
 
     /// A transport that runs when the configuration has its section `[name]`, on some of the
-    /// poll threads: `build` gets every thread's counters, and its k-th result runs on thread k.
+    /// poll threads: `build` gets every thread's counters and the connections' owners, and its
+    /// k-th result runs on thread k.
     fn section_sharded<S, T, E>(
         &mut self,
         name: &'static str,
-        build: impl FnOnce(&Config, &S, &[Arc<Stats>]) -> Result<Vec<T>, E>,
+        build: impl FnOnce(&Config, &S, &[Arc<Stats>], &Arc<ConnOwners>) -> Result<Vec<T>, E>,
     ) -> Result<()>
     where
         S: Section,
@@ -259,12 +260,15 @@ impl Registry<'_> {
         E: Into<anyhow::Error>,
     {
         if let Mode::Build {
-            cfg, stats, lists, ..
+            cfg,
+            stats,
+            owners,
+            lists,
         } = &mut self.0
         {
             if let Some(t) = cfg.sections.get(name) {
                 let s = S::parse(t.clone()).with_context(|| format!("[{name}]"))?;
-                let built = build(cfg, &s, stats).map_err(Into::into)?;
+                let built = build(cfg, &s, stats, owners).map_err(Into::into)?;
                 for (list, t) in lists.iter_mut().zip(built) {
                     list.push(Box::new(t));
                 }
@@ -272,23 +276,6 @@ impl Registry<'_> {
             return Ok(());
         }
         self.section_configure::<S>(name)
-    }
-
-    /// A transport that runs when the configuration has its section `[name]`, on poll
-    /// thread 0.
-    fn section<S, T, E>(
-        &mut self,
-        name: &'static str,
-        build: fn(&Config, &S, &Arc<Stats>) -> Result<T, E>,
-    ) -> Result<()>
-    where
-        S: Section,
-        T: Transport + 'static,
-        E: Into<anyhow::Error>,
-    {
-        self.section_sharded(name, |cfg, s: &S, stats| {
-            build(cfg, s, &stats[0]).map(|t| vec![t])
-        })
     }
 
     /// Configure mode: claims `[name]`, checks it, and adds the addresses it owns to

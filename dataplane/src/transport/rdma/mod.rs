@@ -5,9 +5,13 @@
 //!   sequence, initial credits). Which side connects, the doorbell and the path count are the
 //!   shared protocol layer's (the smaller-address rule); a doorbell here is a connect whose
 //!   result is ignored (the peer's engine refuses it and connects back).
-//! * **Memory**: one PD per device, shared by every path and by the app regions, each
-//!   registered once at attach (`region_attached`) for zero-copy sends. One CQ per device,
-//!   shared by every path's sends and receives (a work request's id carries its path's tag), so
+//! * **Poll threads**: one link per poll thread that drives the network (`Config::net_shards`),
+//!   with the connections `transport::ConnOwners` gives it and every path of each; one rdma_cm
+//!   channel and listener for all, whose event thread routes each event to its link
+//!   (`route_event`). Everything below is per link.
+//! * **Memory**: one PD per device, shared by every path and by the app regions of the
+//!   thread's apps, each registered once at attach (`region_attached`) for zero-copy sends.
+//!   One CQ per device, shared by every path's sends and receives (a work request's id carries its path's tag), so
 //!   a pass polls one CQ whatever the path count. Each path owns one registered area cut into
 //!   `recv_buffers + send_slots` slots of 4144 bytes (`[48-byte header][4096 bytes]`). All
 //!   receive slots are posted at creation; a slot is re-posted once its fragment is copied
@@ -54,37 +58,50 @@ pub mod wire;
 pub use config::{RawRdma, RdmaConfig};
 
 use crate::config::Config;
+use crate::prefix::Prefix;
 use crate::protocol::{
     Accepted, ConnectPoll, Endpoint, EndpointConfig, Framing, InPlaceBytes, Link, Payload, PoolBuf,
     Read, RxStateFile, Write,
 };
 use crate::seam::MsgBytes;
 use crate::stats::Stats;
+use crate::transport::ConnOwners;
 use flow::{PathFlow, PathState};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
-use verbs::{Cm, CmEvent, CmEventKind, Device, Mr, Qp};
+use verbs::{Cm, CmContext, CmEvent, CmEventKind, Device, Mr, Qp};
 use wire::{PrivData, HDR};
 
-/// Builds the RDMA transport (the configuration has an `[rdma]` section, `r`).
+/// Builds the RDMA transport (the configuration has an `[rdma]` section, `r`): an endpoint
+/// for each poll thread that drives network transports (`owners.shards()`), each with the
+/// connections `owners` gives it, every path of each (its QPs, on its own PD and CQ).
 pub fn build(
     cfg: &Config,
     r: &RdmaConfig,
-    stats: &Arc<Stats>,
-) -> std::io::Result<Endpoint<RdmaLink>> {
-    let link = RdmaLink::listen(r)?;
+    stats: &[Arc<Stats>],
+    owners: &Arc<ConnOwners>,
+) -> std::io::Result<Vec<Endpoint<RdmaLink>>> {
+    debug_assert!(owners.shards() <= stats.len(), "a poll thread per owner");
+    let links = RdmaLink::listen_sharded(r, owners.clone(), cfg.local_addrs.clone())?;
     let mut state = cfg.state_file.clone().into_os_string();
     state.push(".rdma");
-    let ep = EndpointConfig {
-        name: "rdma",
-        routes: r.routes.clone(),
-        local: cfg.local_addrs.clone(),
-        npaths: cfg.paths,
-        path_choice: cfg.path_choice.into(),
-        state: Some(RxStateFile::open_shared(std::path::Path::new(&state))?),
-    };
-    Ok(Endpoint::new(link, ep, stats.clone(), |s| &s.rdma))
+    let state = RxStateFile::open_shared(std::path::Path::new(&state))?;
+    Ok(links
+        .into_iter()
+        .zip(stats)
+        .map(|(link, stats)| {
+            let ep = EndpointConfig {
+                name: "rdma",
+                routes: r.routes.clone(),
+                local: cfg.local_addrs.clone(),
+                npaths: cfg.paths,
+                path_choice: cfg.path_choice.into(),
+                state: Some(state.clone()),
+            };
+            Endpoint::new(link, ep, stats.clone(), |s| &s.rdma)
+        })
+        .collect())
 }
 
 /// How long a doorbell connection may live.
@@ -165,10 +182,12 @@ pub struct RdmaPath {
     gen: u32,
 }
 
-/// RDMA RC queue pairs for every path of every connection.
+/// RDMA RC queue pairs for every path of the connections one poll thread owns.
 pub struct RdmaLink {
-    /// Kept alive: the listening id.
-    _listener: verbs::CmId,
+    /// Kept alive: the listening id (poll thread 0's link holds it).
+    _listener: Option<verbs::CmId>,
+    /// The poll thread this link runs on: its ids' events come to it (`CmContext::shard`).
+    shard: usize,
     port: u16,
     recv_n: u32,
     send_n: u32,
@@ -176,7 +195,9 @@ pub struct RdmaLink {
     gen: u32,
     /// rdma_cm's events, read by a thread of their own (`transport::handoff`): reading the
     /// event channel is a `read(2)`; that thread also acknowledges each event at once, so
-    /// `rdma_destroy_id` on the poll core never waits for it.
+    /// `rdma_destroy_id` on the poll core never waits for it. One channel for every poll
+    /// thread: the thread hands each event to the link that made its id (`CmContext`), and a
+    /// connect request to the owner of its connection (`route_event`).
     events: crate::transport::handoff::Handoff<CmEvent>,
     accepted: VecDeque<usize>,
     /// Completions polled while arming, before parking (see `park_fds`), still tagged.
@@ -205,60 +226,105 @@ pub struct RdmaLink {
     /// App regions registered on every device (zero copy). After `conns`: no QP sends from
     /// them when they are deregistered.
     regions: Vec<Region>,
-    /// After `conns` and `regions`: their PDs go last.
+    /// After `conns` and `regions`: their PDs go last. Each poll thread's own PD and CQ per
+    /// device (the device contexts are librdmacm's, shared).
     devices: Vec<Device>,
-    /// Last: dropped after every id on it (and after the event thread, which `events` joins).
+    /// Last: the channel goes with the last link (after every id on it, and after the event
+    /// thread, which the first link's `events` joins).
     cm: Arc<Cm>,
 }
 
+/// The poll thread an rdma_cm event is for: the one whose link made the id; for a connect
+/// request (a new id), the owner of its connection, named by the request's private data when
+/// its local address is ours (anything else goes to thread 0, which refuses it without
+/// placing a connection that does not exist).
+fn route_event(ev: &CmEvent, owners: &ConnOwners, local: &[Prefix]) -> usize {
+    if let Some(c) = ev.context {
+        return c.shard;
+    }
+    if ev.kind != CmEventKind::ConnectRequest {
+        return 0;
+    }
+    ev.private
+        .as_deref()
+        .and_then(PrivData::decode)
+        .filter(PrivData::compatible)
+        .filter(|pd| {
+            let ours = std::net::Ipv4Addr::from(pd.daddr);
+            local.iter().any(|p| p.contains(ours))
+        })
+        .map_or(0, |pd| owners.owner(pd.daddr, pd.saddr))
+}
+
 impl RdmaLink {
-    /// Opens rdma_cm and listens on `cfg.port` on every RDMA device.
-    pub fn listen(cfg: &RdmaConfig) -> std::io::Result<RdmaLink> {
+    /// Opens rdma_cm, listens on `cfg.port` on every RDMA device, and makes one link for
+    /// each poll thread `owners` places connections on.
+    pub fn listen_sharded(
+        cfg: &RdmaConfig,
+        owners: Arc<ConnOwners>,
+        local: Vec<Prefix>,
+    ) -> std::io::Result<Vec<RdmaLink>> {
         let cm = Arc::new(Cm::new()?);
         let listener = cm.listen(cfg.port)?;
         let cm2 = cm.clone();
-        let events =
-            crate::transport::handoff::Handoff::spawn("rdsd-rdma-cm", cm.fd(), move |push| {
+        let shards = owners.shards();
+        let ends = crate::transport::handoff::Handoff::spawn_sharded(
+            "rdsd-rdma-cm",
+            cm.fd(),
+            shards,
+            move |ev: &CmEvent| route_event(ev, &owners, &local),
+            move |push| {
                 while let Some(ev) = cm2.get_event() {
                     push(ev);
                 }
-            })?;
-        // Every device's PD up front, so that app regions are registered once, at attach.
-        let devices = Device::all()?;
-        tracing::info!(port = cfg.port, "RDS/RDMA listening");
-        // SAFETY: eventfd with a valid flag set; the fd is owned from here on.
-        let fd = unsafe { libc::eventfd(1, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a fresh descriptor nobody else owns.
-        let ready_fd = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
-        Ok(RdmaLink {
-            cm,
-            _listener: listener,
-            port: cfg.port,
-            recv_n: cfg.recv_buffers,
-            send_n: cfg.send_slots,
-            conns: Vec::new(),
-            gen: 1,
-            events,
-            accepted: VecDeque::new(),
-            early: Default::default(),
-            touched: Vec::new(),
-            wcs: [flow::Completion::default(); 32],
-            completions: 0,
-            ready_epoch: 0,
-            passes: 0,
-            ready_fd,
-            qp_error_every: crate::fault::rdma_qp_error_every(),
-            frames_written: 0,
-            // Spread restarts over the range, so a restarted rdsd does not reuse the ports
-            // of its previous incarnation's QPs.
-            next_port: 49152 + (std::process::id() % 16000) as u16,
-            zero_copy: cfg.zero_copy,
-            regions: Vec::new(),
-            devices,
-        })
+            },
+        )?;
+        tracing::info!(port = cfg.port, shards, "RDS/RDMA listening");
+        let mut listener = Some(listener);
+        ends.into_iter()
+            .enumerate()
+            .map(|(shard, events)| {
+                // Every device's PD up front, so that app regions are registered once, at
+                // attach (each poll thread registers its own apps' regions).
+                let devices = Device::all()?;
+                // SAFETY: eventfd with a valid flag set; the fd is owned from here on.
+                let fd = unsafe { libc::eventfd(1, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // SAFETY: `fd` is a fresh descriptor nobody else owns.
+                let ready_fd = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+                Ok(RdmaLink {
+                    cm: cm.clone(),
+                    _listener: listener.take(),
+                    shard,
+                    port: cfg.port,
+                    recv_n: cfg.recv_buffers,
+                    send_n: cfg.send_slots,
+                    conns: Vec::new(),
+                    gen: 1,
+                    events,
+                    accepted: VecDeque::new(),
+                    early: Default::default(),
+                    touched: Vec::new(),
+                    wcs: [flow::Completion::default(); 32],
+                    completions: 0,
+                    ready_epoch: 0,
+                    passes: 0,
+                    ready_fd,
+                    qp_error_every: crate::fault::rdma_qp_error_every(),
+                    frames_written: 0,
+                    // Spread restarts over the range, so a restarted rdsd does not reuse the
+                    // ports of its previous incarnation's QPs, and the poll threads apart, so
+                    // that they do not take turns finding each other's ports in use.
+                    next_port: 49152
+                        + ((std::process::id() as usize + shard * 2003) % 16000) as u16,
+                    zero_copy: cfg.zero_copy,
+                    regions: Vec::new(),
+                    devices,
+                })
+            })
+            .collect()
     }
 
     fn insert(&mut self, c: Conn) -> std::io::Result<usize> {
@@ -318,7 +384,11 @@ impl RdmaLink {
             let c = self.new_conn(role, id, laddr, faddr, Instant::now());
             let i = self.insert(c)?;
             let c = self.conns[i].as_mut().expect("just inserted");
-            c.cm.set_context(i, c.gen);
+            c.cm.set_context(CmContext {
+                shard: self.shard,
+                idx: i,
+                gen: c.gen,
+            });
             match c
                 .cm
                 .resolve_addr(laddr, sport, faddr, self.port, RESOLVE_MS)
@@ -448,7 +518,13 @@ impl RdmaLink {
             self.on_connect_request(ev);
             return;
         }
-        let Some((i, gen)) = ev.context else { return };
+        let Some(CmContext { idx: i, gen, shard }) = ev.context else {
+            return;
+        };
+        debug_assert_eq!(
+            shard, self.shard,
+            "the event thread routes by the id's owner"
+        );
         let recv_n = self.recv_n;
         let Some(c) = self.conns.get_mut(i).and_then(|c| c.as_deref_mut()) else {
             return;
@@ -562,7 +638,11 @@ impl RdmaLink {
             c.peer_port = peer_port;
             let Ok(i) = self.insert(c) else { return };
             let c = self.conns[i].as_mut().expect("just inserted");
-            c.cm.set_context(i, c.gen);
+            c.cm.set_context(CmContext {
+                shard: self.shard,
+                idx: i,
+                gen: c.gen,
+            });
             self.accepted.push_back(i);
             return;
         }
@@ -573,7 +653,11 @@ impl RdmaLink {
         };
         let recv_n = self.recv_n;
         let c = self.conns[i].as_mut().expect("just inserted");
-        c.cm.set_context(i, c.gen);
+        c.cm.set_context(CmContext {
+            shard: self.shard,
+            idx: i,
+            gen: c.gen,
+        });
         c.peer_port = peer_port;
         c.flow.peer_credits(Some(pd.credit), recv_n);
         let ok = self.setup_qp(i).and_then(|()| {
@@ -975,5 +1059,87 @@ mod tag_tests {
                 assert_eq!(untag(id | tag(idx, gen)), (idx, gen & 0x7fff, id));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod route_tests {
+    use super::{route_event, CmContext, CmEvent, CmEventKind, ConnOwners, PrivData};
+
+    fn ev(kind: CmEventKind, context: Option<CmContext>, private: Option<Vec<u8>>) -> CmEvent {
+        CmEvent {
+            kind,
+            status: 0,
+            context,
+            new_id: None,
+            private,
+        }
+    }
+
+    #[test]
+    fn events_go_to_the_thread_that_made_the_id_and_requests_to_the_connections_owner() {
+        let owners = ConnOwners::with(3, true);
+        let local = vec!["10.0.0.1/32".parse().unwrap()];
+        let (me, a, b) = (0x0a00_0001u32, 0x0a00_0002u32, 0x0a00_0003u32);
+        // An id's own events: its maker's thread, whatever the owners say.
+        for shard in 0..3 {
+            let c = CmContext {
+                shard,
+                idx: 9,
+                gen: 4,
+            };
+            assert_eq!(
+                route_event(
+                    &ev(CmEventKind::Established, Some(c), None),
+                    &owners,
+                    &local
+                ),
+                shard
+            );
+        }
+        // Requests from two peers: each to its connection's owner (placed by load), every
+        // path's request for one connection to the same thread, as a send would place it.
+        let req = |from: u32| {
+            ev(
+                CmEventKind::ConnectRequest,
+                None,
+                Some(PrivData::new(from, me, 0, 64).encode().to_vec()),
+            )
+        };
+        let ka = route_event(&req(a), &owners, &local);
+        let kb = route_event(&req(b), &owners, &local);
+        assert_ne!(ka, kb, "two peers, two threads");
+        assert_eq!(route_event(&req(a), &owners, &local), ka);
+        assert_eq!(
+            owners.owner(me, a),
+            ka,
+            "a send from here finds the same owner"
+        );
+        assert_eq!(owners.owner(me, b), kb);
+        // A request for an address that is not ours, or without usable private data, goes to
+        // thread 0 (which refuses it) and places nothing.
+        let foreign = ev(
+            CmEventKind::ConnectRequest,
+            None,
+            Some(PrivData::new(a, 0x0b00_0001, 0, 64).encode().to_vec()),
+        );
+        assert_eq!(route_event(&foreign, &owners, &local), 0);
+        assert_eq!(
+            route_event(
+                &ev(CmEventKind::ConnectRequest, None, Some(vec![1, 2])),
+                &owners,
+                &local
+            ),
+            0
+        );
+        assert_eq!(
+            route_event(&ev(CmEventKind::DeviceRemoval, None, None), &owners, &local),
+            0
+        );
+        assert_eq!(
+            owners.owner(me, 0x0a00_0004),
+            3 - ka - kb,
+            "the refused requests placed nothing: the third thread is still the least loaded"
+        );
     }
 }

@@ -73,12 +73,40 @@ pub enum CmEventKind {
     Other,
 }
 
+/// Whose an id is: the poll thread (shard) whose link made it, and its slot in that link's
+/// table with the slot's generation. Set on the id (`CmId::set_context`), so that the event
+/// thread hands each event to its path's owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CmContext {
+    pub shard: usize,
+    pub idx: usize,
+    pub gen: u32,
+}
+
+impl CmContext {
+    /// One word: generation (32 bits), shard (8), slot (16). Never 0: a generation is >= 1.
+    fn word(self) -> u64 {
+        debug_assert!(self.idx < 1 << 16 && self.shard < 1 << 8 && self.gen != 0);
+        (u64::from(self.gen) << 32)
+            | ((self.shard as u64 & 0xff) << 24)
+            | (self.idx as u64 & 0xffff)
+    }
+
+    fn from_word(w: u64) -> Option<CmContext> {
+        (w != 0).then_some(CmContext {
+            shard: (w >> 24 & 0xff) as usize,
+            idx: (w & 0xffff) as usize,
+            gen: (w >> 32) as u32,
+        })
+    }
+}
+
 /// One rdma_cm event, copied out (the event itself is acknowledged at once).
 pub struct CmEvent {
     pub kind: CmEventKind,
     pub status: i32,
-    /// The id's context: (table index, generation).
-    pub context: Option<(usize, u32)>,
+    /// The id's context (none for a connect request: its id is new).
+    pub context: Option<CmContext>,
     /// The new id of a connect request (owned from here on).
     pub new_id: Option<CmId>,
     pub private: Option<Vec<u8>>,
@@ -166,10 +194,7 @@ impl Cm {
             let (new_id, context) = if kind == CmEventKind::ConnectRequest {
                 (Some(CmId { id: e.id }), None)
             } else {
-                let ctx = (*e.id).context as usize as u64;
-                let context =
-                    (ctx != 0).then_some(((ctx & 0xffff_ffff) as usize, (ctx >> 32) as u32));
-                (None, context)
+                (None, CmContext::from_word((*e.id).context as usize as u64))
             };
             let out = CmEvent {
                 kind,
@@ -212,11 +237,10 @@ impl CmId {
         }
     }
 
-    /// Tags the id with its table slot, so events find their path.
-    pub fn set_context(&self, idx: usize, gen: u32) {
-        let ctx = (u64::from(gen) << 32) | (idx as u64 & 0xffff_ffff);
+    /// Tags the id with its owner and table slot, so events find their path.
+    pub fn set_context(&self, ctx: CmContext) {
         // SAFETY: the id is live; the context is an opaque word.
-        unsafe { (*self.id).context = ctx as usize as *mut _ }
+        unsafe { (*self.id).context = ctx.word() as usize as *mut _ }
     }
 
     /// Binds the id to `laddr:sport` (0: any port) and starts resolving `faddr:port`.
@@ -809,5 +833,20 @@ impl QueuePair for Qp {
 
     fn post_ack(&mut self, wr_id: u64) -> io::Result<()> {
         Qp::post_ack(self, wr_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CmContext;
+
+    #[test]
+    fn an_ids_context_word_names_its_thread_slot_and_generation() {
+        for (shard, idx, gen) in [(0, 0, 1), (1, 65_535, u32::MAX), (255, 7, 0x8000_0001)] {
+            let c = CmContext { shard, idx, gen };
+            assert_ne!(c.word(), 0, "0 means no context");
+            assert_eq!(CmContext::from_word(c.word()), Some(c));
+        }
+        assert_eq!(CmContext::from_word(0), None);
     }
 }
