@@ -68,6 +68,10 @@ counters! {
     /// Of those, sends to a network peer from another poll thread than the connection's
     /// owner, which the owner's transport took from the sender's tx ring (`SendRef`).
     tx_in_place_crossed,
+    /// Sends another poll thread forwarded by reference (`SendRef`) that this thread's
+    /// transport sent from the sender's tx ring as they lie (over RDMA: from the region the
+    /// other thread registered, without a copy into a send slot).
+    tx_in_place_forwarded,
     /// App regions kept mapped after their app went, until the messages sent in place from
     /// them were acknowledged or cancelled.
     regions_drained_late,

@@ -1058,7 +1058,14 @@ fn large_sends_from_another_poll_thread_cross_to_the_connection_owner_in_place()
         .expect("both streams intact, once, in order");
     eprintln!(
         "host 0 {}",
-        show(h0.d(), &["tx_in_place", "tx_in_place_crossed"])
+        show(
+            h0.d(),
+            &[
+                "tx_in_place",
+                "tx_in_place_crossed",
+                "tx_in_place_forwarded"
+            ]
+        )
     );
     assert_eq!(
         h0.d().stat("tx_in_place"),
@@ -1069,5 +1076,10 @@ fn large_sends_from_another_poll_thread_cross_to_the_connection_owner_in_place()
         h0.d().stat("tx_in_place_crossed"),
         EACH,
         "one socket's messages crossed to the owner in place"
+    );
+    assert_eq!(
+        h0.d().stat("tx_in_place_forwarded"),
+        EACH,
+        "and the owner's kernel-TCP link wrote them from the sender's ring"
     );
 }

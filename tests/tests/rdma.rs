@@ -1054,7 +1054,9 @@ fn rdma_exactly_once_two_guests_eight_paths() {
 /// Two poll threads in each guest, two RDS connections over RDMA (each guest has a second
 /// address; the odd sending sockets use it): each connection's QPs are one thread's, the
 /// threads own one connection each, and the stream arrives exactly once, in order (the
-/// receiver's socket is on one thread, so the other connection's messages cross to it).
+/// receiver's socket is on one thread, so the other connection's messages cross to it, and
+/// the sender's large messages for the other thread's connection are sent from the app's tx
+/// ring by that thread's QPs, as they lie).
 #[test]
 fn rdma_connections_spread_over_two_poll_threads() {
     if let Some(Run { a, b, .. }) = check(2, 4, "lab.threads=2") {
@@ -1097,6 +1099,19 @@ fn rdma_connections_spread_over_two_poll_threads() {
                     counter(k, "rdma_tx_messages") > 0 && counter(k, "rdma_rx_messages") > 0,
                     "{side}: thread {k} moved nothing over RDMA: {doc}"
                 );
+            }
+            if side == "sender" {
+                // The sending app is on one thread; the odd sockets' connection is the other
+                // thread's, so their large messages cross as references into the app's tx
+                // ring, and that thread's QPs send them from there (the region the app's
+                // thread registered on the PD both share), not from a copy.
+                let crossed: u64 = (0..2).map(|k| counter(k, "tx_in_place_crossed")).sum();
+                let forwarded: u64 = (0..2).map(|k| counter(k, "tx_in_place_forwarded")).sum();
+                eprintln!(
+                    "THREADS sender: {crossed} large messages crossed to the owner, {forwarded} sent from the app's ring"
+                );
+                assert!(crossed > 0, "no large message crossed: {doc}");
+                assert_eq!(forwarded, crossed, "a crossed message was copied: {doc}");
             }
             let data = if side == "receiver" {
                 "rdma_delivered"

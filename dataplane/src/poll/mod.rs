@@ -638,8 +638,8 @@ impl PollCore {
             release(&mut self.table);
             return true;
         };
-        // The sender's region is not this shard's: a transport that must know it (RDMA's
-        // registration) finds no such region and copies; the TCP links send from it.
+        // The sender's region is not this shard's: the TCP links send from it; RDMA finds its
+        // keys in the directory of every thread's regions (`rdma/regions.rs`).
         let in_place = (in_place && t.zero_copy() && payload.len() >= t.zero_copy_min())
             .then_some(FOREIGN_REGION);
         let msg = OutMsg {
@@ -653,7 +653,11 @@ impl PollCore {
             ack_required,
         };
         match t.send(&mut self.table, msg) {
-            SendOutcome::Queued | SendOutcome::QueuedInPlace => true,
+            SendOutcome::Queued => true,
+            SendOutcome::QueuedInPlace => {
+                Stats::bump_mine(&self.table.stats().tx_in_place_forwarded);
+                true
+            }
             SendOutcome::Blocked => false,
             SendOutcome::Delivered | SendOutcome::Dropped => {
                 release(&mut self.table);

@@ -74,6 +74,23 @@ impl ConnOwners {
         self.shards
     }
 
+    /// The thread an inbound connection from `faddr` to `laddr` goes to: its owner (placing
+    /// it if new) when the endpoints take such a connection (`laddr` ours, `faddr` not);
+    /// thread 0, which refuses it, otherwise, without placing a connection that will never
+    /// exist (a probe of a management address would skew the balance for rdsd's life).
+    pub fn owner_of_inbound(&self, laddr: u32, faddr: u32, local: &[Prefix]) -> usize {
+        let ours = |a: u32| {
+            local
+                .iter()
+                .any(|p| p.contains(std::net::Ipv4Addr::from(a)))
+        };
+        if ours(laddr) && !ours(faddr) {
+            self.owner(laddr, faddr)
+        } else {
+            0
+        }
+    }
+
     /// The thread that owns the connection from `laddr` to `faddr` (placing it if new).
     pub fn owner(&self, laddr: u32, faddr: u32) -> usize {
         if self.shards == 1 {
@@ -380,6 +397,22 @@ mod tests {
             assert_eq!(h.owner(a, b), crate::config::conn_shard(4, a, b));
             assert_eq!(h.owner(a, b), h.owner(b, a));
         }
+    }
+
+    #[test]
+    fn an_inbound_connection_the_endpoints_refuse_is_placed_nowhere() {
+        let o = ConnOwners::with(2, true);
+        let local: Vec<Prefix> = vec!["10.0.0.1/32".parse().unwrap()];
+        let (me, peer, mgmt) = (0x0a00_0001, 0x0a00_0002, 0x0b00_0001);
+        // To a local address that is not an RDS one (a probe of the management address), and
+        // from one of our own: thread 0, nothing placed.
+        assert_eq!(o.owner_of_inbound(mgmt, peer, &local), 0);
+        assert_eq!(o.owner_of_inbound(me, me, &local), 0);
+        // So the first real connection still finds both threads empty (thread 0), and the
+        // second goes to thread 1.
+        assert_eq!(o.owner_of_inbound(me, peer, &local), 0);
+        assert_eq!(o.owner(me, 0x0a00_0003), 1);
+        assert_eq!(o.owner_of_inbound(me, peer, &local), 0, "kept");
     }
 
     #[test]

@@ -52,6 +52,7 @@
 
 pub mod config;
 mod flow;
+mod regions;
 mod verbs;
 pub mod wire;
 
@@ -67,10 +68,11 @@ use crate::seam::MsgBytes;
 use crate::stats::Stats;
 use crate::transport::ConnOwners;
 use flow::{PathFlow, PathState};
+use regions::{RegionDirectory, RegionKeys, RegionReplica};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
-use verbs::{Cm, CmContext, CmEvent, CmEventKind, Device, Mr, Qp};
+use verbs::{Cm, CmContext, CmEvent, CmEventKind, Device, Mr, Pds, Qp};
 use wire::{PrivData, HDR};
 
 /// Builds the RDMA transport (the configuration has an `[rdma]` section, `r`): an endpoint
@@ -83,7 +85,12 @@ pub fn build(
     owners: &Arc<ConnOwners>,
 ) -> std::io::Result<Vec<Endpoint<RdmaLink>>> {
     debug_assert!(owners.shards() <= stats.len(), "a poll thread per owner");
-    let links = RdmaLink::listen_sharded(r, owners.clone(), cfg.local_addrs.clone())?;
+    let mut links = RdmaLink::listen_sharded(r, owners.clone(), cfg.local_addrs.clone())?;
+    // Only messages of this size or more cross to another thread as a reference into the
+    // sender's tx ring (`SendRef`); smaller ones are copies.
+    for l in &mut links {
+        l.foreign_min = cfg.tcp_zero_copy_min.unwrap_or(usize::MAX);
+    }
     let mut state = cfg.state_file.clone().into_os_string();
     state.push(".rdma");
     let state = RxStateFile::open_shared(std::path::Path::new(&state))?;
@@ -223,9 +230,17 @@ pub struct RdmaLink {
     /// Next candidate source port (see `source_port`).
     next_port: u16,
     zero_copy: bool,
-    /// App regions registered on every device (zero copy). After `conns`: no QP sends from
-    /// them when they are deregistered.
+    /// This thread's app regions, registered on every device (zero copy). After `conns`: no
+    /// QP sends from them when they are deregistered.
     regions: Vec<Region>,
+    /// Every thread's regions (`regions.rs`): a message forwarded by another poll thread as a
+    /// reference into its app's tx ring (`SendRef`) is sent from there too.
+    foreign: RegionReplica,
+    /// Payloads below this size never lie in another thread's region (`SendRef`'s threshold,
+    /// `tcp_zero_copy_min`): `write` looks no further for them.
+    foreign_min: usize,
+    /// What the poll threads' links share: the PDs and the region directory.
+    shared: Arc<Shared>,
     /// After `conns` and `regions`: their PDs go last. Each poll thread's own PD and CQ per
     /// device (the device contexts are librdmacm's, shared).
     devices: Vec<Device>,
@@ -234,10 +249,18 @@ pub struct RdmaLink {
     cm: Arc<Cm>,
 }
 
+/// What every poll thread's RDMA link shares.
+#[derive(Default)]
+struct Shared {
+    /// One PD per device for the process (an MR is usable by any QP on its PD).
+    pds: Pds,
+    /// The app regions each thread registered, with their lkeys.
+    regions: RegionDirectory,
+}
+
 /// The poll thread an rdma_cm event is for: the one whose link made the id; for a connect
-/// request (a new id), the owner of its connection, named by the request's private data when
-/// its local address is ours (anything else goes to thread 0, which refuses it without
-/// placing a connection that does not exist).
+/// request (a new id), the owner of its connection, named by the request's private data
+/// (`ConnOwners::owner_of_inbound`: one the endpoints refuse goes to thread 0).
 fn route_event(ev: &CmEvent, owners: &ConnOwners, local: &[Prefix]) -> usize {
     if let Some(c) = ev.context {
         return c.shard;
@@ -249,11 +272,7 @@ fn route_event(ev: &CmEvent, owners: &ConnOwners, local: &[Prefix]) -> usize {
         .as_deref()
         .and_then(PrivData::decode)
         .filter(PrivData::compatible)
-        .filter(|pd| {
-            let ours = std::net::Ipv4Addr::from(pd.daddr);
-            local.iter().any(|p| p.contains(ours))
-        })
-        .map_or(0, |pd| owners.owner(pd.daddr, pd.saddr))
+        .map_or(0, |pd| owners.owner_of_inbound(pd.daddr, pd.saddr, local))
 }
 
 impl RdmaLink {
@@ -281,12 +300,13 @@ impl RdmaLink {
         )?;
         tracing::info!(port = cfg.port, shards, "RDS/RDMA listening");
         let mut listener = Some(listener);
+        let shared = Arc::new(Shared::default());
         ends.into_iter()
             .enumerate()
             .map(|(shard, events)| {
                 // Every device's PD up front, so that app regions are registered once, at
                 // attach (each poll thread registers its own apps' regions).
-                let devices = Device::all()?;
+                let devices = Device::all(&shared.pds)?;
                 // SAFETY: eventfd with a valid flag set; the fd is owned from here on.
                 let fd = unsafe { libc::eventfd(1, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
                 if fd < 0 {
@@ -321,6 +341,9 @@ impl RdmaLink {
                         + ((std::process::id() as usize + shard * 2003) % 16000) as u16,
                     zero_copy: cfg.zero_copy,
                     regions: Vec::new(),
+                    foreign: RegionReplica::default(),
+                    foreign_min: usize::MAX,
+                    shared: shared.clone(),
                     devices,
                 })
             })
@@ -445,10 +468,12 @@ impl RdmaLink {
         let k = match self.devices.iter().position(|d| d.context() == ctx) {
             Some(k) => k,
             None => {
-                // A device that appeared after start: its PD, and the app regions on it.
-                let d = Device::open(ctx)?;
+                // A device that appeared after start: the PD on it, and this thread's app
+                // regions on that (published again with the new keys).
+                let d = Device::open(ctx, &self.shared.pds)?;
                 for r in self.regions.iter_mut() {
                     r.register(&d);
+                    self.shared.regions.publish(r.keys());
                 }
                 self.devices.push(d);
                 self.devices.len() - 1
@@ -689,9 +714,22 @@ impl Link for RdmaLink {
     }
 
     fn payload_in_place(&mut self, bytes: MsgBytes<'_>, region: u64) -> Option<Payload> {
-        // Only from a region every device has registered (else `write` would have to copy).
-        let r = self.regions.iter().find(|r| r.id == region)?;
-        (r.mrs.len() == self.devices.len() && r.contains(bytes.as_ptr(), bytes.len())).then(|| {
+        // Only from a region every device has registered (else `write` would have to copy):
+        // this thread's, or (a message another thread forwarded) one that thread registered.
+        let (p, len) = (bytes.as_ptr(), bytes.len());
+        let ok = match self.regions.iter().find(|r| r.id == region) {
+            Some(r) => r.mrs.len() == self.devices.len() && r.contains(p, len),
+            None => {
+                len >= self.foreign_min
+                    && self.foreign.covers(
+                        &self.shared.regions,
+                        p,
+                        len,
+                        self.devices.iter().map(|d| d.context() as usize),
+                    )
+            }
+        };
+        ok.then(|| {
             // SAFETY: offered in place (`OutMsg::in_place`): the poll core keeps the region
             // mapped and the ring space unused until the message is released.
             Payload::InPlace(unsafe { InPlaceBytes::new(bytes) })
@@ -711,11 +749,14 @@ impl Link for RdmaLink {
         for d in &self.devices {
             r.register(d);
         }
+        self.shared.regions.publish(r.keys());
         self.regions.push(r);
     }
 
     fn region_detached(&mut self, id: u64) {
-        // Every message from it was released, so no send from it is in flight.
+        // Every message from it was released (those other threads sent from it included), so
+        // no send from it is in flight. Withdrawn before it is unmapped.
+        self.shared.regions.withdraw(id);
         self.regions.retain(|r| r.id != id);
     }
 
@@ -843,7 +884,8 @@ impl Link for RdmaLink {
     }
 
     fn write(&mut self, p: &mut RdmaPath, slices: &[&[u8]]) -> Write {
-        let regions = &self.regions;
+        let (regions, foreign, shared) = (&self.regions, &mut self.foreign, &self.shared);
+        let foreign_min = self.foreign_min;
         let Some(c) = self
             .conns
             .get_mut(p.idx)
@@ -861,12 +903,15 @@ impl Link for RdmaLink {
         let hdr = slices[0];
         let payload: &[u8] = slices.get(1).copied().unwrap_or(&[]);
         debug_assert!(hdr.len() == HDR && slices.len() <= 2);
-        // In place when the payload lies in an app region registered on this QP's device.
+        // In place when the payload lies in an app region registered on this QP's device: one
+        // of this thread's, or, for a large one, another thread's (a forwarded `SendRef`).
         let ctx = qp.context();
-        let lkey = regions
-            .iter()
-            .find(|r| r.contains(payload.as_ptr(), payload.len()))
-            .and_then(|r| r.lkey(ctx));
+        let (at, len) = (payload.as_ptr(), payload.len());
+        let lkey = match regions.iter().find(|r| r.contains(at, len)) {
+            Some(r) => r.lkey(ctx),
+            None if len >= foreign_min => foreign.lkey(&shared.regions, at, len, ctx as usize),
+            None => None,
+        };
         let n = match c.flow.write(qp, hdr, payload, lkey) {
             Write::Wrote(n) => n,
             other => return other,
@@ -1037,6 +1082,20 @@ impl Region {
     fn contains(&self, p: *const u8, len: usize) -> bool {
         let p = p as usize;
         p >= self.base && p + len <= self.base + self.len
+    }
+
+    /// Its keys, for the other threads (`regions.rs`).
+    fn keys(&self) -> RegionKeys {
+        RegionKeys {
+            id: self.id,
+            base: self.base,
+            len: self.len,
+            keys: self
+                .mrs
+                .iter()
+                .map(|(c, m)| (*c as usize, m.lkey()))
+                .collect(),
+        }
     }
 
     fn lkey(&self, ctx: *mut verbs_sys::ibv_context) -> Option<u32> {

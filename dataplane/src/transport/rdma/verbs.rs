@@ -329,23 +329,67 @@ impl Drop for CmId {
     }
 }
 
-/// An RDMA device as rdma_cm opened it, with the protection domain every path and every
-/// registered app region on it share (one PD per device, so an app region is registered once
-/// per device, not once per path).
-pub struct Device {
+/// A protection domain on a device context. One per device for the whole process, shared by
+/// every poll thread's QPs and by the app regions registered on it: an MR is usable by any QP
+/// of its PD, so a QP of one thread may send from a region another thread registered.
+pub struct Pd {
     ctx: *mut v::ibv_context,
     pd: *mut v::ibv_pd,
-    /// Made with the first QP on the device; dropped after the PD is deallocated, which does
-    /// not involve it (a CQ belongs to the context).
-    cq: Option<Cq>,
 }
 
-// SAFETY: as for `Cm`: one thread at a time; librdmacm owns the context, we own the PD.
+// SAFETY: libibverbs objects may be used from any thread, and several threads may create QPs
+// and register MRs on one PD at once (libibverbs' documented multi-threaded use); the PD is
+// deallocated once, by the last owner.
+unsafe impl Send for Pd {}
+// SAFETY: as above: every use through `&Pd` is a verbs call libibverbs makes thread-safe.
+unsafe impl Sync for Pd {}
+
+impl Drop for Pd {
+    fn drop(&mut self) {
+        // SAFETY: the last reference: every QP and MR on this PD (each link's, which hold a
+        // reference through their devices) is gone first.
+        unsafe { v::ibv_dealloc_pd(self.pd) };
+    }
+}
+
+/// The process's PDs, one per device context.
+#[derive(Default)]
+pub struct Pds(std::sync::Mutex<Vec<std::sync::Arc<Pd>>>);
+
+impl Pds {
+    /// The PD on `ctx`, allocated on first use (connection setup and start only).
+    pub fn get(&self, ctx: *mut v::ibv_context) -> io::Result<std::sync::Arc<Pd>> {
+        let mut l = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(pd) = l.iter().find(|p| p.ctx == ctx) {
+            return Ok(pd.clone());
+        }
+        // SAFETY: `ctx` is a live context from librdmacm.
+        let pd = unsafe { v::ibv_alloc_pd(ctx) };
+        if pd.is_null() {
+            return Err(io::Error::other(format!("ibv_alloc_pd: {}", last())));
+        }
+        let pd = std::sync::Arc::new(Pd { ctx, pd });
+        l.push(pd.clone());
+        Ok(pd)
+    }
+}
+
+/// An RDMA device as rdma_cm opened it, as one poll thread uses it: the process's PD on it
+/// and the thread's own CQ.
+pub struct Device {
+    ctx: *mut v::ibv_context,
+    /// Made with the first QP on the device; dropped before the PD, which does not involve it
+    /// (a CQ belongs to the context).
+    cq: Option<Cq>,
+    pd: std::sync::Arc<Pd>,
+}
+
+// SAFETY: as for `Cm`: one thread at a time; librdmacm owns the context, the PD is `Sync`.
 unsafe impl Send for Device {}
 
 impl Device {
-    /// Every device rdma_cm knows, each with a fresh PD.
-    pub fn all() -> io::Result<Vec<Device>> {
+    /// Every device rdma_cm knows, each with the process's PD on it.
+    pub fn all(pds: &Pds) -> io::Result<Vec<Device>> {
         let mut n = 0;
         // SAFETY: returns a NULL-terminated array (or NULL) that we free below; the contexts
         // themselves stay open for the life of the process (librdmacm keeps them).
@@ -358,7 +402,7 @@ impl Device {
             // SAFETY: `i < n` entries of the array are valid.
             let ctx = unsafe { *list.add(i) };
             if !ctx.is_null() {
-                match Device::open(ctx) {
+                match Device::open(ctx, pds) {
                     Ok(d) => out.push(d),
                     Err(e) => tracing::warn!(error = %e, "rdma: a device without a PD"),
                 }
@@ -369,14 +413,13 @@ impl Device {
         Ok(out)
     }
 
-    /// A PD on an open context.
-    pub fn open(ctx: *mut v::ibv_context) -> io::Result<Device> {
-        // SAFETY: `ctx` is a live context from librdmacm.
-        let pd = unsafe { v::ibv_alloc_pd(ctx) };
-        if pd.is_null() {
-            return Err(io::Error::other(format!("ibv_alloc_pd: {}", last())));
-        }
-        Ok(Device { ctx, pd, cq: None })
+    /// An open context, with the process's PD on it.
+    pub fn open(ctx: *mut v::ibv_context, pds: &Pds) -> io::Result<Device> {
+        Ok(Device {
+            ctx,
+            cq: None,
+            pd: pds.get(ctx)?,
+        })
     }
 
     pub fn context(&self) -> *mut v::ibv_context {
@@ -528,14 +571,6 @@ impl Drop for Cq {
     }
 }
 
-impl Drop for Device {
-    fn drop(&mut self) {
-        // SAFETY: every QP and MR on this PD is gone first (the link drops its paths and
-        // regions before its devices).
-        unsafe { v::ibv_dealloc_pd(self.pd) };
-    }
-}
-
 /// A memory region registered for local reads by the device (an app's region, sent from in
 /// place). Deregistered on drop.
 pub struct Mr {
@@ -551,7 +586,7 @@ impl Mr {
     pub fn register(dev: &Device, base: *const u8, len: usize) -> io::Result<Mr> {
         // SAFETY: the caller keeps the range mapped until the Mr is dropped (the poll core
         // unmaps an app region only after `region_detached`); access 0 = local read only.
-        let mr = unsafe { v::ibv_reg_mr(dev.pd, base as *mut _, len, 0) };
+        let mr = unsafe { v::ibv_reg_mr(dev.pd.pd, base as *mut _, len, 0) };
         if mr.is_null() {
             return Err(io::Error::other(format!("ibv_reg_mr: {}", last())));
         }
@@ -634,7 +669,12 @@ impl Qp {
         // SAFETY: each call gets live objects made just before; failures leave NULLs that
         // Drop skips.
         unsafe {
-            q.mr = v::ibv_reg_mr(dev.pd, mem as *mut _, len, v::IBV_ACCESS_LOCAL_WRITE as i32);
+            q.mr = v::ibv_reg_mr(
+                dev.pd.pd,
+                mem as *mut _,
+                len,
+                v::IBV_ACCESS_LOCAL_WRITE as i32,
+            );
             if q.mr.is_null() {
                 return Err(io::Error::other(format!("ibv_reg_mr: {}", last())));
             }
@@ -651,7 +691,7 @@ impl Qp {
             attr.cap.max_send_sge = 2;
             attr.cap.max_recv_sge = 1;
             check(
-                v::rdma_create_qp(id.id, dev.pd, &mut attr),
+                v::rdma_create_qp(id.id, dev.pd.pd, &mut attr),
                 "rdma_create_qp",
             )?;
             q.qp = (*id.id).qp;

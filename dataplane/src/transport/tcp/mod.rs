@@ -66,6 +66,7 @@ pub fn build(
     let links = TcpLink::listen_sharded(
         SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, cfg.tcp_port),
         owners.clone(),
+        cfg.local_addrs.clone(),
     )?;
     let state = RxStateFile::open_shared(&cfg.state_file)?;
     Ok(links
@@ -276,18 +277,20 @@ fn accept_one(l: &Socket) -> Option<Accepted<TcpPath>> {
 impl TcpLink {
     /// Listens on `addr` (port 16385 on every address in rdsd).
     pub fn listen(addr: SocketAddrV4) -> std::io::Result<TcpLink> {
-        let mut links =
-            TcpLink::listen_sharded(addr, Arc::new(crate::transport::ConnOwners::with(1, true)))?;
+        let one = Arc::new(crate::transport::ConnOwners::with(1, true));
+        let mut links = TcpLink::listen_sharded(addr, one, Vec::new())?;
         Ok(links.pop().expect("one link"))
     }
 
     /// One link per poll thread that drives the network (`owners.shards()` of them) behind one
     /// listener on `addr`: the accept thread hands each connection to the link of the shard
     /// that owns its address pair (`owners`, which the senders' threads ask too), so every
-    /// socket of a connection is polled by its owner only.
+    /// socket of a connection is polled by its owner only; one the endpoints refuse (its local
+    /// address not in `local`, or its peer's in it) goes to shard 0 and is placed nowhere.
     pub fn listen_sharded(
         addr: SocketAddrV4,
         owners: Arc<crate::transport::ConnOwners>,
+        local: Vec<crate::prefix::Prefix>,
     ) -> std::io::Result<Vec<TcpLink>> {
         let shards = owners.shards();
         let l = Socket::new(Domain::IPV4, Type::STREAM.cloexec(), Some(Protocol::TCP))?;
@@ -302,7 +305,7 @@ impl TcpLink {
             "rdsd-tcp-accept",
             fd,
             shards,
-            move |a: &Accepted<TcpPath>| owners.owner(a.laddr, a.faddr),
+            move |a: &Accepted<TcpPath>| owners.owner_of_inbound(a.laddr, a.faddr, &local),
             move |push| {
                 while let Some(a) = accept_one(&l) {
                     push(a);
