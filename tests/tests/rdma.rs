@@ -326,7 +326,9 @@ fn guest_app() {
                 );
             }
             if cancel {
-                send_cancel_phase(&rdsd, me, peer);
+                // With a second address, from it: the connection another thread owns
+                // (`rdma_cancel_across_poll_threads_keeps_ring_space_until_the_send_completes`).
+                send_cancel_phase(&rdsd, addr_of(1, me, &me2), peer);
                 loop {
                     let (n, _) = s.recv_from(&mut buf).expect("the receiver's cdone");
                     if &buf[..n] == b"cdone" {
@@ -1289,25 +1291,59 @@ fn rdma_qp_forced_into_error_mid_stream_eight_paths() {
 /// (`rdma_cancels_held_for_device`). Before the hold, a cancel freed the ring space at once.
 #[test]
 fn rdma_cancel_keeps_ring_space_until_the_send_completes() {
-    if let Some(Run { a, b, .. }) = check(1, 1, "lab.mode=cancel") {
-        let line = |out: &str, what: &str| {
-            out.lines()
-                .find(|l| l.contains(what))
-                .map(str::to_owned)
-                .unwrap_or_else(|| panic!("no {what:?} line"))
-        };
-        eprintln!("{}", line(&a, "RESULT cancel ok"));
-        assert!(
-            b.contains("RESULT cancel phase ok"),
-            "the sender did not finish"
+    cancel_run(1, 1, "");
+}
+
+/// The same across poll threads: two poll threads at each end, and the cancel phase's sockets
+/// on the sender's second address, whose connection the other thread owns (the sending app is
+/// on thread 0, which owns the first address's connection). Their 512 KiB messages cross to
+/// the owner as references into the app's tx ring and its QPs send them from there; a cancel
+/// (a record behind them in the pair ring) must still leave that ring space alone until each
+/// SEND has completed, on the other thread's QP.
+#[test]
+fn rdma_cancel_across_poll_threads_keeps_ring_space_until_the_send_completes() {
+    if let Some(b) = cancel_run(2, 4, "lab.threads=2") {
+        let doc = threads_json(&b, "sender");
+        let counter = |k: usize, name: &str| doc["threads"][k]["counters"][name].as_u64();
+        eprintln!(
+            "cancel across threads: sent from the app's ring by the owner {:?} {:?}, held {:?} {:?}",
+            counter(0, "tx_in_place_forwarded"),
+            counter(1, "tx_in_place_forwarded"),
+            counter(0, "rdma_cancels_held_for_device"),
+            counter(1, "rdma_cancels_held_for_device"),
         );
-        let held = stat(&b, "rdma_cancels_held_for_device");
-        eprintln!("cancel: {held} cancelled messages held until their SEND completed");
         assert!(
-            held >= 1,
-            "no cancel met a SEND in flight: the race was not exercised"
+            counter(1, "tx_in_place_forwarded") >= Some(u64::from(CANCEL_ROUNDS)),
+            "the cancel phase's messages were not sent in place by thread 1: {doc}"
+        );
+        assert!(
+            counter(1, "rdma_cancels_held_for_device") >= Some(1),
+            "no cancel met a SEND in flight on thread 1: {doc}"
         );
     }
+}
+
+/// The cancel run with `paths` paths and `socks` sending sockets; the sender's output.
+fn cancel_run(paths: u8, socks: u64, extra: &str) -> Option<String> {
+    let Run { a, b, .. } = check(paths, socks, &format!("lab.mode=cancel {extra}"))?;
+    let line = |out: &str, what: &str| {
+        out.lines()
+            .find(|l| l.contains(what))
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("no {what:?} line"))
+    };
+    eprintln!("{}", line(&a, "RESULT cancel ok"));
+    assert!(
+        b.contains("RESULT cancel phase ok"),
+        "the sender did not finish"
+    );
+    let held = stat(&b, "rdma_cancels_held_for_device");
+    eprintln!("cancel: {held} cancelled messages held until their SEND completed");
+    assert!(
+        held >= 1,
+        "no cancel met a SEND in flight: the race was not exercised"
+    );
+    Some(b)
 }
 
 /// Evidence on the netdev flap (tests/vmlab/README.md, "RDMA lab"): the sender's eth0 flaps
