@@ -85,12 +85,10 @@ pub fn build(
     owners: &Arc<ConnOwners>,
 ) -> std::io::Result<Vec<Endpoint<RdmaLink>>> {
     debug_assert!(owners.shards() <= stats.len(), "a poll thread per owner");
-    let mut links = RdmaLink::listen_sharded(r, owners.clone(), cfg.local_addrs.clone())?;
-    // Only messages of this size or more cross to another thread as a reference into the
-    // sender's tx ring (`SendRef`); smaller ones are copies.
-    for l in &mut links {
-        l.foreign_min = cfg.tcp_zero_copy_min.unwrap_or(usize::MAX);
-    }
+    // Only messages of `tcp_zero_copy_min` or more cross to another thread as a reference
+    // into the sender's tx ring (`SendRef`); smaller ones are copies.
+    let foreign_min = cfg.tcp_zero_copy_min.unwrap_or(usize::MAX);
+    let links = RdmaLink::listen_sharded(r, owners.clone(), cfg.local_addrs.clone(), foreign_min)?;
     let mut state = cfg.state_file.clone().into_os_string();
     state.push(".rdma");
     let state = RxStateFile::open_shared(std::path::Path::new(&state))?;
@@ -277,11 +275,13 @@ fn route_event(ev: &CmEvent, owners: &ConnOwners, local: &[Prefix]) -> usize {
 
 impl RdmaLink {
     /// Opens rdma_cm, listens on `cfg.port` on every RDMA device, and makes one link for
-    /// each poll thread `owners` places connections on.
+    /// each poll thread `owners` places connections on (`local`: this host's RDS addresses;
+    /// `foreign_min`: the smallest message another thread forwards by reference).
     pub fn listen_sharded(
         cfg: &RdmaConfig,
         owners: Arc<ConnOwners>,
         local: Vec<Prefix>,
+        foreign_min: usize,
     ) -> std::io::Result<Vec<RdmaLink>> {
         let cm = Arc::new(Cm::new()?);
         let listener = cm.listen(cfg.port)?;
@@ -342,7 +342,7 @@ impl RdmaLink {
                     zero_copy: cfg.zero_copy,
                     regions: Vec::new(),
                     foreign: RegionReplica::default(),
-                    foreign_min: usize::MAX,
+                    foreign_min,
                     shared: shared.clone(),
                     devices,
                 })
@@ -730,8 +730,9 @@ impl Link for RdmaLink {
             }
         };
         ok.then(|| {
-            // SAFETY: offered in place (`OutMsg::in_place`): the poll core keeps the region
-            // mapped and the ring space unused until the message is released.
+            // SAFETY: offered in place (`OutMsg::in_place`): the sender's poll core (this one,
+            // or the one that forwarded it, holding it until our release note) keeps the
+            // region mapped and the ring space unused until the message is released.
             Payload::InPlace(unsafe { InPlaceBytes::new(bytes) })
         })
     }
