@@ -83,10 +83,13 @@ log "tests again with two poll threads"
 # The rds(7) conformance, hostile-app, delivery, congestion and two-host (exactly-once across
 # restarts) suites once more with every test daemon on two poll threads (issue 18): apps then
 # sit on different threads and their messages cross between them, and kernel-TCP connections
-# are spread over both threads (interop: against the Linux kernel's RDS in the VM lab).
+# are spread over both threads (interop: against the Linux kernel's RDS in the VM lab). The
+# DPDK suites too, with the default one queue pair: thread 0 drives the port and the other
+# thread's apps reach it through the pair rings.
 RDSD_TESTS_POLL_THREADS=2 cargo test -p rdsd-tests --no-fail-fast \
     --test socket_api --test hostile --test delivery --test congestion --test multihost \
-    --test isolation --test rdsctl --test wakeup --test groups --test group_hosts --test interop
+    --test isolation --test rdsctl --test wakeup --test groups --test group_hosts --test interop \
+    --test dpdk --test dpdk_startup
 
 log "tests again with four poll threads"
 # Past two threads: a message's owner may be neither end's thread, cancels and notes go to

@@ -600,9 +600,9 @@ impl Config {
 
     /// Poll threads that each drive the network transports for the connections
     /// `transport::ConnOwners` gives them: all of them when this host talks to the network over
-    /// kernel TCP and RDMA only (each thread its own QPs, PD and CQ on the shared device
-    /// context); with a `[dpdk]` section, its `queues` (one queue pair of the port per thread;
-    /// 1 by default), which the kernel-TCP and RDMA connections then share.
+    /// kernel TCP and RDMA only (each thread its own QPs and CQs; the PDs are the process's);
+    /// with a `[dpdk]` section, its `queues` (one queue pair of the port per thread; 1 by
+    /// default), which the kernel-TCP and RDMA connections then share.
     pub fn net_shards(&self) -> usize {
         if !self.wants_network() {
             return 1;

@@ -1248,22 +1248,50 @@ fn rdma_link_cut_mid_stream_loses_nothing() {
 /// into the error state every 150th frame written, mid-stream (`lab.mode=qperr`): the path
 /// goes down, reconnects and retransmits; every message arrives exactly once, in order.
 fn qp_forced_into_error(paths: u8) {
-    if let Some(Run { a, b, .. }) = check(paths, u64::from(paths), "lab.mode=qperr") {
-        let fired: u64 = b
-            .lines()
-            .find_map(|l| l.strip_prefix("LAB hook-fired "))
-            .and_then(|n| n.trim().parse().ok())
-            .expect("LAB hook-fired line");
-        let downs = stat(&b, "rdma_path_down");
-        eprintln!(
-            "qperr paths={paths}: hook fired {fired}, path_down B {downs} A {}, \
-             retransmits B {}, duplicate drops A {}",
-            stat(&a, "rdma_path_down"),
-            stat(&b, "rdma_retransmits"),
-            stat(&a, "rdma_drop_dup_seq")
-        );
-        assert!(fired >= 2, "the QP error hook fired {fired} times");
-        assert!(downs >= 2, "the sender's paths went down {downs} times");
+    qp_errors(paths, u64::from(paths), "");
+}
+
+/// The qperr run; the sender's output.
+fn qp_errors(paths: u8, socks: u64, extra: &str) -> Option<String> {
+    let Run { a, b, .. } = check(paths, socks, &format!("lab.mode=qperr {extra}"))?;
+    let fired: u64 = b
+        .lines()
+        .find_map(|l| l.strip_prefix("LAB hook-fired "))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("LAB hook-fired line");
+    let downs = stat(&b, "rdma_path_down");
+    eprintln!(
+        "qperr paths={paths}: hook fired {fired}, path_down B {downs} A {}, \
+         retransmits B {}, duplicate drops A {}",
+        stat(&a, "rdma_path_down"),
+        stat(&b, "rdma_retransmits"),
+        stat(&a, "rdma_drop_dup_seq")
+    );
+    assert!(fired >= 2, "the QP error hook fired {fired} times");
+    assert!(downs >= 2, "the sender's paths went down {downs} times");
+    Some(b)
+}
+
+/// QP errors on both poll threads at once: the hook counts each thread's frames, so the
+/// sender's two threads each fail their own connection's QPs mid-stream, take their paths down,
+/// reconnect through the rdma_cm channel the threads share and resend; every message arrives
+/// exactly once, in order.
+#[test]
+fn rdma_qp_forced_into_error_on_two_poll_threads() {
+    if let Some(b) = qp_errors(2, 4, "lab.threads=2") {
+        let doc = threads_json(&b, "sender");
+        for k in 0..2 {
+            let c = |name: &str| doc["threads"][k]["counters"][name].as_u64().unwrap_or(0);
+            eprintln!(
+                "qperr thread {k}: path_down {}, retransmits {}",
+                c("rdma_path_down"),
+                c("rdma_retransmits")
+            );
+            assert!(
+                c("rdma_path_down") >= 1,
+                "the sender's thread {k} never lost a path to the hook: {doc}"
+            );
+        }
     }
 }
 

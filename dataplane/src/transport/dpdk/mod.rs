@@ -169,6 +169,20 @@ pub fn build(
         mac = %format!("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5]),
         mtu = port.mtu, queues = port.queues, "DPDK port up"
     );
+    if stats.len() > usize::from(port.queues) {
+        // Not an error (a port with one queue pair works with any number of threads), but the
+        // network then loads the first threads only: say how to spread it.
+        tracing::warn!(
+            queues = port.queues,
+            poll_threads = stats.len(),
+            "the network's connections (the DPDK port's, and kernel TCP's and RDMA's beside \
+             it) run on the first {} of {} poll threads: set [dpdk] queues = {} to give each \
+             thread a queue pair (memif: the same at both ends)",
+            port.queues,
+            stats.len(),
+            stats.len()
+        );
+    }
     let steering =
         (port.queues > 1).then(|| Arc::new(steer::Steering::new(port.queues.into(), port.started)));
     // One state file for every queue's endpoint (a slot claim takes its lock).
