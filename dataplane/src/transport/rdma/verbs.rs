@@ -239,7 +239,9 @@ impl CmId {
 
     /// Tags the id with its owner and table slot, so events find their path.
     pub fn set_context(&self, ctx: CmContext) {
-        // SAFETY: the id is live; the context is an opaque word.
+        // SAFETY: the id is live; the context is an opaque word, written by the id's poll
+        // thread before the call that can produce the id's next event (resolve, connect,
+        // accept): the event thread reads it only after the kernel reported that event.
         unsafe { (*self.id).context = ctx.word() as usize as *mut _ }
     }
 
