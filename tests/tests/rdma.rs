@@ -1073,12 +1073,7 @@ fn rdma_exactly_once_two_guests_eight_paths() {
             // Each path's queue pair as `RDS_INFO_IB_CONNECTIONS` reports it: the GIDs rdma_cm
             // resolved (one end's source is the other's destination) and the QP's sizes.
             let qps = |out: &str| -> Vec<serde_json::Value> {
-                let doc: String = out
-                    .lines()
-                    .filter_map(|l| l.strip_prefix("LAB pathsjson "))
-                    .collect();
-                let doc: serde_json::Value = serde_json::from_str(&doc)
-                    .unwrap_or_else(|e| panic!("info -p JSON: {e}: {doc}"));
+                let doc = lab_json(out, "pathsjson", "a guest");
                 let conn = doc["connections"]
                     .as_array()
                     .unwrap()
@@ -1133,12 +1128,7 @@ fn rdma_connections_spread_over_two_poll_threads() {
                 let counter =
                     |k: usize, name: &str| rows[k]["counters"][name].as_u64().unwrap_or(0);
                 // `rdsctl info -p`: each RDMA connection's owner (`shard`), one per thread.
-                let paths: String = out
-                    .lines()
-                    .filter_map(|l| l.strip_prefix("LAB pathsjson "))
-                    .collect();
-                let paths: serde_json::Value = serde_json::from_str(&paths)
-                    .unwrap_or_else(|e| panic!("{side}: info -p JSON: {e}: {paths}"));
+                let paths = lab_json(out, "pathsjson", side);
                 let mut owners: Vec<(String, u64)> = paths["connections"]
                     .as_array()
                     .expect("connections")
@@ -1281,11 +1271,18 @@ fn peer_restart(paths: u8, socks: u64, extra: &str) -> Option<String> {
 
 /// `rdsctl --json threads` as a guest printed it (`lab.threads` only).
 fn threads_json(out: &str, side: &str) -> serde_json::Value {
+    lab_json(out, "threadsjson", side)
+}
+
+/// A JSON document a guest printed on its `LAB TAG ` lines (`side` names the guest in a
+/// failure).
+fn lab_json(out: &str, tag: &str, side: &str) -> serde_json::Value {
+    let prefix = format!("LAB {tag} ");
     let doc: String = out
         .lines()
-        .filter_map(|l| l.strip_prefix("LAB threadsjson "))
+        .filter_map(|l| l.strip_prefix(&prefix))
         .collect();
-    serde_json::from_str(&doc).unwrap_or_else(|e| panic!("{side}: threads JSON: {e}: {doc}"))
+    serde_json::from_str(&doc).unwrap_or_else(|e| panic!("{side}: {tag}: {e}: {doc}"))
 }
 
 /// The wire between the guests is cut for [`CUT`] (10 s) halfway through the stream: the

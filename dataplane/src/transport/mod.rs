@@ -111,6 +111,25 @@ impl ConnOwners {
     }
 }
 
+/// The shared protocol layer's settings for a network transport `name` that carries `routes`:
+/// the rest (local addresses, paths, path choice) are the daemon's keys, the same for every
+/// transport; `state` is its receive-state file, shared by its poll threads' endpoints.
+pub fn endpoint_config(
+    name: &'static str,
+    routes: &[Prefix],
+    cfg: &Config,
+    state: &Arc<crate::protocol::RxStateFile>,
+) -> crate::protocol::EndpointConfig {
+    crate::protocol::EndpointConfig {
+        name,
+        routes: routes.to_vec(),
+        local: cfg.local_addrs.clone(),
+        npaths: cfg.paths,
+        path_choice: cfg.path_choice.into(),
+        state: Some(state.clone()),
+    }
+}
+
 /// Every transport, in routing order (the first that routes a destination carries it), one
 /// line each. [`configure`] runs it to parse and check the config sections, [`build`] to
 /// start the transports.

@@ -121,7 +121,7 @@ pub use eal::{init as start_eal, open_port, Port};
 pub use wire::TcpCounters;
 
 use crate::config::Config;
-use crate::protocol::{Endpoint, EndpointConfig, RxStateFile};
+use crate::protocol::{Endpoint, RxStateFile};
 use crate::seam::{OutMsg, SendOutcome, Transport, Upcalls};
 use crate::stats::Stats;
 use crate::transport::utcp::{UtcpConfig, UtcpLink};
@@ -234,14 +234,7 @@ fn transport(
     // One listener per concurrent inbound handshake: all paths of a few peers at once.
     ucfg.listeners = usize::from(cfg.paths) * 2;
     let link = UtcpLink::new(dev, ucfg);
-    let ep = EndpointConfig {
-        name: "dpdk",
-        routes: d.routes.clone(),
-        local: cfg.local_addrs.clone(),
-        npaths: cfg.paths,
-        path_choice: cfg.path_choice.into(),
-        state: Some(state),
-    };
+    let ep = crate::transport::endpoint_config("dpdk", &d.routes, cfg, &state);
     let ep = Endpoint::new(link, ep, stats.clone(), |s| &s.dpdk);
     Ok(DpdkTransport {
         ep,

@@ -61,8 +61,8 @@ pub use config::{RawRdma, RdmaConfig};
 use crate::config::Config;
 use crate::prefix::Prefix;
 use crate::protocol::{
-    Accepted, ConnectPoll, Endpoint, EndpointConfig, Framing, InPlaceBytes, Link, Payload, PoolBuf,
-    Read, RxStateFile, Write,
+    Accepted, ConnectPoll, Endpoint, Framing, InPlaceBytes, Link, Payload, PoolBuf, Read,
+    RxStateFile, Write,
 };
 use crate::seam::MsgBytes;
 use crate::stats::Stats;
@@ -96,14 +96,7 @@ pub fn build(
         .into_iter()
         .zip(stats)
         .map(|(link, stats)| {
-            let ep = EndpointConfig {
-                name: "rdma",
-                routes: r.routes.clone(),
-                local: cfg.local_addrs.clone(),
-                npaths: cfg.paths,
-                path_choice: cfg.path_choice.into(),
-                state: Some(state.clone()),
-            };
+            let ep = crate::transport::endpoint_config("rdma", &r.routes, cfg, &state);
             Endpoint::new(link, ep, stats.clone(), |s| &s.rdma)
         })
         .collect())

@@ -12,8 +12,8 @@
 
 use crate::config::Config;
 use crate::protocol::{
-    Accepted, ConnectPoll, Endpoint, EndpointConfig, Framing, InPlaceBytes, Link, Payload, PoolBuf,
-    Read, RxStateFile, Write,
+    Accepted, ConnectPoll, Endpoint, Framing, InPlaceBytes, Link, Payload, PoolBuf, Read,
+    RxStateFile, Write,
 };
 use crate::seam::MsgBytes;
 use crate::stats::Stats;
@@ -74,14 +74,7 @@ pub fn build(
         .zip(stats)
         .map(|(mut link, stats)| {
             link.zero_copy_min = cfg.tcp_zero_copy_min;
-            let ep = EndpointConfig {
-                name: "tcp",
-                routes: cfg.tcp_routes.clone(),
-                local: cfg.local_addrs.clone(),
-                npaths: cfg.paths,
-                path_choice: cfg.path_choice.into(),
-                state: Some(state.clone()),
-            };
+            let ep = crate::transport::endpoint_config("tcp", &cfg.tcp_routes, cfg, &state);
             Endpoint::new(link, ep, stats.clone(), |s| &s.tcp)
         })
         .collect())
