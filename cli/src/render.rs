@@ -415,7 +415,7 @@ pub fn prometheus(doc: &Value) -> String {
 }
 
 /// What `rdsctl threads` shows of each poll thread's counters: (column, counters summed).
-const THREAD_COLUMNS: [(&str, &[&str]); 7] = [
+const THREAD_COLUMNS: [(&str, &[&str]); 9] = [
     ("passes", &["poll_passes"]),
     ("parks", &["poll_parks"]),
     ("local", &["loop_delivered"]),
@@ -429,6 +429,10 @@ const THREAD_COLUMNS: [(&str, &[&str]); 7] = [
     ),
     ("cross out", &["shard_records_out"]),
     ("cross in", &["shard_records_in"]),
+    // Steady traffic makes neither (ARCHITECTURE.md, "Quiet fast path"): a rate above 0 under
+    // a steady load says which thread does what it should not.
+    ("allocs", &["poll_allocations"]),
+    ("locks", &["poll_locks"]),
 ];
 
 /// The poll threads of `after` (an Info document with the `threads` section), with their
@@ -521,7 +525,8 @@ pub fn threads(rows: &[Value], secs: f64) -> String {
     out.push_str(
         "  (Busy%: passes that found work; local: deliveries between sockets of this host; net \
          out/in: messages written to / delivered from the network; cross out/in: records put \
-         into / taken from other poll threads' pair rings.)\n",
+         into / taken from other poll threads' pair rings; allocs, locks: heap allocations and \
+         rdsd locks, none in steady traffic.)\n",
     );
     out
 }

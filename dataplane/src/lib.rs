@@ -10,6 +10,7 @@
 //! * `shm`: creating and sealing shared regions.
 //! * `config`, `stats`: configuration (the daemon's keys; transports' sections kept as written)
 //!   and counters. `prefix`: value types shared by all (a leaf).
+//! * `quiet`: per-thread counts of allocations and locks, which prove a poll thread quiet.
 //! * `fault`: test-only fault hooks (the `fault-injection` feature; inert without it).
 //! * `group`: local multicast groups (issue 20), the sequencer's rules without I/O; not wired
 //!   into the poll thread yet.
@@ -24,6 +25,7 @@ pub mod group;
 pub mod poll;
 pub mod prefix;
 pub mod protocol;
+pub mod quiet;
 pub mod seam;
 pub mod shm;
 pub mod statefile;

@@ -28,6 +28,10 @@ struct Cli {
     faults: Vec<String>,
 }
 
+/// Counts each thread's allocations: the poll threads publish theirs (`poll_allocations`).
+#[global_allocator]
+static ALLOC: rdsd::quiet::CountingAlloc = rdsd::quiet::CountingAlloc;
+
 fn main() {
     let cli = Cli::parse();
     if cli.print_default_config {

@@ -107,6 +107,14 @@ counters! {
     parks_withheld,
     /// Passes of the poll core (summed lazily, like the transports' counters).
     poll_passes,
+    /// Heap allocations made by the poll threads (counted by rdsd's allocator, published with
+    /// `poll_passes`): setup, attaches, binds and backlogs make some; steady traffic none
+    /// (`tests/tests/quiet.rs`).
+    poll_allocations,
+    /// rdsd's own mutexes locked by the poll threads (the bind directory, connection
+    /// placement, receive-state slots, RDMA regions): binds and new connections take them;
+    /// steady traffic none.
+    poll_locks,
     /// Tx rings a pass looked into because their app published on them (an idle socket costs
     /// a pass one load of its ring's producer position and no visit).
     tx_ring_visits,

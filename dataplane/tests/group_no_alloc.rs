@@ -4,9 +4,10 @@
 
 use rdsd::group::{Filter, GroupAddr, GroupTable, MemberFlags, SendDecision, Sender, SenderRule};
 
-#[path = "../proto/tests/support/counting_alloc.rs"]
-mod counting_alloc;
-use counting_alloc::allocations;
+use rdsd::quiet::allocations;
+
+#[global_allocator]
+static ALLOC: rdsd::quiet::CountingAlloc = rdsd::quiet::CountingAlloc;
 
 const MEMBERS: u32 = 64;
 const ADDR: u32 = 0x0a00_0001;

@@ -20,9 +20,10 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 use suite::{run, suite, MakeLink, Run};
 
-#[path = "../proto/tests/support/counting_alloc.rs"]
-mod counting_alloc;
-use counting_alloc::allocations;
+use rdsd::quiet::allocations;
+
+#[global_allocator]
+static ALLOC: rdsd::quiet::CountingAlloc = rdsd::quiet::CountingAlloc;
 
 fn config(vdev: &str) -> DpdkConfig {
     let raw: RawDpdk = toml::from_str(&format!(

@@ -291,16 +291,21 @@ impl Daemon {
 
     /// Thread id of rdsd's poll thread (`rdsd-poll-0`).
     pub fn poll_thread(&self) -> u32 {
+        self.poll_thread_at(0)
+    }
+
+    /// The thread id of poll thread `k` (`rdsd-poll-k`).
+    pub fn poll_thread_at(&self, k: usize) -> u32 {
+        let name = format!("rdsd-poll-{k}");
         let pid = self.pid();
         let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("rdsd's tasks");
         tasks
             .filter_map(Result::ok)
             .find(|t| {
-                std::fs::read_to_string(t.path().join("comm"))
-                    .is_ok_and(|c| c.trim() == "rdsd-poll-0")
+                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name)
             })
             .and_then(|t| t.file_name().to_str()?.parse().ok())
-            .expect("rdsd-poll-0 thread")
+            .unwrap_or_else(|| panic!("{name} thread"))
     }
 
     /// True while the poll thread sleeps in `nanosleep`: it does so only in the test-only stall
@@ -536,6 +541,25 @@ pub struct PingPong {
     to: SocketAddrV4,
     buf: [u8; 64],
     echo: std::thread::JoinHandle<(shm_api::Socket, shm_api::Rdsd)>,
+    spin: bool,
+}
+
+/// A receive that never sleeps in rdsd's library: non-blocking tries, yielding the CPU
+/// between them (so that no poll thread has a futex to wake), until `timeout`.
+fn recv_spinning(
+    s: &shm_api::Socket,
+    buf: &mut [u8],
+    timeout: Duration,
+) -> std::io::Result<(usize, SocketAddrV4)> {
+    let until = Instant::now() + timeout;
+    loop {
+        match s.recv_from(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < until => {
+                std::thread::yield_now()
+            }
+            r => return r,
+        }
+    }
 }
 
 impl PingPong {
@@ -548,17 +572,49 @@ impl PingPong {
         total: u64,
         timeout: Duration,
     ) -> PingPong {
+        Self::start_with(d0, a0, d1, a1, total, timeout, false)
+    }
+
+    /// The same with both sides receiving without ever blocking in the library
+    /// (non-blocking tries and `sched_yield`): a poll thread then never has an app thread to
+    /// wake, so its steady state can be checked for system calls.
+    pub fn start_spinning(
+        d0: &Daemon,
+        a0: SocketAddrV4,
+        d1: &Daemon,
+        a1: SocketAddrV4,
+        total: u64,
+        timeout: Duration,
+    ) -> PingPong {
+        Self::start_with(d0, a0, d1, a1, total, timeout, true)
+    }
+
+    fn start_with(
+        d0: &Daemon,
+        a0: SocketAddrV4,
+        d1: &Daemon,
+        a1: SocketAddrV4,
+        total: u64,
+        timeout: Duration,
+        spin: bool,
+    ) -> PingPong {
         let (r0, r1) = (d0.attach(), d1.attach());
         let (s0, s1) = (r0.socket().unwrap(), r1.socket().unwrap());
         s0.bind(a0).unwrap();
         s1.bind(a1).unwrap();
         for s in [&s0, &s1] {
             s.set_recv_timeout(Some(timeout)).unwrap();
+            s.set_nonblocking(spin).unwrap();
         }
         let echo = std::thread::spawn(move || {
             let mut buf = [0u8; 64];
             for _ in 0..total {
-                let (n, from) = s1.recv_from(&mut buf).expect("request");
+                let (n, from) = if spin {
+                    recv_spinning(&s1, &mut buf, timeout)
+                } else {
+                    s1.recv_from(&mut buf)
+                }
+                .expect("request");
                 s1.send_to(&buf[..n], from).expect("reply");
             }
             (s1, r1)
@@ -569,6 +625,7 @@ impl PingPong {
             to: a1,
             buf: [0; 64],
             echo,
+            spin,
         }
     }
 
@@ -577,7 +634,12 @@ impl PingPong {
         self.s0
             .send_to(&seq_payload(seq, 64), self.to)
             .expect("request");
-        let (n, _) = self.s0.recv_from(&mut self.buf).expect("reply");
+        let (n, _) = if self.spin {
+            recv_spinning(&self.s0, &mut self.buf, Duration::from_secs(10))
+        } else {
+            self.s0.recv_from(&mut self.buf)
+        }
+        .expect("reply");
         assert_eq!(
             payload_seq(&self.buf[..n]),
             seq,
@@ -761,6 +823,11 @@ pub struct PollThreadSyscalls {
 
 impl PollThreadSyscalls {
     pub fn attach(d: &Daemon) -> Option<PollThreadSyscalls> {
+        Self::attach_at(d, 0)
+    }
+
+    /// The same for poll thread `k`.
+    pub fn attach_at(d: &Daemon, k: usize) -> Option<PollThreadSyscalls> {
         let ok = Command::new("strace")
             .arg("-V")
             .stdout(Stdio::null())
@@ -779,7 +846,7 @@ impl PollThreadSyscalls {
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
-        let (pid, tid) = (d.pid(), d.poll_thread());
+        let (pid, tid) = (d.pid(), d.poll_thread_at(k));
         let child = Command::new("strace")
             .args(["-c", "-o"])
             .arg(&out)
@@ -790,7 +857,7 @@ impl PollThreadSyscalls {
         // Counting starts once strace has attached to the poll thread.
         wait_until(
             Duration::from_secs(10),
-            "strace to attach to rdsd-poll-0 (its TracerPid)",
+            &format!("strace to attach to rdsd-poll-{k} (its TracerPid)"),
             || tracer_of(pid, tid),
             |&tracer| tracer == child.id(),
         );
@@ -803,7 +870,9 @@ impl PollThreadSyscalls {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
         self.child.wait_with_output().expect("strace ends");
         let text = std::fs::read_to_string(&self.out).unwrap_or_else(|e| {
-            panic!("no strace summary ({e}): could strace attach to rdsd-poll-0 (ptrace allowed)?")
+            panic!(
+                "no strace summary ({e}): could strace attach to the poll thread (ptrace allowed)?"
+            )
         });
         let _ = std::fs::remove_file(&self.out);
         let counts = strace_counts(&text);

@@ -28,6 +28,7 @@ const RDSD: Table = &[
             "config",
             "fault",
             "group",
+            "quiet",
             "seam",
             "shm",
             "statefile",
@@ -37,16 +38,20 @@ const RDSD: Table = &[
     ),
     (
         "transport",
-        &["config", "fault", "prefix", "protocol", "seam", "stats"],
+        &[
+            "config", "fault", "prefix", "protocol", "quiet", "seam", "stats",
+        ],
     ),
     (
         "protocol",
-        &["clock", "prefix", "seam", "statefile", "stats"],
+        &["clock", "prefix", "quiet", "seam", "statefile", "stats"],
     ),
     ("shm", &["config"]),
     ("config", &["prefix"]),
     // Local multicast groups (issue 20): the sans-IO rules, a leaf; `poll/groups.rs` wires them.
     ("group", &[]),
+    // Per-thread counts of allocations and locks (the quiet fast path's proof), a leaf.
+    ("quiet", &[]),
     ("seam", &[]),
     ("statefile", &[]),
     ("stats", &[]),

@@ -683,6 +683,7 @@ fn threads_show_what_each_poll_thread_serves_and_moves() {
         "{text}"
     );
     assert!(text.contains("crossout"), "{text}");
+    assert!(text.contains("allocs") && text.contains("locks"), "{text}");
     // One poll thread: one row, nothing crosses.
     let one = Daemon::start(&["--poll-core", "-2"]);
     let app = one.attach();

@@ -6,9 +6,12 @@ use rds_proto::wire::CongMap;
 use rds_proto::{Config, Connection, Event, Instant};
 use std::net::Ipv4Addr;
 
-#[path = "support/counting_alloc.rs"]
+#[path = "../../src/quiet/alloc.rs"]
 mod counting_alloc;
 use counting_alloc::allocations;
+
+#[global_allocator]
+static ALLOC: counting_alloc::CountingAlloc = counting_alloc::CountingAlloc;
 
 static PAYLOAD: [u8; 64] = [0x5a; 64];
 

@@ -27,6 +27,7 @@
 //! the directory only for binds.
 
 use super::rebind::BoundPorts;
+use crate::quiet::Mutex;
 use crossbeam_queue::ArrayQueue;
 use rustc_hash::FxHashMap;
 use shm_api::layout::DaemonView;
@@ -34,7 +35,7 @@ use shm_api::ring::{Consumer, HeapRing, Producer, PushError, RawRing, Record, Re
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 
 /// Data bytes of each pair ring: one 1 MiB message and its envelope always fit.
 pub const PAIR_RING_BYTES: usize = 2 << 20;
@@ -492,7 +493,7 @@ impl Fabric {
     /// The directory, for a bind, a close or a new congestion entry. Never on the fast path.
     pub(super) fn dir(&self) -> MutexGuard<'_, Directory> {
         // A poll thread that panicked holding it has taken rdsd down already.
-        self.dir.lock().unwrap_or_else(|e| e.into_inner())
+        self.dir.lock()
     }
 
     /// Call after changing the directory's bindings, with the directory still locked.

@@ -12,12 +12,13 @@
 //! reinitialised. Several poll threads share one file (each writes only the slots of the
 //! connections it owns; claiming a slot takes a lock, at connection setup only).
 
+use crate::quiet::Mutex;
 use crate::statefile::LockedMap;
 use rds_proto::wire::MAX_PATHS;
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"RDSDRXSQ");
 const VERSION: u32 = 1;
@@ -103,7 +104,7 @@ impl RxStateFile {
 
     fn claims(&self) -> std::sync::MutexGuard<'_, usize> {
         // A panic while claiming leaves a consistent count (it is written last).
-        self.used.lock().unwrap_or_else(|e| e.into_inner())
+        self.used.lock()
     }
 
     /// Connections with a slot.

@@ -20,11 +20,12 @@ pub mod utcp;
 
 use crate::config::Config;
 use crate::prefix::Prefix;
+use crate::quiet::Mutex;
 use crate::seam::Transport;
 use crate::stats::Stats;
 use anyhow::{bail, Context, Result};
 use rustc_hash::FxHashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Which poll thread drives each RDS connection (an address pair) of the network transports
 /// that several threads share.
@@ -100,7 +101,7 @@ impl ConnOwners {
             return crate::config::conn_shard(self.shards, laddr, faddr);
         }
         // A thread that panicked holding it has taken rdsd down already.
-        let mut p = self.placed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = self.placed.lock();
         if let Some(&k) = p.owner.get(&(laddr, faddr)) {
             return usize::from(k);
         }

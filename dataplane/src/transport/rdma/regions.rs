@@ -14,8 +14,8 @@
 //! registered then; the message's own region stays registered until its send completed and
 //! the peer acknowledged it (its hold on the tx ring).
 
+use crate::quiet::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 
 /// One region's keys: its range, and its lkey on each device (by context).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,7 +50,7 @@ pub struct RegionDirectory {
 impl RegionDirectory {
     /// Publishes a region's keys (or replaces them: a device added later).
     pub fn publish(&self, r: RegionKeys) {
-        let mut l = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        let mut l = self.list.lock();
         l.retain(|o| o.id != r.id);
         l.push(r);
         self.version.fetch_add(1, Ordering::Release);
@@ -58,7 +58,7 @@ impl RegionDirectory {
 
     /// Withdraws region `id` (before it is unmapped).
     pub fn withdraw(&self, id: u64) {
-        let mut l = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        let mut l = self.list.lock();
         let before = l.len();
         l.retain(|o| o.id != id);
         if l.len() != before {
@@ -80,7 +80,7 @@ impl RegionReplica {
         let v = dir.version.load(Ordering::Acquire);
         if v != self.version {
             // Cold: after an attach or a detach on some thread.
-            let l = dir.list.lock().unwrap_or_else(|e| e.into_inner());
+            let l = dir.list.lock();
             self.list.clone_from(&l);
             self.version = dir.version.load(Ordering::Acquire);
             drop(l);

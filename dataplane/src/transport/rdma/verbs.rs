@@ -356,12 +356,12 @@ impl Drop for Pd {
 
 /// The process's PDs, one per device context.
 #[derive(Default)]
-pub struct Pds(std::sync::Mutex<Vec<std::sync::Arc<Pd>>>);
+pub struct Pds(crate::quiet::Mutex<Vec<std::sync::Arc<Pd>>>);
 
 impl Pds {
     /// The PD on `ctx`, allocated on first use (connection setup and start only).
     pub fn get(&self, ctx: *mut v::ibv_context) -> io::Result<std::sync::Arc<Pd>> {
-        let mut l = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut l = self.0.lock();
         if let Some(pd) = l.iter().find(|p| p.ctx == ctx) {
             return Ok(pd.clone());
         }

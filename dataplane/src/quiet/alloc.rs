@@ -1,14 +1,17 @@
-//! A global allocator that counts this thread's allocations, for the tests that prove a path
-//! allocates nothing in steady state. Shared by `#[path]` between the test crates of rds-proto
-//! and rdsd (one copy); a test binary that includes it counts every allocation it makes.
+//! A global allocator that counts each thread's allocations: rdsd's binary installs it so that
+//! each poll thread can publish how many it made (`poll_allocations`; none in steady state),
+//! and the tests that prove a path allocates nothing install it in their own binary. This file
+//! uses `std` only, so that the tests of `rds-proto` (which cannot depend on rdsd) include it
+//! by `#[path]`: one copy. The includer declares the `#[global_allocator]` static.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-struct Counting;
+/// Forwards to the system allocator, counting the calling thread's allocations.
+pub struct CountingAlloc;
 
 thread_local! {
-    /// Allocations made by this thread (each test runs on its own thread).
+    /// Allocations made by this thread.
     static ALLOCS: Cell<u64> = const { Cell::new(0) };
 }
 
@@ -16,14 +19,15 @@ fn count() {
     let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
 }
 
-/// Allocations this thread has made so far.
+/// Allocations (and reallocations) this thread has made so far; 0 in a binary that does not
+/// install [`CountingAlloc`].
 pub fn allocations() -> u64 {
     ALLOCS.with(Cell::get)
 }
 
 // SAFETY: forwards to the system allocator; the counter is a const-initialised thread-local
 // without destructor, so touching it never allocates or re-enters the allocator.
-unsafe impl GlobalAlloc for Counting {
+unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count();
         // SAFETY: same contract as ours.
@@ -47,6 +51,3 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(ptr, layout) }
     }
 }
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
