@@ -544,9 +544,10 @@ pub struct PingPong {
     spin: bool,
 }
 
-/// A receive that never sleeps in rdsd's library: non-blocking tries, yielding the CPU
-/// between them (so that no poll thread has a futex to wake), until `timeout`.
-fn recv_spinning(
+/// A receive that never sleeps in rdsd's library: non-blocking tries (the socket must be
+/// non-blocking), yielding the CPU between them (so that no poll thread has a futex to wake),
+/// until `timeout`.
+pub fn recv_spinning(
     s: &shm_api::Socket,
     buf: &mut [u8],
     timeout: Duration,
@@ -598,7 +599,27 @@ impl PingPong {
         timeout: Duration,
         spin: bool,
     ) -> PingPong {
-        let (r0, r1) = (d0.attach(), d1.attach());
+        Self::start_on([d0.attach(), d1.attach()], [a0, a1], total, timeout, spin)
+    }
+
+    /// [`PingPong::start_spinning`] from attachments the caller made (to choose their poll
+    /// threads): `apps[0]` binds `addrs[0]` and sends the requests.
+    pub fn start_spinning_on(
+        apps: [shm_api::Rdsd; 2],
+        addrs: [SocketAddrV4; 2],
+        total: u64,
+        timeout: Duration,
+    ) -> PingPong {
+        Self::start_on(apps, addrs, total, timeout, true)
+    }
+
+    fn start_on(
+        [r0, r1]: [shm_api::Rdsd; 2],
+        [a0, a1]: [SocketAddrV4; 2],
+        total: u64,
+        timeout: Duration,
+        spin: bool,
+    ) -> PingPong {
         let (s0, s1) = (r0.socket().unwrap(), r1.socket().unwrap());
         s0.bind(a0).unwrap();
         s1.bind(a1).unwrap();

@@ -14,6 +14,7 @@
 
 use rdsd_tests::netns::{Lab, VethPair};
 use rdsd_tests::*;
+use std::collections::HashMap;
 use std::net::SocketAddrV4;
 use std::time::Duration;
 
@@ -47,15 +48,18 @@ fn settled(d: &Daemon) -> [u64; 3] {
     quiet_counters(d)
 }
 
-/// What [`counted`] returns: per daemon, the counters before and after; per traced thread,
-/// its name and system calls.
-type Counted = (Vec<[u64; 3]>, Vec<[u64; 3]>, Vec<(String, u64)>);
+/// A traced poll thread's name and its system calls by name.
+type Calls = Vec<(String, HashMap<String, u64>)>;
 
-/// Runs the counted round trips with strace on each poll thread of `daemons` listed in
-/// `traced` (daemon index, thread).
-fn counted(pp: &mut PingPong, daemons: &[&Daemon], traced: &[(usize, usize)]) -> Counted {
+/// What [`counted`] returns: per daemon, the counters before and after; per traced thread,
+/// its system calls.
+type Counted = (Vec<[u64; 3]>, Vec<[u64; 3]>, Calls);
+
+/// Runs `round` for the warm-up, then for the counted rounds with strace on each poll thread
+/// of `daemons` listed in `traced` (daemon index, thread).
+fn counted(daemons: &[&Daemon], traced: &[(usize, usize)], mut round: impl FnMut(u64)) -> Counted {
     for seq in 0..WARM_UP {
-        pp.round_trip(seq);
+        round(seq);
     }
     let before: Vec<[u64; 3]> = daemons.iter().map(|d| settled(d)).collect();
     let straces: Vec<_> = traced
@@ -63,7 +67,7 @@ fn counted(pp: &mut PingPong, daemons: &[&Daemon], traced: &[(usize, usize)]) ->
         .map(|&(d, k)| PollThreadSyscalls::attach_at(daemons[d], k))
         .collect();
     for seq in WARM_UP..WARM_UP + ROUND_TRIPS {
-        pp.round_trip(seq);
+        round(seq);
     }
     let mut calls = Vec::new();
     for (st, &(d, k)) in straces.into_iter().zip(traced) {
@@ -71,7 +75,7 @@ fn counted(pp: &mut PingPong, daemons: &[&Daemon], traced: &[(usize, usize)]) ->
         let (text, m) = st.finish();
         let total: u64 = m.values().sum();
         eprintln!("daemon {d}, poll thread {k}: {total} system calls\n{text}");
-        calls.push((format!("daemon {d}, rdsd-poll-{k}"), total));
+        calls.push((format!("daemon {d}, rdsd-poll-{k}"), m));
     }
     let after: Vec<[u64; 3]> = daemons.iter().map(|d| settled(d)).collect();
     (before, after, calls)
@@ -104,6 +108,14 @@ fn assert_quiet(before: &[[u64; 3]], after: &[[u64; 3]], crossings_per_round_tri
     );
 }
 
+/// Not one system call on any traced thread.
+fn assert_no_calls(calls: &Calls) {
+    for (who, m) in calls {
+        let n: u64 = m.values().sum();
+        assert_eq!(n, 0, "{who}: system calls in steady state (strace above)");
+    }
+}
+
 /// Two apps on one rdsd, each on its own poll thread: every request and reply crosses.
 #[test]
 fn crossing_between_poll_threads_allocates_locks_and_calls_nothing() {
@@ -112,15 +124,13 @@ fn crossing_between_poll_threads_allocates_locks_and_calls_nothing() {
         "127.0.0.1:7500".parse().unwrap(),
         "127.0.0.1:7501".parse().unwrap(),
     );
-    let mut pp = PingPong::start_spinning(
-        &d,
-        a0,
-        &d,
-        a1,
+    let mut pp = PingPong::start_spinning_on(
+        apps_on_two_threads(&d),
+        [a0, a1],
         WARM_UP + ROUND_TRIPS,
         Duration::from_secs(20),
     );
-    let (before, after, calls) = counted(&mut pp, &[&d], &[(0, 0), (0, 1)]);
+    let (before, after, calls) = counted(&[&d], &[(0, 0), (0, 1)], |seq| pp.round_trip(seq));
     pp.finish();
     // The counters count: attaching and binding allocated and took the bind directory's lock.
     assert!(
@@ -132,37 +142,161 @@ fn crossing_between_poll_threads_allocates_locks_and_calls_nothing() {
     // A request and a reply cross per round trip (records), each sender's release returns as a
     // note (not a record).
     assert_quiet(&before, &after, 2);
-    for (who, n) in calls {
-        assert_eq!(n, 0, "{who}: system calls in steady state (strace above)");
+    assert_no_calls(&calls);
+}
+
+/// Two apps of one rdsd, sorted so that the first is poll thread 0's and the second 1's.
+fn apps_on_two_threads(d: &Daemon) -> [shm_api::Rdsd; 2] {
+    let mut apps = [d.attach(), d.attach()];
+    apps.sort_by_key(|a| a.poll_thread());
+    assert_eq!((apps[0].poll_thread(), apps[1].poll_thread()), (0, 1));
+    for a in &apps {
+        eprintln!("DBG app on {}", a.poll_thread());
     }
+    apps
+}
+
+/// Opens the connection between two daemons of two poll threads each, and returns for each
+/// an attachment on the thread that does not own it (attaching until one lands there: each
+/// new app goes to the thread with the fewest, and the apps that came before may still be
+/// leaving), and the apps to keep attached meanwhile.
+fn off_the_connections_thread(
+    d: [&Daemon; 2],
+    addrs: [std::net::Ipv4Addr; 2],
+) -> ([shm_api::Rdsd; 2], Vec<shm_api::Rdsd>) {
+    let mut keep: Vec<shm_api::Rdsd> = d.iter().map(|d| d.attach()).collect();
+    let (x0, x1) = (keep[0].socket().unwrap(), keep[1].socket().unwrap());
+    x0.bind(SocketAddrV4::new(addrs[0], 7501)).unwrap();
+    x1.bind(SocketAddrV4::new(addrs[1], 7501)).unwrap();
+    x1.set_recv_timeout(Some(Duration::from_secs(20))).unwrap();
+    x0.send_to(b"open", SocketAddrV4::new(addrs[1], 7501))
+        .unwrap();
+    x1.recv_from(&mut [0u8; 8]).expect("the connection is up");
+    let off = d.map(|d| {
+        let owner = d.info_json(&["-n"])["connections"][0]["shard"]
+            .as_u64()
+            .expect("the connection's thread") as usize;
+        for _ in 0..8 {
+            let app = d.attach();
+            if app.poll_thread() != owner {
+                return app;
+            }
+            keep.push(app);
+        }
+        panic!("no app placed off the connection's thread {owner}");
+    });
+    (off, keep)
+}
+
+/// A non-blocking socket of `app` bound to 127.0.0.1:`port`.
+fn bound(app: &shm_api::Rdsd, port: u16) -> shm_api::Socket {
+    let s = app.socket().unwrap();
+    s.bind(lo(port)).unwrap();
+    s.set_nonblocking(true).unwrap();
+    s
+}
+
+/// Spinning receive of one message of `len` bytes.
+fn take(s: &shm_api::Socket, buf: &mut [u8], len: usize) {
+    let (n, _) = recv_spinning(s, buf, Duration::from_secs(20)).expect("a message");
+    assert_eq!(n, len);
+}
+
+/// 64 KiB requests (from `CROSS_IN_PLACE_MIN` on, a message crosses as a reference into the
+/// sender's tx ring, held until the receiver's thread has copied it: `DeliverRef`, a hold, a
+/// release note) and 64 B replies between apps on two threads.
+#[test]
+fn large_messages_crossing_in_place_allocate_lock_and_call_nothing() {
+    const BIG: usize = 64 << 10;
+    let d = Daemon::start(&TWO_SPINNING);
+    let [app0, app1] = apps_on_two_threads(&d);
+    let (a, b) = (bound(&app0, 7510), bound(&app1, 7511));
+    let (big, mut buf) = (vec![0x5a_u8; BIG], vec![0u8; BIG]);
+    let (before, after, calls) = counted(&[&d], &[(0, 0), (0, 1)], |_| {
+        a.send_to(&big, lo(7511)).expect("request");
+        take(&b, &mut buf, BIG);
+        b.send_to(&buf[..64], lo(7510)).expect("reply");
+        take(&a, &mut buf, 64);
+    });
+    assert_quiet(&before, &after, 2);
+    assert_no_calls(&calls);
+}
+
+/// A multicast group (issue 20) whose members sit on both threads and whose sender is thread
+/// 1's: shard 0 orders the group, so each message crosses to it and a copy comes back to the
+/// member of thread 1, with the group's credit notes.
+#[test]
+fn group_messages_across_poll_threads_allocate_lock_and_call_nothing() {
+    let d = Daemon::start(&TWO_SPINNING);
+    let [app0, app1] = apps_on_two_threads(&d);
+    let g = SocketAddrV4::new(std::net::Ipv4Addr::new(239, 1, 2, 9), 5500);
+    let creator = bound(&app1, 7520);
+    creator.group_create(g).unwrap();
+    let (m0, m1) = (bound(&app0, 7521), bound(&app1, 7522));
+    for m in [&m0, &m1] {
+        m.group_join(g, shm_api::GroupFlags::NONE).unwrap();
+    }
+    let sender = bound(&app1, 7523);
+    let mut buf = vec![0u8; 256];
+    let (before, after, calls) = counted(&[&d], &[(0, 0), (0, 1)], |seq| {
+        sender
+            .send_to(&seq_payload(seq, 64), g)
+            .expect("group send");
+        for m in [&m0, &m1] {
+            take(m, &mut buf, 64);
+            assert_eq!(payload_seq(&buf[..64]), seq, "each member, in order");
+        }
+    });
+    // To shard 0 and a copy back, per message.
+    assert_quiet(&before, &after, 2);
+    assert_no_calls(&calls);
 }
 
 /// Kernel TCP between two hosts (namespaces), each rdsd on two poll threads, the app on the
 /// thread that does not own the connection: requests and replies cross to the connection's
-/// thread and back. Kernel TCP is not kernel bypass (its reads and writes are system calls),
-/// so only allocations and locks are counted.
+/// thread and back. Kernel TCP is not kernel bypass: a spinning pass asks epoll which paths
+/// are ready, and a round trip's messages are a `sendmsg` and a `recvfrom` each way, with
+/// `SIOCOUTQ` queries for their acknowledgements; nothing else (an eventfd write per crossing
+/// would show here too), and no allocation and no lock.
 #[test]
 fn kernel_tcp_across_poll_threads_allocates_and_locks_nothing() {
     let lab = Lab::new(2, 2, &TWO_SPINNING);
     let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
-    // A first app on each host takes thread 0 (the fewest apps), so the ping-pong's are thread
-    // 1's; the connection goes to the thread with the fewest connections when first seen, 0 on
-    // the connecting host at least.
-    let (_first0, _first1) = (h0.d().attach(), h1.d().attach());
     let (a0, a1): (SocketAddrV4, SocketAddrV4) =
         (h0.at(7500).parse().unwrap(), h1.at(7500).parse().unwrap());
-    let mut pp = PingPong::start_spinning(
-        h0.d(),
-        a0,
-        h1.d(),
-        a1,
+    let (apps, _keep) = off_the_connections_thread([h0.d(), h1.d()], [*a0.ip(), *a1.ip()]);
+    let mut pp = PingPong::start_spinning_on(
+        apps,
+        [a0, a1],
         WARM_UP + ROUND_TRIPS,
         Duration::from_secs(20),
     );
-    let (before, after, _) = counted(&mut pp, &[h0.d(), h1.d()], &[]);
+    let (before, after, calls) = counted(
+        &[h0.d(), h1.d()],
+        &[(0, 0), (0, 1), (1, 0), (1, 1)],
+        |seq| pp.round_trip(seq),
+    );
     pp.finish();
-    // On the connecting host: the app's message to the connection's thread, the peer's back.
-    assert_quiet(&before, &after, 2);
+    // On each host, the request or reply to the connection's thread and the other back.
+    assert_quiet(&before, &after, 4);
+    let allowed = ["epoll_wait", "ioctl", "sendmsg", "recvfrom"];
+    for (who, m) in &calls {
+        for (name, &n) in m {
+            assert!(
+                allowed.contains(&name.as_str()),
+                "{who}: {n} {name} in steady state (strace above)"
+            );
+        }
+        let per = |k: &str| m.get(k).copied().unwrap_or(0) as f64 / ROUND_TRIPS as f64;
+        // The owner of the connection: one message out and one in per round trip (a write
+        // can be split, a read can find half a message); the other thread: none.
+        assert!(
+            per("sendmsg") <= 1.5 && per("recvfrom") <= 2.0,
+            "{who}: {} sendmsg and {} recvfrom per round trip",
+            per("sendmsg"),
+            per("recvfrom")
+        );
+    }
 }
 
 /// Userspace TCP over DPDK memif (the kernel-bypass path), each rdsd on two poll threads with
@@ -179,28 +313,23 @@ fn dpdk_across_poll_threads_allocates_locks_and_calls_nothing() {
     let _ = std::fs::remove_file(&sock);
     let d0 = pair.memif_daemon_with(0, &sock, 1, "queues = 2", &TWO_SPINNING);
     let d1 = pair.memif_daemon_with(1, &sock, 1, "queues = 2", &TWO_SPINNING);
-    let (_first0, _first1) = (d0.attach(), d1.attach());
     let (a0, a1) = (
         SocketAddrV4::new(pair.addr(0), 7500),
         SocketAddrV4::new(pair.addr(1), 7500),
     );
-    let mut pp = PingPong::start_spinning(
-        &d0,
-        a0,
-        &d1,
-        a1,
+    let (apps, _keep) = off_the_connections_thread([&d0, &d1], [pair.addr(0), pair.addr(1)]);
+    let mut pp = PingPong::start_spinning_on(
+        apps,
+        [a0, a1],
         WARM_UP + ROUND_TRIPS,
         Duration::from_secs(20),
     );
     let all = [(0, 0), (0, 1), (1, 0), (1, 1)];
-    let (before, after, calls) = counted(&mut pp, &[&d0, &d1], &all);
+    let (before, after, calls) = counted(&[&d0, &d1], &all, |seq| pp.round_trip(seq));
     pp.finish();
-    // The connection's thread is a hash of the address pair, the same at both ends, and the
-    // apps are thread 1's: on one of the two hosts at least, messages cross.
-    assert_quiet(&before, &after, 2);
-    for (who, n) in calls {
-        assert_eq!(n, 0, "{who}: system calls in steady state (strace above)");
-    }
+    // On each host, the request or reply to the connection's thread and the other back.
+    assert_quiet(&before, &after, 4);
+    assert_no_calls(&calls);
     drop((d0, d1));
     let _ = std::fs::remove_file(&sock);
 }
