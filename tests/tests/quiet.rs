@@ -304,15 +304,32 @@ fn kernel_tcp_across_poll_threads_allocates_and_locks_nothing() {
 /// threads.
 #[test]
 fn dpdk_across_poll_threads_allocates_locks_and_calls_nothing() {
+    dpdk_quiet(2);
+}
+
+/// The same with DPDK's default one queue pair: thread 0 drives the port, thread 1's apps
+/// reach it through the pair rings.
+#[test]
+fn dpdk_on_one_queue_pair_across_poll_threads_allocates_locks_and_calls_nothing() {
+    dpdk_quiet(1);
+}
+
+/// A memif ping-pong between two rdsd of two spinning poll threads and `queues` queue pairs,
+/// each app off its connection's thread.
+fn dpdk_quiet(queues: u16) {
     require!(
         root(),
         "run as root with DPDK 22.11 installed: sudo -E bash tests/run.sh"
     );
     let pair = VethPair::new();
-    let sock = std::env::temp_dir().join(format!("rdsd-memif-quiet-{}.sock", std::process::id()));
+    let sock = std::env::temp_dir().join(format!(
+        "rdsd-memif-quiet-{}-{queues}.sock",
+        std::process::id()
+    ));
     let _ = std::fs::remove_file(&sock);
-    let d0 = pair.memif_daemon_with(0, &sock, 1, "queues = 2", &TWO_SPINNING);
-    let d1 = pair.memif_daemon_with(1, &sock, 1, "queues = 2", &TWO_SPINNING);
+    let lines = format!("queues = {queues}");
+    let d0 = pair.memif_daemon_with(0, &sock, 1, &lines, &TWO_SPINNING);
+    let d1 = pair.memif_daemon_with(1, &sock, 1, &lines, &TWO_SPINNING);
     let (a0, a1) = (
         SocketAddrV4::new(pair.addr(0), 7500),
         SocketAddrV4::new(pair.addr(1), 7500),
