@@ -542,6 +542,7 @@ pub struct PingPong {
     buf: [u8; 64],
     echo: std::thread::JoinHandle<(shm_api::Socket, shm_api::Rdsd)>,
     spin: bool,
+    echo_tid: u32,
 }
 
 /// A receive that never sleeps in rdsd's library: non-blocking tries (the socket must be
@@ -573,37 +574,13 @@ impl PingPong {
         total: u64,
         timeout: Duration,
     ) -> PingPong {
-        Self::start_with(d0, a0, d1, a1, total, timeout, false)
+        Self::start_on([d0.attach(), d1.attach()], [a0, a1], total, timeout, false)
     }
 
-    /// The same with both sides receiving without ever blocking in the library
-    /// (non-blocking tries and `sched_yield`): a poll thread then never has an app thread to
-    /// wake, so its steady state can be checked for system calls.
-    pub fn start_spinning(
-        d0: &Daemon,
-        a0: SocketAddrV4,
-        d1: &Daemon,
-        a1: SocketAddrV4,
-        total: u64,
-        timeout: Duration,
-    ) -> PingPong {
-        Self::start_with(d0, a0, d1, a1, total, timeout, true)
-    }
-
-    fn start_with(
-        d0: &Daemon,
-        a0: SocketAddrV4,
-        d1: &Daemon,
-        a1: SocketAddrV4,
-        total: u64,
-        timeout: Duration,
-        spin: bool,
-    ) -> PingPong {
-        Self::start_on([d0.attach(), d1.attach()], [a0, a1], total, timeout, spin)
-    }
-
-    /// [`PingPong::start_spinning`] from attachments the caller made (to choose their poll
-    /// threads): `apps[0]` binds `addrs[0]` and sends the requests.
+    /// The same from attachments the caller made (to choose their poll threads: `apps[0]`
+    /// binds `addrs[0]` and sends the requests), with both sides receiving without ever
+    /// blocking in the library (non-blocking tries and `sched_yield`): a poll thread then
+    /// never has an app thread to wake, so its steady state can be checked for system calls.
     pub fn start_spinning_on(
         apps: [shm_api::Rdsd; 2],
         addrs: [SocketAddrV4; 2],
@@ -627,7 +604,10 @@ impl PingPong {
             s.set_recv_timeout(Some(timeout)).unwrap();
             s.set_nonblocking(spin).unwrap();
         }
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let echo = std::thread::spawn(move || {
+            // SAFETY: gettid takes no argument and cannot fail.
+            let _ = tid_tx.send(unsafe { libc::syscall(libc::SYS_gettid) } as u32);
             let mut buf = [0u8; 64];
             for _ in 0..total {
                 let (n, from) = if spin {
@@ -647,7 +627,14 @@ impl PingPong {
             buf: [0; 64],
             echo,
             spin,
+            echo_tid: tid_rx.recv().expect("the reply side's thread id"),
         }
+    }
+
+    /// The thread id of the reply side (it does nothing but receive and reply until its
+    /// `total` round trips are done: what an app's thread costs, to strace).
+    pub fn echo_tid(&self) -> u32 {
+        self.echo_tid
     }
 
     /// Round trip `seq`: its reply must come back in order, exactly once.
@@ -849,6 +836,12 @@ impl PollThreadSyscalls {
 
     /// The same for poll thread `k`.
     pub fn attach_at(d: &Daemon, k: usize) -> Option<PollThreadSyscalls> {
+        Self::attach_thread(d.pid(), d.poll_thread_at(k), &format!("rdsd-poll-{k}"))
+    }
+
+    /// The same for thread `tid` of process `pid` (`what` names it in a failure): an app's
+    /// thread, this test's own.
+    pub fn attach_thread(pid: u32, tid: u32, what: &str) -> Option<PollThreadSyscalls> {
         let ok = Command::new("strace")
             .arg("-V")
             .stdout(Stdio::null())
@@ -867,7 +860,6 @@ impl PollThreadSyscalls {
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
-        let (pid, tid) = (d.pid(), d.poll_thread_at(k));
         let child = Command::new("strace")
             .args(["-c", "-o"])
             .arg(&out)
@@ -875,10 +867,10 @@ impl PollThreadSyscalls {
             .stderr(Stdio::null())
             .spawn()
             .expect("strace");
-        // Counting starts once strace has attached to the poll thread.
+        // Counting starts once strace has attached to the thread.
         wait_until(
             Duration::from_secs(10),
-            &format!("strace to attach to rdsd-poll-{k} (its TracerPid)"),
+            &format!("strace to attach to {what} (its TracerPid)"),
             || tracer_of(pid, tid),
             |&tracer| tracer == child.id(),
         );

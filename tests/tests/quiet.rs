@@ -3,11 +3,12 @@
 //! allocator), take none of rdsd's locks (`poll_locks`) and, where the transport does not go
 //! through the kernel, make no system call at all (`strace -c` on every poll thread).
 //!
-//! Each test warms a 64 B ping-pong up (connections, paths, rings, backlogs and stashes grown
-//! to what the traffic needs), then counts over the next round trips. The apps receive without
-//! ever sleeping in rdsd's library (non-blocking tries and `sched_yield`, `PingPong::start_spinning`)
-//! and the poll threads spin (`--idle spin`): a sleeping app needs a `futex_wake` and a parked
-//! poll thread a `ppoll`, the two documented exceptions, which are not steady state.
+//! Each test warms its exchange up (connections, paths, rings and stashes grown to what the
+//! traffic needs), then counts over the next round trips. The apps receive without ever
+//! sleeping in rdsd's library (non-blocking tries and `sched_yield`,
+//! `PingPong::start_spinning_on`) and the poll threads spin (`--idle spin`): a sleeping app
+//! needs a `futex_wake` and a parked poll thread a `ppoll`, the two documented exceptions,
+//! which are not steady state.
 //!
 //! With two poll threads and an app on each, every message crosses between threads (a pair
 //! ring one way, a release note back): the machinery of issue 18 is what is counted.
@@ -124,13 +125,35 @@ fn crossing_between_poll_threads_allocates_locks_and_calls_nothing() {
         "127.0.0.1:7500".parse().unwrap(),
         "127.0.0.1:7501".parse().unwrap(),
     );
+    // One round trip more than counted: the reply side is still in its loop when its trace
+    // ends (its exit is no steady state).
     let mut pp = PingPong::start_spinning_on(
         apps_on_two_threads(&d),
         [a0, a1],
-        WARM_UP + ROUND_TRIPS,
+        WARM_UP + ROUND_TRIPS + 1,
         Duration::from_secs(20),
     );
+    // The replying app's thread too: the library's send and its non-blocking receive make no
+    // system call per message (shm-api: "the data path makes no syscall"). Its calls are the
+    // yields of its spinning receive, and the liveness check of rdsd that an empty receive
+    // makes at most once a millisecond (a `poll` of the control socket).
+    let traced = std::time::Instant::now();
+    let echo = PollThreadSyscalls::attach_thread(std::process::id(), pp.echo_tid(), "the app");
     let (before, after, calls) = counted(&[&d], &[(0, 0), (0, 1)], |seq| pp.round_trip(seq));
+    if let Some(echo) = echo {
+        let (text, m) = echo.finish();
+        let ms = traced.elapsed().as_millis() as u64;
+        eprintln!("the replying app's thread, {ms} ms:\n{text}");
+        for (name, &n) in &m {
+            match name.as_str() {
+                "sched_yield" => {}
+                "poll" => assert!(n <= ms + 1, "{n} liveness polls in {ms} ms"),
+                _ => panic!("{n} {name} by the app's thread (strace above)"),
+            }
+        }
+        assert!(!m.is_empty(), "strace saw the app's thread yield");
+    }
+    pp.round_trip(WARM_UP + ROUND_TRIPS);
     pp.finish();
     // The counters count: attaching and binding allocated and took the bind directory's lock.
     assert!(
