@@ -245,6 +245,99 @@ fn vmlab_rdsguest_built_dynamically_runs_on_rdsd() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A C program's `sendto`, `poll` and `recvfrom` on RDS sockets under the preload library never
+/// reach the kernel: 5000 messages sent, and received by a loop that polls before each
+/// `recvfrom` (the VM lab's program), counted by `strace -f -c` around each program (and
+/// `rdsd-run` before it). What it sees are the attach's few calls on the control socket and
+/// the program's start, a number that does not grow with the messages. (The receiver's `poll`
+/// went to the kernel once per message until a set of rdsd fds with input was answered from
+/// the rings: 5001 calls, and 3806 doorbell `sendto`s of a library that woke rdsd after each
+/// receive, 2026-12-07.)
+#[test]
+fn a_preloaded_programs_sends_and_receives_make_no_system_call() {
+    const N: &str = "5000";
+    let Some(strace) = which_strace() else {
+        return;
+    };
+    let dir = tmpdir("rdsguest-strace");
+    let bin = dir.join("rdsguest");
+    let src = workspace_root().join("tests/vmlab/rdsguest.c");
+    cc(&["-O2", "-o", bin.to_str().unwrap(), src.to_str().unwrap()]);
+    let d = Daemon::start(&[]);
+    let traced = |tag: &str, args: &[&str]| {
+        let out = dir.join(format!("{tag}.strace"));
+        let mut c = Command::new("timeout");
+        c.arg("60")
+            .arg(&strace)
+            .args(["-f", "-c", "-o"])
+            .arg(&out)
+            .arg(rdsd_run())
+            .arg(&bin)
+            .args(args)
+            .env("RDSD_SOCKET", &d.socket)
+            .env("RDS_RECV_SPIN_US", "0");
+        (c, out)
+    };
+    let (mut rc, rout) = traced("recv", &["recv", "127.0.0.1:7150", N, "30000"]);
+    let mut recv = rc.stdout(Stdio::piped()).spawn().unwrap();
+    let recv_out = read_until(&mut recv, "bound");
+    let (mut sc, sout) = traced(
+        "send",
+        &[
+            "send",
+            "127.0.0.1:7250",
+            "127.0.0.1:7150",
+            N,
+            "64",
+            "linger=0",
+        ],
+    );
+    let s = sc.output().unwrap();
+    assert!(has_line(&s, &format!("sent n={N}")), "{}", text(&s));
+    let r = finish(recv, recv_out);
+    assert!(
+        has_line(&r, &format!("done got={N} sources=1 bad=0")),
+        "{}",
+        text(&r)
+    );
+    for (side, out) in [("sender", sout), ("receiver", rout)] {
+        let summary = std::fs::read_to_string(&out).expect("strace summary");
+        eprintln!("{side}:\n{summary}");
+        let calls = strace_counts(&summary);
+        let network: u64 = [
+            "sendto", "sendmsg", "sendmmsg", "recvfrom", "recvmsg", "recvmmsg", "write", "read",
+            "poll", "ppoll",
+        ]
+        .iter()
+        .map(|k| calls.get(*k).copied().unwrap_or(0))
+        .sum();
+        // The attach (Hello, its reply with the region's descriptor), loading libraries, the
+        // program's own output and a poll that found nothing yet: tens, not thousands.
+        assert!(
+            network < 200,
+            "{side}: {network} reads, writes and polls for {N} messages (strace above)"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// strace's path, or `None` (a failure in CI, where tests/run.sh installs it).
+fn which_strace() -> Option<PathBuf> {
+    let ok = Command::new("strace")
+        .arg("-V")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "strace is missing: apt-get install strace (tests/run.sh installs it)"
+        );
+        return None;
+    }
+    Some(PathBuf::from("strace"))
+}
+
 /// rds-info's tables (`RDS_INFO_CONNECTIONS`, `_SEND_MESSAGES`, `_RETRANS_MESSAGES`,
 /// `_RECV_MESSAGES`) through the preload library, in the kernel's record layouts, read by the
 /// VM lab's C program (which the VM lab runs against the kernel's RDS). Three hosts: host 0

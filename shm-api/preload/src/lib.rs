@@ -574,6 +574,34 @@ unsafe fn arm_pollfds(fds: *const pollfd, n: nfds_t) -> bool {
     any
 }
 
+/// When every fd of the set is rdsd's and asks for input only, and one has a message on its
+/// ring: the answer without the kernel (the ring says it; a receive loop that polls before each
+/// `recvfrom` would otherwise make a `poll` per message). `None`: ask the kernel.
+unsafe fn input_ready_without_kernel(fds: *mut pollfd, n: nfds_t) -> Option<c_int> {
+    const IN: i16 = libc::POLLIN | libc::POLLRDNORM;
+    if fds.is_null() || n == 0 {
+        return None;
+    }
+    // SAFETY: poll's contract: `n` pollfds at `fds`.
+    let set = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
+    if set
+        .iter()
+        .any(|p| p.events & !IN != 0 || !table::is_ours(p.fd))
+    {
+        return None;
+    }
+    let mut ready = 0;
+    for p in set.iter_mut() {
+        p.revents = if ops::has_input(p.fd) {
+            p.events & IN
+        } else {
+            0
+        };
+        ready += c_int::from(p.revents != 0);
+    }
+    (ready > 0).then_some(ready)
+}
+
 /// rdsd updates a readiness fd on its next pass after the app drains the ring, so a POLLIN
 /// seen right after a receive may be stale: it is confirmed against the ring (no syscall).
 /// Returns the corrected count.
@@ -649,6 +677,10 @@ pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_
         // SAFETY: libc's poll.
         return unsafe { real(fds, n, timeout) };
     }
+    // SAFETY: poll's contract.
+    if let Some(ready) = unsafe { input_ready_without_kernel(fds, n) } {
+        return ready;
+    }
     wait_confirmed(
         ms_timeout(timeout),
         // SAFETY: libc's poll on the caller's array.
@@ -690,6 +722,14 @@ pub unsafe extern "C" fn ppoll(
     if !unsafe { arm_pollfds(fds, n) } {
         // SAFETY: libc's ppoll.
         return unsafe { real(fds, n, ts, sig) };
+    }
+    // Not with a signal mask: ppoll would apply it, and deliver what it unblocks, even when a
+    // descriptor is ready at once.
+    if sig.is_null() {
+        // SAFETY: ppoll's contract.
+        if let Some(ready) = unsafe { input_ready_without_kernel(fds, n) } {
+            return ready;
+        }
     }
     wait_confirmed(
         // SAFETY: ppoll's contract.
