@@ -602,6 +602,52 @@ unsafe fn input_ready_without_kernel(fds: *mut pollfd, n: nfds_t) -> Option<c_in
     (ready > 0).then_some(ready)
 }
 
+/// select's counterpart of [`input_ready_without_kernel`]: only a read set, every fd in it
+/// rdsd's, one with a message on its ring; the read set is then left with those that have one.
+unsafe fn read_set_ready_without_kernel(
+    nfds: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    e: *mut fd_set,
+) -> Option<c_int> {
+    if r.is_null() || nfds <= 0 || nfds as usize > libc::FD_SETSIZE {
+        return None;
+    }
+    for set in [w, e] {
+        // SAFETY: select's contract: fd_sets of FD_SETSIZE bits, `nfds` within them (checked
+        // above); so for every FD_ISSET and FD_CLR below.
+        if !set.is_null() && (0..nfds).any(|fd| unsafe { libc::FD_ISSET(fd, set) }) {
+            return None;
+        }
+    }
+    let mut any = false;
+    for fd in 0..nfds {
+        // SAFETY: as above.
+        if unsafe { libc::FD_ISSET(fd, r) } {
+            if !table::is_ours(fd) {
+                return None;
+            }
+            any = any || ops::has_input(fd);
+        }
+    }
+    if !any {
+        return None;
+    }
+    let mut ready = 0;
+    for fd in 0..nfds {
+        // SAFETY: as above.
+        if unsafe { libc::FD_ISSET(fd, r) } {
+            if ops::has_input(fd) {
+                ready += 1;
+            } else {
+                // SAFETY: as above.
+                unsafe { libc::FD_CLR(fd, r) };
+            }
+        }
+    }
+    Some(ready)
+}
+
 /// rdsd updates a readiness fd on its next pass after the app drains the ring, so a POLLIN
 /// seen right after a receive may be stale: it is confirmed against the ring (no syscall).
 /// Returns the corrected count.
@@ -848,6 +894,10 @@ pub unsafe extern "C" fn select(
         // SAFETY: libc's select.
         return unsafe { real(nfds, r, w, e, t) };
     }
+    // SAFETY: select's contract.
+    if let Some(ready) = unsafe { read_set_ready_without_kernel(nfds, r, w, e) } {
+        return ready;
+    }
     let timeout = (!t.is_null()).then(|| {
         // SAFETY: a valid timeval (select's contract).
         let tv = unsafe { *t };
@@ -883,6 +933,13 @@ pub unsafe extern "C" fn pselect(
     if !unsafe { arm_fdsets(nfds, [r, w, e]) } {
         // SAFETY: libc's pselect.
         return unsafe { real(nfds, r, w, e, t, sig) };
+    }
+    // As ppoll: not with a signal mask to apply.
+    if sig.is_null() {
+        // SAFETY: pselect's contract.
+        if let Some(ready) = unsafe { read_set_ready_without_kernel(nfds, r, w, e) } {
+            return ready;
+        }
     }
     // SAFETY: pselect's contract.
     unsafe {
