@@ -249,10 +249,9 @@ fn vmlab_rdsguest_built_dynamically_runs_on_rdsd() {
 /// reach the kernel: 5000 messages sent, and received by a loop that polls before each
 /// `recvfrom` (the VM lab's program), counted by `strace -f -c` around each program (and
 /// `rdsd-run` before it). What it sees are the attach's few calls on the control socket and
-/// the program's start, a number that does not grow with the messages. (The receiver's `poll`
-/// went to the kernel once per message until a set of rdsd fds with input was answered from
-/// the rings: 5001 calls, and 3806 doorbell `sendto`s of a library that woke rdsd after each
-/// receive, 2026-12-07.)
+/// the program's start, a number that does not grow with the messages. (Until a set of rdsd
+/// fds with input was answered from the rings, 2026-12-07, the receiver made 5001 kernel
+/// `poll`s and 3806 doorbell `sendto`s to a parked rdsd in this run.)
 #[test]
 fn a_preloaded_programs_sends_and_receives_make_no_system_call() {
     const N: &str = "5000";
