@@ -842,16 +842,7 @@ impl PollThreadSyscalls {
     /// The same for thread `tid` of process `pid` (`what` names it in a failure): an app's
     /// thread, this test's own.
     pub fn attach_thread(pid: u32, tid: u32, what: &str) -> Option<PollThreadSyscalls> {
-        let ok = Command::new("strace")
-            .arg("-V")
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "strace is missing: apt-get install strace (tests/run.sh installs it)"
-            );
+        if !strace_installed() {
             return None;
         }
         static N: AtomicU32 = AtomicU32::new(0);
@@ -901,6 +892,20 @@ fn tracer_of(pid: u32, tid: u32) -> u32 {
         .find_map(|l| l.strip_prefix("TracerPid:"))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// Whether strace runs here; its absence fails in CI, where tests/run.sh installs it.
+pub fn strace_installed() -> bool {
+    let ok = Command::new("strace")
+        .arg("-V")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok || std::env::var_os("CI").is_none(),
+        "strace is missing: apt-get install strace (tests/run.sh installs it)"
+    );
+    ok
 }
 
 /// `strace -c` output: syscall name → calls.
