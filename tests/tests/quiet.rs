@@ -25,28 +25,39 @@ const ROUND_TRIPS: u64 = 500;
 /// Two spinning poll threads (tests never pin: the machine has two CPUs).
 const TWO_SPINNING: [&str; 6] = ["--poll-core", "-2", "--poll-core", "-2", "--idle", "spin"];
 
-/// The counters the test compares, from the plain stats (read by the control thread, so the
-/// read itself costs the poll threads nothing; spinning poll threads publish every 256 passes).
-fn quiet_counters(d: &Daemon) -> [u64; 3] {
-    let s = d.stats();
-    [
-        stat_from(&s, "poll_allocations"),
-        stat_from(&s, "poll_locks"),
-        stat_from(&s, "shard_records_out"),
-    ]
+/// Each poll thread's [passes, allocations, locks, records out] as it last published them,
+/// read by the control thread (`rdsctl info -c`: no poll thread is asked, so the read costs
+/// them nothing).
+fn per_thread(d: &Daemon) -> Vec<[u64; 4]> {
+    let doc = d.info_json(&["-c"]);
+    let threads = doc["thread_counters"].as_array().expect("thread_counters");
+    threads
+        .iter()
+        .map(|t| {
+            let v = |k: &str| t.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+            [
+                v("poll_passes"),
+                v("poll_allocations"),
+                v("poll_locks"),
+                v("shard_records_out"),
+            ]
+        })
+        .collect()
 }
 
-/// Counters as published after the last round trip: a spinning thread publishes every 256
-/// passes, so wait until two reads agree on its pass count having moved past them.
+/// [allocations, locks, records out] of all poll threads, as published after every one of
+/// them has made 512 more passes (a spinning thread publishes every 256): so each has
+/// published since this call began, and everything it did before is counted.
 fn settled(d: &Daemon) -> [u64; 3] {
-    let passes = d.stat("poll_passes");
-    wait_until(
-        Duration::from_secs(10),
-        "the poll threads to publish their counters again",
-        || d.stat("poll_passes"),
-        |&p| p > passes + 1024,
+    let start = per_thread(d);
+    let now = wait_until(
+        Duration::from_secs(20),
+        "every poll thread to publish its counters again",
+        || per_thread(d),
+        |now| now.len() == start.len() && now.iter().zip(&start).all(|(n, s)| n[0] >= s[0] + 512),
     );
-    quiet_counters(d)
+    let sum = |i: usize| now.iter().map(|t| t[i]).sum();
+    [sum(1), sum(2), sum(3)]
 }
 
 /// A traced poll thread's name and its system calls by name.
