@@ -620,31 +620,29 @@ unsafe fn read_set_ready_without_kernel(
             return None;
         }
     }
-    let mut any = false;
+    // The answer goes into a copy: the caller's set stays as it was when the kernel is asked.
+    // SAFETY: `r` is a valid fd_set (select's contract).
+    let mut answer = unsafe { *r };
+    let mut ready = 0;
     for fd in 0..nfds {
         // SAFETY: as above.
         if unsafe { libc::FD_ISSET(fd, r) } {
             if !table::is_ours(fd) {
                 return None;
             }
-            any = any || ops::has_input(fd);
-        }
-    }
-    if !any {
-        return None;
-    }
-    let mut ready = 0;
-    for fd in 0..nfds {
-        // SAFETY: as above.
-        if unsafe { libc::FD_ISSET(fd, r) } {
             if ops::has_input(fd) {
                 ready += 1;
             } else {
-                // SAFETY: as above.
-                unsafe { libc::FD_CLR(fd, r) };
+                // SAFETY: as above, on the copy.
+                unsafe { libc::FD_CLR(fd, &mut answer) };
             }
         }
     }
+    if ready == 0 {
+        return None;
+    }
+    // SAFETY: as above.
+    unsafe { *r = answer };
     Some(ready)
 }
 
