@@ -1,7 +1,8 @@
 /* fd-level behaviour of AF_RDS sockets under rdsd-run (tests/tests/preload.rs): flags from
  * socket(), fcntl O_NONBLOCK, connect + write/read, writev/readv, FIONREAD, MSG_TRUNC, dup and
  * dup2 and close, SO_RCVTIMEO, a receiver blocked in another thread, epoll on a mixed set
- * (and no stale EPOLLIN right after a receive),
+ * (and no stale EPOLLIN right after a receive), epoll on rdsd sockets only (answered from
+ * the rings, and not once a dup or a fork may have added a kernel fd),
  * sendmmsg (one batch for rdsd), recvmmsg (Linux's rules), close_range and closefrom (the
  * sockets among the fds forgotten and released), and exec closing FD_CLOEXEC sockets only.
  * Plain socket API; prints "FDOPS OK". */
@@ -351,6 +352,86 @@ int main(void)
 		}
 		CHECK(epoll_ctl(ep, EPOLL_CTL_DEL, d, NULL) == 0);
 		CHECK(close(ep) == 0 && close(ev) == 0);
+	}
+
+	/* epoll holding rdsd sockets only is answered from the rings (tests/tests/preload.rs
+	 * counts the system calls): events carry the caller's data, a drained socket is not
+	 * reported, maxevents 1 takes turns, a closed socket's registration is gone, and an
+	 * epoll fd that a dup or a fork could have given a kernel fd behind the library's back
+	 * goes to the kernel, which reports that fd too */
+	{
+		int s2 = socket(AF_RDS, SOCK_SEQPACKET, 0), d2 = socket(AF_RDS, SOCK_SEQPACKET, 0);
+		CHECK(s2 >= 0 && d2 >= 0);
+		bound(s2);
+		struct sockaddr_in d2a = bound(d2);
+		int rp = epoll_create1(0);
+		CHECK(rp >= 0);
+		struct epoll_event r = { .events = EPOLLIN, .data.u64 = 0x1111 };
+		CHECK(epoll_ctl(rp, EPOLL_CTL_ADD, d, &r) == 0);
+		r.data.u64 = 0x2222;
+		CHECK(epoll_ctl(rp, EPOLL_CTL_ADD, d2, &r) == 0);
+		struct epoll_event out[4];
+		CHECK(epoll_wait(rp, out, 4, 20) == 0);
+		CHECK(sendto(s2, "one", 3, 0, (struct sockaddr *)&ba, sizeof ba) == 3);
+		CHECK(sendto(s2, "two", 3, 0, (struct sockaddr *)&d2a, sizeof d2a) == 3);
+		CHECK(wait_in(d) && wait_in(d2));
+		CHECK(epoll_wait(rp, out, 4, 0) == 2);
+		CHECK(out[0].events == EPOLLIN && out[1].events == EPOLLIN);
+		CHECK(out[0].data.u64 + out[1].data.u64 == 0x3333);
+		CHECK(epoll_wait(rp, out, 1, 0) == 1);
+		uint64_t first = out[0].data.u64;
+		CHECK(epoll_wait(rp, out, 1, 0) == 1 && out[0].data.u64 != first);
+		CHECK(recv(d, buf, sizeof buf, 0) == 3 && recv(d2, buf, sizeof buf, 0) == 3);
+		CHECK(epoll_wait(rp, out, 4, 20) == 0);
+
+		/* the number of a closed registered socket, reused by a socket never registered */
+		CHECK(close(d2) == 0);
+		int d3 = socket(AF_RDS, SOCK_SEQPACKET, 0);
+		CHECK(d3 >= 0);
+		struct sockaddr_in d3a = bound(d3);
+		CHECK(sendto(s2, "new", 3, 0, (struct sockaddr *)&d3a, sizeof d3a) == 3);
+		CHECK(wait_in(d3));
+		CHECK(epoll_wait(rp, out, 4, 20) == 0);
+		CHECK(recv(d3, buf, sizeof buf, 0) == 3 && close(d3) == 0);
+
+		/* a kernel fd registered through a dup of the epoll fd, then through a forked
+		 * child's copy of it: each is reported with the rdsd socket's message */
+		for (int how = 0; how < 2; how++) {
+			int ev2 = eventfd(1, 0);
+			struct epoll_event k = { .events = EPOLLIN, .data.u64 = 0x5555 };
+			int rp2 = -1;
+			if (how == 0) {
+				rp2 = dup(rp);
+				CHECK(rp2 >= 0 && epoll_ctl(rp2, EPOLL_CTL_ADD, ev2, &k) == 0);
+			} else {
+				CHECK(close(rp) == 0);
+				rp = epoll_create1(0);
+				r.data.u64 = 0x1111;
+				CHECK(rp >= 0 && epoll_ctl(rp, EPOLL_CTL_ADD, d, &r) == 0);
+				pid_t pid = fork();
+				if (pid == 0)
+					_exit(epoll_ctl(rp, EPOLL_CTL_ADD, ev2, &k) == 0 ? 0 : 1);
+				int st;
+				CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+			}
+			CHECK(sendto(s2, "kfd", 3, 0, (struct sockaddr *)&ba, sizeof ba) == 3);
+			CHECK(wait_in(d));
+			int seen_d = 0, seen_k = 0;
+			time_t until = time(NULL) + 10;
+			while (!(seen_d && seen_k) && time(NULL) < until) {
+				int n = epoll_wait(rp, out, 4, 100);
+				for (int j = 0; j < n; j++) {
+					seen_d |= out[j].data.u64 == 0x1111;
+					seen_k |= out[j].data.u64 == 0x5555;
+				}
+			}
+			CHECK(seen_d && seen_k);
+			CHECK(recv(d, buf, sizeof buf, 0) == 3);
+			CHECK(epoll_ctl(rp, EPOLL_CTL_DEL, ev2, NULL) == 0 && close(ev2) == 0);
+			if (rp2 >= 0)
+				CHECK(close(rp2) == 0);
+		}
+		CHECK(close(rp) == 0 && close(s2) == 0);
 	}
 
 	/* exec: the FD_CLOEXEC socket is gone in the new image, the other one stays */

@@ -9,7 +9,8 @@
  *
  * Commands (addresses are a.b.c.d:port; options are key=value after the fixed arguments):
  *   recv  BIND COUNT TIMEOUT_MS [rcvbuf=N] [delay_us=N] [sizes=a,b,..] [nsock=N]
- *         Receives COUNT messages in total on NSOCK sockets bound to consecutive ports;
+ *         Receives COUNT messages in total on NSOCK sockets bound to consecutive ports,
+ *         waiting in poll (or, with epoll=1, in epoll_wait, every socket registered for EPOLLIN);
  *         checks per-(socket, source) order, and with sizes= the length of each message
  *         (cycling through the list). With hold_ms=N it reads nothing for N ms after
  *         binding (then prints "reading"). With idle_ms=N it stops early, as done, once
@@ -56,6 +57,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -220,6 +222,17 @@ static int cmd_recv(int argc, char **argv)
 		pfd[i].fd = rds_socket(&a, rcvbuf);
 		pfd[i].events = POLLIN;
 	}
+	int ep = -1;
+	if (opt(argc, argv, 5, "epoll", 0)) {
+		ep = epoll_create1(0);
+		if (ep < 0)
+			die("epoll_create1");
+		for (int i = 0; i < nsock; i++) {
+			struct epoll_event e = { .events = EPOLLIN, .data.u32 = (uint32_t)i };
+			if (epoll_ctl(ep, EPOLL_CTL_ADD, pfd[i].fd, &e) < 0)
+				die("epoll_ctl");
+		}
+	}
 	out("bound");
 	long hold_ms = opt(argc, argv, 5, "hold_ms", 0);
 	if (hold_ms) {
@@ -237,7 +250,17 @@ static int cmd_recv(int argc, char **argv)
 		int idle = idle_ms && got > 0;
 		if (idle && left > idle_ms)
 			left = idle_ms;
-		int pr = now_us() >= deadline ? 0 : poll(pfd, nsock, left > 0 ? left : 0);
+		int pr = 0;
+		if (now_us() < deadline && ep >= 0) {
+			struct epoll_event evs[MAXSOCK];
+			pr = epoll_wait(ep, evs, nsock, left > 0 ? left : 0);
+			for (int i = 0; i < nsock; i++)
+				pfd[i].revents = 0;
+			for (int k = 0; k < pr; k++)
+				pfd[evs[k].data.u32].revents = (short)evs[k].events;
+		} else if (now_us() < deadline) {
+			pr = poll(pfd, nsock, left > 0 ? left : 0);
+		}
 		if (pr <= 0 && idle && now_us() < deadline)
 			break;
 		if (pr <= 0) {

@@ -19,6 +19,20 @@
 //! dup of the epoll fd) are not known: events of an epoll fd with such a registration may
 //! still be stale, never wrongly dropped unless one of them shares its `data` with an rdsd
 //! socket's registration.
+//!
+//! **Answered from the rings** (no system call): an `epoll_wait` on an epoll fd this library
+//! saw created (`epoll_create`, `epoll_create1`) whose every registration is an rdsd socket
+//! asking for input only, level-triggered (`EPOLLIN`, `EPOLLRDNORM`, `EPOLLRDHUP`,
+//! `EPOLLWAKEUP`; at most [`RING_ANSWER_MAX`] of them), returns the registrations whose ring
+//! holds a message, if one does, as `poll` and `select` do; the kernel is asked otherwise,
+//! or when a signal mask is given. The first registration looked at moves on by one each
+//! call, so that a `maxevents` smaller than the ready set starves none. Such an epoll fd is
+//! known whole only while every registration went through `epoll_ctl` here: a dup of it, or
+//! a fork (whose child shares the instance and may register a kernel fd this process never
+//! sees), turns it back to the kernel for good, so that no kernel fd registered behind the
+//! library's back can be starved by rdsd sockets that always have input. What it cannot see
+//! (a raw `epoll_ctl` system call, the epoll fd sent to another process over a Unix socket)
+//! it cannot guard against; those programs should not be run under the preload's epoll.
 
 use libc::{c_int, epoll_event};
 use rdsd::{ops, table};
@@ -30,22 +44,53 @@ const IN: u32 = (libc::EPOLLIN | libc::EPOLLRDNORM) as u32;
 const ET: u32 = libc::EPOLLET as u32;
 const ONESHOT: u32 = libc::EPOLLONESHOT as u32;
 
+/// The most registrations an epoll fd may have for `epoll_wait` to be answered from the rings
+/// (each call peeks every ring; past this many the kernel's ready list is cheaper).
+pub(crate) const RING_ANSWER_MAX: usize = 64;
+/// The events a registration may ask for and still be answered from its ring.
+const RING_ANSWERABLE: u32 = IN | (libc::EPOLLRDHUP | libc::EPOLLWAKEUP) as u32;
+
+/// Forks seen (bumped before each fork, in the parent: the child inherits the count).
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn before_fork() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// One registration: the caller's data, its events, and whether its readiness can be read
+/// from its ring (decided when it was made: a close forgets it before the number is reused).
+#[derive(Clone, Copy)]
+struct Registration {
+    data: u64,
+    events: u32,
+    from_ring: bool,
+}
+
 /// The registrations of one epoll fd.
 #[derive(Default)]
 struct Epoll {
-    /// fd → (data, events).
-    by_fd: HashMap<c_int, (u64, u32)>,
+    by_fd: HashMap<c_int, Registration>,
     /// data → the fds registered with it.
     by_data: HashMap<u64, Vec<c_int>>,
+    /// Made by `epoll_create*` here, never dup'd: every registration is known.
+    whole: bool,
+    /// `FORKS` when it was made: a fork since shares it with a child.
+    forks: u64,
+    /// Registrations whose readiness the rings cannot tell (a kernel fd, or events beyond
+    /// level-triggered input).
+    kernel_only: usize,
+    /// Where the next ring answer starts looking.
+    cursor: usize,
 }
 
 impl Epoll {
     fn remove(&mut self, fd: c_int) {
-        if let Some((data, _)) = self.by_fd.remove(&fd) {
-            if let Some(fds) = self.by_data.get_mut(&data) {
+        if let Some(r) = self.by_fd.remove(&fd) {
+            self.kernel_only -= usize::from(!r.from_ring);
+            if let Some(fds) = self.by_data.get_mut(&r.data) {
                 fds.retain(|&f| f != fd);
                 if fds.is_empty() {
-                    self.by_data.remove(&data);
+                    self.by_data.remove(&r.data);
                 }
             }
         }
@@ -53,16 +98,33 @@ impl Epoll {
 
     fn insert(&mut self, fd: c_int, data: u64, events: u32) {
         self.remove(fd);
-        self.by_fd.insert(fd, (data, events));
+        let from_ring = events & IN != 0 && events & !RING_ANSWERABLE == 0 && table::is_ours(fd);
+        self.kernel_only += usize::from(!from_ring);
+        self.by_fd.insert(
+            fd,
+            Registration {
+                data,
+                events,
+                from_ring,
+            },
+        );
         self.by_data.entry(data).or_default().push(fd);
     }
 
     /// The one fd registered with `data` and its events; None if none or several.
     fn only(&self, data: u64) -> Option<(c_int, u32)> {
         match self.by_data.get(&data).map(Vec::as_slice) {
-            Some(&[fd]) => self.by_fd.get(&fd).map(|&(_, ev)| (fd, ev)),
+            Some(&[fd]) => self.by_fd.get(&fd).map(|r| (fd, r.events)),
             _ => None,
         }
+    }
+
+    /// Whether `epoll_wait` may be answered from the rings (module doc).
+    fn answers_from_rings(&self) -> bool {
+        self.whole
+            && self.forks == FORKS.load(Ordering::Relaxed)
+            && self.kernel_only == 0
+            && (1..=RING_ANSWER_MAX).contains(&self.by_fd.len())
     }
 }
 
@@ -116,29 +178,111 @@ pub(crate) fn note_ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event
     }
 }
 
-/// `fd` was closed: if it was an epoll fd, its registrations went with it.
-pub(crate) fn note_close(fd: c_int) {
+/// After a successful `epoll_create*`: `epfd` is a new epoll instance whose every
+/// registration this library will see (until a dup or a fork).
+pub(crate) fn note_create(epfd: c_int) {
+    static ATFORK: std::sync::Once = std::sync::Once::new();
+    ATFORK.call_once(|| {
+        // SAFETY: registers a prepare handler that only bumps an atomic.
+        unsafe { libc::pthread_atfork(Some(before_fork), None, None) };
+    });
+    let mut g = epolls();
+    ANY_EPOLL.store(true, Ordering::Relaxed);
+    set_has_ours(epfd, false);
+    g.get_or_insert_with(HashMap::new).insert(
+        epfd,
+        Epoll {
+            whole: true,
+            forks: FORKS.load(Ordering::Relaxed),
+            ..Epoll::default()
+        },
+    );
+}
+
+/// `fd` was dup'd: if it is an epoll fd, registrations can now be made through the copy.
+pub(crate) fn note_dup(fd: c_int) {
     if ANY_EPOLL.load(Ordering::Relaxed) {
-        if let Some(map) = epolls().as_mut() {
-            map.remove(&fd);
+        if let Some(ep) = epolls().as_mut().and_then(|m| m.get_mut(&fd)) {
+            ep.whole = false;
         }
-        set_has_ours(fd, false);
     }
 }
 
-/// `first..=last` were closed (close_range, closefrom): epoll fds among them are forgotten.
+/// `fd` was closed: if it was an epoll fd, its registrations went with it; if it was
+/// registered, the kernel dropped that registration (unless a dup of it is still open, which
+/// then only stays unknown here).
+pub(crate) fn note_close(fd: c_int) {
+    note_close_range(fd.max(0) as libc::c_uint, fd.max(0) as libc::c_uint);
+}
+
+/// `first..=last` were closed (close_range, closefrom): epoll fds among them are forgotten,
+/// and so are registrations of them.
 pub(crate) fn note_close_range(first: libc::c_uint, last: libc::c_uint) {
     if ANY_EPOLL.load(Ordering::Relaxed) {
+        let closed = |fd: c_int| fd >= 0 && (first..=last).contains(&(fd as libc::c_uint));
         if let Some(map) = epolls().as_mut() {
-            map.retain(|&fd, _| {
-                let closed = fd >= 0 && (first..=last).contains(&(fd as libc::c_uint));
-                if closed {
+            map.retain(|&fd, ep| {
+                if closed(fd) {
                     set_has_ours(fd, false);
+                    return false;
                 }
-                !closed
+                let gone: Vec<c_int> = ep.by_fd.keys().copied().filter(|&f| closed(f)).collect();
+                for f in gone {
+                    ep.remove(f);
+                }
+                true
             });
         }
     }
+}
+
+/// Answers `epoll_wait(epfd, events, max)` from the rings when the module's rules allow it
+/// and one registration's ring holds a message: how many events were written. None: ask the
+/// kernel.
+///
+/// # Safety
+/// `events` points to room for `max` `epoll_event`s (epoll_wait's contract).
+pub(crate) unsafe fn ready_from_rings(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+) -> Option<c_int> {
+    if max <= 0 || events.is_null() {
+        return None;
+    }
+    // The registrations, copied under the lock; the rings are looked at after it.
+    let mut regs = [(0 as c_int, 0u64, 0u32); RING_ANSWER_MAX];
+    let (n, start) = {
+        let mut g = epolls();
+        let ep = g.as_mut()?.get_mut(&epfd)?;
+        if !ep.answers_from_rings() {
+            return None;
+        }
+        let n = ep.by_fd.len();
+        for (slot, (&fd, r)) in regs.iter_mut().zip(ep.by_fd.iter()) {
+            *slot = (fd, r.data, r.events);
+        }
+        let start = ep.cursor % n;
+        ep.cursor = start + 1;
+        (n, start)
+    };
+    // SAFETY: the caller's contract.
+    let out = unsafe { std::slice::from_raw_parts_mut(events, max as usize) };
+    let mut ready = 0;
+    for i in 0..n {
+        let (fd, data, registered) = regs[(start + i) % n];
+        if ops::has_input(fd) {
+            out[ready] = epoll_event {
+                events: registered & IN,
+                u64: data,
+            };
+            ready += 1;
+            if ready == out.len() {
+                break;
+            }
+        }
+    }
+    (ready > 0).then_some(ready as c_int)
 }
 
 /// Whether `epoll_wait` on `epfd` may report an rdsd socket's EPOLLIN that needs confirming.

@@ -7,6 +7,8 @@
 //! poll/select/epoll_ctl pass through too, after turning readiness on for the rdsd fds they
 //! name, so mixed sets of rdsd and kernel fds are waited on by the kernel itself; poll,
 //! select and epoll_wait then confirm an rdsd fd's POLLIN against its ring (`epoll.rs`).
+//! Sets of rdsd fds only, asking for input, are answered from the rings when one has a
+//! message: no system call.
 //!
 //! fcntl and ioctl are variadic in C; they are defined here with one word-sized third
 //! argument, which is how the x86-64 and AArch64 Linux ABIs pass an int or pointer variadic
@@ -409,6 +411,9 @@ unsafe fn fcntl_any(
 ) -> c_int {
     // SAFETY: libc's fcntl with the caller's argument word.
     let r = unsafe { real(fd, cmd, arg) };
+    if r >= 0 && matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) {
+        epoll::note_dup(fd);
+    }
     if r >= 0 && table::is_ours(fd) {
         match cmd {
             libc::F_SETFL => {
@@ -515,6 +520,9 @@ fn forget_range(first: libc::c_uint, last: libc::c_uint) {
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     // SAFETY: libc's dup.
     let r = unsafe { next!(dup: fn(c_int) -> c_int)(fd) };
+    if r >= 0 {
+        epoll::note_dup(fd);
+    }
     adopt(fd, r)
 }
 
@@ -543,6 +551,7 @@ pub unsafe extern "C" fn dup2(fd: c_int, newfd: c_int) -> c_int {
     if r >= 0 && r != fd {
         // The kernel closed whatever newfd was, an epoll fd perhaps.
         epoll::note_close(r);
+        epoll::note_dup(fd);
     }
     adopt(fd, r)
 }
@@ -553,6 +562,7 @@ pub unsafe extern "C" fn dup3(fd: c_int, newfd: c_int, flags: c_int) -> c_int {
     let r = unsafe { next!(dup3: fn(c_int, c_int, c_int) -> c_int)(fd, newfd, flags) };
     if r >= 0 {
         epoll::note_close(r);
+        epoll::note_dup(fd);
     }
     adopt(fd, r)
 }
@@ -952,6 +962,26 @@ pub unsafe extern "C" fn pselect(
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
+    // SAFETY: libc's epoll_create.
+    let r = unsafe { next!(epoll_create: fn(c_int) -> c_int)(size) };
+    if r >= 0 {
+        epoll::note_create(r);
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
+    // SAFETY: libc's epoll_create1.
+    let r = unsafe { next!(epoll_create1: fn(c_int) -> c_int)(flags) };
+    if r >= 0 {
+        epoll::note_create(r);
+    }
+    r
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn epoll_ctl(
     epfd: c_int,
     op: c_int,
@@ -1004,6 +1034,10 @@ pub unsafe extern "C" fn epoll_wait(
         // SAFETY: libc's epoll_wait.
         return unsafe { real(epfd, events, max, timeout) };
     }
+    // SAFETY: epoll_wait's contract.
+    if let Some(ready) = unsafe { epoll::ready_from_rings(epfd, events, max) } {
+        return ready;
+    }
     // SAFETY: epoll_wait's contract; libc's epoll_wait on the caller's array.
     unsafe {
         epoll_confirmed(epfd, events, ms_timeout(timeout), |left| {
@@ -1026,6 +1060,13 @@ pub unsafe extern "C" fn epoll_pwait(
         // SAFETY: libc's epoll_pwait.
         return unsafe { real(epfd, events, max, timeout, sig) };
     }
+    // As ppoll: not with a signal mask to apply.
+    if sig.is_null() {
+        // SAFETY: epoll_pwait's contract.
+        if let Some(ready) = unsafe { epoll::ready_from_rings(epfd, events, max) } {
+            return ready;
+        }
+    }
     // SAFETY: epoll_pwait's contract; libc's epoll_pwait on the caller's array and mask.
     unsafe {
         epoll_confirmed(epfd, events, ms_timeout(timeout), |left| {
@@ -1047,6 +1088,12 @@ pub unsafe extern "C" fn epoll_pwait2(
     if !epoll::may_confirm(epfd) {
         // SAFETY: libc's epoll_pwait2.
         return unsafe { real(epfd, events, max, ts, sig) };
+    }
+    if sig.is_null() {
+        // SAFETY: epoll_pwait2's contract.
+        if let Some(ready) = unsafe { epoll::ready_from_rings(epfd, events, max) } {
+            return ready;
+        }
     }
     // SAFETY: epoll_pwait2's contract; libc's epoll_pwait2 on the caller's array and mask.
     unsafe {
