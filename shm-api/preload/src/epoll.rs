@@ -31,8 +31,9 @@
 //! a fork (whose child shares the instance and may register a kernel fd this process never
 //! sees), turns it back to the kernel for good, so that no kernel fd registered behind the
 //! library's back can be starved by rdsd sockets that always have input. What it cannot see
-//! (a raw `epoll_ctl` system call, the epoll fd sent to another process over a Unix socket)
-//! it cannot guard against; those programs should not be run under the preload's epoll.
+//! (a raw `epoll_ctl` system call; the epoll fd sent to another process over a Unix socket,
+//! or inherited by one started with vfork or posix_spawn, which run no fork handlers, that
+//! registers kernel fds in it) it cannot guard against (`shm-api/docs/c-abi.md`).
 
 use libc::{c_int, epoll_event};
 use rdsd::{ops, table};
