@@ -395,8 +395,10 @@ int main(void)
 		CHECK(recv(d3, buf, sizeof buf, 0) == 3 && close(d3) == 0);
 
 		/* a kernel fd registered through a dup of the epoll fd, then through a forked
-		 * child's copy of it: each is reported with the rdsd socket's message */
-		for (int how = 0; how < 2; how++) {
+		 * child's copy of it, then registered and closed while a dup keeps its file open
+		 * (the kernel keeps the registration): each is reported with the rdsd socket's
+		 * message */
+		for (int how = 0; how < 3; how++) {
 			int ev2 = eventfd(1, 0);
 			struct epoll_event k = { .events = EPOLLIN, .data.u64 = 0x5555 };
 			int rp2 = -1;
@@ -408,6 +410,13 @@ int main(void)
 				rp = epoll_create1(0);
 				r.data.u64 = 0x1111;
 				CHECK(rp >= 0 && epoll_ctl(rp, EPOLL_CTL_ADD, d, &r) == 0);
+			}
+			if (how == 2) {
+				CHECK(epoll_ctl(rp, EPOLL_CTL_ADD, ev2, &k) == 0);
+				int keep = dup(ev2);
+				CHECK(keep >= 0 && close(ev2) == 0);
+				ev2 = keep;
+			} else if (how == 1) {
 				pid_t pid = fork();
 				if (pid == 0)
 					_exit(epoll_ctl(rp, EPOLL_CTL_ADD, ev2, &k) == 0 ? 0 : 1);
@@ -427,7 +436,9 @@ int main(void)
 			}
 			CHECK(seen_d && seen_k);
 			CHECK(recv(d, buf, sizeof buf, 0) == 3);
-			CHECK(epoll_ctl(rp, EPOLL_CTL_DEL, ev2, NULL) == 0 && close(ev2) == 0);
+			/* the dup of how 2 has another number: its registration goes with the file */
+			CHECK(how == 2 || epoll_ctl(rp, EPOLL_CTL_DEL, ev2, NULL) == 0);
+			CHECK(close(ev2) == 0);
 			if (rp2 >= 0)
 				CHECK(close(rp2) == 0);
 		}

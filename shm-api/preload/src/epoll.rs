@@ -29,8 +29,10 @@
 //! call, so that a `maxevents` smaller than the ready set starves none. Such an epoll fd is
 //! known whole only while every registration went through `epoll_ctl` here: a dup of it, or
 //! a fork (whose child shares the instance and may register a kernel fd this process never
-//! sees), turns it back to the kernel for good, so that no kernel fd registered behind the
-//! library's back can be starved by rdsd sockets that always have input. What it cannot see
+//! sees), turns it back to the kernel for good, and so does a registered kernel fd closed
+//! without `EPOLL_CTL_DEL` (another fd may hold its file, and the kernel its registration):
+//! no kernel fd registered behind the library's back can be starved by rdsd sockets that
+//! always have input. What it cannot see
 //! (a raw `epoll_ctl` system call; the epoll fd sent to another process over a Unix socket,
 //! or inherited by one started with vfork or posix_spawn, which run no fork handlers, that
 //! registers kernel fds in it) it cannot guard against (`shm-api/docs/c-abi.md`).
@@ -85,15 +87,27 @@ struct Epoll {
 }
 
 impl Epoll {
-    fn remove(&mut self, fd: c_int) {
-        if let Some(r) = self.by_fd.remove(&fd) {
-            self.kernel_only -= usize::from(!r.from_ring);
-            if let Some(fds) = self.by_data.get_mut(&r.data) {
-                fds.retain(|&f| f != fd);
-                if fds.is_empty() {
-                    self.by_data.remove(&r.data);
-                }
+    /// `EPOLL_CTL_DEL` (or a registration made again).
+    fn remove(&mut self, fd: c_int) -> Option<Registration> {
+        let r = self.by_fd.remove(&fd)?;
+        self.kernel_only -= usize::from(!r.from_ring);
+        if let Some(fds) = self.by_data.get_mut(&r.data) {
+            fds.retain(|&f| f != fd);
+            if fds.is_empty() {
+                self.by_data.remove(&r.data);
             }
+        }
+        Some(r)
+    }
+
+    /// `fd` was closed. The kernel drops its registration only if no other fd (a dup, a
+    /// forked child's copy, one passed over a Unix socket) holds the file open, which cannot
+    /// be told from here: a kernel fd's registration stays counted as kernel-only (so the
+    /// epoll fd stays the kernel's), an rdsd socket's is forgotten (its number may come back
+    /// as another socket, which must not be reported in its place).
+    fn forget_closed(&mut self, fd: c_int) {
+        if self.remove(fd).is_some_and(|r| !r.from_ring) {
+            self.kernel_only += 1;
         }
     }
 
@@ -175,7 +189,9 @@ pub(crate) fn note_ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<epoll_event
                 set_has_ours(epfd, true);
             }
         }
-        _ => ep.remove(fd),
+        _ => {
+            ep.remove(fd);
+        }
     }
 }
 
@@ -209,11 +225,19 @@ pub(crate) fn note_dup(fd: c_int) {
     }
 }
 
-/// `fd` was closed: if it was an epoll fd, its registrations went with it; if it was
-/// registered, the kernel dropped that registration (unless a dup of it is still open, which
-/// then only stays unknown here).
+/// `fd` was closed: if it was an epoll fd, its registrations went with it; its registrations
+/// in other epoll fds are forgotten (`Epoll::forget_closed`).
 pub(crate) fn note_close(fd: c_int) {
-    note_close_range(fd.max(0) as libc::c_uint, fd.max(0) as libc::c_uint);
+    if ANY_EPOLL.load(Ordering::Relaxed) {
+        if let Some(map) = epolls().as_mut() {
+            // One lookup per epoll fd: a program's every close comes through here.
+            map.remove(&fd);
+            for ep in map.values_mut() {
+                ep.forget_closed(fd);
+            }
+        }
+        set_has_ours(fd, false);
+    }
 }
 
 /// `first..=last` were closed (close_range, closefrom): epoll fds among them are forgotten,
@@ -229,7 +253,7 @@ pub(crate) fn note_close_range(first: libc::c_uint, last: libc::c_uint) {
                 }
                 let gone: Vec<c_int> = ep.by_fd.keys().copied().filter(|&f| closed(f)).collect();
                 for f in gone {
-                    ep.remove(f);
+                    ep.forget_closed(f);
                 }
                 true
             });
