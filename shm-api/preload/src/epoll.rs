@@ -32,10 +32,10 @@
 //! sees), turns it back to the kernel for good, and so does a registered kernel fd closed
 //! without `EPOLL_CTL_DEL` (another fd may hold its file, and the kernel its registration):
 //! no kernel fd registered behind the library's back can be starved by rdsd sockets that
-//! always have input. What it cannot see
-//! (a raw `epoll_ctl` system call; the epoll fd sent to another process over a Unix socket,
-//! or inherited by one started with vfork or posix_spawn, which run no fork handlers, that
-//! registers kernel fds in it) it cannot guard against (`shm-api/docs/c-abi.md`).
+//! always have input. What it cannot see it cannot guard against (`shm-api/docs/c-abi.md`):
+//! a raw `epoll_ctl` system call; the epoll fd sent to another process over a Unix socket, or
+//! inherited by one started with vfork or posix_spawn (which run no fork handlers), that
+//! registers kernel fds in it.
 
 use libc::{c_int, epoll_event};
 use rdsd::{ops, table};
