@@ -35,9 +35,10 @@ const WATCH_RECHECK: Duration = Duration::from_millis(1);
 /// yields before it parks again, work or not. Without it a wake-up that found no work parked
 /// again at once, and an app draining a deep rx ring while rdsd slept rang the doorbell after
 /// every message it took (each release of ring space rings a parked rdsd, which may be
-/// waiting for that room): 484 to 635 `sendto`s for 5000 messages in the preload's strace
-/// test under load. Awake for this long, rdsd hears the next releases without a doorbell;
-/// the cost is this much yielding per wake-up that brings no work.
+/// waiting for that room): 91 to 1737 `sendto`s for 5000 messages in 7 of 22 runs under load,
+/// and 1 in 1 of 22 with it (`bench/results/epoll-doorbell-2core-s24/`). Awake for this long,
+/// rdsd hears the next releases without a doorbell; the cost is this much yielding per
+/// wake-up that brings no work.
 const LINGER_AFTER_WAKE: Duration = Duration::from_micros(200);
 
 impl Idle {
