@@ -21,8 +21,8 @@ pub struct Idle {
     yield_for: Duration,
     park_timeout_ms: i32,
     idle_since: Option<Instant>,
-    /// `Watch`: a park was withheld for a sleeping app thread; yield until then before
-    /// looking again.
+    /// Yield, not park, until then: a park was withheld for a sleeping app thread (`Watch`),
+    /// or a park just ended on a file descriptor ([`LINGER_AFTER_WAKE`]). Work clears it.
     awake_until: Option<Instant>,
     doorbell: Arc<OwnedFd>,
 }

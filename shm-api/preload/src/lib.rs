@@ -520,15 +520,16 @@ fn forget_range(first: libc::c_uint, last: libc::c_uint) {
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     // SAFETY: libc's dup.
     let r = unsafe { next!(dup: fn(c_int) -> c_int)(fd) };
-    if r >= 0 {
-        epoll::note_dup(fd);
-    }
     adopt(fd, r)
 }
 
-/// After a successful dup-like call: `newfd` stands for what `fd` stood for (or for nothing).
+/// After a dup-like call: `newfd` stands for what `fd` stood for (or for nothing).
 fn adopt(fd: c_int, newfd: c_int) -> c_int {
-    if newfd < 0 || !table::any() {
+    if newfd < 0 {
+        return newfd;
+    }
+    epoll::note_dup(fd);
+    if !table::any() {
         return newfd;
     }
     // The kernel closed whatever newfd was (dup2/dup3 onto an rdsd fd).
@@ -551,7 +552,6 @@ pub unsafe extern "C" fn dup2(fd: c_int, newfd: c_int) -> c_int {
     if r >= 0 && r != fd {
         // The kernel closed whatever newfd was, an epoll fd perhaps.
         epoll::note_close(r);
-        epoll::note_dup(fd);
     }
     adopt(fd, r)
 }
@@ -562,7 +562,6 @@ pub unsafe extern "C" fn dup3(fd: c_int, newfd: c_int, flags: c_int) -> c_int {
     let r = unsafe { next!(dup3: fn(c_int, c_int, c_int) -> c_int)(fd, newfd, flags) };
     if r >= 0 {
         epoll::note_close(r);
-        epoll::note_dup(fd);
     }
     adopt(fd, r)
 }
